@@ -1,0 +1,3 @@
+from eagle3_tui.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""The JSON-lines schema written on the training host (version 1).
+
+Every line is one JSON object ending in ``\\n`` with these envelope fields:
+
+``v``     schema version (int)
+``seq``   sequence number, per writer, 0, 1, 2, ... with no gaps
+``w``     writer id (str): one per process that writes (trainer rank, resumed run, ...)
+``ts``    wall-clock time, seconds since the epoch (float)
+``kind``  one of :class:`Kind`
+``rank``  the distributed rank of the writer (0 when not distributed)
+
+and a payload whose fields depend on ``kind`` (see docs/ARCHITECTURE.md).
+Non-finite floats are written as the strings ``"NaN"``, ``"Infinity"`` and
+``"-Infinity"`` so that every line is valid JSON.
+
+Standard library only: this module is imported inside the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+SCHEMA_VERSION: Final = 1
+
+METRICS_FILE: Final = "metrics.jsonl"
+MANIFEST_FILE: Final = "run.json"
+LOG_FILE: Final = "train.log"
+
+
+class Kind:
+    """The ``kind`` of a record."""
+
+    TRAIN: Final = "train"
+    VAL: Final = "val"
+    HPARAMS: Final = "hparams"
+    LOG: Final = "log"
+    GPU: Final = "gpu"
+    IO: Final = "io"
+    CKPT: Final = "ckpt"
+    HEARTBEAT: Final = "heartbeat"
+    LIFECYCLE: Final = "lifecycle"
+
+    ALL: Final = frozenset(
+        {TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE}
+    )
+
+
+NAN: Final = "NaN"
+POS_INF: Final = "Infinity"
+NEG_INF: Final = "-Infinity"
+
+
+def nonfinite_token(x: float) -> str:
+    """The string written in place of a non-finite float."""
+    if math.isnan(x):
+        return NAN
+    return POS_INF if x > 0 else NEG_INF
+
+
+def to_jsonable(obj: Any, _depth: int = 0) -> Any:
+    """Turn ``obj`` into plain JSON values: finite floats, strings, lists, dicts.
+
+    Tensors and numpy scalars become numbers (or lists when small), non-finite
+    floats become the strings above, anything else unknown becomes its ``repr``.
+    Never raises.
+    """
+    t = type(obj)
+    if t is float:
+        return obj if obj - obj == 0.0 else nonfinite_token(obj)
+    if t is int or t is str or t is bool or obj is None:
+        return obj
+    if _depth > 8:
+        return repr(obj)[:200]
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v, _depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v, _depth + 1) for v in obj[:1000]]
+    if isinstance(obj, float):  # float subclasses (numpy.float64)
+        return to_jsonable(float(obj), _depth)
+    if isinstance(obj, int):
+        return int(obj)
+    item = getattr(obj, "item", None)  # torch tensors, numpy scalars
+    numel = getattr(obj, "numel", None) or getattr(obj, "size", None)
+    try:
+        if callable(item) and (numel is None or (numel() if callable(numel) else numel) == 1):
+            return to_jsonable(item(), _depth + 1)
+        tolist = getattr(obj, "tolist", None)
+        if callable(tolist):
+            return to_jsonable(tolist(), _depth + 1)
+    except Exception:  # a value the trainer logged must never break the trainer
+        return repr(obj)[:200]
+    return repr(obj)[:200]

@@ -1,0 +1,230 @@
+"""A tiny, real EAGLE-3 training on the CPU: the speculators Trainer, unmodified.
+
+    python -m eagle3_tui.train.tiny --run-dir runs/tiny [--epochs 3] [--workers 2]
+
+It generates (once per run directory) a tiny Llama verifier and synthetic
+training data in the library's on-disk format: ``datasets.save_to_disk`` rows with
+``input_ids``/``loss_mask``/``seq_len`` and ``hidden_states/hs_<row>.safetensors``
+holding the verifier's real hidden states for those tokens. Then it trains a
+1-layer EAGLE-3 draft (hidden 64, vocab 256, draft vocab 64, ttt_steps 3) with
+the library's ``Trainer`` and telemetry attached. Running it again on the same
+run directory resumes from the last checkpoint, as speculators does.
+
+``--no-telemetry`` runs the same Trainer the way a user script does by default:
+no handler on ``speculators.metrics``, so no metric is written anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VOCAB = 256
+HIDDEN = 64
+DRAFT_VOCAB = 64
+VERIFIER_LAYERS = 4
+TARGET_LAYERS = [0, 1, 2]
+TTT_STEPS = 3
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    rows: int = 60
+    seq_len: int = 48
+    total_seq_len: int = 128
+    epochs: int = 3
+    workers: int = 0
+    lr: float = 3e-3
+    seed: int = 0
+    step_delay: float = 0.0
+    log_freq: int = 1
+    checkpoint_freq: float = 1.0
+
+
+def make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
+    """Write the verifier and the dataset under ``root`` unless already there."""
+    import torch
+
+    verifier_dir = root / "verifier"
+    data_dir = root / "data"
+    done = root / ".complete"
+    if done.exists():
+        return verifier_dir, data_dir
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    verifier = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=2 * HIDDEN,
+            num_hidden_layers=VERIFIER_LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4 * cfg.total_seq_len,
+            tie_word_embeddings=False,
+        )
+    ).eval()
+    verifier.save_pretrained(verifier_dir)
+    (data_dir / "hidden_states").mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    for i in range(cfg.rows):
+        # Learnable sequences: an arithmetic progression mod a prime, random start/stride.
+        start = int(torch.randint(0, VOCAB, (1,), generator=gen))
+        stride = int(torch.randint(1, 12, (1,), generator=gen))
+        ids = torch.tensor([(start + stride * k) % 251 for k in range(cfg.seq_len)])
+        with torch.no_grad():
+            out = verifier(ids[None], output_hidden_states=True)
+        layers = [out.hidden_states[i + 1][0] for i in TARGET_LAYERS] + [out.hidden_states[-1][0]]
+        hidden = torch.stack(layers, dim=1).float().contiguous()  # [L, n_aux + 1, H]
+        save_file(
+            {"token_ids": ids.contiguous(), "hidden_states": hidden},
+            str(data_dir / "hidden_states" / f"hs_{i}.safetensors"),
+        )
+        rows["input_ids"].append(ids.tolist())
+        rows["loss_mask"].append([1] * cfg.seq_len)
+        rows["seq_len"].append(cfg.seq_len)
+    dataset = Dataset.from_dict(rows)
+    dataset.set_format("torch")
+    dataset.save_to_disk(str(data_dir))
+    done.write_text("ok\n")
+    return verifier_dir, data_dir
+
+
+def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
+    """Build the real speculators Trainer for the tiny configuration."""
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import create_train_val_loaders
+    from speculators.train.trainer import TrainerConfig
+    from transformers import AutoConfig
+
+    from eagle3_tui.train.cpu_shims import CPU_MODEL_KWARGS, has_accelerator, trainer_class
+
+    verifier_dir, data_dir = make_tiny_data(run_dir / "tiny", cfg)
+    torch.manual_seed(cfg.seed)
+    dataset_ids = _token_counts(data_dir)
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    d2t, t2d = build_vocab_mappings_from_distribution(dataset_ids, DRAFT_VOCAB, VOCAB)
+    cpu = not has_accelerator()
+    model_kwargs = CPU_MODEL_KWARGS if cpu else {}
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=AutoConfig.from_pretrained(verifier_dir),
+        t2d=t2d,
+        d2t=d2t,
+        verifier_name_or_path=str(verifier_dir),
+        draft_vocab_size=DRAFT_VOCAB,
+        norm_before_residual=True,
+        ttt_steps=TTT_STEPS,
+        target_layer_ids=TARGET_LAYERS,
+        draft_attn_impl=model_kwargs.get("draft_attn_impl", "simple_flex_attention"),
+    )
+    if cfg.step_delay > 0:  # demo pacing, so a person can watch the curves move
+        model.register_forward_pre_hook(lambda *_: time.sleep(cfg.step_delay))
+    train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
+        loss_fn="kl_div",
+        loss_implementation=model_kwargs.get("loss_implementation", "fused"),
+        ttt_steps=TTT_STEPS,
+        ttt_step_loss_decay=1.0,
+    )
+    # float32 hidden states on CPU: bf16 autocast there is ~25x slower.
+    dtype = torch.float32 if cpu else torch.bfloat16
+    train_loader, val_loader = create_train_val_loaders(
+        data_path=str(data_dir),
+        total_seq_len=cfg.total_seq_len,
+        hidden_states_dtype=dtype,
+        transfer=None,
+        vllm_endpoint="http://127.0.0.1:9/v1",  # never used: on_missing="raise"
+        on_missing="raise",
+        verifier_name_or_path=str(verifier_dir),
+        request_timeout=1.0,
+        max_retries=0,
+        generation_validation_retries=0,
+        max_consecutive_generation_failures=1,
+        hidden_size=HIDDEN,
+        num_target_layers=len(TARGET_LAYERS),
+        num_workers=cfg.workers,
+        prefetch_factor=2,
+        preprocess=shift_batch,
+        train_data_ratio=0.8,
+        seed=cfg.seed,
+    )
+    config = TrainerConfig(
+        lr=cfg.lr,
+        num_epochs=cfg.epochs,
+        save_path=str(run_dir / "checkpoints"),
+        resume_from_checkpoint=True,
+        train_call_kwargs=train_kwargs,
+        val_call_kwargs=val_kwargs,
+        hidden_states_dtype=dtype,
+        scheduler_type="none",
+        log_freq=cfg.log_freq,
+        checkpoint_freq=cfg.checkpoint_freq,
+    )
+    return trainer_class()(model, config, train_loader, val_loader)
+
+
+def _token_counts(data_dir: Path) -> dict[int, int]:
+    from datasets import load_from_disk
+
+    counts: dict[int, int] = {}
+    for ids in load_from_disk(str(data_dir)).with_format(None)["input_ids"]:
+        for t in ids:
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, bool]:
+    p = argparse.ArgumentParser(prog="python -m eagle3_tui.train.tiny", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", type=Path, required=True, help="where metrics, checkpoints and data go")
+    p.add_argument("--epochs", type=int, default=TinyConfig.epochs)
+    p.add_argument("--rows", type=int, default=TinyConfig.rows, help="synthetic dataset rows")
+    p.add_argument("--workers", type=int, default=TinyConfig.workers, help="dataloader worker processes")
+    p.add_argument("--lr", type=float, default=TinyConfig.lr)
+    p.add_argument("--seed", type=int, default=TinyConfig.seed)
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each forward (demo pacing)")
+    p.add_argument("--log-freq", type=int, default=TinyConfig.log_freq)
+    p.add_argument("--checkpoint-freq", type=float, default=TinyConfig.checkpoint_freq,
+                   help="epochs between checkpoints; below 1, a fraction of an epoch")
+    p.add_argument("--no-telemetry", action="store_true", help="run as a bare user script would: silent")
+    a = p.parse_args(argv)
+    cfg = TinyConfig(rows=a.rows, epochs=a.epochs, workers=a.workers, lr=a.lr, seed=a.seed,
+                     step_delay=a.step_delay, log_freq=a.log_freq, checkpoint_freq=a.checkpoint_freq)
+    return a.run_dir, cfg, not a.no_telemetry
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir, cfg, with_telemetry = parse_args(argv)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    telemetry = None
+    if with_telemetry:
+        from eagle3_tui.telemetry import attach
+
+        telemetry = attach(run_dir)
+    trainer = build_trainer(run_dir, cfg)
+    expected = cfg.epochs * len(trainer.train_loader)
+    try:
+        trainer.run_training()
+    except BaseException as e:
+        if telemetry is not None:
+            telemetry.finish("crash", error=f"{type(e).__name__}: {e}"[:2000], step=trainer.global_step)
+        raise
+    if telemetry is not None:
+        status = "finish" if trainer.global_step >= expected else "interrupt"
+        telemetry.finish(status, step=trainer.global_step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
