@@ -102,13 +102,12 @@ def make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
 def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     """Build the real speculators Trainer for the tiny configuration."""
     import torch
+    from eagle3_tui.train.cpu_shims import CPU_MODEL_KWARGS, has_accelerator, trainer_class
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
     from speculators.train.trainer import TrainerConfig
     from transformers import AutoConfig
-
-    from eagle3_tui.train.cpu_shims import CPU_MODEL_KWARGS, has_accelerator, trainer_class
 
     verifier_dir, data_dir = make_tiny_data(run_dir / "tiny", cfg)
     torch.manual_seed(cfg.seed)
@@ -185,21 +184,43 @@ def _token_counts(data_dir: Path) -> dict[int, int]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, bool]:
-    p = argparse.ArgumentParser(prog="python -m eagle3_tui.train.tiny", description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", type=Path, required=True, help="where metrics, checkpoints and data go")
+    p = argparse.ArgumentParser(
+        prog="python -m eagle3_tui.train.tiny", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--run-dir", type=Path, required=True, help="where metrics, checkpoints and data go"
+    )
     p.add_argument("--epochs", type=int, default=TinyConfig.epochs)
     p.add_argument("--rows", type=int, default=TinyConfig.rows, help="synthetic dataset rows")
-    p.add_argument("--workers", type=int, default=TinyConfig.workers, help="dataloader worker processes")
+    p.add_argument(
+        "--workers", type=int, default=TinyConfig.workers, help="dataloader worker processes"
+    )
     p.add_argument("--lr", type=float, default=TinyConfig.lr)
     p.add_argument("--seed", type=int, default=TinyConfig.seed)
-    p.add_argument("--step-delay", type=float, default=0.0, help="seconds added to each forward (demo pacing)")
+    p.add_argument(
+        "--step-delay", type=float, default=0.0, help="seconds added to each forward (demo pacing)"
+    )
     p.add_argument("--log-freq", type=int, default=TinyConfig.log_freq)
-    p.add_argument("--checkpoint-freq", type=float, default=TinyConfig.checkpoint_freq,
-                   help="epochs between checkpoints; below 1, a fraction of an epoch")
-    p.add_argument("--no-telemetry", action="store_true", help="run as a bare user script would: silent")
+    p.add_argument(
+        "--checkpoint-freq",
+        type=float,
+        default=TinyConfig.checkpoint_freq,
+        help="epochs between checkpoints; below 1, a fraction of an epoch",
+    )
+    p.add_argument(
+        "--no-telemetry", action="store_true", help="run as a bare user script would: silent"
+    )
     a = p.parse_args(argv)
-    cfg = TinyConfig(rows=a.rows, epochs=a.epochs, workers=a.workers, lr=a.lr, seed=a.seed,
-                     step_delay=a.step_delay, log_freq=a.log_freq, checkpoint_freq=a.checkpoint_freq)
+    cfg = TinyConfig(
+        rows=a.rows,
+        epochs=a.epochs,
+        workers=a.workers,
+        lr=a.lr,
+        seed=a.seed,
+        step_delay=a.step_delay,
+        log_freq=a.log_freq,
+        checkpoint_freq=a.checkpoint_freq,
+    )
     return a.run_dir, cfg, not a.no_telemetry
 
 
@@ -218,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run_training()
     except BaseException as e:
         if telemetry is not None:
-            telemetry.finish("crash", error=f"{type(e).__name__}: {e}"[:2000], step=trainer.global_step)
+            telemetry.finish(
+                "crash", error=f"{type(e).__name__}: {e}"[:2000], step=trainer.global_step
+            )
         raise
     if telemetry is not None:
         status = "finish" if trainer.global_step >= expected else "interrupt"

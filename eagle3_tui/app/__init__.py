@@ -1,1 +1,1 @@
-"""app."""
+"""The Textual layer: the app, its panels and its stylesheet."""

@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from eagle3_tui.telemetry.handler import METRICS_LOGGER, MESSAGES_LOGGER, TelemetryHandler
+from eagle3_tui.telemetry.handler import MESSAGES_LOGGER, METRICS_LOGGER, TelemetryHandler
 from eagle3_tui.telemetry.schema import METRICS_FILE, Kind
 from eagle3_tui.telemetry.writer import JsonlWriter
 

@@ -42,9 +42,7 @@ class Kind:
     HEARTBEAT: Final = "heartbeat"
     LIFECYCLE: Final = "lifecycle"
 
-    ALL: Final = frozenset(
-        {TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE}
-    )
+    ALL: Final = frozenset({TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE})
 
 
 NAN: Final = "NaN"

@@ -72,13 +72,19 @@ class JsonlWriter:
 
     def _open(self) -> None:
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
         except OSError as e:
             self._fd = None
             self._count_error(e)
 
     def _count_error(self, e: BaseException) -> None:
-        name = errno.errorcode.get(e.errno, type(e).__name__) if isinstance(e, OSError) and e.errno else type(e).__name__
+        name = (
+            errno.errorcode.get(e.errno, type(e).__name__)
+            if isinstance(e, OSError) and e.errno
+            else type(e).__name__
+        )
         self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
         self.stats.last_error = f"{name}: {e}"[:300]
 

@@ -1,0 +1,108 @@
+"""Figures derived from the raw series: tau, smoothing, rates.
+
+tau, the expected number of tokens accepted per draft cycle, is
+
+    tau = 1 + sum_k full_acc_k
+
+where ``full_acc_k`` is the probability that draft tokens 0..k are all accepted
+(speculators logs it per TTT step). The verifier always contributes its one
+token, hence the 1. When only conditional accuracies ``cond_acc_k`` (token k
+accepted given 0..k-1 were) are known, ``full_acc_k = prod_{j<=k} cond_acc_j``;
+speculators computes each ratio over different denominators, so the product of
+the logged ``cond_acc`` can differ from the logged ``full_acc`` by a few points:
+tau is always taken from ``full_acc`` when present.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+
+
+def tau_from_full(full_acc: Sequence[float | None]) -> float | None:
+    """1 + sum of full accuracies; None if any is missing or non-finite."""
+    if not full_acc:
+        return None
+    total = 1.0
+    for a in full_acc:
+        if a is None or not math.isfinite(a):
+            return None
+        total += a
+    return total
+
+
+def tau_from_cond(cond_acc: Sequence[float | None]) -> float | None:
+    """1 + sum_k prod_{j<=k} cond_acc_j; None if any is missing or non-finite."""
+    if not cond_acc:
+        return None
+    total, prod = 1.0, 1.0
+    for a in cond_acc:
+        if a is None or not math.isfinite(a):
+            return None
+        prod *= a
+        total += prod
+    return total
+
+
+def tau_of(
+    latest: Mapping[str, float | None], ttt_steps: int, prefix: str = "train/"
+) -> float | None:
+    full = [latest.get(f"{prefix}full_acc_{k}") for k in range(ttt_steps)]
+    if ttt_steps and all(v is not None for v in full):
+        return tau_from_full(full)
+    cond = [latest.get(f"{prefix}cond_acc_{k}") for k in range(ttt_steps)]
+    return tau_from_cond(cond)
+
+
+def ema(values: F64, weight: float) -> F64:
+    """Debiased exponential moving average, as TensorBoard's smoothing slider.
+
+    Non-finite values are skipped (the previous smoothed value is carried).
+    """
+    out = np.empty_like(values)
+    last = 0.0
+    n = 0
+    w = float(weight)
+    for i, v in enumerate(values.tolist()):
+        if math.isfinite(v):
+            last = last * w + (1.0 - w) * v
+            n += 1
+        out[i] = last / (1.0 - w**n) if n and w < 1.0 else (v if n == 0 else last)
+    return out
+
+
+def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
+    """Mean x and NaN-ignoring mean y of ``buckets`` equal runs of points.
+
+    Returns ``(x_means, y_means, points_per_bucket)``; short inputs pass through.
+    """
+    n = len(y)
+    if buckets <= 0 or n <= buckets:
+        return x.astype(np.float64), y.astype(np.float64), 1
+    k = n // buckets
+    body = k * buckets
+    xb = x[n - body :].astype(np.float64).reshape(buckets, k).mean(axis=1)
+    yb = y[n - body :].reshape(buckets, k)
+    finite = np.isfinite(yb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ym = np.where(finite, yb, 0.0).sum(axis=1) / finite.sum(axis=1)
+    return xb, ym, k
+
+
+def smoothed(x: F64, y: F64, weight: float, buckets: int) -> tuple[F64, F64]:
+    """A smoothed line of ``y`` over ``x`` with at most ``buckets`` points.
+
+    The EMA runs over bucket means with the weight raised to the bucket size, so
+    its time constant in steps is what ``weight`` gives per step, at any zoom.
+    """
+    xb, yb, k = bucket_means(x, y, buckets)
+    if weight <= 0.0:
+        return xb, yb
+    return xb, ema(yb, weight**k)

@@ -1,0 +1,47 @@
+"""What every transport yields: file chunks with offsets, and link state changes.
+
+A transport (a local directory, an SSH host) streams one file of a run as
+:class:`Chunk` values that carry their byte offset, interleaved with
+:class:`LinkChanged` values saying whether data can flow. The model's
+``LineReader`` turns chunks into records; offsets make resumption exact.
+
+No textual here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Link(enum.Enum):
+    """The state of the connection to where the run lives."""
+
+    LOCAL = "local"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    REFUSED = "refused"
+    WAITING = "waiting"  # connected, the file does not exist yet
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChanged:
+    link: Link
+    detail: str = ""
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes of the file starting at ``offset``."""
+
+    offset: int
+    data: bytes
+
+
+StreamEvent = Chunk | LinkChanged
+
+
+class TargetError(Exception):
+    """The target cannot be used: a missing run, a refused host key... (one line)."""

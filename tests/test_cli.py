@@ -1,0 +1,84 @@
+"""The command line as a user meets it: one-line errors, exit statuses, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3_tui.cli import main
+from tests.records import Lines
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_version_and_help() -> None:
+    from eagle3_tui import __version__
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"eagle3-tui {__version__}"
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "summary RUN_DIR" in proc.stdout and "demo" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing", "no such run directory"),
+        ("empty_dir", "no metrics.jsonl here"),
+        ("empty_file", "metrics.jsonl is empty"),
+        ("a_file", "not a directory"),
+    ],
+)
+def test_summary_of_a_bad_target_is_one_line_and_non_zero(
+    tmp_path: Path, setup: str, message: str
+) -> None:
+    target = tmp_path / "run"
+    if setup == "empty_dir":
+        target.mkdir()
+    elif setup == "empty_file":
+        target.mkdir()
+        (target / "metrics.jsonl").write_bytes(b"")
+    elif setup == "a_file":
+        target.write_text("x")
+    proc = run_cli("summary", str(target), "--json")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert (
+        proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+    )
+
+
+def test_summary_json_has_the_documented_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = Lines()
+    data = b"".join(lines.train(s, 3.0 - s * 0.1, epoch=s // 5) for s in range(10))
+    data += b"{torn json\n" + lines.event("finish")
+    (tmp_path / "metrics.jsonl").write_bytes(data)
+    assert main(["summary", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["health"] == "finished"
+    assert out["global_step"] == 9 and out["epoch"] == 1
+    assert out["records"] == 11 and out["malformed_lines"] == 1
+    assert out["metrics"]["train/loss"] == pytest.approx(2.1)
+    assert out["metrics"]["train/cond_acc_2"] == pytest.approx(0.2)
+    assert out["metrics"]["train/full_acc_2"] == pytest.approx(0.5 * 0.3 * 0.2)
+
+
+def test_summary_of_the_real_tiny_run(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(tiny_run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["health"] == "finished" and out["malformed_lines"] == 0 and out["lost_records"] == 0
+    assert 0.0 <= out["metrics"]["train/full_acc_0"] <= 1.0

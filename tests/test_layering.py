@@ -1,0 +1,36 @@
+"""The core never imports the UI or the SSH library; telemetry stays standard-library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHECK = """
+import sys
+import {module}
+bad = sorted(m for m in sys.modules if m.split('.')[0] in {banned!r})
+print(','.join(bad))
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "banned"),
+    [
+        ("eagle3_tui.model.snapshot", {"textual", "asyncssh", "rich", "textual_plotext"}),
+        ("eagle3_tui.model.summary", {"textual", "asyncssh", "rich", "textual_plotext"}),
+        ("eagle3_tui.telemetry", {"textual", "asyncssh", "rich", "msgspec", "numpy", "torch"}),
+        ("eagle3_tui.transport.local", {"textual", "rich", "textual_plotext"}),
+        ("eagle3_tui.cli", {"textual", "asyncssh", "torch", "numpy"}),
+    ],
+)
+def test_module_does_not_pull_in(module: str, banned: set[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK.format(module=module, banned=banned)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout.strip() == "", f"{module} imports {proc.stdout.strip()}"
