@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 # Exit statuses (documented in the README).
 EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
-EXIT_HEALTH = {"silent": 3, "stalled": 4, "dead": 5, "diverged": 6}
 
 SUBCOMMANDS = ("demo", "summary")
 
@@ -84,8 +83,8 @@ def build_demo_parser() -> argparse.ArgumentParser:
 def build_summary_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui summary",
-        description="Print the state of a run. Exit status: 0 running/finished, 3 silent, "
-        "4 stalled, 5 dead, 6 diverged, 2 error.",
+        description="Print the state of a run. Exit status: 0 running/finished/waiting, "
+        "3 silent, 4 stalled, 5 dead, 6 diverged, 7 stopped (interrupted), 2 error.",
     )
     p.add_argument("target", metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -122,7 +121,7 @@ def load_local(run_dir: Path) -> Run:
 
 
 def cmd_summary(ns: argparse.Namespace) -> int:
-    from eagle3_tui.model.summary import format_text, summarize
+    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
 
     run = load_local(Path(ns.target))
     if run.state.records == 0 and run.state.malformed_count == 0:
@@ -132,7 +131,7 @@ def cmd_summary(ns: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=None, sort_keys=False))
     else:
         print(format_text(summary))
-    return EXIT_HEALTH.get(summary["health"], EXIT_OK)
+    return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
 
 
 # ---- monitor ------------------------------------------------------------------
@@ -193,6 +192,10 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         str(ns.workers),
     ]
     log_path = run_dir / "train.log"
+    from eagle3_tui.telemetry.manifest import launch_env
+
+    # The run marker is in the trainer's own /proc/PID/environ, not only its children's.
+    env = dict(os.environ, **launch_env(run_dir))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -200,6 +203,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     if ns.headless:
         print(

@@ -232,8 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     if with_telemetry:
         from eagle3_tui.telemetry import attach
 
-        telemetry = attach(run_dir)
+        telemetry = attach(
+            run_dir,
+            checkpoint_dir=run_dir / "checkpoints",
+            epochs=cfg.epochs,
+            resume_command=list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
+        )
     trainer = build_trainer(run_dir, cfg)
+    if telemetry is not None:
+        telemetry.watch_trainer(trainer)
     expected = cfg.epochs * len(trainer.train_loader)
     try:
         trainer.run_training()

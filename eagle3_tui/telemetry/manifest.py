@@ -27,6 +27,8 @@ from typing import Any, Final
 MANIFEST_SCHEMA: Final = 1
 RUN_ID_ENV: Final = "EAGLE3_TUI_RUN_ID"
 """Environment marker inherited by every process of a run (dataloader workers too)."""
+RUN_DIR_ENV: Final = "EAGLE3_TUI_RUN_DIR"
+"""The run directory the marker belongs to (a launcher sets both before exec)."""
 
 ENV_KEYS: Final = (
     "CUDA_VISIBLE_DEVICES",
@@ -38,6 +40,7 @@ ENV_KEYS: Final = (
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
     RUN_ID_ENV,
+    RUN_DIR_ENV,
 )
 
 
@@ -124,6 +127,75 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def update_manifest(path: Path, **fields: Any) -> dict[str, Any]:
+    """Read the manifest at ``path``, set ``fields`` and ``updated_at``, replace it atomically.
+
+    May raise OSError or ValueError (a missing or unreadable manifest).
+    """
+    manifest = read_manifest(path)
+    manifest.update(fields)
+    manifest["updated_at"] = time.time()
+    write_manifest(path, manifest)
+    return manifest
+
+
+def launch_env(run_dir: Path) -> dict[str, str]:
+    """What a launcher puts in a trainer's environment before exec, so that the
+    trainer's own ``/proc/PID/environ`` carries the run marker."""
+    return {RUN_ID_ENV: resolve_run_id(run_dir), RUN_DIR_ENV: str(run_dir.resolve())}
+
+
+def resolve_run_id(run_dir: Path) -> str:
+    """The id of the run in ``run_dir``: the one a launcher gave this process for
+    this directory (``EAGLE3_TUI_RUN_ID`` with a matching ``EAGLE3_TUI_RUN_DIR``),
+    else the existing manifest's (a resume), else a new one. Under torchrun
+    without either, every rank derives the same id from the agent's PID and
+    ``TORCHELASTIC_RUN_ID``.
+    """
+    env = os.environ.get(RUN_ID_ENV)
+    env_dir = os.environ.get(RUN_DIR_ENV)
+    if env and env_dir and os.path.realpath(env_dir) == os.path.realpath(run_dir):
+        return env
+    try:
+        existing = read_manifest(run_dir / "run.json").get("run_id")
+    except (OSError, ValueError):
+        existing = None
+    if isinstance(existing, str) and existing:
+        return existing
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic:
+        return f"te-{os.getppid()}-{uuid.uuid5(uuid.NAMESPACE_OID, elastic).hex[:8]}"
+    return new_run_id()
+
+
+def resume_point(checkpoint_dir: str | os.PathLike[str] | None) -> tuple[str | None, int]:
+    """Where speculators will resume from: (the highest numbered checkpoint dir or
+    None, the global step saved in its ``training_state.json`` or 0).
+
+    Mirrors ``BaseCheckpointer._get_previous_epoch``; never raises.
+    """
+    if checkpoint_dir is None:
+        return None, 0
+    root = Path(checkpoint_dir)
+    best = -1
+    try:
+        for entry in os.scandir(root):
+            if entry.is_symlink() or not entry.is_dir() or not entry.name.isdigit():
+                continue
+            best = max(best, int(entry.name))
+    except OSError:
+        return None, 0
+    if best < 0:
+        return None, 0
+    path = root / str(best)
+    try:
+        state = json.loads((path / "training_state.json").read_text())
+        step = int(state.get("global_step", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        step = 0
+    return str(path), step
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest at ``path`` (may raise OSError or ValueError)."""
     obj = json.loads(path.read_text())
@@ -133,7 +205,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def index_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
     return Path(state) / "eagle3-tui" / "runs.jsonl"
 
 
