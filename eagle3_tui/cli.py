@@ -1,4 +1,8 @@
-"""Command line: ``eagle3-tui TARGET``, ``eagle3-tui demo``, ``eagle3-tui summary``.
+"""Command line: ``eagle3-tui TARGET``, ``demo``, ``summary``, ``kill``, ``resume``, ``runs``.
+
+A TARGET is a local run directory or ``[USER@]HOST[:RUN_DIR]`` reached over SSH
+with ssh's own options (``-p``, ``-i``, ``-J``, ``-F``, ``-o``) and files
+(``~/.ssh/config``, ``known_hosts``, ssh-agent).
 
 Every failure a user can cause (a missing run, a bad flag) ends with one line on
 stderr and a non-zero exit status, never a traceback.
@@ -12,20 +16,23 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import __version__
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
     from eagle3_tui.model.run import Run
+    from eagle3_tui.transport.target import SshOptions, SshTarget, Target
 
 # Exit statuses (documented in the README).
 EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
+EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
 
-SUBCOMMANDS = ("demo", "summary")
+SUBCOMMANDS = ("demo", "summary", "kill", "resume", "runs")
 
 
 def _version() -> str:
@@ -39,6 +46,10 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         epilog=(
             "commands:\n"
             "  eagle3-tui RUN_DIR                  monitor a run directory on this machine\n"
+            "  eagle3-tui [USER@]HOST[:RUN_DIR]    monitor a run over SSH (default: latest run)\n"
+            "  eagle3-tui runs [HOST]              list the runs registered on a host\n"
+            "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
+            "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
             "  eagle3-tui summary RUN_DIR [--json] print the run's state (exit status = health)\n"
             "\nRun 'eagle3-tui COMMAND --help' for a command's options."
@@ -46,7 +57,132 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=_version())
-    p.add_argument("target", metavar="TARGET", help="a run directory (a local path)")
+    p.add_argument(
+        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+    )
+    add_ssh_options(p)
+    return p
+
+
+def add_ssh_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("SSH options (for a HOST target; as in ssh)")
+    g.add_argument("-p", dest="port", metavar="PORT", help="port on the host")
+    g.add_argument(
+        "-i", dest="identity", action="append", default=[], metavar="KEY", help="private key file"
+    )
+    g.add_argument(
+        "-J", dest="jump", metavar="[USER@]HOST[:PORT]", help="jump host(s), comma-separated"
+    )
+    g.add_argument(
+        "-F", dest="ssh_config", metavar="FILE", help="ssh config file (default ~/.ssh/config)"
+    )
+    g.add_argument("-l", dest="login", metavar="USER", help="user to log in as")
+    g.add_argument(
+        "-o",
+        dest="ssh_option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ssh option, e.g. StrictHostKeyChecking=accept-new to record an unknown host key",
+    )
+    g.add_argument(
+        "--remote-python",
+        default="python3",
+        metavar="PATH",
+        help="the interpreter that runs eagle3-tui's agent on the host (default python3)",
+    )
+
+
+def ssh_options(ns: argparse.Namespace) -> SshOptions:
+    from eagle3_tui.transport.target import SshOptions, parse_port
+
+    opts = SshOptions(remote_python=ns.remote_python)
+    for text in ns.ssh_option:
+        opts = opts.with_option(text)
+    if ns.ssh_config is not None:
+        if not os.path.isfile(ns.ssh_config):
+            raise TargetError(f"-F {ns.ssh_config}: no such file")
+        opts = replace(opts, config=(ns.ssh_config,))
+    if ns.port is not None:
+        opts = replace(opts, port=parse_port(ns.port))
+    if ns.login is not None:
+        opts = replace(opts, user=ns.login)
+    if ns.identity:
+        keys = tuple(os.path.expanduser(k) for k in ns.identity)
+        opts = replace(opts, identities=keys + opts.identities)
+    if ns.jump is not None:
+        opts = replace(opts, jump=ns.jump)
+    return opts
+
+
+def cli_target(ns: argparse.Namespace) -> Target:
+    from eagle3_tui.transport.target import parse_target
+
+    return parse_target(ns.target, ssh_options(ns))
+
+
+def build_kill_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-tui kill",
+        description=(
+            "Stop a run so that it saves its checkpoint: SIGTERM to the trainer (or the "
+            "torchrun agent) after checking its PID is still the run's, wait for the save, "
+            "then make sure every process of the run is gone (SIGKILL after the grace "
+            "period). Exit status: 0 nothing of the run remains, 8 processes remain, "
+            "9 refused (nothing signalled), 2 error."
+        ),
+    )
+    p.add_argument(
+        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=130.0,
+        metavar="SECONDS",
+        help="how long the trainer may take to save and exit before SIGKILL (default 130: "
+        "speculators gives up on its save after 120 s)",
+    )
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    add_ssh_options(p)
+    return p
+
+
+def build_resume_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-tui resume",
+        description=(
+            "Relaunch a stopped run with its manifest's resume command, detached, in its "
+            "directory and environment, appending to its log and metrics, only when its "
+            "latest checkpoint is complete. Exit status: 0 started (its PID is printed), "
+            "8 the relaunched run exited at once, 9 refused (still running, no complete "
+            "checkpoint), 2 error."
+        ),
+    )
+    p.add_argument(
+        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the new run to take over its manifest (default 30)",
+    )
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    add_ssh_options(p)
+    return p
+
+
+def build_runs_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-tui runs",
+        description="List the runs registered on a host (this machine without HOST), newest "
+        "first. Exit status: 0 listed, 2 none registered or error.",
+    )
+    p.add_argument("target", metavar="HOST", nargs="?", help="[USER@]HOST (default: this machine)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    add_ssh_options(p)
     return p
 
 
@@ -86,8 +222,11 @@ def build_summary_parser() -> argparse.ArgumentParser:
         description="Print the state of a run. Exit status: 0 running/finished/waiting, "
         "3 silent, 4 stalled, 5 dead, 6 diverged, 7 stopped (interrupted), 2 error.",
     )
-    p.add_argument("target", metavar="RUN_DIR")
+    p.add_argument(
+        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    add_ssh_options(p)
     return p
 
 
@@ -98,10 +237,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_demo(build_demo_parser().parse_args(args[1:]))
         if args and args[0] == "summary":
             return cmd_summary(build_summary_parser().parse_args(args[1:]))
+        if args and args[0] == "kill":
+            return cmd_kill(build_kill_parser().parse_args(args[1:]))
+        if args and args[0] == "resume":
+            return cmd_resume(build_resume_parser().parse_args(args[1:]))
+        if args and args[0] == "runs":
+            return cmd_runs(build_runs_parser().parse_args(args[1:]))
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
-        print(f"eagle3-tui: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        from eagle3_tui.transport.base import printable
+
+        print(f"eagle3-tui: {printable(str(e))}", file=sys.stderr)
+        return EXIT_REFUSED if type(e).__name__ == "AgentRefusedError" else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 
@@ -120,13 +267,34 @@ def load_local(run_dir: Path) -> Run:
     return run
 
 
-def cmd_summary(ns: argparse.Namespace) -> int:
-    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+async def load_remote(target: SshTarget) -> tuple[Run, float]:
+    """The run's metrics.jsonl read over SSH, and the host's clock."""
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.transport.control import open_host, read_file
 
-    run = load_local(Path(ns.target))
+    run = Run()
+    host = open_host(target)
+    try:
+        eof = await read_file(host, target.run_dir, lambda f: run.feed(f.offset, f.data))
+    finally:
+        await host.close()
+    return run, float(eof.get("now") or time.time())
+
+
+def cmd_summary(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+    from eagle3_tui.transport.target import LocalTarget
+
+    target = cli_target(ns)
+    if isinstance(target, LocalTarget):
+        run, now = load_local(target.run_dir), time.time()
+    else:
+        run, now = asyncio.run(load_remote(target))
     if run.state.records == 0 and run.state.malformed_count == 0:
         raise TargetError(f"{ns.target}: metrics.jsonl is empty (no record written yet)")
-    summary = summarize(run.state, time.time())
+    summary = summarize(run.state, now)
     if ns.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
     else:
@@ -137,14 +305,115 @@ def cmd_summary(ns: argparse.Namespace) -> int:
 # ---- monitor ------------------------------------------------------------------
 
 
-def cmd_monitor(ns: argparse.Namespace) -> int:
-    from eagle3_tui.transport.local import LocalTransport, check_run_dir
+async def monitor_ssh(target: SshTarget) -> int:
+    """Connect and find the run first (errors as one line, before any UI), then monitor it
+    over the same connection."""
+    from eagle3_tui.transport.control import open_host, resolve
+    from eagle3_tui.transport.ssh import SshHost, SshTransport
 
-    run_dir = Path(ns.target)
+    host = open_host(target)
+    assert isinstance(host, SshHost)
+    try:
+        info = await resolve(host, target.run_dir)
+        from eagle3_tui.app.app import MonitorApp
+
+        await MonitorApp(SshTransport(host, str(info["run_dir"]))).run_async()
+    finally:
+        await host.close()
+    return EXIT_OK
+
+
+def cmd_monitor(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.transport.local import LocalTransport, check_run_dir
+    from eagle3_tui.transport.target import LocalTarget
+
+    target = cli_target(ns)
+    if not isinstance(target, LocalTarget):
+        return asyncio.run(monitor_ssh(target))
+    run_dir = target.run_dir
     check_run_dir(run_dir)
     from eagle3_tui.app.app import MonitorApp
 
     MonitorApp(LocalTransport(run_dir)).run()
+    return EXIT_OK
+
+
+# ---- kill, resume, runs -------------------------------------------------------
+
+
+def _print_progress(event: Any) -> None:
+    from eagle3_tui.transport.control import format_progress
+
+    line = format_progress(event)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
+def cmd_kill(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.transport import control
+
+    target = cli_target(ns)
+
+    async def go() -> dict[str, Any]:
+        host = control.open_host(target)
+        try:
+            run_dir = control.run_dir_of(target)
+            return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
+        finally:
+            await host.close()
+
+    result = asyncio.run(go())
+    print(json.dumps(result) if ns.json else control.format_kill(result))
+    return control.kill_exit_status(result)
+
+
+def cmd_resume(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.transport import control
+
+    target = cli_target(ns)
+
+    async def go() -> dict[str, Any]:
+        host = control.open_host(target)
+        try:
+            return await control.resume_run(host, control.run_dir_of(target), ns.wait)
+        finally:
+            await host.close()
+
+    result = asyncio.run(go())
+    print(json.dumps(result) if ns.json else control.format_resume(result))
+    return control.resume_exit_status(result)
+
+
+def cmd_runs(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.target import LocalTarget, parse_host, parse_target
+
+    opts = ssh_options(ns)
+    target: Target = LocalTarget(Path("."))
+    if ns.target is not None:  # always a host here, even where a local path has its name
+        target = parse_target(ns.target, opts)
+        if isinstance(target, LocalTarget):
+            target = parse_host(ns.target, opts)
+
+    async def go() -> dict[str, Any]:
+        host = control.open_host(target)
+        try:
+            return await control.list_runs(host)
+        finally:
+            await host.close()
+
+    result = asyncio.run(go())
+    if not result.get("runs"):
+        raise control.no_runs_error(result, ns.target or "this machine")
+    print(json.dumps(result) if ns.json else control.format_runs(result))
     return EXIT_OK
 
 

@@ -45,3 +45,10 @@ StreamEvent = Chunk | LinkChanged
 
 class TargetError(Exception):
     """The target cannot be used: a missing run, a refused host key... (one line)."""
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control characters (a newline in a path) shown escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -1,0 +1,247 @@
+"""Streaming over SSH: eagle3-tui's transport against ``ssh HOST tail -F FILE``.
+
+    python benchmarks/bench_ssh.py [--lines 400] [--interval 0.01] [--rounds 3]
+
+Starts a private OpenSSH ``sshd`` on 127.0.0.1 (as the tests do) and prints,
+measured in this one run over loopback:
+
+- append-to-record latency, p50 and p95: a writer thread appends one
+  ~590-byte schema line every ``interval`` seconds with its ``perf_counter``
+  time in it; the reader notes when the whole line reaches it. Baseline: the
+  OpenSSH client running ``tail -F`` (started after the file exists, so it uses
+  inotify), read through a pipe by this process. eagle3-tui: ``SshTransport``
+  (asyncssh, one channel, the agent's inotify follow), chunks as the app gets
+  them. Rounds alternate so both see the same machine load.
+  Target: eagle3-tui p95 within 1.5x the baseline's.
+- time to the first record after connect: from nothing to the first line of a
+  file that already exists (TCP, key exchange, authentication, session, remote
+  start-up), median of ``--connects`` tries each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eagle3_tui.transport.base import Chunk
+from eagle3_tui.transport.ssh import SshHost, SshTransport
+from eagle3_tui.transport.target import SshOptions, SshTarget
+from tests.transport.sshd import ALIAS, Sshd
+
+PAD = "x" * 440  # brings a line to ~590 bytes, like a speculators train record
+
+
+def line(seq: int) -> bytes:
+    rec = {"v": 1, "seq": seq, "w": "bench", "t": time.perf_counter(), "kind": "log", "pad": PAD}
+    return (json.dumps(rec) + "\n").encode()
+
+
+def writer(path: Path, n: int, interval: float, start: threading.Event) -> None:
+    start.wait()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for seq in range(n):
+            os.write(fd, line(seq))
+            time.sleep(interval)
+    finally:
+        os.close(fd)
+
+
+class Lines:
+    """Cuts whole lines out of a byte stream and records each line's latency."""
+
+    def __init__(self, n: int) -> None:
+        self.buf = b""
+        self.n = n
+        self.latencies: list[float] = []
+        self.seen = 0
+        self.done = asyncio.Event()
+
+    def feed(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.buf += data
+        *whole, self.buf = self.buf.split(b"\n")
+        for raw in whole:
+            rec = json.loads(raw)
+            if rec.get("w") != "bench":
+                continue
+            self.latencies.append(now - rec["t"])
+            self.seen += 1
+            if self.seen >= self.n:
+                self.done.set()
+
+
+def ssh_cmd(sshd: Sshd, *remote: str) -> list[str]:
+    return ["ssh", "-F", str(sshd.ssh_config), "-o", "BatchMode=yes", ALIAS, *remote]
+
+
+async def run_round(
+    follow: Callable[[Path, Lines, asyncio.Event], object],
+    path: Path,
+    n: int,
+    interval: float,
+) -> list[float]:
+    path.write_bytes(b'{"w":"warmup"}\n')
+    lines = Lines(n)
+    ready = asyncio.Event()
+    task = asyncio.ensure_future(follow(path, lines, ready))  # type: ignore[arg-type]
+    await asyncio.wait_for(ready.wait(), 30)
+    start = threading.Event()
+    t = threading.Thread(target=writer, args=(path, n, interval, start), daemon=True)
+    t.start()
+    start.set()
+    await asyncio.wait_for(lines.done.wait(), 60 + n * interval * 4)
+    t.join()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return lines.latencies
+
+
+def baseline_follow(sshd: Sshd) -> Callable[[Path, Lines, asyncio.Event], object]:
+    async def follow(path: Path, lines: Lines, ready: asyncio.Event) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *ssh_cmd(sshd, "tail", "-n", "+1", "-F", str(path)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        try:
+            first = await proc.stdout.readline()
+            assert b"warmup" in first
+            ready.set()
+            while True:
+                data = await proc.stdout.read(65536)
+                if not data:
+                    return
+                lines.feed(data)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+    return follow
+
+
+def eagle3_follow(target: SshTarget) -> Callable[[Path, Lines, asyncio.Event], object]:
+    async def follow(path: Path, lines: Lines, ready: asyncio.Event) -> None:
+        host = SshHost(target)
+        try:
+            async for ev in SshTransport(host, str(path.parent)).stream(0):
+                if isinstance(ev, Chunk):
+                    if not ready.is_set():
+                        ready.set()  # the warm-up line
+                        continue
+                    lines.feed(ev.data)
+        finally:
+            await host.close()
+
+    return follow
+
+
+async def first_record_baseline(sshd: Sshd, path: Path) -> float:
+    t = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *ssh_cmd(sshd, "tail", "-n", "+1", "-F", str(path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    await proc.stdout.readline()
+    dt = time.perf_counter() - t
+    proc.kill()
+    await proc.wait()
+    return dt
+
+
+async def first_record_eagle3(target: SshTarget, path: Path) -> float:
+    t = time.perf_counter()
+    host = SshHost(target)
+    try:
+        async for ev in SshTransport(host, str(path.parent)).stream(0):
+            if isinstance(ev, Chunk):
+                return time.perf_counter() - t
+    finally:
+        await host.close()
+    raise RuntimeError("stream ended")
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="eagle3-bench-ssh-"))
+    sshd = Sshd(root / "sshd", login_shell_rc=args.bashrc).start()
+    target = SshTarget(ALIAS, options=SshOptions(config=(str(sshd.ssh_config),)))
+    run_dir = root / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    try:
+        base: list[float] = []
+        ours: list[float] = []
+        for r in range(args.rounds):
+            for name, follow, out in (
+                ("ssh tail -F", baseline_follow(sshd), base),
+                ("eagle3-tui", eagle3_follow(target), ours),
+            ):
+                lat = await run_round(follow, path, args.lines, args.interval)
+                out.extend(lat)
+                print(
+                    f"round {r + 1} {name:<12} n={len(lat)} p50 {1e3 * pct(lat, 50):.3f} ms "
+                    f"p95 {1e3 * pct(lat, 95):.3f} ms",
+                    flush=True,
+                )
+        t_base = [await first_record_baseline(sshd, path) for _ in range(args.connects)]
+        t_ours = [await first_record_eagle3(target, path) for _ in range(args.connects)]
+    finally:
+        sshd.stop()
+    print()
+    print(
+        f"append-to-record latency over loopback sshd, {len(base)} lines each, "
+        f"one every {1e3 * args.interval:.0f} ms ({'with' if args.bashrc else 'without'} "
+        "~/.bashrc on the host):"
+    )
+    print(f"  {'':<14} {'p50 ms':>8} {'p95 ms':>8}")
+    for name, xs in (("ssh tail -F", base), ("eagle3-tui", ours)):
+        print(f"  {name:<14} {1e3 * pct(xs, 50):>8.3f} {1e3 * pct(xs, 95):>8.3f}")
+    r50, r95 = pct(ours, 50) / pct(base, 50), pct(ours, 95) / pct(base, 95)
+    verdict = "meets" if r95 <= 1.5 else "MISSES"
+    print(f"  ratio eagle3-tui / baseline: p50 {r50:.2f}x, p95 {r95:.2f}x ({verdict} <= 1.5x)")
+    print(f"time to the first record after connect, median of {args.connects}:")
+    print(f"  ssh tail -F   {1e3 * statistics.median(t_base):8.1f} ms")
+    print(f"  eagle3-tui    {1e3 * statistics.median(t_ours):8.1f} ms")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lines", type=int, default=400, help="lines per round and reader")
+    p.add_argument("--interval", type=float, default=0.01, help="seconds between appends")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--connects", type=int, default=7, help="tries for time to first record")
+    p.add_argument(
+        "--bashrc",
+        action="store_true",
+        help="let the host's shell read ~/.bashrc on each exec (a realistic login shell)",
+    )
+    return asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

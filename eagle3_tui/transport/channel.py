@@ -1,0 +1,278 @@
+"""Talking to the agent: the request, the frames it answers with, and where it runs.
+
+A host (this machine, or an SSH host in :mod:`eagle3_tui.transport.ssh`) starts
+:mod:`eagle3_tui.transport.agent` and returns an :class:`AgentChannel`; the
+caller reads :class:`DataFrame` and :class:`Event` frames from it. Locally the
+agent is a ``python -c BOOTSTRAP`` subprocess, so local and remote control take
+the same code path.
+
+No textual, no asyncssh here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from eagle3_tui.transport import agent
+from eagle3_tui.transport.base import TargetError
+
+AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
+MAX_FRAME = 64 * 1024 * 1024
+READ_SIZE = 1 << 20
+
+
+@cache
+def agent_source() -> bytes:
+    return Path(agent.__file__).read_bytes()
+
+
+def agent_payload(request: dict[str, Any]) -> bytes:
+    """What the agent reads on stdin: the source's length, the source, the request."""
+    src = agent_source()
+    req = json.dumps({"protocol": agent.PROTOCOL, **request}, separators=(",", ":"))
+    return b"%d\n" % len(src) + src + req.encode() + b"\n"
+
+
+@dataclass(frozen=True, slots=True)
+class DataFrame:
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    event: str
+    fields: dict[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+Frame = DataFrame | Event
+
+
+class Reader(Protocol):
+    """What asyncio's StreamReader and asyncssh's SSHReader both offer."""
+
+    def read(self, n: int = -1) -> Awaitable[bytes]: ...
+
+
+class ChannelLostError(Exception):
+    """The agent's output ended without a clean end (connection dropped, agent died)."""
+
+
+class FrameParser:
+    """Cuts frames out of the agent's output, however it is split into reads."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pending: tuple[int, int] | None = None  # a data frame's (offset, length)
+
+    @property
+    def partial(self) -> bool:
+        """Whether a frame has started but not ended."""
+        return bool(self._buf) or self._pending is not None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buf
+        buf += data
+        out: list[Frame] = []
+        pos = 0
+        while True:
+            if self._pending is not None:
+                offset, length = self._pending
+                if len(buf) - pos < length:
+                    break
+                out.append(DataFrame(offset, bytes(buf[pos : pos + length])))
+                pos += length
+                self._pending = None
+                continue
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                break
+            header = bytes(buf[pos:nl])
+            pos = nl + 1
+            if header.startswith(b"D "):
+                try:
+                    _, off, n = header.split()
+                    offset, length = int(off), int(n)
+                except ValueError:
+                    continue
+                if length < 0 or length > MAX_FRAME:
+                    raise ChannelLostError(f"bad frame length {length}")
+                self._pending = (offset, length)
+            elif header.startswith(b"J "):
+                try:
+                    obj = json.loads(header[2:])
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    out.append(Event(str(obj.pop("event", "")), obj))
+            # anything else: a line a shell start-up file printed; not ours
+        del buf[:pos]
+        return out
+
+
+async def read_frames(
+    reader: Reader, lost: tuple[type[BaseException], ...] = ()
+) -> AsyncIterator[Frame]:
+    """Frames until the agent's output ends.
+
+    Raises :class:`ChannelLostError` when the output ends inside a frame (a torn
+    frame is never delivered) or with one of ``lost`` (the transport's errors).
+    """
+    errors: tuple[type[BaseException], ...] = (ConnectionError, *lost)
+    parser = FrameParser()
+    while True:
+        try:
+            data = await reader.read(READ_SIZE)
+        except errors as e:
+            raise ChannelLostError(str(e) or type(e).__name__) from e
+        if not data:
+            if parser.partial:
+                raise ChannelLostError("the output ended inside a frame")
+            return
+        for frame in parser.feed(data):
+            yield frame
+
+
+class AgentChannel(Protocol):
+    """A running agent: its frames, then its exit status and stderr."""
+
+    def frames(self) -> AsyncIterator[Frame]: ...
+
+    async def finish(self) -> tuple[int | None, str]: ...
+
+    def close(self) -> None: ...
+
+
+class AgentFailedError(TargetError):
+    """The agent could not run (no python3 on the host, a crash)."""
+
+
+class AgentRefusedError(TargetError):
+    """The agent refused a request it understood (resume a running run...)."""
+
+
+def agent_error(host: str, python: str, status: int | None, stderr: str) -> AgentFailedError:
+    tail = " ".join(stderr.strip().splitlines()[-3:])[:300]
+    if status == 127:
+        return AgentFailedError(
+            f"{host}: cannot start the agent: {python} not found ({tail}); use --remote-python PATH"
+        )
+    return AgentFailedError(
+        f"{host}: the agent failed (exit status {status}): {tail or 'no output'}"
+    )
+
+
+class LocalChannel:
+    """The agent as a subprocess of this process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        assert proc.stderr is not None
+        self._stderr = asyncio.ensure_future(proc.stderr.read())
+
+    def frames(self) -> AsyncIterator[Frame]:
+        assert self.proc.stdout is not None
+        return read_frames(self.proc.stdout)
+
+    async def finish(self) -> tuple[int | None, str]:
+        status = await self.proc.wait()
+        err = await self._stderr
+        return status, err.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+class LocalHost:
+    """This machine, reached without SSH."""
+
+    label = "local"
+
+    async def start_agent(self, request: dict[str, Any]) -> LocalChannel:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            agent.BOOTSTRAP,
+            AGENT_TAG,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(agent_payload(request))
+        await proc.stdin.drain()
+        if request.get("op") != "follow":
+            proc.stdin.close()
+        return LocalChannel(proc)
+
+    async def close(self) -> None:
+        return None
+
+
+class Host(Protocol):
+    """Where the agent runs: :class:`LocalHost` or ``ssh.SshHost``."""
+
+    @property
+    def label(self) -> str: ...
+
+    async def start_agent(self, request: dict[str, Any]) -> AgentChannel: ...
+
+    async def close(self) -> None: ...
+
+
+ProgressCallback = Callable[[Event], None]
+
+
+async def call_agent(
+    host: Host,
+    request: dict[str, Any],
+    on_progress: ProgressCallback | None = None,
+    on_data: Callable[[DataFrame], object] | None = None,
+    python: str = "python3",
+) -> Event:
+    """Run one agent operation to its end; returns its ``result`` (or ``eof``) event.
+
+    An ``error`` event becomes a :class:`TargetError` with the agent's message.
+    """
+    channel = await host.start_agent(request)
+    final: Event | None = None
+    try:
+        async for frame in channel.frames():
+            if isinstance(frame, DataFrame):
+                if on_data is not None:
+                    on_data(frame)
+            elif frame.event in ("result", "eof"):
+                final = frame
+            elif frame.event == "error":
+                message = str(frame.get("message", "the agent refused"))
+                if frame.get("kind") == "refused":
+                    raise AgentRefusedError(message)
+                raise TargetError(message)
+            elif on_progress is not None:
+                on_progress(frame)
+    except ChannelLostError as e:
+        raise TargetError(
+            f"{host.label}: connection lost during {request.get('op')} ({e}); the host finishes "
+            "it anyway: run it again to see where it stands"
+        ) from None
+    finally:
+        channel.close()
+    status, stderr = await channel.finish()
+    if final is None:
+        raise agent_error(host.label, python, status, stderr)
+    return final
