@@ -17,6 +17,7 @@ no handler on ``speculators.metrics``, so no metric is written anywhere.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -44,6 +45,26 @@ class TinyConfig:
     step_delay: float = 0.0
     log_freq: int = 1
     checkpoint_freq: float = 1.0
+    hang_at_step: int = -1
+
+
+def _hang_hook(step: int) -> Any:
+    """A forward pre-hook that blocks the training loop for good at training step
+    ``step`` (tests: the samplers must keep reporting while the loop hangs)."""
+    import threading
+
+    forever = threading.Event()
+    calls = [0]
+
+    def hook(module: Any, *_: Any) -> None:
+        if not module.training:
+            return
+        if calls[0] == step:
+            print(f"[eagle3] debug: training step {step} now blocks forever", flush=True)
+            forever.wait()
+        calls[0] += 1
+
+    return hook
 
 
 def make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
@@ -103,6 +124,7 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     """Build the real speculators Trainer for the tiny configuration."""
     import torch
     from eagle3_tui.train.cpu_shims import CPU_MODEL_KWARGS, has_accelerator, trainer_class
+    from eagle3_tui.train.observe import observe_transfer
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
@@ -130,6 +152,8 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     )
     if cfg.step_delay > 0:  # demo pacing, so a person can watch the curves move
         model.register_forward_pre_hook(lambda *_: time.sleep(cfg.step_delay))
+    if cfg.hang_at_step >= 0:
+        model.register_forward_pre_hook(_hang_hook(cfg.hang_at_step))
     train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
         loss_fn="kl_div",
         loss_implementation=model_kwargs.get("loss_implementation", "fused"),
@@ -142,7 +166,7 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
         data_path=str(data_dir),
         total_seq_len=cfg.total_seq_len,
         hidden_states_dtype=dtype,
-        transfer=None,
+        transfer=observe_transfer(None, data_dir),  # the library's default, reporting reads
         vllm_endpoint="http://127.0.0.1:9/v1",  # never used: on_missing="raise"
         on_missing="raise",
         verifier_name_or_path=str(verifier_dir),
@@ -183,7 +207,9 @@ def _token_counts(data_dir: Path) -> dict[int, int]:
     return counts
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, bool]:
+def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, argparse.Namespace]:
+    from eagle3_tui.train.common import add_telemetry_args
+
     p = argparse.ArgumentParser(
         prog="python -m eagle3_tui.train.tiny", description=__doc__.split("\n\n")[0]
     )
@@ -210,6 +236,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, bool]:
     p.add_argument(
         "--no-telemetry", action="store_true", help="run as a bare user script would: silent"
     )
+    p.add_argument("--debug-hang-at-step", type=int, default=-1, help=argparse.SUPPRESS)
+    add_telemetry_args(p, progress_every=10)
     a = p.parse_args(argv)
     cfg = TinyConfig(
         rows=a.rows,
@@ -220,39 +248,53 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, bool]:
         step_delay=a.step_delay,
         log_freq=a.log_freq,
         checkpoint_freq=a.checkpoint_freq,
+        hang_at_step=a.debug_hang_at_step,
     )
-    return a.run_dir, cfg, not a.no_telemetry
+    return a.run_dir, cfg, a
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_dir, cfg, with_telemetry = parse_args(argv)
+    run_dir, cfg, a = parse_args(argv)
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    telemetry = None
-    if with_telemetry:
-        from eagle3_tui.telemetry import attach
+    if a.no_telemetry:  # exactly what a bare user script does: no handler anywhere
+        build_trainer(run_dir, cfg).run_training()
+        return 0
 
-        telemetry = attach(
-            run_dir,
-            checkpoint_dir=run_dir / "checkpoints",
-            epochs=cfg.epochs,
-            resume_command=list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
-        )
-    trainer = build_trainer(run_dir, cfg)
-    if telemetry is not None:
-        telemetry.watch_trainer(trainer)
-    expected = cfg.epochs * len(trainer.train_loader)
+    from dataclasses import asdict
+
+    from eagle3_tui.train.common import closing_line, setup_log, telemetry_kwargs
+
+    from eagle3_tui.telemetry import attach
+
+    log = setup_log(run_dir, a.log)
+    telemetry = attach(
+        run_dir,
+        checkpoint_dir=run_dir / "checkpoints",
+        epochs=cfg.epochs,
+        resume_command=list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]),
+        log_file=log.log_file,
+        exclude_pids=[log.tee_pid] if log.tee_pid else [],
+        **telemetry_kwargs(a),
+    )
     try:
+        trainer = build_trainer(run_dir, cfg)
+        telemetry.watch_trainer(trainer)
+        # what the library's CLI does with its configuration (log_run_config)
+        logging.getLogger("speculators.metrics").info(
+            {"launcher": "eagle3_tui.train.tiny", **asdict(cfg)}, extra={"hparams": True}
+        )
         trainer.run_training()
     except BaseException as e:
-        if telemetry is not None:
-            telemetry.finish(
-                "crash", error=f"{type(e).__name__}: {e}"[:2000], step=trainer.global_step
-            )
+        telemetry.finish("crash", error=f"{type(e).__name__}: {e}"[:2000])
+        telemetry.close()
         raise
-    if telemetry is not None:
-        status = "finish" if trainer.global_step >= expected else "interrupt"
-        telemetry.finish(status, step=trainer.global_step)
+    expected = cfg.epochs * len(trainer.train_loader)
+    # speculators returns normally after an interrupt (SIGTERM/SIGINT): it saved interrupted/
+    done = trainer.global_step >= expected and not telemetry.interrupted
+    telemetry.finish("finish" if done else "interrupt", step=trainer.global_step)
+    telemetry.close()
+    print(closing_line(telemetry), file=sys.stderr, flush=True)
     return 0
 
 

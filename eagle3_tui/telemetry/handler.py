@@ -4,12 +4,18 @@ The speculators Trainer logs a dict per step on ``speculators.metrics`` and
 human messages on ``speculators``. Both loggers are NOTSET, so they inherit the
 root's WARNING: a handler alone receives nothing. :func:`attach` in
 ``eagle3_tui.telemetry`` sets their level too.
+
+The metric path is the hot one (every training step, in the training thread):
+no handler lock (the writer has its own), no copy of the metrics beyond one
+shallow dict, no ``json`` in Python — the writer encodes with one orjson call
+and hands the line to its thread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eagle3_tui.telemetry.schema import Kind
@@ -17,58 +23,87 @@ from eagle3_tui.telemetry.writer import JsonlWriter
 
 METRICS_LOGGER = "speculators.metrics"
 MESSAGES_LOGGER = "speculators"
+MAX_MESSAGE = 4000
+
+_perf_ns = time.perf_counter_ns
 
 
-def metric_payload(msg: Mapping[str, Any], record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
-    """Map one speculators metrics dict to (kind, payload)."""
-    step = getattr(record, "step", None)
-    if getattr(record, "hparams", False):
-        return Kind.HPARAMS, {"hparams": dict(msg)}
-    payload = dict(msg)
-    if step is not None:
-        payload["step"] = step
+def metric_payload(
+    msg: Mapping[str, Any], record: logging.LogRecord
+) -> tuple[str, Mapping[str, Any], int | None]:
+    """Map one speculators metrics dict to (kind, payload, step); no copy of ``msg``."""
+    attrs = record.__dict__
+    if attrs.get("hparams"):
+        return Kind.HPARAMS, {"hparams": msg}, None
+    step = attrs.get("step")
+    if not isinstance(step, int):
+        step = None
     if "train" in msg:
-        return Kind.TRAIN, payload
+        return Kind.TRAIN, msg, step
     if "val" in msg:
-        return Kind.VAL, payload
-    return Kind.TRAIN, payload
+        return Kind.VAL, msg, step
+    return Kind.TRAIN, msg, step
 
 
 class TelemetryHandler(logging.Handler):
-    """Writes metric dicts as ``train``/``val``/``hparams`` and messages as ``log``."""
+    """Writes metric dicts as ``train``/``val``/``hparams`` and messages as ``log``.
+
+    ``on_message(text)`` is called with each message of the ``speculators``
+    loggers (the telemetry session reads checkpoint and interrupt messages from
+    it); ``on_metrics(kind, payload, step)`` with each metric record written (the
+    progress line). Neither may raise into the trainer: their errors are counted.
+    """
 
     def __init__(self, writer: JsonlWriter, *, is_writer_rank: bool = True) -> None:
         super().__init__(level=logging.INFO)
         self.writer = writer
         self.is_writer_rank = is_writer_rank
+        self.on_message: Callable[[str], None] | None = None
+        self.on_metrics: Callable[[str, Mapping[str, Any], int | None], None] | None = None
         self._last: logging.LogRecord | None = None
 
-    def handle(self, record: logging.LogRecord) -> bool:  # no handler lock: the writer locks
-        # The handler sits on both speculators.metrics and its parent speculators, so
-        # a propagated metric record arrives twice: pass it on once.
-        if record is self._last or not self.filter(record):
+    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        # No handler lock: the writer locks. The handler sits on both speculators.metrics
+        # and its parent speculators, so a propagated record arrives twice: pass it on once.
+        if record is self._last:
             return False
         self._last = record
+        if self.filters and not self.filter(record):
+            return False
+        t0 = _perf_ns()
         self.emit(record)
+        self.writer.note_overhead(_perf_ns() - t0)
         return True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = record.msg
-            if record.name == METRICS_LOGGER and isinstance(msg, Mapping):
+            if record.name == METRICS_LOGGER and (type(msg) is dict or isinstance(msg, Mapping)):
                 if not self.is_writer_rank:
                     return
-                kind, payload = metric_payload(msg, record)
-                self.writer.write(kind, payload)
+                kind, payload, step = metric_payload(msg, record)
+                self.writer.write(kind, payload, step)
+                if self.on_metrics is not None:
+                    self.on_metrics(kind, payload, step)
                 return
             if not self.is_writer_rank and record.levelno < logging.WARNING:
                 return
-            text = record.getMessage()
+            try:
+                text = record.getMessage()
+            except Exception:  # bad %-args: keep what we can
+                text = f"{record.msg!r} % {record.args!r}"
             if record.exc_info and record.exc_info[1] is not None:
                 text = f"{text}\n{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
             self.writer.write(
                 Kind.LOG,
-                {"level": record.levelname, "logger": record.name, "msg": text[:4000]},
+                {"level": record.levelname, "logger": record.name, "msg": text[:MAX_MESSAGE]},
             )
-        except Exception:  # never into the trainer
-            self.writer.stats.dropped += 1
+            if self.on_message is not None:
+                self.on_message(text)
+        except Exception as e:  # never into the trainer
+            self.writer._count_drop(e)
+
+    def close(self) -> None:
+        # logging.shutdown() and dictConfig() close every handler they know of; the
+        # writer belongs to the telemetry session, which closes it at its end.
+        super().close()

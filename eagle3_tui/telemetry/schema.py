@@ -19,6 +19,7 @@ Standard library only: this module is imported inside the trainer.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -57,12 +58,47 @@ def nonfinite_token(x: float) -> str:
     return POS_INF if x > 0 else NEG_INF
 
 
+def safe_repr(obj: Any, limit: int = 200) -> str:
+    """``repr(obj)`` cut to ``limit``; a placeholder when ``repr`` itself raises."""
+    try:
+        return repr(obj)[:limit]
+    except Exception:
+        return f"<unrepresentable {type(obj).__name__}>"
+
+
+def scalar_or_list(obj: Any) -> Any:
+    """A tensor, numpy array or numpy scalar as a number or a (nested) list.
+
+    Raises TypeError for anything else: the writer's fast path (orjson's
+    ``default=`` hook) then takes the slow path, which counts the value as
+    unserializable and writes its ``repr``.
+    """
+    if isinstance(obj, float):  # float subclasses (numpy.float64)
+        return float(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)[:1000]
+    item = getattr(obj, "item", None)
+    if callable(item):
+        numel = getattr(obj, "numel", None)
+        n = numel() if callable(numel) else getattr(obj, "size", 1)
+        if n == 1:
+            return item()
+        tolist = getattr(obj, "tolist", None)
+        if callable(tolist) and isinstance(n, int) and n <= 1000:
+            return tolist()
+    raise TypeError(f"not JSON serializable: {type(obj).__qualname__}")
+
+
 def to_jsonable(obj: Any, _depth: int = 0) -> Any:
     """Turn ``obj`` into plain JSON values: finite floats, strings, lists, dicts.
 
     Tensors and numpy scalars become numbers (or lists when small), non-finite
-    floats become the strings above, anything else unknown becomes its ``repr``.
-    Never raises.
+    floats become the strings above, anything else unknown becomes its ``repr``
+    (or a placeholder when even that raises). Never raises.
     """
     t = type(obj)
     if t is float:
@@ -70,23 +106,14 @@ def to_jsonable(obj: Any, _depth: int = 0) -> Any:
     if t is int or t is str or t is bool or obj is None:
         return obj
     if _depth > 8:
-        return repr(obj)[:200]
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v, _depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v, _depth + 1) for v in obj[:1000]]
-    if isinstance(obj, float):  # float subclasses (numpy.float64)
-        return to_jsonable(float(obj), _depth)
-    if isinstance(obj, int):
-        return int(obj)
-    item = getattr(obj, "item", None)  # torch tensors, numpy scalars
-    numel = getattr(obj, "numel", None) or getattr(obj, "size", None)
+        return safe_repr(obj)
     try:
-        if callable(item) and (numel is None or (numel() if callable(numel) else numel) == 1):
-            return to_jsonable(item(), _depth + 1)
-        tolist = getattr(obj, "tolist", None)
-        if callable(tolist):
-            return to_jsonable(tolist(), _depth + 1)
+        if isinstance(obj, Mapping):
+            return {str(k): to_jsonable(v, _depth + 1) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [to_jsonable(v, _depth + 1) for v in obj[:1000]]
+        if isinstance(obj, str):
+            return str(obj)
+        return to_jsonable(scalar_or_list(obj), _depth + 1)
     except Exception:  # a value the trainer logged must never break the trainer
-        return repr(obj)[:200]
-    return repr(obj)[:200]
+        return safe_repr(obj)

@@ -1,37 +1,88 @@
-"""Append JSON lines to one file, whole lines only, never raising into the caller.
+"""Append JSON lines to one file, whole lines only, never blocking or raising into the caller.
 
-Each record is encoded into one ``bytes`` ending in ``\\n`` and handed to a single
-``os.write`` on a file descriptor opened with ``O_APPEND``: the kernel appends it
-at the current end of file in one piece, so a tail sees it at once (no user-space
-buffer to flush) and never sees half a line or two writers' lines interleaved.
+The caller (the training loop, through the logging handler) only *encodes* a
+record — one ``orjson.dumps`` of the envelope and payload, a few microseconds —
+and appends the bytes to an in-memory queue. A daemon thread, woken at once,
+hands queued lines to ``os.write`` on a file descriptor opened with ``O_APPEND``,
+in whole lines (several per call when they pile up): the kernel appends each
+write at the current end of the file in one piece, so a tail sees a line within
+milliseconds of the log call and never half a line or two writers' lines mixed.
 
-Standard library only (orjson is used when installed).
+Why a thread does the ``write``: a write to a slow or hung filesystem (NFS,
+a full FUSE mount) can block for seconds or forever. The caller never waits for
+it: while the thread is stuck, lines queue up to ``max_queue_bytes``; beyond
+that, new records are dropped and counted (their sequence numbers are consumed,
+so readers see the gap). Nothing here raises into the caller: an unencodable
+value, a full disk (``ENOSPC``), a closed or replaced descriptor are counted by
+reason in :class:`WriterStats` and reported in the next heartbeat.
+
+Standard library only (orjson is used when installed). No fsync per line.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
+import contextlib
 import errno
+import json
 import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-from eagle3_tui.telemetry.schema import SCHEMA_VERSION, to_jsonable
+from eagle3_tui.telemetry.schema import SCHEMA_VERSION, scalar_or_list, to_jsonable
 
 try:  # optional fast path
     import orjson
 
-    def _dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
+    _OPTS: Final = orjson.OPT_APPEND_NEWLINE
 
+    _orjson_dumps = orjson.dumps
+
+    def _fast_dumps(obj: Any) -> bytes:
+        """One C pass; NaN/Infinity come out as ``null`` (the caller checks)."""
+        try:
+            return _orjson_dumps(obj, option=_OPTS)
+        except TypeError:  # a tensor or numpy value: convert it, still in one pass
+            return _orjson_dumps(obj, default=scalar_or_list, option=_OPTS)
+
+    def _dumps(obj: Any) -> bytes:
+        try:
+            return orjson.dumps(obj, option=_OPTS)
+        except TypeError:  # an int beyond 64 bits: the standard library copes
+            return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+    HAVE_ORJSON = True
 except ImportError:  # pragma: no cover - exercised where orjson is absent
-    import json
+    HAVE_ORJSON = False
+
+    def _fast_dumps(obj: Any) -> bytes:
+        # allow_nan: a NaN becomes the bare token NaN, which the "NaN" check below catches
+        return json.dumps(obj, separators=(",", ":"), default=scalar_or_list).encode() + b"\n"
 
     def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+# What a non-finite float looks like after the fast encoder (orjson writes null, the
+# standard library NaN/Infinity): a line containing it is re-encoded through
+# to_jsonable (rare: a diverged loss, a None in a payload).
+_SUSPECT: Final = (b"null",) if HAVE_ORJSON else (b"NaN", b"Infinity")
+
+MAX_QUEUE_BYTES: Final = 8 << 20
+POLL_S: Final = 0.025
+"""How often the writer thread looks at the queue: a tail sees a line within ~25 ms.
+(Waking the thread for every record costs the caller more than the encoding.)"""
+WAKE_BYTES: Final = 256 << 10
+"""A backlog this large wakes the writer thread at once."""
+_EMPTY: Final[Mapping[str, Any]] = {}
+MAX_WRITE: Final = 1 << 16
+OVERHEAD_SAMPLES: Final = 2048
 
 
 @dataclass
@@ -43,13 +94,18 @@ class WriterStats:
     bytes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
+    queued: int = 0
+    queue_peak_bytes: int = 0
+    reopened: int = 0
 
 
 class JsonlWriter:
     """Writes records to ``path`` as JSON lines with a per-writer sequence number.
 
-    ``write`` never raises: a record that cannot be encoded or written is counted
-    in :attr:`stats` (``dropped``) with the reason, and the caller carries on.
+    ``write`` never raises and never blocks on I/O (see the module docstring);
+    with ``background=False`` it writes in the calling thread instead (tests,
+    tools). ``tick`` (seconds, callback) runs the callback in the writer thread
+    every ``tick[0]`` seconds; its exceptions are counted, never raised.
     """
 
     def __init__(
@@ -59,6 +115,9 @@ class JsonlWriter:
         rank: int = 0,
         writer_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        background: bool = True,
+        max_queue_bytes: int = MAX_QUEUE_BYTES,
+        tick: tuple[float, Callable[[], None]] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.rank = rank
@@ -68,73 +127,322 @@ class JsonlWriter:
         self._seq = 0
         self.stats = WriterStats()
         self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._queue_bytes = 0
+        self._max_queue_bytes = max_queue_bytes
+        self._background = background
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closing = False
+        self._closed = False
+        self._forked = False
+        self._thread: threading.Thread | None = None
+        self._thread_cpu = 0.0
+        self._tick = tick
+        self._overhead = [0] * OVERHEAD_SAMPLES
+        self._overhead_n = 0
+        self._owner_pid = os.getpid()
+        _live_writers.add(self)
+        if background:
+            self._thread = threading.Thread(
+                target=self._run, name=f"eagle3-tui-writer-{self.writer_id}", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._open()
+
+    # ---- the caller's side --------------------------------------------------------
+    def write(
+        self, kind: str, payload: Mapping[str, Any] | None = None, step: int | None = None
+    ) -> bool:
+        """Queue one record (``payload``'s fields, and ``step`` when given, after the
+        envelope); returns False (and counts a drop) when it cannot be."""
+        try:
+            if self._closed or self._forked:
+                self._count_drop("closed" if self._closed else "forked_child")
+                return False
+            with self._lock:
+                seq = self._seq
+                self._seq = seq + 1
+                line = self._encode(kind, payload, seq, step)
+                if line is None:
+                    return False
+                if not self._background:
+                    self._write_lines([line])
+                    return True
+                size = self._queue_bytes + len(line)
+                if size > self._max_queue_bytes:
+                    self._count_drop("queue_full")
+                    return False
+                self._queue.append(line)
+                self._queue_bytes = size
+                if size > self.stats.queue_peak_bytes:
+                    self.stats.queue_peak_bytes = size
+            if size > WAKE_BYTES and not self._wake.is_set():
+                self._wake.set()
+            return True
+        except Exception as e:  # never into the trainer
+            self._count_drop(e)
+            return False
+
+    def _encode(
+        self, kind: str, payload: Mapping[str, Any] | None, seq: int, step: int | None = None
+    ) -> bytes | None:
+        # one dict build: envelope, payload, step (no copy of the payload first)
+        if step is None:
+            rec: dict[str, Any] = {
+                "v": SCHEMA_VERSION,
+                "seq": seq,
+                "w": self.writer_id,
+                "ts": self._clock(),
+                "kind": kind,
+                "rank": self.rank,
+                **(payload or _EMPTY),
+            }
+            expected = 6 + len(payload or _EMPTY)
+        else:
+            rec = {
+                "v": SCHEMA_VERSION,
+                "seq": seq,
+                "w": self.writer_id,
+                "ts": self._clock(),
+                "kind": kind,
+                "rank": self.rank,
+                **(payload or _EMPTY),
+                "step": step,
+            }
+            expected = 7 + len(payload or _EMPTY) - ("step" in (payload or _EMPTY))
+        if len(rec) != expected:  # the payload named an envelope field: the envelope wins
+            rec.update(v=SCHEMA_VERSION, seq=seq, w=self.writer_id, kind=kind, rank=self.rank)
+        try:
+            line = _fast_dumps(rec)
+            for token in _SUSPECT:
+                if token in line:
+                    break
+            else:
+                return line
+        except Exception:  # an unknown type or a non-string key: the slow path says so
+            self._count_error("unserializable")
+        try:  # non-finite floats become "NaN"/"Infinity"; unknown values their repr
+            return _dumps({k: to_jsonable(v) for k, v in rec.items()})
+        except Exception as e:
+            self._count_drop(e)
+            return None
+
+    def note_overhead(self, ns: int) -> None:
+        """Record one caller-side cost (nanoseconds) for the heartbeat's percentiles."""
+        i = self._overhead_n
+        self._overhead[i % OVERHEAD_SAMPLES] = ns
+        self._overhead_n = i + 1
+
+    # ---- the writer thread --------------------------------------------------------
+    def _run(self) -> None:
         self._open()
+        next_tick = time.monotonic() + (self._tick[0] if self._tick else 3600.0)
+        cpu0 = time.thread_time()
+        while True:
+            timeout = POLL_S
+            if self._tick:
+                timeout = min(timeout, max(0.0, next_tick - time.monotonic()))
+            self._wake.wait(timeout)
+            self._wake.clear()
+            self._drain()
+            if self._tick and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self._tick[0]
+                try:
+                    self._tick[1]()
+                except Exception as e:
+                    self._count_error(e)
+                self._drain()
+            self._thread_cpu = time.thread_time() - cpu0
+            if self._closing and not self._queue:
+                break
+        self._close_fd()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._idle.set()
+                    return
+                self._idle.clear()
+                lines = []
+                size = 0
+                while self._queue and (size == 0 or size + len(self._queue[0]) <= MAX_WRITE):
+                    line = self._queue.popleft()
+                    lines.append(line)
+                    size += len(line)
+                self._queue_bytes -= size
+                self.stats.queued = len(self._queue)
+            self._write_lines(lines)
+
+    def _write_lines(self, lines: list[bytes]) -> None:
+        """Write whole lines with as few ``os.write`` calls as possible; count what fails."""
+        if not self._check_fd():
+            self._count_drop(self.stats.last_error or "not_open", len(lines))
+            return
+        assert self._fd is not None
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
+        try:
+            n = os.write(self._fd, data)
+        except OSError as e:
+            if e.errno in (errno.EBADF, errno.EINVAL):
+                self._fd = None  # closed behind our back: reopen on the next write
+            self._count_drop(e, len(lines))
+            return
+        if n == len(data):
+            self.stats.written += len(lines)
+            self.stats.bytes += n
+            return
+        # A short write (a full disk): count the whole lines that made it, end the torn
+        # one so that it cannot swallow the next line, and drop the rest.
+        done = 0
+        whole = 0
+        for line in lines:
+            if done + len(line) > n:
+                break
+            done += len(line)
+            whole += 1
+        self.stats.written += whole
+        self.stats.bytes += done
+        if n > done:
+            with contextlib.suppress(OSError):
+                os.write(self._fd, b"\n")
+        self._count_drop(OSError(errno.ENOSPC, "short write"), len(lines) - whole)
 
     def _open(self) -> None:
         try:
-            self._fd = os.open(
-                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
-            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            st = os.fstat(fd)
         except OSError as e:
             self._fd = None
             self._count_error(e)
+            return
+        self._fd = fd
+        self._ident = (st.st_dev, st.st_ino)
 
-    def _count_error(self, e: BaseException) -> None:
-        name = (
-            errno.errorcode.get(e.errno, type(e).__name__)
-            if isinstance(e, OSError) and e.errno
-            else type(e).__name__
-        )
+    def _check_fd(self) -> bool:
+        """Is our descriptor still the file we opened? Reopen when it was closed or
+        reused behind our back (never writing into someone else's file)."""
+        if self._fd is not None:
+            try:
+                st = os.fstat(self._fd)
+                if (st.st_dev, st.st_ino) == self._ident:
+                    return True
+                self._count_error("fd_replaced")  # not ours any more: do not close it
+            except OSError as e:
+                self._count_error(e)
+            self._fd = None
+        self._open()
+        if self._fd is not None:
+            self.stats.reopened += 1
+            return True
+        return False
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError as e:
+                self._count_error(e)
+            self._fd = None
+
+    # ---- bookkeeping --------------------------------------------------------------
+    def _count_error(self, e: BaseException | str) -> None:
+        if isinstance(e, str):
+            name = e
+        elif isinstance(e, OSError) and e.errno:
+            name = errno.errorcode.get(e.errno, type(e).__name__)
+        else:
+            name = type(e).__name__
         self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
-        self.stats.last_error = f"{name}: {e}"[:300]
+        self.stats.last_error = f"{name}: {e}"[:300] if not isinstance(e, str) else name
 
-    def write(self, kind: str, payload: Mapping[str, Any] | None = None) -> bool:
-        """Append one record; returns False (and counts a drop) on any failure."""
-        try:
+    def _count_drop(self, e: BaseException | str, n: int = 1) -> None:
+        self.stats.dropped += n
+        self._count_error(e)
+
+    def overhead_us(self) -> dict[str, float]:
+        """Percentiles of the recent caller-side costs, in microseconds."""
+        n = min(self._overhead_n, OVERHEAD_SAMPLES)
+        if n == 0:
+            return {}
+        xs = sorted(self._overhead[:n])
+        return {
+            "p50": round(xs[n // 2] / 1000, 2),
+            "p99": round(xs[min(n - 1, (n * 99) // 100)] / 1000, 2),
+            "n": self._overhead_n,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The figures a heartbeat reports (a plain, JSON-ready dict)."""
+        s = self.stats
+        return {
+            "written": s.written,
+            "dropped": s.dropped,
+            "bytes": s.bytes,
+            "errors": dict(s.errors),
+            "last_error": s.last_error,
+            "queued": len(self._queue),
+            "queue_peak_bytes": s.queue_peak_bytes,
+            "reopened": s.reopened,
+            "overhead_us": self.overhead_us(),
+            "writer_cpu_s": round(self._thread_cpu, 4),
+        }
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    # ---- the end ------------------------------------------------------------------
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait (at most ``timeout`` s) until every queued line was handed to the kernel."""
+        if not self._background or self._thread is None or not self._thread.is_alive():
+            return not self._queue
+        deadline = time.monotonic() + timeout
+        while self._queue or not self._idle.is_set():
+            self._wake.set()
+            if time.monotonic() > deadline:
+                return False
+            self._idle.wait(0.01)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued (waiting at most ``timeout`` s) and close the file."""
+        if self._closed:
+            return
+        if self._background and self._thread is not None and self._thread.is_alive():
+            self.flush(timeout)
+            self._closing = True
+            self._wake.set()
+            self._thread.join(timeout)
+        else:
             with self._lock:
-                record: dict[str, Any] = {
-                    "v": SCHEMA_VERSION,
-                    "seq": self._seq,
-                    "w": self.writer_id,
-                    "ts": self._clock(),
-                    "kind": kind,
-                    "rank": self.rank,
-                }
-                if payload:
-                    for k, v in payload.items():
-                        if k not in record:
-                            record[k] = to_jsonable(v)
-                try:
-                    line = _dumps(record) + b"\n"
-                except Exception as e:  # unserializable even after to_jsonable
-                    self._count_error(e)
-                    self.stats.dropped += 1
-                    self._seq += 1  # the gap tells readers a record was lost here
-                    return False
-                self._seq += 1
-                if self._fd is None:
-                    self._open()
-                    if self._fd is None:
-                        self.stats.dropped += 1
-                        return False
-                n = os.write(self._fd, line)
-                if n != len(line):  # a short write on a full disk: the line is torn
-                    self.stats.dropped += 1
-                    self._count_error(OSError(errno.ENOSPC, "short write"))
-                    return False
-                self.stats.written += 1
-                self.stats.bytes += n
-                return True
-        except Exception as e:
-            self.stats.dropped += 1
-            self._count_error(e)
-            return False
+                self._close_fd()
+        self._closed = True
 
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                try:
-                    os.close(self._fd)
-                except OSError as e:
-                    self._count_error(e)
-                self._fd = None
+    def _after_fork_in_child(self) -> None:
+        # A forked child must not write as this writer (same id, same sequence) and
+        # has no writer thread: it drops and counts instead.
+        self._forked = True
+        self._lock = threading.Lock()
+
+
+_live_writers: weakref.WeakSet[JsonlWriter] = weakref.WeakSet()
+
+
+def _flush_all_at_exit() -> None:
+    for w in list(_live_writers):
+        if w._owner_pid == os.getpid():
+            w.flush(2.0)
+
+
+def _after_fork_in_child() -> None:
+    for w in list(_live_writers):
+        w._after_fork_in_child()
+
+
+atexit.register(_flush_all_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

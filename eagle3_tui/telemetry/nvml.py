@@ -1,0 +1,206 @@
+"""The one seam between telemetry and NVML: four calls, two adapters.
+
+:class:`Nvml` is all the GPU sampler knows of NVML. :class:`PynvmlApi` implements
+it over ``pynvml`` (package ``nvidia-ml-py``); :class:`RecordedNvml` replays
+readings recorded in a JSON file (tests, demos on machines without a GPU).
+
+Errors are values here: ``init`` raises :class:`NvmlUnavailable` with a kind
+(``no_driver`` when there is no library or no driver, ``error`` otherwise); a
+reading that one device does not support (power on some boards) is ``None``.
+
+Standard library only; ``pynvml`` is imported lazily by :class:`PynvmlApi`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class NvmlUnavailable(Exception):  # noqa: N818 - a state, not a bug
+    """NVML cannot be used: ``kind`` is ``no_driver`` or ``error``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One device at one moment; ``None`` where the device does not say."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    util: float | None = None
+    mem_util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+    error: str | None = None
+
+
+class Nvml(Protocol):
+    """What the GPU sampler needs from NVML."""
+
+    def init(self) -> None:
+        """Start NVML; raises :class:`NvmlUnavailable`."""
+
+    def device_count(self) -> int: ...
+
+    def read(self, index: int) -> DeviceReading:
+        """Read one device (per-field failures become ``None``; may raise for a lost device)."""
+
+    def shutdown(self) -> None: ...
+
+
+# ---- the real adapter ---------------------------------------------------------------
+
+_NO_DRIVER_ERRORS = (
+    "NVMLError_LibraryNotFound",
+    "NVMLError_DriverNotLoaded",
+    "NVMLError_FunctionNotFound",
+)
+
+
+class PynvmlApi:
+    """:class:`Nvml` over ``pynvml``."""
+
+    def __init__(self) -> None:
+        self._nv: Any = None
+        self._handles: dict[int, Any] = {}
+
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as e:
+            raise NvmlUnavailable(
+                "no_driver", f"pynvml is not installed (pip install nvidia-ml-py): {e}"
+            ) from e
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            kind = "no_driver" if type(e).__name__ in _NO_DRIVER_ERRORS else "error"
+            raise NvmlUnavailable(kind, f"{type(e).__name__}: {e}") from e
+        except OSError as e:  # a broken library
+            raise NvmlUnavailable("no_driver", f"{type(e).__name__}: {e}") from e
+        self._nv = pynvml
+
+    def device_count(self) -> int:
+        return int(self._nv.nvmlDeviceGetCount())
+
+    def _handle(self, index: int) -> Any:
+        h = self._handles.get(index)
+        if h is None:
+            h = self._handles[index] = self._nv.nvmlDeviceGetHandleByIndex(index)
+        return h
+
+    def read(self, index: int) -> DeviceReading:
+        nv = self._nv
+        h = self._handle(index)
+
+        def get(fn: Any, *args: Any) -> Any:
+            try:
+                return fn(h, *args)
+            except nv.NVMLError:
+                return None
+
+        uuid = _text(get(nv.nvmlDeviceGetUUID))
+        name = _text(get(nv.nvmlDeviceGetName))
+        rates = get(nv.nvmlDeviceGetUtilizationRates)
+        mem = get(nv.nvmlDeviceGetMemoryInfo)
+        power_mw = get(nv.nvmlDeviceGetPowerUsage)
+        temp = get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
+        procs = get(nv.nvmlDeviceGetComputeRunningProcesses) or []
+        return DeviceReading(
+            index=index,
+            uuid=uuid,
+            name=name,
+            util=float(rates.gpu) if rates is not None else None,
+            mem_util=float(rates.memory) if rates is not None else None,
+            mem_used=int(mem.used) if mem is not None else None,
+            mem_total=int(mem.total) if mem is not None else None,
+            power_w=round(power_mw / 1000.0, 1) if power_mw is not None else None,
+            temp_c=float(temp) if temp is not None else None,
+            processes=tuple(
+                GpuProcess(int(p.pid), _memory(getattr(p, "usedGpuMemory", None))) for p in procs
+            ),
+        )
+
+    def shutdown(self) -> None:
+        if self._nv is not None:
+            with contextlib.suppress(Exception):  # shutting down anyway
+                self._nv.nvmlShutdown()
+            self._nv = None
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _memory(v: Any) -> int | None:
+    # NVML reports "not available" as a huge sentinel value
+    return int(v) if isinstance(v, int) and 0 <= v < (1 << 62) else None
+
+
+# ---- the recorded adapter -----------------------------------------------------------
+
+
+class RecordedNvml:
+    """:class:`Nvml` replaying readings from a JSON file or dict.
+
+    Format: ``{"error": {"kind": "no_driver", "message": "..."}}`` for a host
+    without NVML, or ``{"samples": [[device, ...], ...]}`` (or ``{"devices":
+    [device, ...]}`` for one sample), each device an object with the fields of
+    :class:`DeviceReading` and ``processes`` as ``[{"pid", "used_memory"}]``.
+    Each call of ``read(0)`` moves to the next sample (the last one repeats).
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | dict[str, Any]) -> None:
+        data = source if isinstance(source, dict) else json.loads(Path(source).read_text())
+        self._error = data.get("error")
+        samples = data.get("samples") or ([data["devices"]] if "devices" in data else [[]])
+        self._samples: list[list[dict[str, Any]]] = samples
+        self._i = -1
+        self.pid_map: dict[int, int] = {}
+        """Replace recorded PIDs (e.g. with a live test process's)."""
+
+    def init(self) -> None:
+        if self._error:
+            raise NvmlUnavailable(self._error.get("kind", "error"), self._error.get("message", ""))
+
+    def device_count(self) -> int:
+        return len(self._samples[max(self._i, 0)])
+
+    def read(self, index: int) -> DeviceReading:
+        if index == 0:
+            self._i = min(self._i + 1, len(self._samples) - 1)
+        d = dict(self._samples[max(self._i, 0)][index])
+        if d.get("lost"):
+            raise RuntimeError(f"NVMLError_GpuIsLost: device {index} fell off the bus")
+        procs = tuple(
+            GpuProcess(self.pid_map.get(p["pid"], p["pid"]), p.get("used_memory"))
+            for p in d.pop("processes", [])
+        )
+        known = DeviceReading.__dataclass_fields__
+        return DeviceReading(
+            **{k: v for k, v in d.items() if k in known and k != "processes"}, processes=procs
+        )
+
+    def shutdown(self) -> None:
+        pass

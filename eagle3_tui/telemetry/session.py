@@ -1,0 +1,547 @@
+"""The telemetry session of one training process: :func:`attach` and :class:`Telemetry`.
+
+What ``attach()`` sets up, and why each part is there:
+
+* a :class:`TelemetryHandler` on ``speculators.metrics`` and ``speculators``,
+  with both loggers at INFO (a handler alone on a NOTSET logger receives
+  nothing), writing through a :class:`JsonlWriter` (encode in the caller,
+  ``os.write`` in a thread: never blocks the training loop);
+* protection against ``logging.config.dictConfig``, which speculators'
+  ``setup_metric_logger`` calls and which removes every handler of the loggers
+  it configures: the ``dictConfig`` that the library calls is wrapped so the
+  handler is back the moment it returns, and the writer thread checks every
+  interval (a logging reset by any other means is repaired within one interval);
+  both are counted (``reattached``) and written as a ``log`` record;
+* ``run.json`` and the per-user index (rank 0), the run marker in the
+  environment, the ``start``/``resume`` lifecycle event;
+* the samplers (GPU, reads, checkpoints, heartbeat) in a sidecar process or a
+  thread (see ``sidecar.py``);
+* on exit: the final lifecycle event if the script did not write one
+  (``crash`` for an uncaught exception), the manifest status, the writer's
+  figures in the manifest, every queued line written.
+
+Under torchrun only rank 0 writes metrics, messages below WARNING, lifecycle
+events and the manifest; every rank samples its own GPUs and dataloader.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import logging.config
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry.handler import MESSAGES_LOGGER, METRICS_LOGGER, TelemetryHandler
+from eagle3_tui.telemetry.progress import ProgressPrinter
+from eagle3_tui.telemetry.reads import READS_ENV, socket_name
+from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
+from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
+from eagle3_tui.telemetry.writer import JsonlWriter
+
+NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"
+"""A recorded-readings file for the GPU sampler instead of the real NVML (tests, demos)."""
+
+_STATUS_OF_EVENT = {"finish": "finished", "interrupt": "interrupted", "crash": "crashed"}
+_EVENT_ALIASES = {"finished": "finish", "interrupted": "interrupt", "crashed": "crash"}
+_TELEMETRY_LOGGER = "eagle3_tui.telemetry"
+
+
+def _env_rank() -> int:
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    return 0
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _distributed_rank() -> int | None:
+    """torch.distributed's rank when it is initialized (without importing torch)."""
+    td = sys.modules.get("torch.distributed")
+    if td is None:
+        return None
+    try:
+        if td.is_available() and td.is_initialized():
+            return int(td.get_rank())
+    except Exception:
+        return None
+    return None
+
+
+class Telemetry:
+    """An attached telemetry session: its writer, handler, manifest and samplers."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        writer: JsonlWriter,
+        handler: TelemetryHandler,
+        *,
+        interval: float = 1.0,
+    ) -> None:
+        self.run_dir = run_dir
+        self.writer = writer
+        self.handler = handler
+        self.interval = interval
+        self.run_id = ""
+        self.rank = writer.rank
+        self.manifest_path = run_dir / MANIFEST_FILE
+        self.manifest: dict[str, Any] | None = None
+        self.trainer: Any = None
+        self.samplers: Any = None
+        """The sampler host: a SidecarClient, a ThreadSamplers, or None."""
+        self.sampler_config: SamplerConfig | None = None
+        self.progress: ProgressPrinter | None = None
+        self.reattached = 0
+        self.interrupted = False
+        self.last_step: int | None = None
+        self._finished = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self._prev_excepthook: Callable[..., Any] | None = None
+        handler.on_message = self._on_message
+        handler.on_metrics = self._on_metrics
+
+    # ---- logging ----------------------------------------------------------------
+    def ensure_attached(self) -> bool:
+        """(Re)attach the handler and levels; idempotent. Returns whether it changed anything."""
+        changed = False
+        for name in (METRICS_LOGGER, MESSAGES_LOGGER):
+            logger = logging.getLogger(name)
+            if self.handler not in logger.handlers:
+                logger.addHandler(self.handler)
+                changed = True
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
+                changed = True
+            if logger.disabled:
+                logger.disabled = False
+                changed = True
+        return changed
+
+    def reattach(self, reason: str) -> bool:
+        """Re-attach after something reset logging; counted and written as a ``log`` record."""
+        if self._closed or not self.ensure_attached():
+            return False
+        self.reattached += 1
+        self._log("INFO", f"telemetry re-attached to the speculators loggers after {reason}")
+        return True
+
+    # ---- records ----------------------------------------------------------------
+    def event(self, event: str, **fields: object) -> None:
+        """Write a lifecycle event (start, resume, interrupt, finish, crash...)."""
+        self.writer.write(Kind.LIFECYCLE, {"event": event, **fields})
+
+    def _log(self, level: str, text: str) -> None:
+        self.writer.write(Kind.LOG, {"level": level, "logger": _TELEMETRY_LOGGER, "msg": text})
+
+    def _warn(self, text: str) -> None:
+        self._log("WARNING", text)
+        with contextlib.suppress(Exception):  # a closed stderr
+            print(f"eagle3-tui telemetry: {text}", file=sys.stderr)
+
+    def stats(self) -> dict[str, Any]:
+        """The writer's figures and the session's (what a heartbeat reports)."""
+        s = self.writer.snapshot()
+        s["reattached"] = self.reattached
+        s["step"] = self.last_step
+        s["interrupted"] = self.interrupted
+        unsent = getattr(self.samplers, "unsent", 0)
+        if unsent:
+            s["sidecar_unsent"] = unsent
+        return s
+
+    # ---- what the handler passes on ----------------------------------------------
+    def _on_message(self, text: str) -> None:
+        if text.startswith(("Saving checkpoint to ", "Checkpoint saved to ")):
+            self._send({"op": "message", "text": text, "ts": time.time()})
+        elif text.startswith("Received SIG") and "interrupting" in text:
+            self.interrupted = True
+
+    def _on_metrics(self, kind: str, payload: Mapping[str, Any], step: int | None) -> None:
+        if kind == "train" and step is not None:
+            self.last_step = step
+        if self.progress is not None:
+            self.progress.on_metrics(kind, payload, step)
+
+    def _send(self, op: dict[str, Any]) -> None:
+        host = self.samplers
+        if host is not None:
+            host.send(op)
+
+    # ---- the writer thread's tick ------------------------------------------------
+    def _tick(self) -> None:
+        """Every interval, in the writer thread: repair logging, follow the rank,
+        publish the figures to the sidecar, replace a dead sidecar by a thread."""
+        if self._closed:
+            return
+        self.reattach("a logging reset (found by the periodic check)")
+        rank = _distributed_rank()
+        if rank is not None and rank != self.rank:
+            self.rank = self.writer.rank = rank
+            self.handler.is_writer_rank = rank == 0
+        host = self.samplers
+        if host is None:
+            return
+        if getattr(host, "source", "") == "sidecar":
+            if host.alive():
+                host.send({"op": "stats", "ts": time.time(), "stats": self.stats()})
+            elif not self._finished:
+                self._warn(
+                    f"the sampler sidecar (pid {host.pid}) exited; sampling in a thread instead"
+                )
+                self._start_samplers("thread")
+
+    # ---- samplers ----------------------------------------------------------------
+    def _start_samplers(self, how: str) -> None:
+        cfg = self.sampler_config
+        if cfg is None:
+            return
+        from eagle3_tui.telemetry.sidecar import SidecarClient, ThreadSamplers
+
+        if how == "sidecar":
+            try:
+                self.samplers = SidecarClient(cfg)
+                return
+            except Exception as e:  # no fork, no interpreter: fall back to a thread
+                self._warn(f"cannot start the sampler sidecar ({e}); sampling in a thread")
+        self.samplers = ThreadSamplers(cfg, self.writer, self.stats)
+
+    # ---- manifest ----------------------------------------------------------------
+    @property
+    def writes_manifest(self) -> bool:
+        return self.rank == 0 and self.manifest is not None
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Set fields of ``run.json`` (rank 0 only); never raises into the trainer."""
+        if not self.writes_manifest:
+            return
+        with self._lock:
+            assert self.manifest is not None
+            self.manifest.update(fields)
+            self.manifest["updated_at"] = time.time()
+            try:
+                mf.write_manifest(self.manifest_path, self.manifest)
+            except OSError as e:
+                self._warn(f"cannot update {self.manifest_path}: {e}")
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        m = self.manifest or {}
+        return m.get("total_steps"), m.get("epochs")
+
+    def watch_trainer(self, trainer: Any) -> None:
+        """Learn the run's bounds from a speculators ``Trainer``: checkpoint dir,
+        epochs, steps per epoch (and total), the global step it starts from."""
+        self.trainer = trainer
+        config = getattr(trainer, "config", None)
+        fields: dict[str, Any] = {}
+        save_path = getattr(config, "save_path", None)
+        if save_path is not None:
+            fields["checkpoint_dir"] = str(Path(save_path).resolve())
+        epochs = getattr(config, "num_epochs", None)
+        if isinstance(epochs, int):
+            fields["epochs"] = epochs
+        try:
+            steps = len(trainer.train_loader)
+        except Exception:  # an iterable loader has no length
+            steps = None
+        if isinstance(steps, int):
+            fields["steps_per_epoch"] = steps
+        e, s = fields.get("epochs"), fields.get("steps_per_epoch")
+        if e is not None and s is not None:
+            fields["total_steps"] = e * s
+        max_steps = getattr(config, "max_steps", None)
+        if isinstance(max_steps, int) and max_steps > 0:
+            fields["total_steps"] = min(fields.get("total_steps", max_steps), max_steps)
+        step = getattr(trainer, "global_step", None)
+        if isinstance(step, int) and self.last_step is None:
+            self.last_step = step - 1 if step > 0 else None
+        if fields and self.manifest is not None:
+            self.update_manifest(**fields)
+        if "checkpoint_dir" in fields:
+            if self.sampler_config is not None:
+                self.sampler_config.checkpoint_dir = fields["checkpoint_dir"]
+            self._send({"op": "ckpt_dir", "path": fields["checkpoint_dir"]})
+
+    # ---- end ---------------------------------------------------------------------
+    def finish(self, status: str = "finish", **fields: object) -> None:
+        """Write the final lifecycle event (``finish``, ``interrupt`` or ``crash``) and
+        the manifest status. Idempotent: the first call wins."""
+        if self._finished:
+            return
+        self._finished = True
+        event = _EVENT_ALIASES.get(status, status)
+        if "step" not in fields:
+            step = getattr(self.trainer, "global_step", None)
+            if isinstance(step, int):
+                fields["step"] = step
+            elif self.last_step is not None:
+                fields["step"] = self.last_step + 1
+        if self.rank == 0 or event == "crash":
+            self.event(event, **fields)
+        self._send({"op": "finish", "event": event})
+        self.update_manifest(status=_STATUS_OF_EVENT.get(event, event), finished_at=time.time())
+
+    def _auto_status(self) -> str:
+        if self.interrupted:
+            return "interrupt"
+        total, _ = self.bounds()
+        step = getattr(self.trainer, "global_step", None)
+        if not isinstance(step, int) and self.last_step is not None:
+            step = self.last_step + 1
+        if isinstance(total, int) and isinstance(step, int) and step < total:
+            return "interrupt"
+        return "finish"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the samplers, write every queued line, record the writer's figures in
+        the manifest, detach from the loggers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for name in (METRICS_LOGGER, MESSAGES_LOGGER):
+            logging.getLogger(name).removeHandler(self.handler)
+        if self._prev_excepthook is not None and sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook
+        host, self.samplers = self.samplers, None
+        if host is not None:
+            host.close(timeout)
+        self.writer.flush(timeout)
+        stats = self.writer.snapshot()
+        self.update_manifest(
+            telemetry={k: stats[k] for k in ("written", "dropped", "bytes", "errors", "last_error")}
+        )
+        self.writer.close(timeout)
+        _sessions.discard(self)
+        atexit.unregister(self._at_exit)
+
+    def detach(self) -> None:
+        """Same as :meth:`close` (the name of the walking skeleton)."""
+        self.close()
+
+    def _excepthook(
+        self, t: type[BaseException], v: BaseException, tb: TracebackType | None
+    ) -> None:
+        if not issubclass(t, KeyboardInterrupt):
+            self.finish("crash", error=f"{t.__name__}: {v}"[:2000])
+        else:
+            self.finish("interrupt")
+        prev = self._prev_excepthook or sys.__excepthook__
+        prev(t, v, tb)
+
+    def _at_exit(self) -> None:
+        if self._closed:
+            return
+        self.finish(self._auto_status())
+        self.close(timeout=3.0)
+
+
+# ---- surviving dictConfig ------------------------------------------------------------------
+
+_sessions: weakref.WeakSet[Telemetry] = weakref.WeakSet()
+_hook_lock = threading.Lock()
+
+
+def _reattach_all(reason: str) -> None:
+    for s in list(_sessions):
+        try:
+            s.reattach(reason)
+        except Exception as e:  # never into the caller of dictConfig
+            s.writer._count_error(e)
+
+
+def install_dictconfig_hook() -> None:
+    """Wrap ``logging.config.dictConfig`` (and the copy speculators imported, if it
+    already did) so that telemetry re-attaches the moment any dictConfig returns."""
+    with _hook_lock:
+        current: Any = logging.config.dictConfig
+        if getattr(current, "_eagle3_tui_wrapped", False):
+            original: Any = current.__wrapped__
+            wrapper: Any = current
+        else:
+            original = current
+
+            def dict_config(config: Any) -> None:
+                try:
+                    original(config)
+                finally:
+                    _reattach_all("logging.config.dictConfig")
+
+            wrapper = dict_config
+            wrapper.__wrapped__ = original
+            wrapper._eagle3_tui_wrapped = True
+            wrapper.__doc__ = original.__doc__
+            wrapper.__name__ = "dictConfig"
+            setattr(logging.config, "dictConfig", wrapper)  # noqa: B010 - typeshed: a function
+        # speculators.train.logger did `from logging.config import dictConfig`:
+        # if it was imported before us, its name still points at the original.
+        for name in ("speculators.train.logger",):
+            module: Any = sys.modules.get(name)
+            if module is not None and getattr(module, "dictConfig", None) is original:
+                module.dictConfig = wrapper
+
+
+# ---- attach ----------------------------------------------------------------------------
+
+
+def attach(
+    run_dir: str | os.PathLike[str],
+    *,
+    rank: int | None = None,
+    trainer: Any = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    epochs: int | None = None,
+    steps_per_epoch: int | None = None,
+    resume_command: list[str] | None = None,
+    log_file: str | None = None,
+    samplers: bool | Iterable[str] = True,
+    sampler_host: str = "sidecar",
+    interval: float = 1.0,
+    intervals: Mapping[str, float] | None = None,
+    progress_every: int = 0,
+    exclude_pids: Iterable[int] = (),
+) -> Telemetry:
+    """Attach telemetry that writes ``run_dir/metrics.jsonl`` and ``run_dir/run.json``.
+
+    Call it before or after building the Trainer, before or after the library's
+    ``setup_metric_logger``. ``samplers``: True for all (``gpu``, ``io``,
+    ``ckpt``, ``heartbeat``), False for none, or the names to run;
+    ``sampler_host``: ``"sidecar"`` (a process, the default) or ``"thread"``;
+    ``interval`` (s) for all samplers, ``intervals`` per sampler (0 = off);
+    ``progress_every``: print a one-line summary every N steps to stderr.
+
+    On a run directory that already has a manifest (a resume) the run keeps its
+    id and a ``resume`` event is written instead of ``start``. Raises only when
+    ``run_dir`` cannot be created; after that, nothing raises into the trainer.
+    """
+    enabled = list(SAMPLERS) if samplers is True else list(samplers or [])
+    unknown = sorted(set(enabled) - set(SAMPLERS))
+    if unknown:
+        raise ValueError(f"unknown samplers {unknown}; known: {', '.join(SAMPLERS)}")
+    if sampler_host not in ("sidecar", "thread"):
+        raise ValueError(f"sampler_host must be 'sidecar' or 'thread', not {sampler_host!r}")
+    if not interval > 0:
+        raise ValueError(f"interval must be positive, not {interval!r}")
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    rank = _env_rank() if rank is None else rank
+    run_id = mf.resolve_run_id(path)
+    # inherited by the dataloader workers spawned later
+    os.environ[mf.RUN_ID_ENV] = run_id
+    os.environ[mf.RUN_DIR_ENV] = str(path.resolve())
+
+    telemetry: Telemetry | None = None
+
+    def tick() -> None:
+        if telemetry is not None:
+            telemetry._tick()
+
+    writer = JsonlWriter(path / METRICS_FILE, rank=rank, tick=(interval, tick))
+    handler = TelemetryHandler(writer, is_writer_rank=rank == 0)
+    telemetry = Telemetry(path, writer, handler, interval=interval)
+    telemetry.run_id = run_id
+    _sessions.add(telemetry)
+    install_dictconfig_hook()
+    telemetry.ensure_attached()
+
+    previous: dict[str, Any] | None = None
+    try:
+        previous = mf.read_manifest(path / MANIFEST_FILE)
+    except (OSError, ValueError):
+        previous = None
+    if trainer is not None and checkpoint_dir is None:
+        checkpoint_dir = getattr(getattr(trainer, "config", None), "save_path", None)
+    ckpt_dir = str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None
+    if ckpt_dir is None and previous is not None:
+        ckpt_dir = previous.get("checkpoint_dir")
+    if rank == 0:
+        manifest = mf.build_manifest(
+            path,
+            run_id=run_id,
+            resume_command=resume_command,
+            checkpoint_dir=ckpt_dir,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            log_file=log_file,
+        )
+        if previous is not None:
+            for key in ("checkpoint_dir", "epochs", "steps_per_epoch", "total_steps", "log_file"):
+                if manifest.get(key) is None and previous.get(key) is not None:
+                    manifest[key] = previous[key]
+            manifest["first_started_at"] = previous.get(
+                "first_started_at", previous.get("started_at")
+            )
+            manifest["resumes"] = int(previous.get("resumes", 0) or 0) + 1
+        else:
+            manifest["first_started_at"] = manifest["started_at"]
+            manifest["resumes"] = 0
+        telemetry.manifest = manifest
+        try:
+            mf.write_manifest(telemetry.manifest_path, manifest)
+            mf.register_run(manifest)
+        except OSError as e:
+            telemetry._warn(f"cannot write the run manifest or index: {e}")
+
+    if enabled:
+        reads = socket_name(run_id, os.getpid()) if "io" in enabled else None
+        if reads:
+            os.environ[READS_ENV] = reads
+        telemetry.sampler_config = SamplerConfig(
+            run_dir=str(path.resolve()),
+            trainer_pid=os.getpid(),
+            trainer_start_ticks=mf.proc_start_ticks(os.getpid()),
+            rank=rank,
+            run_id=run_id,
+            interval=interval,
+            intervals=dict(intervals or {}),
+            enabled=enabled,
+            checkpoint_dir=ckpt_dir,
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            local_rank=_env_int("LOCAL_RANK"),
+            world_size=_env_int("WORLD_SIZE") or 1,
+            nvml_fixture=os.environ.get(NVML_FIXTURE_ENV),
+            reads_socket=reads,
+            exclude_pids=list(exclude_pids),
+        )
+        telemetry._start_samplers(sampler_host)
+        if telemetry.manifest is not None and telemetry.samplers is not None:
+            telemetry.update_manifest(sampler_pid=telemetry.samplers.pid)
+    if progress_every > 0:
+        telemetry.progress = ProgressPrinter(progress_every, telemetry.bounds)
+    if trainer is not None:
+        telemetry.watch_trainer(trainer)
+
+    if rank != 0:
+        pass  # lifecycle events of the run come from rank 0 (a crash from any rank)
+    elif previous is None:
+        telemetry.event("start", pid=os.getpid(), global_step=0, run_id=run_id)
+    else:
+        checkpoint, step = mf.resume_point(ckpt_dir)
+        if trainer is not None and isinstance(getattr(trainer, "global_step", None), int):
+            step = trainer.global_step
+        telemetry.event(
+            "resume", pid=os.getpid(), checkpoint=checkpoint, global_step=step, run_id=run_id
+        )
+    telemetry._prev_excepthook = sys.excepthook
+    sys.excepthook = telemetry._excepthook
+    atexit.register(telemetry._at_exit)
+    return telemetry
