@@ -56,6 +56,15 @@ def stat(pid: int) -> ProcStat | None:
         return None
 
 
+def uptime() -> float | None:
+    """Seconds since boot (the clock of ``start_ticks / CLK_TCK``)."""
+    raw = _read("/proc/uptime")
+    try:
+        return float(raw.split()[0]) if raw else None
+    except (ValueError, IndexError):
+        return None
+
+
 def alive(pid: int, start_ticks: int | None = None) -> bool:
     """Is ``pid`` running (and, when given, the same process that started at ``start_ticks``)?"""
     st = stat(pid)

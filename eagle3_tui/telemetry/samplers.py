@@ -191,7 +191,13 @@ def device_record(r: DeviceReading, run_pids: set[int]) -> dict[str, Any]:
 
 # ---- dataloader reads -----------------------------------------------------------------
 
-_NOT_WORKERS = ("resource_tracker", "semaphore_tracker", "compile_worker", "eagle3_tui.telemetry")
+_NOT_WORKERS = (
+    "resource_tracker",
+    "semaphore_tracker",
+    "compile_worker",
+    "eagle3_tui.telemetry.sidecar",
+    "eagle3_tui.train.tee",
+)
 
 
 class IoSampler:
@@ -225,6 +231,13 @@ class IoSampler:
         self._reporting: set[int] = set()
         self._roles: dict[int, str] = {}
         self._last = time.monotonic()
+        self._uptime: float | None = None
+
+    def _started_since_last(self, pid: int) -> bool:
+        st = procs.stat(pid)
+        if st is None or self._uptime is None:
+            return False
+        return st.start_ticks / procs.CLK_TCK >= self._uptime
 
     def _role(self, pid: int) -> str | None:
         role = self._roles.get(pid)
@@ -261,6 +274,8 @@ class IoSampler:
                 continue
             counters = procs.io_counters(pid)
             prev = self._prev.get(pid)
+            if prev is None and counters is not None and self._started_since_last(pid):
+                prev = {}  # born in this interval: everything it read, it read now
             rchar = read_bytes = None
             if counters is not None:
                 if prev is not None:
@@ -298,6 +313,7 @@ class IoSampler:
             entries.append(entry)
         for gone in [p for p in self._prev if p not in seen]:
             del self._prev[gone]
+        self._uptime = procs.uptime()
         self.writer.write(
             Kind.IO,
             {

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.manifest import read_manifest, update_manifest
 from eagle3_tui.telemetry.nvml import Nvml, PynvmlApi, RecordedNvml
 from eagle3_tui.telemetry.reads import ReadsReceiver
 from eagle3_tui.telemetry.samplers import (
@@ -52,7 +53,7 @@ from eagle3_tui.telemetry.samplers import (
     SamplerSet,
     own_device_entries,
 )
-from eagle3_tui.telemetry.schema import METRICS_FILE, Kind
+from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
 from eagle3_tui.telemetry.writer import JsonlWriter
 
 Op = dict[str, Any]
@@ -206,6 +207,17 @@ class SamplerHost:
                 "detected_by": self.source,
             },
         )
+        if self.cfg.rank == 0:  # the trainer cannot update its manifest any more: we do
+            path = Path(self.cfg.run_dir) / MANIFEST_FILE
+            try:
+                manifest = read_manifest(path)
+                if manifest.get("pid") == self.cfg.trainer_pid and manifest.get("status") in (
+                    "running",
+                    None,
+                ):
+                    update_manifest(path, status="crashed", finished_at=time.time())
+            except (OSError, ValueError):
+                pass
 
     def _final(self) -> None:
         hb = self.sset.get("heartbeat")
