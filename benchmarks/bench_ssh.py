@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -45,6 +46,11 @@ PAD = "x" * 440  # brings a line to ~590 bytes, like a speculators train record
 def line(seq: int) -> bytes:
     rec = {"v": 1, "seq": seq, "w": "bench", "t": time.perf_counter(), "kind": "log", "pad": PAD}
     return (json.dumps(rec) + "\n").encode()
+
+
+def reset(path: Path) -> None:
+    """The file with one warm-up line: the readers are following it before timing starts."""
+    path.write_bytes(b'{"w":"warmup"}\n')
 
 
 def writer(path: Path, n: int, interval: float, start: threading.Event) -> None:
@@ -92,7 +98,7 @@ async def run_round(
     n: int,
     interval: float,
 ) -> list[float]:
-    path.write_bytes(b'{"w":"warmup"}\n')
+    reset(path)
     lines = Lines(n)
     ready = asyncio.Event()
     task = asyncio.ensure_future(follow(path, lines, ready))  # type: ignore[arg-type]
@@ -104,10 +110,8 @@ async def run_round(
     await asyncio.wait_for(lines.done.wait(), 60 + n * interval * 4)
     t.join()
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
     return lines.latencies
 
 

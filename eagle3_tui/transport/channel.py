@@ -25,6 +25,7 @@ from eagle3_tui.transport import agent
 from eagle3_tui.transport.base import TargetError
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
+CONTROL_OPS = ("kill", "resume")  # finish on the host even when the client goes away
 MAX_FRAME = 64 * 1024 * 1024
 READ_SIZE = 1 << 20
 
@@ -176,8 +177,9 @@ def agent_error(host: str, python: str, status: int | None, stderr: str) -> Agen
 class LocalChannel:
     """The agent as a subprocess of this process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, *, finish_alone: bool = False) -> None:
         self.proc = proc
+        self.finish_alone = finish_alone
         assert proc.stderr is not None
         self._stderr = asyncio.ensure_future(proc.stderr.read())
 
@@ -191,17 +193,19 @@ class LocalChannel:
         return status, err.decode("utf-8", "replace")
 
     def close(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
+        """Stop reading; a follow or read ends, a kill or resume finishes its work."""
         if self.proc.stdin is not None:
             self.proc.stdin.close()
+        if self.proc.returncode is None and not self.finish_alone:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
 
 
 class LocalHost:
     """This machine, reached without SSH."""
 
     label = "local"
+    prefix = ""
 
     async def start_agent(self, request: dict[str, Any]) -> LocalChannel:
         proc = await asyncio.create_subprocess_exec(
@@ -212,13 +216,14 @@ class LocalHost:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a Ctrl+C here must not cut a kill short there
         )
         assert proc.stdin is not None
         proc.stdin.write(agent_payload(request))
         await proc.stdin.drain()
         if request.get("op") != "follow":
             proc.stdin.close()
-        return LocalChannel(proc)
+        return LocalChannel(proc, finish_alone=request.get("op") in CONTROL_OPS)
 
     async def close(self) -> None:
         return None
@@ -229,6 +234,9 @@ class Host(Protocol):
 
     @property
     def label(self) -> str: ...
+
+    @property
+    def prefix(self) -> str: ...
 
     async def start_agent(self, request: dict[str, Any]) -> AgentChannel: ...
 
@@ -251,6 +259,8 @@ async def call_agent(
     """
     channel = await host.start_agent(request)
     final: Event | None = None
+    status: int | None = None
+    stderr = ""
     try:
         async for frame in channel.frames():
             if isinstance(frame, DataFrame):
@@ -260,6 +270,9 @@ async def call_agent(
                 final = frame
             elif frame.event == "error":
                 message = str(frame.get("message", "the agent refused"))
+                if host.prefix:  # name the host: "gpu-box:/runs/x: no such run directory"
+                    sep = "" if message.startswith("/") else " "
+                    message = f"{host.prefix}{sep}{message}"
                 if frame.get("kind") == "refused":
                     raise AgentRefusedError(message)
                 raise TargetError(message)
@@ -272,7 +285,7 @@ async def call_agent(
         ) from None
     finally:
         channel.close()
-    status, stderr = await channel.finish()
+        status, stderr = await channel.finish()
     if final is None:
         raise agent_error(host.label, python, status, stderr)
     return final

@@ -174,21 +174,24 @@ class HostKeyCheck:
         files = ", ".join(str(p) for p in self.files) or "no known_hosts file"
         if self.verdict == "changed":
             where = self._offending(host, addr, port)
+            remove = f"ssh-keygen -R {shlex.quote(pattern)}"
+            if self.files and where.startswith(str(self.files[0])):
+                remove += f" -f {shlex.quote(str(self.files[0]))}"
             return (
                 f"{self.destination}: HOST KEY CHANGED for {pattern}: the server offers {fp}, "
                 f"which does not match {where}. Someone may be intercepting the connection; "
-                f"if the change is expected, remove the old key "
-                f"(ssh-keygen -R {shlex.quote(pattern)}) and connect again"
+                f"if the change is expected, remove the old key ({remove}) and connect again"
             )
         if self.verdict.startswith("unwritable"):
             return (
                 f"{self.destination}: cannot record the host key in {self.files[0]}: {self.verdict}"
             )
         keyscan = f"ssh-keyscan {'-p ' + str(port) + ' ' if port != 22 else ''}{host}"
+        into = shlex.quote(str(self.files[0])) if self.files else "~/.ssh/known_hosts"
         return (
             f"{self.destination}: unknown host key for {pattern}: {fp} (not in {files}). "
             f"If that is the host's key, accept it deliberately: "
-            f"-o StrictHostKeyChecking=accept-new (or {keyscan} >> ~/.ssh/known_hosts)"
+            f"-o StrictHostKeyChecking=accept-new (or {keyscan} >> {into})"
         )
 
 
@@ -372,6 +375,11 @@ class SshHost:
     @property
     def label(self) -> str:
         return self.target.destination
+
+    @property
+    def prefix(self) -> str:
+        """What goes before a path from this host in a message."""
+        return f"{self.target.destination}:"
 
     @property
     def python(self) -> str:

@@ -9,6 +9,7 @@ then skips ``~/.bashrc``, which costs 160-390 ms per exec on these machines).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -43,6 +44,13 @@ def _keypair(path: Path) -> str:
     public: str = key.export_public_key().decode().strip()
     path.with_suffix(".pub").write_text(public + "\n")
     return public
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def children(pid: int) -> list[int]:
@@ -176,20 +184,36 @@ class Sshd:
         return children(self.proc.pid) if self.proc is not None else []
 
     def kill_sessions(self) -> int:
-        """SIGKILL every per-connection sshd (not the listener): connections drop."""
+        """SIGKILL every per-connection sshd (not the listener, not the user's processes):
+        the connections drop as when a network path dies or sshd is killed."""
         killed = 0
-        for pid in self.sessions():
-            for child in children(pid):
-                try:
-                    os.kill(child, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for pid in self.session_tree():
+            if comm(pid) != "sshd":
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
             except ProcessLookupError:
                 pass
         return killed
+
+    def session_tree(self) -> list[int]:
+        """Every process under the listener: per-connection sshd, shells, agents."""
+        out: list[int] = []
+        todo = self.sessions()
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(children(pid))
+        return out
+
+    def freeze_sessions(self) -> list[int]:
+        """SIGSTOP every session (a hung host: no FIN, no RST); returns the PIDs."""
+        pids = self.session_tree()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
 
     def stop(self) -> None:
         if self.proc is None:

@@ -1,0 +1,325 @@
+"""The agent on this machine (``LocalHost``: the same script and protocol as over SSH).
+
+Follow semantics (waiting, truncation, replacement, resumption at an offset),
+checkpoint completeness, and process control against small fake runs whose
+processes behave like a trainer, its workers and an escaped worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.transport import agent
+from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.channel import (
+    AgentRefusedError,
+    DataFrame,
+    Event,
+    Frame,
+    FrameParser,
+    LocalHost,
+)
+from eagle3_tui.transport.control import kill_run, resume_run
+from tests.transport.conftest import cli
+from tests.transport.fakes import (
+    RESUMED,
+    alive,
+    dead_pid,
+    fake_manifest,
+    marker_processes,
+    start_fake_trainer,
+    write_checkpoint,
+)
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+async def next_frames(
+    frames: AsyncIterator[Frame], until: Any, timeout: float = 20.0
+) -> list[Frame]:
+    """Frames up to and including the first for which ``until(frame)`` holds."""
+    out: list[Frame] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out; got {out}")
+        frame = await asyncio.wait_for(anext(frames), left)
+        out.append(frame)
+        if until(frame):
+            return out
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def is_event(name: str) -> Any:
+    return lambda f: isinstance(f, Event) and f.event == name
+
+
+def data_upto(end: int) -> Any:
+    return lambda f: isinstance(f, DataFrame) and f.offset + len(f.data) >= end
+
+
+def events(frames: list[Frame]) -> list[str]:
+    return [f.event for f in frames if isinstance(f, Event)]
+
+
+def joined(frames: list[Frame]) -> bytes:
+    return b"".join(f.data for f in frames if isinstance(f, DataFrame))
+
+
+# ---- framing -----------------------------------------------------------------------------
+
+
+def test_frames_survive_any_split() -> None:
+    stream = b"hello from .bashrc\n" + b"J " + json.dumps({"event": "opened", "size": 3}).encode()
+    stream += b"\nD 0 5\nab\ncdD 5 2\nef"
+    for cut in range(1, len(stream)):
+        p = FrameParser()
+        got = p.feed(stream[:cut]) + p.feed(stream[cut:])
+        assert [type(f).__name__ for f in got] == ["Event", "DataFrame", "DataFrame"]
+        assert got[1] == DataFrame(0, b"ab\ncd") and got[2] == DataFrame(5, b"ef")
+        assert not p.partial
+
+
+def test_agent_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys; before = set(sys.modules); import eagle3_tui.transport.agent; "
+        "print(','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in "
+        "sys.stdlib_module_names and not m.startswith('eagle3_tui'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == ""
+
+
+def test_agent_agrees_with_the_manifest_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert agent.index_path() == mf.index_path()
+    assert agent.RUN_ID_ENV == mf.RUN_ID_ENV
+    me = agent.proc_stat(os.getpid())
+    assert me is not None and me.start == mf.proc_start_ticks(os.getpid())
+    assert agent.boot_id() == mf.boot_id()
+
+
+# ---- follow ---------------------------------------------------------------------------------
+
+
+async def test_follow_waits_then_streams_and_notices_truncation_and_replacement(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    ch = await LocalHost().start_agent({"op": "follow", "run_dir": str(tmp_path), "offset": 0})
+    frames = ch.frames()
+    try:
+        got = await next_frames(frames, is_event("waiting"))
+        assert events(got) == ["resolved", "waiting"]
+        path.write_bytes(b"a\nb\n")
+        got = await next_frames(frames, data_upto(4))
+        assert "opened" in events(got) and joined(got) == b"a\nb\n"
+        append(path, b"c")  # a torn line, then its end
+        got = await next_frames(frames, data_upto(5))
+        assert joined(got) == b"c"  # raw bytes: the model's reader keeps a torn line
+        append(path, b"c\n")
+        got = await next_frames(frames, data_upto(7))
+        assert [(x.offset, x.data) for x in got if isinstance(x, DataFrame)] == [(5, b"c\n")]
+        path.write_bytes(b"x\n")  # truncated (O_TRUNC) and rewritten
+        got = await next_frames(frames, data_upto(2))
+        assert "restarted" in events(got) and joined(got).endswith(b"x\n")
+        new = tmp_path / "new.jsonl"
+        new.write_bytes(b"new-1\nnew-2\n")
+        os.replace(new, path)
+        got = await next_frames(frames, lambda f: isinstance(f, DataFrame) and b"new-2" in f.data)
+        restarted = [f for f in got if isinstance(f, Event) and f.event == "restarted"]
+        assert restarted and restarted[0].get("reason") == "replaced"
+        assert joined(got).endswith(b"new-1\nnew-2\n")
+    finally:
+        ch.close()
+        await ch.finish()
+
+
+async def test_follow_resumes_at_an_offset_only_for_the_same_file(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"one\ntwo\nthree\n")
+    ident = f"{path.stat().st_dev}:{path.stat().st_ino}"
+    host = LocalHost()
+    req = {"op": "follow", "run_dir": str(tmp_path), "offset": 4, "identity": ident}
+    ch = await host.start_agent(req)
+    try:
+        got = await next_frames(ch.frames(), data_upto(14))
+        assert "restarted" not in events(got)
+        assert [(f.offset, f.data) for f in got if isinstance(f, DataFrame)] == [
+            (4, b"two\nthree\n")
+        ]
+    finally:
+        ch.close()
+        await ch.finish()
+    ch = await host.start_agent({**req, "identity": "1:1"})  # another file now
+    try:
+        got = await next_frames(ch.frames(), data_upto(14))
+        assert "restarted" in events(got)
+        assert joined(got) == b"one\ntwo\nthree\n"
+    finally:
+        ch.close()
+        await ch.finish()
+
+
+async def test_read_errors_are_one_line(tmp_path: Path) -> None:
+    from eagle3_tui.transport.control import read_file
+
+    with pytest.raises(TargetError, match="no such run directory"):
+        await read_file(LocalHost(), str(tmp_path / "nope"), lambda f: None)
+    with pytest.raises(TargetError, match=r"no metrics\.jsonl here"):
+        await read_file(LocalHost(), str(tmp_path), lambda f: None)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+
+def test_checkpoint_completeness(tmp_path: Path) -> None:
+    good = tmp_path / "0"
+    write_checkpoint(good)
+    assert agent.checkpoint_problems(good) == []
+    cut = tmp_path / "1"
+    write_checkpoint(cut)
+    model = cut / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-5])
+    assert any("model.safetensors is truncated" in p for p in agent.checkpoint_problems(cut))
+    half = tmp_path / "2"
+    write_checkpoint(half)
+    opt = half / "optimizer_state_dict.pt"
+    opt.write_bytes(opt.read_bytes()[:50])
+    assert any("optimizer_state_dict.pt" in p for p in agent.checkpoint_problems(half))
+    stale = tmp_path / "3"
+    write_checkpoint(stale)
+    old = time.time() - 100
+    os.utime(stale / "training_state.json", (old, old))
+    assert any("older than the weights" in p for p in agent.checkpoint_problems(stale))
+    missing = tmp_path / "4"
+    write_checkpoint(missing)
+    (missing / "optimizer_state_dict.pt").unlink()
+    assert agent.checkpoint_problems(missing) == ["optimizer_state_dict.pt is missing"]
+    (tmp_path / "interrupted").mkdir()
+    (tmp_path / "epoch4_end").symlink_to("4")
+    assert agent.latest_numbered(tmp_path) == missing
+
+
+# ---- fake runs ----------------------------------------------------------------------------
+
+
+async def test_kill_signals_the_trainer_then_sweeps_escaped_workers(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    trainer = start_fake_trainer(run_dir, env)
+    worker = int((run_dir / "ready").read_text())
+    escaped = int((tmp_path / "escaped.pid").read_text())
+    try:
+        assert agent.proc_stat(escaped) is not None and os.getsid(escaped) == escaped
+        progress: list[Event] = []
+        result = await kill_run(LocalHost(), str(run_dir), 20.0, on_progress=progress.append)
+        trainer.wait(10)
+        by_pid = {p["pid"]: p for p in result["processes"]}
+        assert result["status"] == "stopped", result
+        assert by_pid[trainer.pid]["role"] == "trainer"
+        assert by_pid[trainer.pid]["signals"] == ["SIGTERM"]
+        assert by_pid[trainer.pid]["outcome"] == "exited"
+        assert by_pid[worker]["signals"] == [] and by_pid[worker]["outcome"] == "exited"
+        assert by_pid[escaped]["role"] == "marked"
+        assert by_pid[escaped]["signals"] == ["SIGTERM", "SIGKILL"]
+        assert by_pid[escaped]["outcome"] == "killed"
+        assert (run_dir / "saved").read_text() == "ok"  # SIGTERM, not SIGKILL, reached it
+        assert not alive(worker) and not alive(escaped)
+        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+        assert marker_processes(run_id) == []
+        assert any(e.get("step") == "signal" and e.get("pid") == trainer.pid for e in progress)
+        again = await kill_run(LocalHost(), str(run_dir), 5.0)
+        assert again["status"] == "not_running" and again["processes"] == []
+    finally:
+        for pid in (trainer.pid, worker, escaped):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        trainer.wait(10)
+
+
+def test_kill_refuses_a_reused_pid(tmp_path: Path) -> None:
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        run_dir = tmp_path / "run"
+        ticks = mf.proc_start_ticks(other.pid)
+        assert ticks is not None
+        fake_manifest(run_dir, other.pid, f"reused-{os.getpid()}")
+        mf.update_manifest(run_dir / "run.json", start_ticks=ticks - 1)  # the trainer was older
+        proc = cli("kill", str(run_dir))
+        assert proc.returncode == 9, proc.stdout + proc.stderr
+        assert "now belongs to another process" in proc.stdout
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detached(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    dead = dead_pid()
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    cwd = tmp_path / "work dir"
+    cwd.mkdir()
+    run_id = f"resume-{os.getpid()}-{time.time_ns()}"
+    fake_manifest(
+        run_dir,
+        dead,
+        run_id,
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume_command=[sys.executable, str(script), str(run_dir)],
+        cwd=str(cwd),
+        env={mf.RUN_ID_ENV: run_id, "FLAG": "from-manifest"},
+    )
+    host = LocalHost()
+    with pytest.raises(AgentRefusedError, match="no numbered checkpoint"):
+        await resume_run(host, str(run_dir), 5.0)
+    write_checkpoint(run_dir / "checkpoints" / "0", global_step=20)
+    write_checkpoint(run_dir / "checkpoints" / "1", global_step=40)
+    model = run_dir / "checkpoints" / "1" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1])
+    proc = cli("resume", str(run_dir))
+    assert proc.returncode == 9 and "incomplete checkpoint" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    (run_dir / "checkpoints" / "1").rename(run_dir / "checkpoints" / "broken")
+    result = await resume_run(host, str(run_dir), 20.0)
+    try:
+        assert result["status"] == "started" and result["confirmed"] is True, result
+        assert result["checkpoint"]["global_step"] == 20
+        seen = json.loads((run_dir / "resumed.json").read_text())
+        assert seen["pid"] == result["pid"] and seen["sid"] == result["pid"]  # setsid
+        assert seen["cwd"] == str(cwd) and seen["flag"] == "from-manifest"
+        assert seen["marker"] == run_id
+        with pytest.raises(AgentRefusedError, match="still running"):
+            await resume_run(host, str(run_dir), 5.0)
+    finally:
+        os.kill(result["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while b"resumed output" not in (run_dir / "train.log").read_bytes():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert b"--- eagle3-tui resume at" in (run_dir / "train.log").read_bytes()

@@ -1,0 +1,272 @@
+"""Streaming a run file over a real sshd: exactly once through killed sessions and a hung
+link, truncation and replacement noticed, a missing file waited for with inotify."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from eagle3_tui.model.reader import LineReader, Restarted
+from eagle3_tui.model.records import Record
+from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
+from eagle3_tui.transport.channel import AGENT_TAG
+from eagle3_tui.transport.ssh import SshHost, SshTransport
+from tests.records import Lines
+from tests.transport.conftest import cli, ssh_target
+from tests.transport.sshd import Sshd
+
+pytestmark = pytest.mark.slow
+
+FAST_BACKOFF = (0.05, 0.1, 0.2, 0.5)
+
+
+class Follower:
+    """Consumes a transport's stream like the app does, keeping what a test checks."""
+
+    def __init__(self, stream: AsyncIterator[StreamEvent]) -> None:
+        self.stream = stream
+        self.reader = LineReader()
+        self.records: list[Record] = []
+        self.restarts: list[Restarted] = []
+        self.links: list[LinkChanged] = []
+
+    async def until(self, predicate: object, timeout: float = 60.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():  # type: ignore[operator]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(
+                    f"timed out waiting for {what}: {len(self.records)} records, "
+                    f"links {[(x.link.value, x.detail) for x in self.links][-6:]}"
+                )
+            ev = await asyncio.wait_for(anext(self.stream), left)
+            if isinstance(ev, Chunk):
+                for item in self.reader.feed(ev.offset, ev.data):
+                    if isinstance(item, Record):
+                        self.records.append(item)
+                    elif isinstance(item, Restarted):
+                        self.restarts.append(item)
+            else:
+                self.links.append(ev)
+
+    def seqs(self) -> list[int]:
+        return [r.seq for r in self.records]
+
+    def count(self, link: Link) -> int:
+        return sum(1 for x in self.links if x.link == link)
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as out:
+        out.write(data)
+
+
+def append_lines(path: Path, lines: Lines, n: int, pause: float, torn_every: int = 7) -> None:
+    """Append ``n`` train records, one ``os.write`` each, every ``torn_every``-th in two."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for i in range(n):
+            data = lines.train(i, 2.0 - i * 1e-3)
+            if i % torn_every == 3:
+                os.write(fd, data[:25])
+                time.sleep(pause)
+                os.write(fd, data[25:])
+            else:
+                os.write(fd, data)
+            time.sleep(pause)
+    finally:
+        os.close(fd)
+
+
+async def test_every_record_exactly_once_while_sessions_are_killed(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    n = 600
+    writer = threading.Thread(
+        target=append_lines, args=(run_dir / "metrics.jsonl", Lines(), n, 0.004), daemon=True
+    )
+    host = SshHost(ssh_target(sshd))
+    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    try:
+        await f.until(lambda: f.count(Link.WAITING) >= 1, what="the waiting state")
+        writer.start()
+        kills = 0
+        for k in range(1, 5):  # kill the sessions four times while lines keep coming
+            await f.until(lambda k=k: len(f.records) >= k * n // 6, what=f"{k * n // 6} records")
+            kills += sshd.kill_sessions()
+        await f.until(lambda: len(f.records) >= n, what=f"all {n} records")
+    finally:
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+        writer.join(30)
+    assert kills >= 4
+    assert f.count(Link.RECONNECTING) >= 4
+    assert all(x.retry_in and x.retry_in > 0 for x in f.links if x.link == Link.RECONNECTING)
+    assert f.seqs() == list(range(n)), "a record was lost or repeated"
+    assert f.restarts == []
+    assert f.reader.complete_offset == (run_dir / "metrics.jsonl").stat().st_size
+
+
+async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    lines = Lines()
+    path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(5)))
+    target = ssh_target(sshd, keepalive_interval=0.3, keepalive_count_max=2)
+    host = SshHost(target)
+    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    frozen: list[int] = []
+    try:
+        await f.until(lambda: len(f.records) == 5, what="the first records")
+        frozen = sshd.freeze_sessions()  # no FIN, no RST: only keepalive can tell
+        append(path, b"".join(lines.train(i, 1.0) for i in range(5, 10)))
+        await f.until(lambda: len(f.records) == 10, what="the records after the hang")
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+    assert frozen
+    assert f.count(Link.RECONNECTING) >= 1
+    assert f.seqs() == list(range(10))
+
+
+async def test_truncation_and_replacement_are_noticed_also_while_disconnected(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    path.write_bytes(Lines("old").train(0, 1.0) + Lines("old").train(1, 1.0))
+    host = SshHost(ssh_target(sshd))
+    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    try:
+        await f.until(lambda: len(f.records) == 2, what="two records")
+        path.write_bytes(Lines("trunc").train(0, 1.0))  # truncated in place
+        await f.until(lambda: len(f.records) == 3, what="the record after truncation")
+        assert len(f.restarts) == 1 and f.records[-1].w == "trunc"
+        new = run_dir / "new.jsonl"
+        new.write_bytes(b"".join(Lines("new").train(i, 1.0) for i in range(3)))
+        os.replace(new, path)
+        await f.until(lambda: len(f.records) == 6, what="the replacement's records")
+        assert len(f.restarts) == 2 and [r.w for r in f.records[3:]] == ["new"] * 3
+        # replaced while no connection is up: noticed on reconnect by the file's identity
+        sshd.kill_sessions()
+        away = run_dir / "away.jsonl"
+        away.write_bytes(b"".join(Lines("away").train(i, 1.0) for i in range(4)))
+        os.replace(away, path)
+        await f.until(lambda: len(f.records) == 10, what="the records written while away")
+    finally:
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+    assert len(f.restarts) == 3
+    assert [r.w for r in f.records[6:]] == ["away"] * 4
+
+
+def agent_inotify_watches(sshd: Sshd) -> list[str]:
+    """The inotify watches held by the agents running under this sshd (from /proc)."""
+    out = []
+    for pid in sshd.session_tree():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if AGENT_TAG.encode() not in cmdline:
+            continue
+        for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
+            try:
+                out += [x for x in fd.read_text().splitlines() if x.startswith("inotify wd:")]
+            except OSError:
+                continue
+    return out
+
+
+async def test_a_file_that_does_not_exist_yet_is_waited_for_with_inotify(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    host = SshHost(ssh_target(sshd))
+    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    try:
+        await f.until(lambda: f.count(Link.WAITING) == 1, what="the waiting state")
+        assert f.links[-1].detail.endswith("metrics.jsonl")
+        # the agent waits on an inotify watch of the run directory, not a polling loop
+        assert len(agent_inotify_watches(sshd)) >= 1
+        (run_dir / "metrics.jsonl").write_bytes(Lines().train(0, 1.0))
+        await f.until(lambda: len(f.records) == 1, what="the first record")
+    finally:
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+    assert [x.link for x in f.links] == [Link.CONNECTING, Link.WAITING, Link.CONNECTED]
+
+
+async def test_a_missing_run_directory_is_refused_in_the_stream(sshd: Sshd, tmp_path: Path) -> None:
+    host = SshHost(ssh_target(sshd))
+    events = []
+    try:
+        async for ev in SshTransport(host, str(tmp_path / "nope")).stream(0):
+            events.append(ev)
+    finally:
+        await host.close()
+    assert isinstance(events[-1], LinkChanged) and events[-1].link == Link.REFUSED
+    assert "no such run directory" in events[-1].detail
+
+
+def test_summary_and_runs_of_the_latest_run_on_the_host(sshd: Sshd, tmp_path: Path) -> None:
+    run_dir = tmp_path / "latest"
+    run_dir.mkdir()
+    lines = Lines()
+    (run_dir / "metrics.jsonl").write_bytes(
+        b"".join(lines.train(i, 3.0 - 0.1 * i) for i in range(8)) + lines.event("finish")
+    )
+    index = sshd.state_home / "eagle3-tui" / "runs.jsonl"
+    index.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"run_id": f"latest-{time.time_ns()}", "run_dir": str(run_dir), "host": "h"}
+    with open(index, "a") as out:
+        out.write(json.dumps({**entry, "run_dir": str(tmp_path / "gone")}) + "\n")
+        out.write(json.dumps({**entry, "started_at": time.time(), "pid": 1}) + "\n")
+    proc = cli("summary", *sshd.args(), "e3-test", "--json")  # no RUN_DIR: the latest run
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["global_step"] == 7 and out["records"] == 9 and out["lost_records"] == 0
+    proc = cli("runs", *sshd.args(), "e3-test")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].endswith(str(run_dir))
+    proc = cli("summary", *sshd.args(), f"e3-test:{tmp_path / 'nope'}")
+    assert proc.returncode == 2 and "no such run directory" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+async def test_the_app_monitors_a_run_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
+    from eagle3_tui.app.app import MonitorApp
+    from tests.conftest import until
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = Lines()
+    (run_dir / "metrics.jsonl").write_bytes(b"".join(lines.train(i, 2.0) for i in range(12)))
+    host = SshHost(ssh_target(sshd))
+    app = MonitorApp(SshTransport(host, str(run_dir)))
+    try:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await until(pilot, lambda: app.run_model.state.records == 12, 30, "12 records")
+            assert app.link.link == Link.CONNECTED
+            assert "e3-test:" in app.source.label
+    finally:
+        await host.close()

@@ -1,0 +1,198 @@
+"""The real thing over a real sshd: a live tiny speculators training with two dataloader
+workers is streamed (through a killed session), killed (checkpoint saved, no process
+left) and resumed (the step count continues). One training, started once per module:
+the tests run in order, and each prepares what it needs if run alone."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from eagle3_tui.transport import agent
+from eagle3_tui.transport.base import Link
+from eagle3_tui.transport.channel import LocalHost
+from eagle3_tui.transport.control import kill_run
+from eagle3_tui.transport.ssh import SshHost, SshTransport
+from tests.conftest import need_training, read_jsonl
+from tests.transport.conftest import cli, remote_env, ssh_target
+from tests.transport.fakes import alive, marker_processes
+from tests.transport.sshd import ALIAS, Sshd
+from tests.transport.test_ssh_stream import FAST_BACKOFF, Follower
+
+pytestmark = pytest.mark.slow
+TINY = (sys.executable, "-m", "eagle3_tui.train.tiny")
+TRAINING = ("--epochs", "40", "--workers", "2", "--step-delay", "0.05")  # stopped, never done
+
+
+@dataclass
+class LiveRun:
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+    started: list[int] = field(default_factory=list)  # every trainer PID, for cleanup
+
+    @property
+    def target(self) -> str:
+        return f"{ALIAS}:{self.run_dir}"
+
+    def manifest(self) -> dict[str, object]:
+        m: dict[str, object] = json.loads((self.run_dir / "run.json").read_text())
+        return m
+
+    def log(self) -> str:
+        return (self.run_dir / "train.log").read_text(errors="replace")[-3000:]
+
+
+def wait_for(predicate: object, timeout: float, what: str, run: LiveRun) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.log()}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def live(sshd: Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+    """A tiny training launched on "the host" as a user would: detached, output to its log,
+    many epochs (it is stopped by the tests, never finished)."""
+    need_training()
+    run_dir = tmp_path_factory.mktemp("live") / "run"
+    run_dir.mkdir()
+    with open(run_dir / "train.log", "ab") as log:
+        proc = subprocess.Popen(
+            [*TINY, "--run-dir", str(run_dir), *TRAINING],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=remote_env(sshd),
+            start_new_session=True,
+        )
+    run = LiveRun(run_dir, proc, [proc.pid])
+    yield run
+    run_id = ""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        run_id = str(run.manifest()["run_id"])
+    for pid in run.started:  # only what this module started: its sessions
+        try:
+            if alive(pid) and os.getsid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in marker_processes(run_id) if run_id else []:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
+
+
+async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live: LiveRun) -> None:
+    host = SshHost(ssh_target(sshd))
+    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+
+    def trains() -> int:
+        return sum(1 for r in f.records if r.kind == "train")
+
+    try:
+        await f.until(lambda: trains() >= 4, timeout=240, what="the first train records")
+        seen = trains()
+        assert sshd.kill_sessions() >= 1
+        await f.until(lambda: trains() >= seen + 6, timeout=120, what="records after the kill")
+    finally:
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+    assert f.count(Link.RECONNECTING) >= 1
+    by_writer: dict[str, list[int]] = {}
+    for r in f.records:
+        by_writer.setdefault(r.w, []).append(r.seq)
+    for w, seqs in by_writer.items():  # every record exactly once, per writer
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"writer {w}: {seqs}"
+    steps = [r.step for r in f.records if r.kind == "train"]
+    assert steps == sorted(set(steps))  # no step twice, none out of order
+
+
+def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, live: LiveRun) -> None:
+    ckpt0 = live.run_dir / "checkpoints" / "0" / "training_state.json"
+    wait_for(ckpt0.exists, 240, "the first checkpoint", live)
+    assert live.proc.poll() is None, live.log()
+    run_id = str(live.manifest()["run_id"])
+    procs = agent.all_procs()
+    family = {p: procs[p].start for p in agent._descendants(live.proc.pid, procs)}
+    workers = [p for p in family if procs[p].comm == "pt_data_worker"]
+    assert len(workers) == 2, {p: procs[p].comm for p in family}
+
+    proc = cli("kill", *sshd.args(), live.target, "--json", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    by_pid = {p["pid"]: p for p in report["processes"]}
+    assert report["status"] == "stopped"
+    assert by_pid[live.proc.pid]["role"] == "trainer"
+    assert by_pid[live.proc.pid]["signals"] == ["SIGTERM"]
+    assert by_pid[live.proc.pid]["outcome"] == "exited"
+    assert set(workers) <= set(by_pid)
+    assert all(p["outcome"] in ("exited", "killed") for p in report["processes"])
+
+    assert live.proc.wait(30) == 0  # speculators' graceful exit
+    for pid, start in family.items():  # independently of the report: nothing remains
+        p = agent.proc_stat(pid)
+        assert p is None or p.start != start or p.zombie, f"{pid} ({procs[pid].comm}) remains"
+    assert marker_processes(run_id) == []
+    interrupted = live.run_dir / "checkpoints" / "interrupted"
+    assert agent.checkpoint_problems(interrupted) == []  # whole weights and optimizer state
+    assert report["checkpoints"]["latest"]["problems"] == []
+    events = [
+        r["event"] for r in read_jsonl(live.run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"
+    ]
+    assert events[-1] == "interrupt"
+
+
+async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> None:
+    if live.proc.poll() is None:  # run alone: stop it first, once a checkpoint exists
+        ckpt0 = live.run_dir / "checkpoints" / "0" / "training_state.json"
+        wait_for(ckpt0.exists, 240, "the first checkpoint", live)
+        result = await kill_run(LocalHost(), str(live.run_dir), 200.0)
+        assert result["status"] == "stopped"
+    latest = agent.latest_numbered(live.run_dir / "checkpoints")
+    assert latest is not None
+    step = json.loads((latest / "training_state.json").read_text())["global_step"]
+    before = len(train_steps(live.run_dir))
+    assert step > 0 and max(train_steps(live.run_dir)) >= step - 1  # saved after step - 1
+
+    proc = cli("resume", *sshd.args(), live.target, "--json", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    pid = result["pid"]
+    live.started.append(pid)
+    assert result["status"] == "started" and result["checkpoint"]["global_step"] == step
+
+    host = SshHost(ssh_target(sshd))
+    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+    try:
+        await f.until(
+            lambda: sum(1 for r in f.records if r.kind == "train") >= before + 3,
+            timeout=240,
+            what="train records of the resumed run",
+        )
+    finally:
+        await f.stream.aclose()  # type: ignore[attr-defined]
+        await host.close()
+    resumed = [r for r in f.records if r.kind == "lifecycle" and r.event == "resume"]
+    assert resumed and resumed[-1].pid == pid
+    after = [r.step for r in f.records[f.records.index(resumed[-1]) :] if r.kind == "train"]
+    assert after[:3] == [step, step + 1, step + 2]  # continues from the checkpoint, not 0
+
+    proc = cli("kill", *sshd.args(), live.target, "--json", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "stopped"
+    assert {p["pid"] for p in report["processes"] if p["role"] == "trainer"} == {pid}
+    assert marker_processes(str(live.manifest()["run_id"])) == []
