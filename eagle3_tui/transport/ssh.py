@@ -218,9 +218,11 @@ def _known_hosts_files(options: SshOptions, from_config: object) -> list[Path]:
 # ---- errors ----------------------------------------------------------------------------
 
 
-def describe(exc: BaseException, target: SshTarget, check: HostKeyCheck | None) -> TargetError:
+def describe(
+    exc: BaseException, target: SshTarget, check: HostKeyCheck | None, jump: bool = False
+) -> TargetError:
     """A one-line error for a failed connection: refused (permanent) or unreachable."""
-    dest = target.destination
+    dest = f"jump host {target.destination}" if jump else target.destination
     if isinstance(exc, TargetError):
         return exc
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
@@ -235,9 +237,10 @@ def describe(exc: BaseException, target: SshTarget, check: HostKeyCheck | None) 
         return HostRefusedError(f"{dest}: cannot use the private key: {exc}")
     if isinstance(exc, socket.gaierror):
         hint = ""
-        if not target.user and target.run_dir is None:
+        if not target.user and target.run_dir is None and not jump:
             hint = " (and it is not a local directory either)"
-        return HostUnreachableError(f"{target.host}: cannot resolve host name{hint}")
+        name = f"jump host {target.host}" if jump else target.host
+        return HostUnreachableError(f"{name}: cannot resolve host name{hint}")
     if isinstance(exc, ConnectionRefusedError):
         return HostUnreachableError(
             f"{dest}: connection refused (is sshd running, is the port right?)"
@@ -279,9 +282,11 @@ def _jump_hops(spec: str, options: SshOptions) -> list[SshTarget]:
 
 
 async def _connect_one(
-    target: SshTarget, tunnel: asyncssh.SSHClientConnection | None
+    target: SshTarget, tunnel: asyncssh.SSHClientConnection | None, jump: bool = False
 ) -> tuple[asyncssh.SSHClientConnection, list[asyncssh.SSHClientConnection]]:
-    """The connection to ``target`` (through ``tunnel`` or its jump hosts), and the hops."""
+    """The connection to ``target`` (through ``tunnel`` or its jump hosts), and the hops.
+
+    ``jump``: ``target`` is itself a jump host (for the messages)."""
     o = target.options
     config: Any = list(o.config) if o.config else ()
     base: dict[str, Any] = {}
@@ -315,14 +320,14 @@ async def _connect_one(
         kwargs["keepalive_count_max"] = o.keepalive_count_max or DEFAULT_KEEPALIVE_COUNT_MAX
         if not probe.config.get("Ciphers"):
             kwargs["encryption_algs"] = FAST_CIPHERS
-        jump = o.jump
-        if jump is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
-            jump = probe.tunnel
+        hops_spec = o.jump
+        if hops_spec is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
+            hops_spec = probe.tunnel
         if tunnel is not None:
             kwargs["tunnel"] = tunnel
-        elif jump:
-            for hop in _jump_hops(jump, o):
-                conn, _ = await _connect_one(hop, hops[-1] if hops else None)
+        elif hops_spec:
+            for hop in _jump_hops(hops_spec, o):
+                conn, _ = await _connect_one(hop, hops[-1] if hops else None, jump=True)
                 hops.append(conn)
             kwargs["tunnel"] = hops[-1]
         conn = await asyncssh.connect(target.host, **kwargs)
@@ -331,7 +336,7 @@ async def _connect_one(
             h.close()
         if isinstance(e, asyncio.CancelledError | KeyboardInterrupt):
             raise
-        raise describe(e, target, check) from None
+        raise describe(e, target, check, jump) from None
     return conn, hops
 
 

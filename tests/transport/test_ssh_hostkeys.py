@@ -103,3 +103,11 @@ def test_a_closed_port_and_an_unknown_host(sshd: Sshd, tmp_path: Path) -> None:
     assert "connection refused" in err
     err = one_line_error(cli("runs", "no-such-host.invalid"))
     assert "cannot resolve host name" in err
+
+
+def test_a_jump_host_and_its_errors(sshd: Sshd) -> None:
+    proc = cli("runs", *sshd.explicit_args(), "-J", f"root@127.0.0.1:{sshd.port}", "127.0.0.1")
+    assert proc.returncode in (0, 2), proc.stderr
+    assert proc.returncode == 0 or "no run registered" in proc.stderr  # reached through the jump
+    err = one_line_error(cli("runs", *sshd.args(), "-J", "nohost.invalid", "e3-test"))
+    assert "jump host nohost.invalid: cannot resolve host name" in err
