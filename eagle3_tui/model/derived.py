@@ -106,3 +106,83 @@ def smoothed(x: F64, y: F64, weight: float, buckets: int) -> tuple[F64, F64]:
     if weight <= 0.0:
         return xb, yb
     return xb, ema(yb, weight**k)
+
+
+# ---- pace ---------------------------------------------------------------------
+
+RATE_WINDOW_S = 60.0
+
+
+def _tail_rows(ts: F64, window_s: float) -> int:
+    """Index of the first row within ``window_s`` of the last one."""
+    if not len(ts):
+        return 0
+    return int(np.searchsorted(ts, ts[-1] - window_s, side="left"))
+
+
+def rates(
+    steps: npt.NDArray[np.int64],
+    ts: F64,
+    tokens_per_s: F64 | None,
+    step_ms: F64 | None,
+    window_s: float = RATE_WINDOW_S,
+) -> tuple[float | None, float | None]:
+    """Steps/s and tokens/s over the last ``window_s`` seconds of logged steps.
+
+    Tokens per step are recovered from the profile (``tokens_per_s × step_ms``).
+    """
+    i = _tail_rows(ts, window_s)
+    if len(ts) - i < 2:
+        i = max(0, len(ts) - 2)
+    if len(ts) - i < 2:
+        return None, None
+    dt = float(ts[-1] - ts[i])
+    if dt <= 0:
+        return None, None
+    steps_per_s = float(steps[-1] - steps[i]) / dt
+    tokens = None
+    if tokens_per_s is not None and step_ms is not None:
+        per_step = tokens_per_s[i + 1 :] * step_ms[i + 1 :] / 1000.0
+        per_step = per_step[np.isfinite(per_step)]
+        if len(per_step):
+            tokens = float(per_step.sum()) / dt
+    return steps_per_s, tokens
+
+
+def steps_per_epoch(epoch_col: F64 | None, steps: npt.NDArray[np.int64]) -> int | None:
+    """Infer steps per epoch from where the epoch column changes (global step of epoch e+1)."""
+    if epoch_col is None or len(epoch_col) < 2:
+        return None
+    change = np.flatnonzero(np.diff(epoch_col) > 0)
+    for i in change:
+        next_epoch = epoch_col[i + 1]
+        if np.isfinite(next_epoch) and next_epoch >= 1:
+            return round(float(steps[i + 1]) / float(next_epoch))
+    return None
+
+
+def eta(
+    step: int | None,
+    epoch: int | None,
+    spe: int | None,
+    total_steps: int | None,
+    steps_per_s: float | None,
+) -> tuple[float | None, float | None]:
+    """Seconds to the end of the current epoch and of the run (None when unknown)."""
+    if step is None or not steps_per_s or steps_per_s <= 0:
+        return None, None
+    done = step + 1
+    epoch_eta = None
+    if spe and epoch is not None:
+        epoch_eta = max(0.0, ((epoch + 1) * spe - done) / steps_per_s)
+    run_eta = max(0.0, (total_steps - done) / steps_per_s) if total_steps else None
+    return epoch_eta, run_eta
+
+
+def mean_tail(values: F64 | None, n: int = 50) -> float | None:
+    """Mean of the last ``n`` finite values."""
+    if values is None or not len(values):
+        return None
+    tail = values[-n:]
+    tail = tail[np.isfinite(tail)]
+    return float(tail.mean()) if len(tail) else None

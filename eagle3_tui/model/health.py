@@ -1,5 +1,20 @@
 """Health of a run, decided from the evidence, with one sentence saying why.
 
+Evidence, most decisive first:
+
+* lifecycle events in the file (``finish``, ``interrupt``, ``crash``);
+* whether the process is alive: a probe from outside (``RunState.process_alive``)
+  or, lacking one, whether the writer's heartbeat is still arriving;
+* what the hardware does: GPU utilisation, dataloader bytes read, checkpoint
+  saves (from the samplers' records);
+* when the last metric record came, against the run's own pace.
+
+``quiet_limit = max(30 s, 5 × median step time)``: a run that logged no metric for
+longer than that is *silent* if its process works (GPU busy, data being read,
+checkpoints growing) and *stalled* if nothing moves. A checkpoint save or a
+validation epoch in progress is neither. A non-finite loss, or a loss far above
+its smoothed value, is *diverged*.
+
 Pure: no textual, no asyncssh.
 """
 
@@ -9,7 +24,20 @@ import enum
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from eagle3_tui.model.state import RunState
+
+MIN_QUIET_S = 30.0
+QUIET_STEPS = 5.0
+"""A run is quiet after ``max(MIN_QUIET_S, QUIET_STEPS × median step time)``."""
+SILENT_FROM_START_S = 90.0
+"""With no metric ever, a working process is called silent after this long."""
+HEARTBEAT_DEAD_S = 30.0
+"""No heartbeat for this long, and no probe: the writer's process is taken as gone."""
+GPU_BUSY_UTIL = 10.0
+DIVERGE_FACTOR = 4.0
+"""Diverged when the last losses sit this many times above their smoothed history."""
 
 
 class Health(enum.Enum):
@@ -18,6 +46,7 @@ class Health(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+    STOPPED = "stopped"
     SILENT = "silent"
     STALLED = "stalled"
     DEAD = "dead"
@@ -30,17 +59,221 @@ class Diagnosis:
     reason: str
 
 
-def diagnose(state: RunState, now: float) -> Diagnosis:
-    """The run's health from its records alone (process evidence comes later)."""
-    events = state.lifecycle_events()
-    last_event = events[-1] if events else ""
-    if last_event == "finish":
-        return Diagnosis(Health.FINISHED, f"Training finished at step {state.global_step}.")
-    if last_event == "crash":
-        return Diagnosis(Health.DEAD, "The trainer raised an exception and exited.")
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def median_step_time(state: RunState, last_n: int = 200) -> float | None:
+    """Median wall time between consecutive logged steps (per step), recent window."""
+    table = state.table
+    n = len(table)
+    if n < 2:
+        return None
+    ts = np.frombuffer(table.ts, dtype=np.float64)[max(0, n - last_n - 1) :].copy()
+    st = np.frombuffer(table.steps, dtype=np.int64)[max(0, n - last_n - 1) :].copy()
+    dt = np.diff(ts)
+    ds = np.diff(st)
+    ok = (ds > 0) & (dt >= 0)
+    if not ok.any():
+        return None
+    return float(np.median(dt[ok] / ds[ok]))
+
+
+def quiet_limit(state: RunState) -> float:
+    med = median_step_time(state)
+    return max(MIN_QUIET_S, QUIET_STEPS * med) if med is not None else MIN_QUIET_S
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the samplers say about the last ``window`` seconds."""
+
+    gpu_known: bool
+    gpu_busy: bool
+    gpu_util: float | None
+    reads_known: bool
+    reading: bool
+    read_bytes: float
+    saving: bool
+
+
+def evidence(state: RunState, now: float, window: float) -> Evidence:
+    since = now - window
+    utils = [
+        dev.util
+        for hist in state.gpu_history.values()
+        for ts, dev in hist
+        if ts >= since and dev.util is not None
+    ]
+    gpu_known = bool(utils) or (state.last_gpu_ts is not None and state.gpu_status == "ok")
+    peak = max(utils) if utils else None
+    io = [p for p in state.io_history if p.ts >= since]
+    read_bytes = sum(p.bytes for p in io)
+    ckpt_recent = any(e.ts >= since for e in state.ckpt_events)
+    return Evidence(
+        gpu_known=gpu_known,
+        gpu_busy=peak is not None and peak >= GPU_BUSY_UTIL,
+        gpu_util=peak,
+        reads_known=bool(io),
+        reading=read_bytes > 0,
+        read_bytes=read_bytes,
+        saving=ckpt_recent,
+    )
+
+
+def _diverged(state: RunState) -> str | None:
     loss = state.latest("train/loss")
+    step = state.global_step
     if loss is not None and not math.isfinite(loss):
-        return Diagnosis(Health.DIVERGED, f"The loss is {loss} at step {state.global_step}.")
-    if state.train_records == 0:
-        return Diagnosis(Health.WAITING, "No training step has been logged yet.")
-    return Diagnosis(Health.RUNNING, f"Step {state.global_step} logged.")
+        return (
+            f"The loss is {loss} at step {step}: training has diverged (check the learning rate)."
+        )
+    col = state.table.columns.get("train/loss")
+    if col is None or len(col) < 50:
+        return None
+    values = np.frombuffer(col, dtype=np.float32)[-400:].astype(np.float64)
+    history, recent = values[:-5], values[-5:]
+    history = history[np.isfinite(history)]
+    if len(history) < 40 or not np.isfinite(recent).all():
+        return None
+    base = float(np.median(history[-200:]))
+    now_level = float(np.median(recent))
+    if base > 0 and now_level > DIVERGE_FACTOR * base:
+        return (
+            f"The loss jumped to {now_level:.4g} at step {step}, "
+            f"{now_level / base:.1f}× its recent level ({base:.4g}): training may be diverging."
+        )
+    return None
+
+
+def diagnose(state: RunState, now: float) -> Diagnosis:
+    """The run's health from its records and any process probe."""
+    step = state.global_step
+    last = state.last_event()
+    if last is not None and last.event == "finish":
+        done = f"after {last.step} steps" if last.step is not None else f"at step {step}"
+        return Diagnosis(Health.FINISHED, f"Training finished {done}.")
+    if last is not None and last.event == "crash":
+        err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
+        return Diagnosis(Health.DEAD, f"The trainer crashed at step {last.step or step}{err}.")
+    if last is not None and last.event == "interrupt":
+        return Diagnosis(
+            Health.STOPPED,
+            f"Interrupted at step {last.step or step} (a signal); speculators saved "
+            "checkpoints/interrupted/. Resume continues from the last numbered checkpoint.",
+        )
+    diverged = _diverged(state)
+    if diverged is not None:
+        return Diagnosis(Health.DIVERGED, diverged)
+
+    alive = state.process_alive
+    if alive is None and state.last_heartbeat_ts is not None:
+        alive = (now - state.last_heartbeat_ts) <= HEARTBEAT_DEAD_S
+    if alive is False:
+        pid = state.manifest.get("pid")
+        who = f"The trainer (pid {pid})" if pid else "The trainer"
+        at = f"at step {step}" if step is not None else "before its first step"
+        if state.process_alive is False:
+            how = "is gone"
+        else:
+            how = f"stopped writing heartbeats {_ago(now - (state.last_heartbeat_ts or now))} ago"
+        return Diagnosis(
+            Health.DEAD,
+            f"{who} {how} without a finish event, {at}: it crashed or was killed (see train.log).",
+        )
+
+    limit = quiet_limit(state)
+    last_metric = state.last_train_ts
+    if state.activity is not None:
+        what = state.activity
+        label = "Saving a checkpoint" if what.what == "saving" else "Validating"
+        return Diagnosis(
+            Health.RUNNING,
+            f"{label} ({what.detail}) for {_ago(now - what.since)}; metrics resume after it.",
+        )
+    if last_metric is None:
+        started = state.first_ts
+        if started is None:
+            return Diagnosis(Health.WAITING, "Waiting for the first record.")
+        quiet_for = now - started
+        ev = evidence(state, now, max(limit, 60.0))
+        working = ev.gpu_busy or ev.reading or ev.saving
+        if quiet_for > SILENT_FROM_START_S and working:
+            return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=True))
+        return Diagnosis(
+            Health.WAITING, f"No training step logged yet ({_ago(quiet_for)} since start)."
+        )
+
+    quiet_for = now - last_metric
+    if quiet_for <= limit:
+        return Diagnosis(Health.RUNNING, _running_sentence(state))
+    ev = evidence(state, now, limit)
+    if ev.gpu_busy or ev.reading or ev.saving:
+        return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=False))
+    if alive or ev.gpu_known or ev.reads_known:
+        parts = []
+        if ev.gpu_known:
+            util = f"{ev.gpu_util:.0f}%" if ev.gpu_util is not None else "no readings"
+            parts.append(f"GPUs idle ({util})")
+        if ev.reads_known:
+            parts.append("no data read")
+        idle = ", ".join(parts) if parts else "no activity reported"
+        med = median_step_time(state)
+        pace = f" (a step usually takes {_ago(med)})" if med else ""
+        return Diagnosis(
+            Health.STALLED,
+            f"No metric for {_ago(quiet_for)}{pace}, {idle}: {_stall_hint(state)}",
+        )
+    return Diagnosis(
+        Health.STALLED,
+        f"No record of any kind for {_ago(quiet_for)} and no process evidence: "
+        "the run may have stopped or the file is no longer written.",
+    )
+
+
+def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
+    signs = []
+    if ev.gpu_busy and ev.gpu_util is not None:
+        signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
+    if ev.reading:
+        signs.append(f"data files are being read ({_bytes(ev.read_bytes)})")
+    if ev.saving:
+        signs.append("checkpoints are being written")
+    lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
+    return (
+        f"{lead} although {' and '.join(signs)}: the speculators.metrics logger may have "
+        "no handler, or its level is above INFO."
+    )
+
+
+def _stall_hint(state: RunState) -> str:
+    frac = state.latest("profile/fetch_frac")
+    if frac is not None and math.isfinite(frac) and frac > 0.5:
+        return (
+            f"the last steps waited on data ({frac:.0%} of step time): "
+            "a dataloader worker may be stuck."
+        )
+    return (
+        "the training loop looks hung (a dataloader deadlock, or a collective waiting for a rank)."
+    )
+
+
+def _running_sentence(state: RunState) -> str:
+    med = median_step_time(state)
+    pace = f", {1 / med:.2f} steps/s" if med else ""
+    return f"Step {state.global_step} logged{pace}."
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

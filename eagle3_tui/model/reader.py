@@ -4,7 +4,11 @@ A transport hands over chunks of a file as ``(offset, data)``. The reader keeps 
 torn last line until its newline arrives, so any split of the byte stream yields
 the same records as reading it whole. It notices when a chunk does not continue
 where the last one ended (the file was truncated or replaced and the transport
-restarted at 0) and reports it, and it never stops on a bad line.
+restarted) and reports it, and it never stops on a bad line.
+
+Complete lines are decoded in batches (one msgspec call for thousands of lines);
+a batch with a bad line is split in halves until the bad line is isolated, so a
+malformed line costs a few extra calls, not a slow path for the whole file.
 
 Pure: no textual, no asyncssh.
 """
@@ -12,31 +16,35 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
-from eagle3_tui.model.records import Malformed, Record, decode_line
+from eagle3_tui.model.records import Decoders, Malformed, Record, TrainStep
 
 MAX_LINE = 16 * 1024 * 1024  # a "line" longer than this is junk, not a record
+_MIN_BATCH = 8
 
 
 @dataclass(frozen=True, slots=True)
 class Restarted:
-    """The stream restarted at ``offset`` (truncation or replacement)."""
+    """The stream restarted at ``offset`` although ``expected`` was next."""
 
     offset: int
     expected: int
     reason: str
 
 
-Item = Record | Malformed | Restarted
+Item = Record | TrainStep | Malformed | Restarted
 
 
 class LineReader:
     """Turns ``feed(offset, data)`` calls into records, malformed lines and restarts."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
-        self._buf_offset = 0  # file offset of _buf[0]
-        self._line_no = 0
+        self._buf = b""
+        self._buf_offset = 0  # file offset of _buf[0] == just past the last complete line
+        self._line_no = 0  # lines completed so far
+        self._skipping_long = False
+        self.decoders = Decoders()
 
     @property
     def next_offset(self) -> int:
@@ -48,60 +56,88 @@ class LineReader:
         """Offset just past the last complete line: resume a broken stream here."""
         return self._buf_offset
 
-    def reset(self, offset: int = 0) -> None:
-        self._buf.clear()
-        self._buf_offset = offset
-        self._line_no = 0 if offset == 0 else self._line_no
+    def pending(self) -> int:
+        """Bytes of a torn last line still waiting for their newline."""
+        return len(self._buf)
 
     def feed(self, offset: int, data: bytes) -> list[Item]:
-        """Consume a chunk that starts at ``offset`` in the file; returns what it completed."""
+        """Consume a chunk that starts at ``offset``; returns what it completed, in order."""
         out: list[Item] = []
-        if offset != self.next_offset:
-            if offset < self.next_offset and offset == self.complete_offset:
-                # a transport resumed at the last complete line: drop the torn tail
-                self._buf.clear()
-            elif offset > self.next_offset or offset < self.complete_offset:
-                reason = (
-                    "truncated or replaced" if offset < self.complete_offset else "skipped bytes"
-                )
-                out.append(Restarted(offset, self.next_offset, reason))
-                self._buf.clear()
+        expected = self.next_offset
+        if offset != expected:
+            if offset == self._buf_offset:
+                self._buf = b""  # resumed at the last complete line: drop the torn tail
+            elif self._buf_offset < offset < expected:
+                data = data[expected - offset :]  # overlaps the torn tail we hold
+            else:
+                reason = "truncated or replaced" if offset < self._buf_offset else "bytes skipped"
+                out.append(Restarted(offset, expected, reason))
+                self._buf = b""
                 self._buf_offset = offset
+                self._skipping_long = False
                 if offset == 0:
                     self._line_no = 0
-            else:  # overlap inside the torn tail: keep what we have, skip the repeat
-                skip = self.next_offset - offset
-                data = data[skip:]
-        buf = self._buf
-        start_len = len(buf)
-        buf += data
-        search_from = start_len
-        pos = 0
-        while True:
-            nl = buf.find(b"\n", search_from)
-            if nl < 0:
-                break
-            line = bytes(buf[pos:nl])
-            line_offset = self._buf_offset + pos
-            self._line_no += 1
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if line.strip():
-                out.append(decode_line(line, self._line_no, line_offset))
-            pos = nl + 1
-            search_from = pos
-        if pos:
-            del buf[:pos]
-            self._buf_offset += pos
-        if len(buf) > MAX_LINE:
+        if not data:
+            return out
+        nl = data.find(b"\n")
+        if nl < 0:
+            self._buf += data
+            self._check_long(out)
+            return out
+        # the head: a torn line we held, completed by this chunk's first line
+        head_offset = self._buf_offset
+        head = self._buf + data[:nl] if self._buf else data[:nl]
+        data_offset = head_offset + len(self._buf)
+        self._buf = b""
+        self._line_no += 1
+        head_line_no = self._line_no
+        skip_head = self._skipping_long  # the tail of a junk line already reported
+        self._skipping_long = False
+        body_out: list[Item] = []
+        cut = data.rfind(b"\n")
+        if cut > nl:
+            body_offset = data_offset + nl + 1
+            count = data.count(b"\n", nl + 1, cut) + 1
+            first_line_no = self._line_no + 1
+            self._line_no += count
+            body = memoryview(data)[nl + 1 : cut]
+            recs = self.decoders.lines(body, count) if count >= _MIN_BATCH else None
+            if recs is not None:  # the whole body in one C call, no per-line objects
+                body_out = recs  # type: ignore[assignment]
+            else:
+                lines = bytes(body).split(b"\n")
+                self._decode(lines, body_offset, first_line_no, body_out)
+        # the head after the body: it then uses the typed decoder the body taught
+        if head and not skip_head:
+            self._decode([head], head_offset, head_line_no, out)
+        out.extend(body_out)
+        self._buf = data[cut + 1 :]
+        self._buf_offset = data_offset + cut + 1
+        self._check_long(out)
+        return out
+
+    def _check_long(self, out: list[Item]) -> None:
+        if len(self._buf) > MAX_LINE:
             self._line_no += 1
             out.append(
                 Malformed(self._line_no, self._buf_offset, "line longer than 16 MiB, skipped", "")
             )
-            self._buf_offset += len(buf)
-            buf.clear()
-        return out
+            self._buf_offset += len(self._buf)
+            self._buf = b""
+            self._skipping_long = True
 
-    def pending(self) -> int:
-        """Bytes of a torn last line still waiting for their newline."""
-        return len(self._buf)
+    def _decode(self, lines: list[bytes], start: int, line_no: int, out: list[Item]) -> None:
+        if len(lines) >= _MIN_BATCH and all(lines):
+            recs = self.decoders.batch(lines)
+            if recs is not None:
+                out.extend(recs)
+                return
+            half = len(lines) // 2
+            self._decode(lines[:half], start, line_no, out)
+            skipped = sum(len(ln) + 1 for ln in lines[:half])
+            self._decode(lines[half:], start + skipped, line_no + half, out)
+            return
+        offsets = accumulate((len(ln) + 1 for ln in lines), initial=start)
+        for i, (ln, off) in enumerate(zip(lines, offsets, strict=False)):
+            if ln.strip():
+                out.append(self.decoders.one(ln, line_no + i, off))

@@ -1,7 +1,10 @@
 """The run state: everything the records of one run say, kept compactly.
 
-``RunState.apply`` takes records (and malformed lines and restarts) in file order.
+``RunState.apply_all`` takes records, malformed lines and restarts in file order.
 It never raises on odd content: a record it cannot use is counted, not fatal.
+Training steps go into a :class:`~eagle3_tui.model.table.StepTable`; a catch-up
+of thousands of steps is applied column by column (a few C-level passes) rather
+than record by record.
 
 Pure: no textual, no asyncssh.
 """
@@ -9,16 +12,45 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import chain
+from operator import attrgetter
+from typing import Any, cast
+
+import msgspec
+import numpy as np
 
 from eagle3_tui.model.reader import Item, Restarted
-from eagle3_tui.model.records import Malformed, Record
-from eagle3_tui.model.series import Series
+from eagle3_tui.model.records import (
+    PROFILE_FIELDS,
+    AnyRecord,
+    GpuDevice,
+    IoWorker,
+    Malformed,
+    Record,
+    TrainMetrics,
+    gpu_devices,
+    io_workers,
+    train_items,
+)
+from eagle3_tui.model.table import StepTable
 
+BATCH_MIN = 16
+"""Batches at least this big try the column path."""
 MAX_LOG = 2000
 MAX_MALFORMED = 200
+MAX_EVENTS = 1000
+GPU_HISTORY = 900  # samples per device (15 min at 1 s)
+IO_HISTORY = 900
+RECENT_FILES = 50
+
+_EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
+_VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
+_SAVE_START_RE = re.compile(r"^Saving checkpoint to (.+)$")
+_SAVE_DONE_RE = re.compile(r"^Checkpoint saved to (.+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +63,42 @@ class LogLine:
 
 @dataclass(frozen=True, slots=True)
 class Redo:
-    """A resume that went back: steps ``first..last`` were trained again."""
+    """A resume that went back: steps ``first..last`` had been trained and are redone."""
 
     first: int
     last: int
     ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A lifecycle event (start, resume, interrupt, finish, crash)."""
+
+    ts: float
+    event: str
+    step: int | None
+    writer: str
+    pid: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CkptEvent:
+    ts: float
+    event: str
+    path: str
+    epoch: int | str | None
+    bytes: float | None
+    duration_s: float | None
+    complete: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class IoPoint:
+    ts: float
+    bytes: float
+    files_read: int
+    workers: int
 
 
 @dataclass(slots=True)
@@ -47,54 +110,95 @@ class WriterSeq:
     duplicates: int = 0
 
 
+@dataclass(slots=True)
+class Activity:
+    """Something long that legitimately stops metrics: a save or a validation epoch."""
+
+    what: str
+    since: float
+    detail: str = ""
+
+
 @dataclass
 class RunState:
-    """Mutable state of one run, built by :meth:`apply`."""
+    """Mutable state of one run, built by :meth:`apply_all`."""
 
-    series: dict[str, Series] = field(default_factory=dict)
+    table: StepTable = field(default_factory=StepTable)
     val_by_epoch: dict[int, dict[str, float]] = field(default_factory=dict)
+    val_steps: dict[int, int] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
     logs: deque[LogLine] = field(default_factory=lambda: deque(maxlen=MAX_LOG))
-    lifecycle: list[Record] = field(default_factory=list)
+    warnings: int = 0
+    events: list[Event] = field(default_factory=list)
     malformed: deque[Malformed] = field(default_factory=lambda: deque(maxlen=MAX_MALFORMED))
     malformed_count: int = 0
     restarts: list[Restarted] = field(default_factory=list)
     redos: list[Redo] = field(default_factory=list)
     writers: dict[str, WriterSeq] = field(default_factory=dict)
     records: int = 0
-    train_records: int = 0
-    global_step: int | None = None
     epoch: int | None = None
+    epochs_total: int | None = None
     first_ts: float | None = None
     last_ts: float | None = None
     last_train_ts: float | None = None
-    last_record: dict[str, Record] = field(default_factory=dict)
     ttt_steps: int = 0
+    # samplers
+    gpu_status: str | None = None
+    gpu_error: str | None = None
+    gpu_devices: dict[int, GpuDevice] = field(default_factory=dict)
+    gpu_history: dict[int, deque[tuple[float, GpuDevice]]] = field(default_factory=dict)
+    """Per device index: (ts, reading), oldest first."""
+    last_gpu_ts: float | None = None
+    io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
+    io_workers: dict[int, IoWorker] = field(default_factory=dict)
+    recent_files: deque[tuple[float, int, str]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_FILES)
+    )
+    last_io_ts: float | None = None
+    ckpt_events: deque[CkptEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    heartbeat: Record | None = None
+    last_heartbeat_ts: float | None = None
+    activity: Activity | None = None
+    # evidence from outside the file (a probe of the process)
+    process_alive: bool | None = None
+    process_checked_at: float | None = None
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
+        """Apply items in file order; a big batch of uniform steps takes the column path."""
+        if len(items) >= BATCH_MIN and self._apply_batch(items):
+            return
         for item in items:
             self.apply(item)
 
     def apply(self, item: Item) -> None:
-        if isinstance(item, Record):
-            self._apply_record(item)
-        elif isinstance(item, Malformed):
+        if isinstance(item, Malformed):
             self.malformed_count += 1
             self.malformed.append(item)
-        else:
+        elif isinstance(item, Restarted):
             self.restarts.append(item)
+        elif self._check_seq(item):
+            self._apply_record(item)
 
-    def _check_seq(self, rec: Record) -> bool:
+    def set_manifest(self, manifest: dict[str, Any]) -> None:
+        self.manifest = dict(manifest)
+        epochs = manifest.get("epochs")
+        if isinstance(epochs, int) and epochs > 0:
+            self.epochs_total = epochs
+
+    def set_process(self, alive: bool | None, checked_at: float) -> None:
+        self.process_alive = alive
+        self.process_checked_at = checked_at
+
+    def _check_seq(self, rec: AnyRecord) -> bool:
         """Track per-writer sequence numbers; False for a duplicate to drop."""
         if rec.seq < 0 or not rec.w:
             return True
         ws = self.writers.get(rec.w)
         if ws is None:
+            # a writer's first record: anything before it was before our first byte
             ws = self.writers[rec.w] = WriterSeq(next_seq=rec.seq)
-            if rec.seq > 0 and not self.restarts:
-                # joined mid-stream (a bounded read): not a loss we can prove
-                pass
         if rec.seq < ws.next_seq:
             ws.duplicates += 1
             return False
@@ -103,80 +207,317 @@ class RunState:
         ws.next_seq = rec.seq + 1
         return True
 
-    def _apply_record(self, rec: Record) -> None:
-        if not self._check_seq(rec):
-            return
-        self.records += 1
-        ts = rec.ts or None
-        if ts is not None:
-            if self.first_ts is None:
+    def _touch(self, ts: float) -> None:
+        if ts:
+            if self.first_ts is None or ts < self.first_ts:
                 self.first_ts = ts
             if self.last_ts is None or ts > self.last_ts:
                 self.last_ts = ts
-        self.last_record[rec.kind] = rec
+
+    def _apply_record(self, rec: AnyRecord) -> None:
+        self.records += 1
+        self._touch(rec.ts)
         kind = rec.kind
         if kind == "train":
             self._apply_train(rec)
+        elif not isinstance(rec, Record):
+            return
         elif kind == "val":
             self._apply_val(rec)
         elif kind == "log":
-            self.logs.append(LogLine(rec.ts, rec.level or "INFO", rec.logger or "", rec.msg or ""))
+            self._apply_log(rec)
+        elif kind == "gpu":
+            self._apply_gpu(rec)
+        elif kind == "io":
+            self._apply_io(rec)
+        elif kind == "ckpt":
+            self._apply_ckpt(rec)
+        elif kind == "heartbeat":
+            self.heartbeat = rec
+            self.last_heartbeat_ts = rec.ts
         elif kind == "lifecycle":
-            self.lifecycle.append(rec)
+            self._apply_lifecycle(rec)
         elif kind == "hparams" and rec.hparams:
             self.hparams.update(rec.hparams)
 
-    def _series(self, key: str) -> Series:
-        s = self.series.get(key)
-        if s is None:
-            s = self.series[key] = Series()
-        return s
+    # ---- training steps -------------------------------------------------------
+    def _redo_check(self, step: int, ts: float) -> None:
+        last = self.table.last_step
+        if last is not None and step <= last:
+            self.redos.append(Redo(step, last, ts))
+            self.table.truncate_from(step)
+            for e in [e for e, s in self.val_steps.items() if s > step]:
+                self.val_steps.pop(e, None)
 
-    def _apply_train(self, rec: Record) -> None:
-        step = rec.step if rec.step is not None else rec.global_step
-        if step is None:
-            step = 0 if self.global_step is None else self.global_step + 1
-        if self.global_step is not None and step <= self.global_step:
-            self.redos.append(Redo(step, self.global_step, rec.ts))
-            for s in self.series.values():
-                s.truncate_from(step)
-        self.train_records += 1
-        self.global_step = step
-        if rec.epoch is not None:
+    def _note_train(self, rec: AnyRecord) -> None:
+        if rec.epoch is not None and isinstance(rec.epoch, int):
             self.epoch = rec.epoch
         self.last_train_ts = rec.ts or self.last_train_ts
-        if rec.train:
-            for k, v in rec.train.items():
-                self._series("train/" + k).append(step, v)
-                if k.startswith("full_acc_"):
-                    idx = _suffix_int(k)
-                    if idx is not None and idx + 1 > self.ttt_steps:
-                        self.ttt_steps = idx + 1
-        if rec.profile:
-            for k, v in rec.profile.items():
-                if isinstance(v, (int, float)):
-                    self._series("profile/" + k).append(step, float(v))
+        if self.activity is not None and self.activity.what == "validating":
+            self.activity = None
+
+    def _apply_train(self, rec: AnyRecord) -> None:
+        step = rec.step_or_global
+        if step is None:
+            last = self.table.last_step
+            step = 0 if last is None else last + 1
+        self._redo_check(step, rec.ts)
+        values: dict[str, float | None] = {}
+        if rec.train is not None:
+            train = train_items(rec.train)
+            for k, v in train.items():
+                values["train/" + k] = v
+            self._note_ttt(train.keys())
+        if rec.profile is not None:
+            for k, v in zip(PROFILE_FIELDS, msgspec.structs.astuple(rec.profile), strict=True):
+                if v == v:  # absent timings are NaN: store only the ones logged
+                    values["profile/" + k] = v
+        if isinstance(rec.epoch, int):
+            values["epoch"] = float(rec.epoch)
         lr = rec.lr
         if isinstance(lr, (int, float)):
-            self._series("lr").append(step, float(lr))
+            values["lr"] = float(lr)
         elif isinstance(lr, dict):
             for k, v in lr.items():
-                self._series("lr/" + k).append(step, v)
+                values["lr/" + k] = v
+        self.table.append_row(step, rec.ts, values)
+        self._note_train(rec)
 
+    def _note_ttt(self, keys: Iterable[str]) -> None:
+        names = set(keys)
+        k = self.ttt_steps
+        while f"full_acc_{k}" in names or f"cond_acc_{k}" in names:
+            k += 1
+        self.ttt_steps = k
+
+    def _apply_batch(self, items: list[Item]) -> bool:
+        """The catch-up fast path; False (nothing applied) when the batch is not uniform.
+
+        Uniform: one writer, consecutive sequence numbers continuing the writer's, no
+        restart, training steps decoded by the learned typed decoder with increasing
+        steps, a float lr and an int epoch. Other kinds are applied one by one, in
+        order; they never touch the step table, so applying the steps after them
+        changes nothing but the (re-derived) activity.
+        """
+        types = set(map(type, items))
+        if Restarted in types:
+            return False
+        recs = cast(
+            "list[AnyRecord]",
+            [it for it in items if type(it) is not Malformed] if Malformed in types else items,
+        )
+        writers = set(map(_W, recs))
+        if len(writers) != 1:
+            return False
+        seqs = np.fromiter(map(_SEQ, recs), dtype=np.int64, count=len(recs))
+        first_seq = int(seqs[0])
+        if first_seq < 0 or (len(seqs) > 1 and not bool((np.diff(seqs) == 1).all())):
+            return False
+        (writer,) = writers
+        ws = self.writers.get(writer)
+        if ws is not None and first_seq < ws.next_seq:
+            return False  # duplicates: let the careful path drop them
+        kinds = list(map(_KIND, recs))
+        n = kinds.count("train")
+        if n < BATCH_MIN:
+            return False
+        trains = (
+            recs
+            if n == len(recs)
+            else [r for r, k in zip(recs, kinds, strict=True) if k == "train"]
+        )
+        metrics = list(map(_TRAIN, trains))
+        metrics_type = type(metrics[0])
+        if not issubclass(metrics_type, TrainMetrics):
+            return False
+        keys = metrics_type.__keys__
+        try:
+            env = np.fromiter(
+                chain.from_iterable(map(_ENVELOPE, trains)), dtype=np.float64, count=4 * n
+            ).reshape(n, 4)
+            train_vals = np.fromiter(
+                chain.from_iterable(map(_astuple, metrics)), dtype=np.float64, count=n * len(keys)
+            ).reshape(n, len(keys))
+            profiles = list(map(_PROFILE, trains))
+            prof_vals = None
+            if None not in profiles:
+                prof_vals = np.fromiter(
+                    chain.from_iterable(map(_astuple, profiles)),
+                    dtype=np.float64,
+                    count=n * len(PROFILE_FIELDS),
+                ).reshape(n, len(PROFILE_FIELDS))
+            elif any(p is not None for p in profiles):
+                return False
+        except (TypeError, ValueError):  # a None step or train, a dict lr, a str epoch...
+            return False
+        steps = env[:, 0].astype(np.int64)
+        ts = env[:, 1]
+        lrs = env[:, 2]
+        epochs = env[:, 3]
+        if n > 1 and not bool((np.diff(steps) > 0).all()):
+            return False
+        # From here on the batch is applied. Sampler records beyond what the
+        # bounded histories keep are superseded: count them, skip their work.
+        if n == len(recs):
+            others: list[AnyRecord] = []
+            kinds = []
+        else:
+            others = [r for r, k in zip(recs, kinds, strict=True) if k != "train"]
+            kinds = [k for k in kinds if k != "train"]
+        keep_from = {k: kinds.count(k) - limit for k, limit in _KEEP_LAST.items()}
+        seen: dict[str, int] = dict.fromkeys(_KEEP_LAST, 0)
+        for r, kind in zip(others, kinds, strict=True):
+            if kind in seen:
+                seen[kind] += 1
+                if seen[kind] <= keep_from[kind]:
+                    self.records += 1
+                    self._touch(r.ts)
+                    continue
+            self._apply_record(r)
+        if ws is None:
+            ws = self.writers[writer] = WriterSeq(next_seq=first_seq)
+        ws.lost += first_seq - ws.next_seq
+        ws.next_seq = int(seqs[-1]) + 1
+        for bad in items:
+            if type(bad) is Malformed:
+                self.apply(bad)
+        self._redo_check(int(steps[0]), float(ts[0]))
+        columns = {"train/" + k: train_vals[:, i] for i, k in enumerate(keys)}
+        if prof_vals is not None:
+            for i, k in enumerate(PROFILE_FIELDS):
+                col = prof_vals[:, i]
+                if not bool(np.isnan(col).all()):
+                    columns["profile/" + k] = col
+        columns["lr"] = lrs
+        columns["epoch"] = epochs
+        self.table.extend_columns(steps, ts, columns)
+        self.records += n
+        self._touch(float(ts.min()))
+        self._touch(float(ts.max()))
+        self._note_ttt(keys)
+        last = trains[-1]
+        if self.activity is not None and self.activity.since <= last.ts:
+            self.activity = None  # a step logged after it began: it is over
+        self._note_train(last)
+        return True
+
+    # ---- other kinds ----------------------------------------------------------
     def _apply_val(self, rec: Record) -> None:
         if not rec.val:
             return
-        epoch = rec.epoch if rec.epoch is not None else len(self.val_by_epoch)
-        values = {k: (math.nan if v is None else v) for k, v in rec.val.items()}
-        self.val_by_epoch[epoch] = values
-        step = rec.step if rec.step is not None else (self.global_step or 0)
-        for k, v in values.items():
-            self._series("val/" + k).append(step, v)
+        epoch = rec.epoch if isinstance(rec.epoch, int) else len(self.val_by_epoch)
+        self.val_by_epoch[epoch] = {k: (math.nan if v is None else v) for k, v in rec.val.items()}
+        step = rec.step_or_global
+        self.val_steps[epoch] = step if step is not None else (self.table.last_step or 0) + 1
+        if self.activity is not None and self.activity.what == "validating":
+            self.activity = None
+
+    def _apply_log(self, rec: Record) -> None:
+        msg = rec.msg or ""
+        level = rec.level or "INFO"
+        self.logs.append(LogLine(rec.ts, level, rec.logger or "", msg))
+        if level in ("WARNING", "ERROR", "CRITICAL"):
+            self.warnings += 1
+        if (m := _EPOCH_RE.search(msg)) is not None:
+            self.epochs_total = int(m.group(2))
+        elif (m := _VAL_RE.search(msg)) is not None:
+            self.epochs_total = int(m.group(2))
+            if m.group(3) == "started":
+                self.activity = Activity("validating", rec.ts, f"epoch {m.group(1)}/{m.group(2)}")
+            elif self.activity is not None and self.activity.what == "validating":
+                self.activity = None
+        elif (m := _SAVE_START_RE.match(msg)) is not None:
+            self.activity = Activity("saving", rec.ts, m.group(1))
+        elif (
+            _SAVE_DONE_RE.match(msg) is not None
+            and self.activity is not None
+            and self.activity.what == "saving"
+        ):
+            self.activity = None
+
+    def _apply_gpu(self, rec: Record) -> None:
+        try:
+            devices = gpu_devices(rec)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._bad_payload(rec, f"gpu devices: {e}")
+            return
+        self.last_gpu_ts = rec.ts
+        self.gpu_status = rec.status or "ok"
+        self.gpu_error = rec.error
+        for dev in devices:
+            self.gpu_devices[dev.index] = dev
+            hist = self.gpu_history.get(dev.index)
+            if hist is None:
+                hist = self.gpu_history[dev.index] = deque(maxlen=GPU_HISTORY)
+            hist.append((rec.ts, dev))
+
+    def _bad_payload(self, rec: Record, reason: str) -> None:
+        """A record whose envelope is fine but whose payload is not: counted as malformed."""
+        self.malformed_count += 1
+        self.malformed.append(
+            Malformed(0, -1, f"{rec.kind} record seq {rec.seq}: {reason}"[:200], "")
+        )
+
+    def _apply_io(self, rec: Record) -> None:
+        self.last_io_ts = rec.ts
+        try:
+            workers = io_workers(rec)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._bad_payload(rec, f"io workers: {e}")
+            return
+        total = rec.bytes
+        if total is None:
+            total = sum(w.read_bytes or 0.0 for w in workers)
+        files_read = (
+            rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
+        )
+        self.io_history.append(IoPoint(rec.ts, float(total), files_read, len(workers)))
+        for w in workers:
+            self.io_workers[w.pid] = w
+            for f in w.files:
+                self.recent_files.append((rec.ts, w.pid, f))
+
+    def _apply_ckpt(self, rec: Record) -> None:
+        ev = CkptEvent(
+            rec.ts,
+            rec.event or "",
+            rec.path or "",
+            rec.epoch,
+            rec.bytes,
+            rec.duration_s,
+            rec.complete,
+        )
+        self.ckpt_events.append(ev)
+        if ev.event in ("save_started", "save_progress"):
+            since = (
+                self.activity.since if self.activity and self.activity.what == "saving" else rec.ts
+            )
+            self.activity = Activity("saving", since, ev.path)
+        elif (
+            ev.event == "save_finished"
+            and self.activity is not None
+            and self.activity.what == "saving"
+        ):
+            self.activity = None
+
+    def _apply_lifecycle(self, rec: Record) -> None:
+        self.events.append(
+            Event(rec.ts, rec.event or "", rec.step_or_global, rec.w, rec.pid, rec.error)
+        )
+        if rec.event in ("start", "resume"):
+            self.activity = None
 
     # ---- queries ------------------------------------------------------------
+    @property
+    def global_step(self) -> int | None:
+        return self.table.last_step
+
+    @property
+    def train_steps(self) -> int:
+        return len(self.table)
+
     def latest(self, key: str) -> float | None:
-        s = self.series.get(key)
-        return None if s is None else s.last_value()
+        return self.table.latest.get(key)
 
     @property
     def lost_records(self) -> int:
@@ -186,10 +527,18 @@ class RunState:
     def duplicate_records(self) -> int:
         return sum(w.duplicates for w in self.writers.values())
 
-    def lifecycle_events(self) -> list[str]:
-        return [r.event or "" for r in self.lifecycle]
+    def last_event(self) -> Event | None:
+        return self.events[-1] if self.events else None
+
+    def checkpoints(self) -> list[CkptEvent]:
+        return list(self.ckpt_events)
 
 
-def _suffix_int(key: str) -> int | None:
-    tail = key.rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
+_W = attrgetter("w")
+_SEQ = attrgetter("seq")
+_KIND = attrgetter("kind")
+_ENVELOPE = attrgetter("step", "ts", "lr", "epoch")
+_TRAIN = attrgetter("train")
+_PROFILE = attrgetter("profile")
+_astuple = msgspec.structs.astuple

@@ -8,8 +8,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from eagle3_tui.model.health import diagnose
+from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.state import RunState
+
+# Exit statuses of `eagle3-tui summary` by health (README documents them).
+EXIT_BY_HEALTH = {
+    "waiting": 0,
+    "running": 0,
+    "finished": 0,
+    "silent": 3,
+    "stalled": 4,
+    "dead": 5,
+    "diverged": 6,
+    "stopped": 7,
+}
 
 
 def _num(x: float | None) -> float | str | None:
@@ -21,39 +33,115 @@ def _num(x: float | None) -> float | str | None:
 
 
 def summarize(state: RunState, now: float) -> dict[str, Any]:
-    diagnosis = diagnose(state, now)
-    metrics = {key: _num(s.last_value()) for key, s in sorted(state.series.items()) if len(s)}
+    """Everything a script needs, JSON-ready (non-finite floats as strings)."""
+    snap = build_snapshot(state, now, ViewParams(columns=1, smoothing=0.0))
+    return summary_of(snap)
+
+
+def summary_of(snap: Snapshot) -> dict[str, Any]:
+    p = snap.progress
+    ttt = [
+        {
+            "step": k,
+            "full_acc": _num(snap.latest.get(f"train/full_acc_{k}")),
+            "cond_acc": _num(snap.latest.get(f"train/cond_acc_{k}")),
+        }
+        for k in range(snap.ttt_steps)
+    ]
+    last_ckpt = next((c for c in reversed(snap.checkpoints) if c.event == "save_finished"), None)
     return {
-        "health": diagnosis.health.value,
-        "reason": diagnosis.reason,
-        "global_step": state.global_step,
-        "epoch": state.epoch,
-        "metrics": metrics,
-        "records": state.records,
-        "malformed_lines": state.malformed_count,
-        "lost_records": state.lost_records,
+        "health": snap.health.value,
+        "reason": snap.diagnosis.reason,
+        "global_step": p.step,
+        "epoch": p.epoch,
+        "epochs": p.epochs_total,
+        "total_steps": p.total_steps,
+        "loss": _num(snap.latest.get("train/loss")),
+        "ttt": ttt,
+        "tau": _num(snap.tau),
+        "steps_per_s": _num(p.steps_per_s),
+        "tokens_per_s": _num(p.tokens_per_s),
+        "eta_epoch_s": _num(p.eta_epoch_s),
+        "eta_run_s": _num(p.eta_run_s),
+        "fetch_frac": _num(p.fetch_frac),
+        "metrics": {k: _num(v) for k, v in sorted(snap.latest.items())},
+        "validation": [
+            {"epoch": r.epoch, "step": r.step, **{k: _num(v) for k, v in r.values.items()}}
+            for r in snap.val_rows
+        ],
+        "gpus": {
+            "status": snap.gpu_status,
+            "error": snap.gpu_error,
+            "devices": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "util": g.util,
+                    "mem_used": g.mem_used,
+                    "mem_total": g.mem_total,
+                    "power_w": g.power_w,
+                    "temp_c": g.temp_c,
+                }
+                for g in snap.gpus
+            ],
+        },
+        "checkpoint": (
+            {"path": last_ckpt.path, "bytes": last_ckpt.bytes, "epoch": last_ckpt.epoch}
+            if last_ckpt is not None
+            else None
+        ),
+        "saving": snap.saving,
+        "records": snap.records,
+        "malformed_lines": snap.malformed,
+        "lost_records": snap.lost,
+        "duplicate_records": snap.duplicates,
+        "redone_steps": [{"first": r.first, "last": r.last} for r in snap.redos],
     }
+
+
+def _dur(s: Any) -> str:
+    if not isinstance(s, (int, float)):
+        return "–"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
 
 
 def format_text(summary: dict[str, Any]) -> str:
     """The summary for a person: a few aligned lines."""
 
-    def f(x: Any) -> str:
+    def f(x: Any, digits: int = 4) -> str:
         if isinstance(x, float):
-            return f"{x:.4f}"
+            return f"{x:.{digits}f}"
         return "–" if x is None else str(x)
 
-    m = summary["metrics"]
+    epochs = f"/{summary['epochs']}" if summary.get("epochs") else ""
+    epoch = summary["epoch"]
     lines = [
         f"health   {summary['health']}: {summary['reason']}",
-        f"step     {f(summary['global_step'])}   epoch {f(summary['epoch'])}",
-        f"loss     {f(m.get('train/loss'))}",
+        f"step     {f(summary['global_step'])}"
+        + (f"/{summary['total_steps']}" if summary.get("total_steps") else "")
+        + f"   epoch {f(epoch + 1 if isinstance(epoch, int) else None)}{epochs}",
+        f"loss     {f(summary['loss'])}   τ {f(summary['tau'], 3)}",
     ]
-    k = 0
-    while f"train/full_acc_{k}" in m:
-        full, cond = m.get(f"train/full_acc_{k}"), m.get(f"train/cond_acc_{k}")
-        lines.append(f"ttt {k}    full_acc {f(full)}   cond_acc {f(cond)}")
-        k += 1
+    for t in summary["ttt"]:
+        lines.append(
+            f"ttt {t['step']}    full_acc {f(t['full_acc'])}   cond_acc {f(t['cond_acc'])}"
+        )
+    pace = f"{f(summary['steps_per_s'], 2)} steps/s   {f(summary['tokens_per_s'], 0)} tokens/s"
+    eta = f"ETA epoch {_dur(summary['eta_epoch_s'])}  run {_dur(summary['eta_run_s'])}"
+    lines.append(f"pace     {pace}   {eta}")
+    gpus = summary["gpus"]
+    if gpus["status"] == "no_driver":
+        lines.append("gpus     no NVIDIA driver")
+    elif gpus["devices"]:
+        utils = " ".join(
+            f"{d['util']:.0f}%" if d["util"] is not None else "?" for d in gpus["devices"]
+        )
+        lines.append(f"gpus     {utils}")
+    if summary["checkpoint"]:
+        lines.append(f"ckpt     {summary['checkpoint']['path']}")
     lines.append(
         f"records  {summary['records']}   malformed lines {summary['malformed_lines']}"
         f"   lost records {summary['lost_records']}"

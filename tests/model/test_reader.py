@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle3_tui.model.reader import LineReader, Restarted
-from eagle3_tui.model.records import Malformed, Record
+from eagle3_tui.model.records import Malformed, Record, train_items
 from tests.records import Lines
 
 
@@ -27,7 +27,7 @@ def whole(data: bytes) -> list[Record | Malformed | Restarted]:
 
 def key(item: Record | Malformed | Restarted) -> object:
     if isinstance(item, Record):
-        loss = (item.train or {}).get("loss")
+        loss = train_items(item.train).get("loss") if item.train is not None else None
         return (
             "r",
             item.kind,
@@ -59,7 +59,8 @@ def test_a_torn_last_line_waits_for_its_newline() -> None:
     assert reader.feed(0, line[:-10]) == []
     assert reader.pending() == len(line) - 10
     (rec,) = reader.feed(len(line) - 10, line[-10:])
-    assert isinstance(rec, Record) and rec.train is not None and rec.train["loss"] == 1.5
+    assert isinstance(rec, Record) and rec.train is not None
+    assert train_items(rec.train)["loss"] == 1.5
 
 
 def test_malformed_lines_are_kept_with_line_number_and_reason() -> None:
@@ -67,7 +68,8 @@ def test_malformed_lines_are_kept_with_line_number_and_reason() -> None:
     bad = [i for i in items if isinstance(i, Malformed)]
     assert len(bad) == 1 and bad[0].line_no == 6 and "JSON" in bad[0].reason
     nan = [i for i in items if isinstance(i, Record) and i.step == 99]
-    assert nan and nan[0].train is not None and math.isnan(nan[0].train["loss"])
+    assert nan and nan[0].train is not None
+    assert math.isnan(train_items(nan[0].train)["loss"])
 
 
 def test_a_restart_at_zero_is_reported() -> None:

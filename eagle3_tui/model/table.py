@@ -1,0 +1,140 @@
+"""The per-step table: one shared step column, one float32 column per metric.
+
+A million steps of 22 metrics take ~100 MB here (8 bytes a step for the step,
+8 for its time, 4 per metric value), against ~800 MB as lists of floats. A
+metric that first appears at a later step is back-filled with NaN; a step that
+lacks a metric gets NaN. Values are float32 (7 significant digits, plenty for a
+plot or a table cell); the latest values are also kept at full precision.
+
+When a resumed run logs a step at or below the last one, everything from that
+step on is dropped first: the later segment replaces the earlier one.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left
+
+import numpy as np
+import numpy.typing as npt
+
+NAN = math.nan
+
+
+class StepTable:
+    """Columns of values by strictly increasing global step."""
+
+    __slots__ = ("_nonfinite", "columns", "latest", "steps", "ts")
+
+    def __init__(self) -> None:
+        self.steps = array("q")
+        self.ts = array("d")
+        self.columns: dict[str, array[float]] = {}
+        self.latest: dict[str, float | None] = {}
+        """The last value of each column at full precision (None when not a number)."""
+        self._nonfinite: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    def truncate_from(self, step: int) -> int:
+        """Drop rows at ``step`` and after; returns how many were dropped."""
+        i = bisect_left(self.steps, step)
+        n = len(self.steps) - i
+        if n:
+            del self.steps[i:]
+            del self.ts[i:]
+            for col in self.columns.values():
+                del col[i:]
+            self._nonfinite = {k for k in self._nonfinite if _has_nonfinite(self.columns[k])}
+            for key, col in self.columns.items():
+                self.latest[key] = col[-1] if col else None
+        return n
+
+    def _column(self, key: str, rows: int) -> array[float]:
+        """The column of ``key``, created back-filled with NaN for ``rows`` rows."""
+        col = self.columns.get(key)
+        if col is None:
+            col = self.columns[key] = array("f", [NAN]) * rows
+        return col
+
+    def append_row(self, step: int, ts: float, values: dict[str, float | None]) -> None:
+        """One step's values; the caller guarantees ``step`` > last step."""
+        n = len(self.steps)
+        self.steps.append(step)
+        self.ts.append(ts)
+        for key, v in values.items():
+            col = self._column(key, n)
+            if v is None or v - v != 0.0:
+                self._nonfinite.add(key)
+            col.append(NAN if v is None else v)
+            self.latest[key] = v
+        if len(values) != len(self.columns):
+            for key, col in self.columns.items():
+                if len(col) == n:
+                    col.append(NAN)
+                    self.latest[key] = None
+
+    def extend_columns(
+        self,
+        steps: npt.NDArray[np.int64],
+        ts: npt.NDArray[np.float64],
+        columns: dict[str, npt.NDArray[np.float64]],
+    ) -> None:
+        """Many rows at once (the catch-up fast path); same precondition on steps."""
+        n = len(self.steps)
+        self.steps.frombytes(np.ascontiguousarray(steps, dtype=np.int64).tobytes())
+        self.ts.frombytes(np.ascontiguousarray(ts, dtype=np.float64).tobytes())
+        for key, values in columns.items():
+            col = self._column(key, n)
+            col.frombytes(values.astype(np.float32).tobytes())
+            last = float(values[-1])
+            self.latest[key] = last
+            if not bool(np.isfinite(values).all()):
+                self._nonfinite.add(key)
+        if len(columns) != len(self.columns):
+            pad = array("f", [NAN]) * len(steps)
+            for key, col in self.columns.items():
+                if len(col) == n:
+                    col.extend(pad)
+                    self.latest[key] = None
+
+    def has_nonfinite(self, key: str) -> bool:
+        return key in self._nonfinite
+
+    def window(
+        self, key: str, first_step: int
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Steps and values of ``key`` from ``first_step`` on, as float64 copies."""
+        col = self.columns.get(key)
+        if col is None:
+            empty = np.empty(0, dtype=np.float64)
+            return empty, empty
+        i = bisect_left(self.steps, first_step)
+        x = np.frombuffer(self.steps, dtype=np.int64)[i:].astype(np.float64)
+        y = np.frombuffer(col, dtype=np.float32)[i:].astype(np.float64)
+        return x, y
+
+    def value_at(self, key: str, step: int) -> float | None:
+        """The value of ``key`` at ``step``, or at the last step before it; None if none."""
+        col = self.columns.get(key)
+        if col is None or not self.steps:
+            return None
+        i = bisect_left(self.steps, step)
+        if i < len(self.steps) and self.steps[i] == step:
+            return float(col[i])
+        return None if i == 0 else float(col[i - 1])
+
+    def nbytes(self) -> int:
+        return (len(self.steps) * 16) + sum(len(c) * 4 for c in self.columns.values())
+
+
+def _has_nonfinite(col: array[float]) -> bool:
+    return not bool(np.isfinite(np.frombuffer(col, dtype=np.float32)).all())
