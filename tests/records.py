@@ -62,3 +62,46 @@ class Lines:
 
     def event(self, event: str, **fields: Any) -> bytes:
         return self.make("lifecycle", event=event, **fields)
+
+    def log(self, msg: str, level: str = "INFO", logger: str = "speculators") -> bytes:
+        return self.make("log", level=level, logger=logger, msg=msg)
+
+    def gpu(self, util: float, devices: int = 2, mem_used: float = 7e10) -> bytes:
+        devs = [
+            {
+                "index": i,
+                "name": "NVIDIA H100",
+                "util": util,
+                "mem_used": mem_used,
+                "mem_total": 8.5e10,
+                "power_w": 600.0,
+                "temp_c": 60.0,
+                "pids": [100 + i],
+            }
+            for i in range(devices)
+        ]
+        return self.make("gpu", status="ok", devices=devs)
+
+    def no_driver(self) -> bytes:
+        return self.make("gpu", status="no_driver", error="NVML Shared Library Not Found")
+
+    def io(self, read_bytes: float, files: tuple[str, ...] = ("hs_1.safetensors",)) -> bytes:
+        workers = [{"pid": 200, "role": "worker", "read_bytes": read_bytes, "files": list(files)}]
+        return self.make(
+            "io",
+            interval_s=1.0,
+            workers=workers,
+            bytes=read_bytes,
+            files_read=len(files) if read_bytes else 0,
+        )
+
+    def ckpt(self, event: str, path: str, **fields: Any) -> bytes:
+        return self.make("ckpt", event=event, path=path, **fields)
+
+    def heartbeat(self, written: int = 0, dropped: int = 0) -> bytes:
+        return self.make("heartbeat", written=written, dropped=dropped, bytes=0)
+
+    def at(self, ts: float) -> Lines:
+        """Set the timestamp of the next line."""
+        self.ts = ts
+        return self

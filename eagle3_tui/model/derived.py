@@ -79,16 +79,18 @@ def ema(values: F64, weight: float) -> F64:
 
 
 def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
-    """Mean x and NaN-ignoring mean y of ``buckets`` equal runs of points.
+    """Last x and NaN-ignoring mean y of ``buckets`` equal runs of points.
 
-    Returns ``(x_means, y_means, points_per_bucket)``; short inputs pass through.
+    Returns ``(x_last, y_means, points_per_bucket)``; short inputs pass through.
+    The x of a bucket is its last point's: an EMA fed the bucket's mean has then
+    seen exactly the points up to that x.
     """
     n = len(y)
     if buckets <= 0 or n <= buckets:
         return x.astype(np.float64), y.astype(np.float64), 1
     k = n // buckets
     body = k * buckets
-    xb = x[n - body :].astype(np.float64).reshape(buckets, k).mean(axis=1)
+    xb = x[n - body :].astype(np.float64).reshape(buckets, k)[:, -1]
     yb = y[n - body :].reshape(buckets, k)
     finite = np.isfinite(yb)
     with np.errstate(invalid="ignore", divide="ignore"):

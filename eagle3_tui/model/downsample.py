@@ -37,7 +37,10 @@ def m4_indices(y: F64, buckets: int, nonfinite: bool | None = None) -> npt.NDArr
     if nonfinite is None:
         nonfinite = not np.isfinite(y.sum())
     if not nonfinite and _fast_m4 is not None:
-        return np.asarray(_fast_m4.downsample(y, n_out=4 * buckets), dtype=np.int64)
+        idx = np.asarray(_fast_m4.downsample(y, n_out=4 * buckets), dtype=np.int64)
+        # it can repeat an index (first/min/max/last coincide) and may omit the very
+        # last point: the line must end where the data ends
+        return np.unique(np.append(idx, (0, n - 1)))
     return _numpy_m4(y, buckets, k, body, nonfinite)
 
 

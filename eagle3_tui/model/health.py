@@ -101,6 +101,7 @@ class Evidence:
     reads_known: bool
     reading: bool
     read_bytes: float
+    window: float
     saving: bool
 
 
@@ -124,6 +125,7 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
         reads_known=bool(io),
         reading=read_bytes > 0,
         read_bytes=read_bytes,
+        window=window,
         saving=ckpt_recent,
     )
 
@@ -243,7 +245,7 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
     if ev.reading:
-        signs.append(f"data files are being read ({_bytes(ev.read_bytes)})")
+        signs.append(f"data files are being read ({_bytes(ev.read_bytes / ev.window)}/s)")
     if ev.saving:
         signs.append("checkpoints are being written")
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
