@@ -52,6 +52,7 @@ def build_monitor_parser() -> argparse.ArgumentParser:
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
             "  eagle3-tui summary RUN_DIR [--json] print the run's state (exit status = health)\n"
+            "  eagle3-tui compare A B [--json]     this run against a previous one, same step\n"
             "\nRun 'eagle3-tui COMMAND --help' for a command's options."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -243,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_resume(build_resume_parser().parse_args(args[1:]))
         if args and args[0] == "runs":
             return cmd_runs(build_runs_parser().parse_args(args[1:]))
+        if args and args[0] == "compare":
+            return cmd_compare(build_compare_parser().parse_args(args[1:]))
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
         from eagle3_tui.transport.base import printable
@@ -281,25 +284,117 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     return run, float(eof.get("now") or time.time())
 
 
-def cmd_summary(ns: argparse.Namespace) -> int:
+def local_process_alive(manifest: dict[str, Any]) -> bool | None:
+    """Whether the manifest's trainer still runs here (same PID, start time and boot)."""
+    from eagle3_tui.telemetry.manifest import boot_id, proc_start_ticks
+
+    pid, ticks = manifest.get("pid"), manifest.get("start_ticks")
+    if not isinstance(pid, int) or not isinstance(ticks, int):
+        return None
+    if manifest.get("boot_id") not in (None, boot_id()):
+        return False
+    return proc_start_ticks(pid) == ticks
+
+
+def load_manifest_local(run_dir: Path) -> dict[str, Any]:
+    from eagle3_tui.telemetry.manifest import read_manifest
+
+    try:
+        return read_manifest(run_dir / "run.json")
+    except (OSError, ValueError):
+        return {}  # no manifest (a user's own writer) or a torn one: judge from records
+
+
+async def load_manifest_remote(target: SshTarget) -> dict[str, Any]:
+    from eagle3_tui.transport.control import open_host, read_file
+
+    buf = bytearray()
+    host = open_host(target)
+    try:
+        await read_file(host, target.run_dir, lambda f: buf.extend(f.data), file="run.json")
+    except TargetError:
+        return {}
+    finally:
+        await host.close()
+    try:
+        obj = json.loads(bytes(buf))
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def load_target(target: Target, label: str) -> tuple[Run, float]:
+    """A run's records and manifest (and, on this machine, whether its process lives)."""
     import asyncio
 
-    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
     from eagle3_tui.transport.target import LocalTarget
 
-    target = cli_target(ns)
     if isinstance(target, LocalTarget):
         run, now = load_local(target.run_dir), time.time()
+        manifest = load_manifest_local(target.run_dir)
+        if manifest:
+            run.state.set_manifest(manifest)
+            run.state.set_process(local_process_alive(manifest), now)
     else:
         run, now = asyncio.run(load_remote(target))
+        manifest = asyncio.run(load_manifest_remote(target))
+        if manifest:
+            run.state.set_manifest(manifest)
     if run.state.records == 0 and run.state.malformed_count == 0:
-        raise TargetError(f"{ns.target}: metrics.jsonl is empty (no record written yet)")
+        raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
+    return run, now
+
+
+def cmd_summary(ns: argparse.Namespace) -> int:
+    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+
+    run, now = load_target(cli_target(ns), ns.target)
     summary = summarize(run.state, now)
     if ns.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
     else:
         print(format_text(summary))
     return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
+
+
+# ---- compare ------------------------------------------------------------------
+
+
+def build_compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-tui compare",
+        description="Compare run A (this one) with run B (the previous one) at the furthest "
+        "point both reached: loss, each TTT step's accuracies, tau, a verdict, validation "
+        "per epoch and the hyperparameters that differ. Exit status: 0, or 2 on error.",
+    )
+    p.add_argument(
+        "a", metavar="A", help="this run: a local run directory or [USER@]HOST[:RUN_DIR]"
+    )
+    p.add_argument("b", metavar="B", help="the previous run, likewise")
+    p.add_argument(
+        "--axis",
+        choices=("step", "tokens", "time"),
+        default="step",
+        help="align by global step (default), training tokens or training time",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    add_ssh_options(p)
+    return p
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from eagle3_tui.model.compare import compare, comparison_json, format_comparison
+    from eagle3_tui.transport.target import parse_target
+
+    options = ssh_options(ns)
+    run_a, _ = load_target(parse_target(ns.a, options), ns.a)
+    run_b, _ = load_target(parse_target(ns.b, options), ns.b)
+    result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
+    if ns.json:
+        print(json.dumps(comparison_json(result)))
+    else:
+        print(format_comparison(result))
+    return EXIT_OK
 
 
 # ---- monitor ------------------------------------------------------------------

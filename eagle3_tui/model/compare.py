@@ -1,0 +1,515 @@
+"""Comparing two runs: "is the new drafter better than the last one?"
+
+Both runs are aligned on one axis:
+
+* ``step``: the global step (the default);
+* ``tokens``: training tokens seen, summed per logged step from the profile
+  (``tokens_per_s × step_ms``), so runs with different batch sizes line up;
+* ``time``: training wall time since the first step, with stops (gaps longer
+  than ``max(60 s, 20 × the median step time)``, e.g. between a kill and a
+  resume) counted as one ordinary step.
+
+Values are compared *at the same point*: the furthest point both runs reached,
+each run's metric averaged over the same window before it (so a run that logs
+every 10 steps compares fairly with one that logs every step, and one noisy
+step does not decide). τ = 1 + Σ full_acc_k uses each run's own TTT steps; when
+the counts differ the verdict says so, since more draft tokens raise τ by
+themselves.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from eagle3_tui.model.derived import smoothed
+from eagle3_tui.model.downsample import m4
+from eagle3_tui.model.snapshot import Line, ValRow, ViewParams
+from eagle3_tui.model.state import RunState
+
+F64 = npt.NDArray[np.float64]
+AXES = ("step", "tokens", "time")
+AXIS_LABEL = {"step": "global step", "tokens": "training tokens", "time": "training time (s)"}
+GAP_MIN_S = 60.0
+GAP_STEPS = 20.0
+WINDOW_MIN_POINTS = 20
+"""At least this many logged points of the sparser run fall in the comparison window."""
+
+# manifest fields that always differ between runs and say nothing about the recipe
+_VOLATILE = frozenset(
+    {
+        "run_id",
+        "pid",
+        "pgid",
+        "sid",
+        "start_ticks",
+        "boot_id",
+        "started_at",
+        "updated_at",
+        "status",
+        "launcher_pid",
+        "run_dir",
+        "cwd",
+        "argv",
+        "resume_command",
+        "log_file",
+        "metrics_file",
+        "schema",
+        "env.EAGLE3_TUI_RUN_ID",
+        "env.MASTER_PORT",
+        "env.TORCHELASTIC_RUN_ID",
+        "checkpoint_dir",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """What one run reached."""
+
+    label: str
+    last_step: int | None
+    ttt_steps: int
+    tau_end: float | None
+    loss_end: float | None
+    log_every: int | None
+    """Steps between logged records (1 = every step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One metric of both runs at the comparison point; ``delta`` = this − previous."""
+
+    metric: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    higher_is_better: bool
+
+    @property
+    def better(self) -> str | None:
+        """ "a", "b" or None (equal or unknown)."""
+        if self.delta is None or self.delta == 0 or not math.isfinite(self.delta):
+            return None
+        return "a" if (self.delta > 0) == self.higher_is_better else "b"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    axis: str
+    a: Side
+    b: Side
+    at: float | None
+    """The comparison point on the axis (None: the runs share no range)."""
+    at_step_a: int | None
+    at_step_b: int | None
+    window: tuple[float, float] | None
+    rows: tuple[Row, ...]
+    verdict: str
+    loss_lines: tuple[Line, ...]
+    acc_lines: tuple[Line, ...]
+    tau_lines: tuple[Line, ...]
+    val_a: tuple[ValRow, ...]
+    val_b: tuple[ValRow, ...]
+    hparam_diff: tuple[tuple[str, str, str], ...]
+    """(key, this run's value, the previous run's value) for keys that differ."""
+
+    @property
+    def axis_label(self) -> str:
+        return AXIS_LABEL[self.axis]
+
+
+# ---- axes ---------------------------------------------------------------------------
+
+
+def _col(state: RunState, key: str) -> F64 | None:
+    col = state.table.columns.get(key)
+    return None if col is None else np.frombuffer(col, dtype=np.float32).astype(np.float64)
+
+
+def axis_values(state: RunState, axis: str) -> F64 | None:
+    """The x of every logged step on ``axis`` (None when the run cannot say)."""
+    steps = np.frombuffer(state.table.steps, dtype=np.int64).astype(np.float64)
+    if axis == "step":
+        return steps
+    if axis == "tokens":
+        tps, ms = _col(state, "profile/tokens_per_s"), _col(state, "profile/step_ms")
+        if tps is None or ms is None:
+            return None
+        per_step = np.nan_to_num(tps * ms / 1000.0, nan=0.0, posinf=0.0, neginf=0.0)
+        if not per_step.any():
+            return None
+        # a record every k steps stands for the k steps since the previous one
+        span = np.diff(steps, prepend=steps[0] - 1 if len(steps) else 0.0)
+        return np.cumsum(per_step * np.maximum(span, 1.0))
+    if axis == "time":
+        ts = np.frombuffer(state.table.ts, dtype=np.float64).copy()
+        if len(ts) < 2:
+            return ts - ts[0] if len(ts) else ts
+        dt = np.diff(ts)
+        ok = dt[(dt > 0) & np.isfinite(dt)]
+        med = float(np.median(ok)) if len(ok) else 0.0
+        limit = max(GAP_MIN_S, GAP_STEPS * med)
+        dt = np.where((dt > limit) | (dt < 0), med, dt)  # a stop counts as one step
+        return np.concatenate([[0.0], np.cumsum(dt)])
+    raise ValueError(f"unknown axis {axis!r} (one of {', '.join(AXES)})")
+
+
+def _log_every(state: RunState) -> int | None:
+    steps = np.frombuffer(state.table.steps, dtype=np.int64)
+    if len(steps) < 2:
+        return None
+    return int(np.median(np.diff(steps[-200:])))
+
+
+# ---- values at a point ----------------------------------------------------------------
+
+
+def _window_mean(x: F64, y: F64, lo: float, hi: float) -> float | None:
+    i, j = np.searchsorted(x, lo, side="left"), np.searchsorted(x, hi, side="right")
+    seg = y[i:j]
+    seg = seg[np.isfinite(seg)]
+    return float(seg.mean()) if len(seg) else None
+
+
+def _tau_series(state: RunState) -> F64 | None:
+    total: F64 | None = None
+    for k in range(state.ttt_steps):
+        col = _col(state, f"train/full_acc_{k}")
+        if col is None:
+            return None
+        total = col.copy() if total is None else total + col
+    return None if total is None else total + 1.0
+
+
+def _metrics(state: RunState, ttt: int) -> list[tuple[str, str, bool]]:
+    """(display name, column, higher is better) in table order."""
+    out = [("loss", "train/loss", False)]
+    for k in range(ttt):
+        out.append((f"full_acc_{k}", f"train/full_acc_{k}", True))
+        out.append((f"cond_acc_{k}", f"train/cond_acc_{k}", True))
+    return out
+
+
+def _point(xa: F64, xb: F64) -> tuple[float, tuple[float, float]] | None:
+    """The furthest x both runs reached, and a fair window before it."""
+    if not len(xa) or not len(xb):
+        return None
+    at = float(min(xa[-1], xb[-1]))
+    start = float(max(xa[0], xb[0]))
+    if at < start:
+        return None
+    # the window holds >= WINDOW_MIN_POINTS points of the sparser run and ~2 % of the range
+    density = []
+    for x in (xa, xb):
+        i = int(np.searchsorted(x, start))
+        j = int(np.searchsorted(x, at, side="right"))
+        n = max(1, j - i)
+        density.append((at - start) / n if n > 1 else 0.0)
+    width = max(max(density) * WINDOW_MIN_POINTS, 0.02 * (at - start))
+    lo = max(start, at - width)
+    return at, (lo, at)
+
+
+# ---- lines ----------------------------------------------------------------------------
+
+
+def _lines(
+    label: str, x: F64, y: F64 | None, view: ViewParams, kind: str, smooth: bool
+) -> Line | None:
+    if y is None or not len(x):
+        return None
+    if view.window:
+        keep = x >= x[-1] - view.window
+        x, y = x[keep], y[keep]
+    if smooth and view.smoothing > 0:
+        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
+    else:
+        xs, ys = m4(x, y, view.columns)
+    return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
+
+
+# ---- hyperparameters --------------------------------------------------------------------
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix.rstrip(".")] = str(obj)
+    return out
+
+
+def argv_flags(argv: Sequence[str]) -> dict[str, str]:
+    """``--name value`` / ``--name=value`` / ``--flag`` pairs of a command line."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and len(arg) > 2:
+            if "=" in arg:
+                k, v = arg[2:].split("=", 1)
+                flags[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                flags[arg[2:]] = argv[i + 1]
+                i += 1
+            else:
+                flags[arg[2:]] = "true"
+        i += 1
+    return flags
+
+
+def recipe(state: RunState) -> dict[str, str]:
+    """What describes how a run was trained: hparams records, manifest, CLI flags."""
+    out = {f"hparams.{k}": v for k, v in _flatten(state.hparams).items()}
+    manifest = {k: v for k, v in _flatten(state.manifest).items() if k not in _VOLATILE}
+    out.update({f"run.{k}": v for k, v in manifest.items()})
+    argv = state.manifest.get("argv")
+    if isinstance(argv, list):
+        flags = argv_flags([str(a) for a in argv])
+        flags.pop("run-dir", None)
+        out.update({f"argv.--{k}": v for k, v in flags.items()})
+    out["ttt_steps"] = str(state.ttt_steps)
+    log_every = _log_every(state)
+    if log_every is not None:
+        out["log_every_steps"] = str(log_every)
+    return out
+
+
+def hparam_diff(a: RunState, b: RunState) -> tuple[tuple[str, str, str], ...]:
+    ra, rb = recipe(a), recipe(b)
+    keys = sorted(set(ra) | set(rb))
+    return tuple((k, ra.get(k, "–"), rb.get(k, "–")) for k in keys if ra.get(k) != rb.get(k))
+
+
+# ---- the comparison ---------------------------------------------------------------------
+
+
+def _side(state: RunState, label: str) -> Side:
+    tau = _tau_series(state)
+    last_tau = None
+    if tau is not None and len(tau):
+        finite = tau[np.isfinite(tau)]
+        last_tau = float(finite[-1]) if len(finite) else None
+    return Side(
+        label,
+        state.global_step,
+        state.ttt_steps,
+        last_tau,
+        state.latest("train/loss"),
+        _log_every(state),
+    )
+
+
+def _fmt_x(axis: str, x: float) -> str:
+    if axis == "step":
+        return f"step {x:,.0f}"
+    if axis == "tokens":
+        return f"{x / 1e6:,.1f}M tokens" if x < 1e9 else f"{x / 1e9:,.2f}B tokens"
+    return f"{x / 3600:.1f} h of training" if x >= 5400 else f"{x / 60:.0f} min of training"
+
+
+def _verdict(cmp_rows: list[Row], axis: str, at: float | None, a: Side, b: Side) -> str:
+    if at is None:
+        return f"The runs share no range on the {AXIS_LABEL[axis]} axis: nothing to compare yet."
+    where = f"at {_fmt_x(axis, at)} (same {'step' if axis == 'step' else axis})"
+    tau = next((r for r in cmp_rows if r.metric == "τ"), None)
+    loss = next((r for r in cmp_rows if r.metric == "loss"), None)
+    caveat = ""
+    if a.ttt_steps != b.ttt_steps:
+        caveat = f"; note: {a.ttt_steps} vs {b.ttt_steps} TTT steps, which moves τ by itself"
+    if tau is not None and tau.delta is not None and math.isfinite(tau.delta):
+        if abs(tau.delta) < 0.005:
+            return f"Even: τ within ±0.005 {where}{caveat}."
+        lead = "ahead" if tau.delta > 0 else "behind"
+        return f"This run is {lead} by {tau.delta:+.2f} τ {where}{caveat}."
+    if loss is not None and loss.delta is not None and math.isfinite(loss.delta):
+        word = "lower" if loss.delta < 0 else "higher"
+        return f"This run's loss is {abs(loss.delta):.4g} {word} {where}{caveat}."
+    return f"No comparable metric {where}."
+
+
+def compare(
+    a: RunState,
+    b: RunState,
+    *,
+    axis: str = "step",
+    view: ViewParams | None = None,
+    labels: tuple[str, str] = ("this run", "previous run"),
+) -> Comparison:
+    """Compare run ``a`` (this one) with run ``b`` (the previous one)."""
+    if axis not in AXES:
+        raise ValueError(f"unknown axis {axis!r} (one of {', '.join(AXES)})")
+    view = view or ViewParams()
+    side_a, side_b = _side(a, labels[0]), _side(b, labels[1])
+    xa, xb = axis_values(a, axis), axis_values(b, axis)
+    if xa is None or xb is None:
+        axis_used = "step"
+        xa, xb = axis_values(a, "step"), axis_values(b, "step")
+        assert xa is not None and xb is not None
+    else:
+        axis_used = axis
+    point = _point(xa, xb)
+    rows: list[Row] = []
+    at_step_a = at_step_b = None
+    window = None
+    if point is not None:
+        at, window = point
+        lo, hi = window
+        steps_a = np.frombuffer(a.table.steps, dtype=np.int64)
+        steps_b = np.frombuffer(b.table.steps, dtype=np.int64)
+        at_step_a = int(steps_a[max(0, int(np.searchsorted(xa, at, side="right")) - 1)])
+        at_step_b = int(steps_b[max(0, int(np.searchsorted(xb, at, side="right")) - 1)])
+        shared_ttt = min(a.ttt_steps, b.ttt_steps)
+        for name, key, higher in _metrics(a, shared_ttt):
+            ca, cb = _col(a, key), _col(b, key)
+            va = None if ca is None else _window_mean(xa, ca, lo, hi)
+            vb = None if cb is None else _window_mean(xb, cb, lo, hi)
+            delta = va - vb if va is not None and vb is not None else None
+            rows.append(Row(name, va, vb, delta, higher))
+        ta, tb = _tau_series(a), _tau_series(b)
+        va = None if ta is None else _window_mean(xa, ta, lo, hi)
+        vb = None if tb is None else _window_mean(xb, tb, lo, hi)
+        rows.append(Row("τ", va, vb, va - vb if va is not None and vb is not None else None, True))
+    else:
+        at = None
+    loss_lines, acc_lines, tau_lines = [], [], []
+    for state, x, side in ((a, xa, side_a), (b, xb, side_b)):
+        line = _lines(f"loss · {side.label}", x, _col(state, "train/loss"), view, "smoothed", True)
+        if line is not None:
+            loss_lines.append(line)
+        for k in range(state.ttt_steps):
+            y = _col(state, f"train/full_acc_{k}")
+            line = _lines(f"full_acc_{k} · {side.label}", x, y, view, "smoothed", True)
+            if line is not None:
+                acc_lines.append(line)
+        line = _lines(f"τ · {side.label}", x, _tau_series(state), view, "derived", True)
+        if line is not None:
+            tau_lines.append(line)
+    return Comparison(
+        axis=axis_used,
+        a=side_a,
+        b=side_b,
+        at=at,
+        at_step_a=at_step_a,
+        at_step_b=at_step_b,
+        window=window,
+        rows=tuple(rows),
+        verdict=_verdict(rows, axis_used, at, side_a, side_b),
+        loss_lines=tuple(loss_lines),
+        acc_lines=tuple(acc_lines),
+        tau_lines=tuple(tau_lines),
+        val_a=_val_rows(a),
+        val_b=_val_rows(b),
+        hparam_diff=hparam_diff(a, b),
+    )
+
+
+def _val_rows(state: RunState) -> tuple[ValRow, ...]:
+    return tuple(
+        ValRow(e, state.val_steps.get(e), dict(v)) for e, v in sorted(state.val_by_epoch.items())
+    )
+
+
+def comparison_json(c: Comparison) -> dict[str, Any]:
+    """JSON-ready form (non-finite values as strings) for ``eagle3-tui compare --json``."""
+
+    def num(x: float | None) -> float | str | None:
+        if x is None:
+            return None
+        if math.isfinite(x):
+            return x
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+    def side(s: Side) -> dict[str, Any]:
+        return {
+            "label": s.label,
+            "last_step": s.last_step,
+            "ttt_steps": s.ttt_steps,
+            "tau_end": num(s.tau_end),
+            "loss_end": num(s.loss_end),
+            "log_every": s.log_every,
+        }
+
+    def val(rows: tuple[ValRow, ...]) -> list[dict[str, Any]]:
+        return [
+            {"epoch": r.epoch, "step": r.step, **{k: num(v) for k, v in r.values.items()}}
+            for r in rows
+        ]
+
+    return {
+        "axis": c.axis,
+        "a": side(c.a),
+        "b": side(c.b),
+        "at": num(c.at),
+        "at_step": {"a": c.at_step_a, "b": c.at_step_b},
+        "window": list(c.window) if c.window else None,
+        "rows": [
+            {
+                "metric": r.metric,
+                "a": num(r.a),
+                "b": num(r.b),
+                "delta": num(r.delta),
+                "better": r.better,
+            }
+            for r in c.rows
+        ],
+        "verdict": c.verdict,
+        "validation": {"a": val(c.val_a), "b": val(c.val_b)},
+        "hparam_diff": [{"key": k, "a": va, "b": vb} for k, va, vb in c.hparam_diff],
+    }
+
+
+def _f(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "–"
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.{digits}f}"
+
+
+def format_comparison(c: Comparison) -> str:
+    """The comparison for a person: verdict, the table, validation, what differs."""
+    out = [c.verdict, ""]
+    if c.at is not None and c.window is not None:
+        lo, hi = c.window
+        out.append(
+            f"compared at {_fmt_x(c.axis, c.at)}: mean over {_fmt_x(c.axis, lo)} – "
+            f"{_fmt_x(c.axis, hi)} (this run's step {c.at_step_a}, previous run's step "
+            f"{c.at_step_b})"
+        )
+        width = max(len(r.metric) for r in c.rows) if c.rows else 6
+        out.append(f"  {'metric':<{width}}  {'this run':>10}  {'previous':>10}  {'Δ':>9}")
+        for r in c.rows:
+            mark = {"a": "  ▲ this", "b": "  ▼ prev"}.get(r.better or "", "")
+            delta = "–" if r.delta is None else f"{r.delta:+.4f}"
+            out.append(f"  {r.metric:<{width}}  {_f(r.a):>10}  {_f(r.b):>10}  {delta:>9}{mark}")
+    out.append("")
+    for side, rows in ((c.a, c.val_a), (c.b, c.val_b)):
+        end = (
+            f"step {side.last_step}, τ {_f(side.tau_end, 3)}" if side.last_step is not None else "–"
+        )
+        out.append(f"{side.label}: reached {end}; {side.ttt_steps} TTT steps")
+        for vr in rows:
+            val_tau = 1.0 + sum(
+                v for k, v in vr.values.items() if k.startswith("full_acc_") and math.isfinite(v)
+            )
+            out.append(
+                f"  epoch {vr.epoch}: val loss {_f(vr.values.get('loss_epoch'))}  "
+                f"full_acc_0 {_f(vr.values.get('full_acc_0_epoch'))}  τ {val_tau:.3f}"
+            )
+    if c.hparam_diff:
+        out.append("")
+        out.append("what differs (this run | previous run):")
+        for key, va, vb in c.hparam_diff:
+            out.append(f"  {key}: {va} | {vb}")
+    return "\n".join(out)

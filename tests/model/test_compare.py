@@ -1,0 +1,177 @@
+"""Comparing two runs: alignment, differences at the same point, verdict, recipe diff."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from eagle3_tui.model.compare import argv_flags, compare, comparison_json
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.state import RunState
+from tests.records import Lines
+
+T0 = 1_800_000_000.0
+
+
+def acc_at(step: int, base: float) -> tuple[float, ...]:
+    """Conditional accuracies that rise with training, per TTT step."""
+    c = min(0.95, base + step / 20_000)
+    return (c, c * 0.95, c * 0.9)
+
+
+def make_run(
+    n: int,
+    base: float,
+    *,
+    every: int = 1,
+    ttt: int = 3,
+    writer: str = "w",
+    tokens_per_s: float = 1000.0,
+    step_s: float = 1.0,
+    redo_at: int | None = None,
+) -> RunState:
+    lines = Lines(writer=writer, t0=T0, dt=0.0)
+    parts = []
+
+    def emit(step: int) -> None:
+        acc = acc_at(step, base)[:ttt] if ttt <= 3 else acc_at(step, base) + (0.5,) * (ttt - 3)
+        rec = lines.at(T0 + step * step_s).train(
+            step, 3.0 - step / 2000, acc=acc, epoch=step // 500
+        )
+        parts.append(
+            rec.replace(b'"tokens_per_s": 1000.0', f'"tokens_per_s": {tokens_per_s}'.encode())
+        )
+
+    for step in range(0, n, every):
+        emit(step)
+        if redo_at is not None and step == redo_at:
+            for redo in range(redo_at - 50, redo_at + every, every):  # a resume redoes 50 steps
+                emit(redo)
+    run = Run()
+    run.feed(0, b"".join(parts))
+    return run.state
+
+
+def row(c, metric):  # type: ignore[no-untyped-def]
+    return next(r for r in c.rows if r.metric == metric)
+
+
+def test_unequal_lengths_compare_at_the_furthest_common_step() -> None:
+    new = make_run(1000, base=0.55)
+    old = make_run(5000, base=0.45)
+    c = compare(new, old)
+    assert c.at == 999 and c.at_step_a == 999 and c.at_step_b == 999
+    tau = row(c, "τ")
+    assert tau.delta is not None and tau.delta > 0.1 and tau.better == "a"
+    assert c.verdict.startswith(f"This run is ahead by {tau.delta:+.2f} τ at step 999 (same step)")
+    loss = row(c, "loss")
+    assert loss.delta == pytest.approx(0.0, abs=1e-3)  # same loss curve by construction
+    assert c.b.last_step == 4999 and c.b.tau_end is not None and c.b.tau_end > c.a.tau_end  # type: ignore[operator]
+
+
+def test_a_run_behind_says_so() -> None:
+    c = compare(make_run(800, base=0.40), make_run(800, base=0.60))
+    assert "behind by -0." in c.verdict and row(c, "full_acc_0").better == "b"
+
+
+def test_different_ttt_counts_compare_the_shared_steps_and_warn() -> None:
+    c = compare(make_run(600, 0.5, ttt=3), make_run(600, 0.5, ttt=5))
+    names = [r.metric for r in c.rows]
+    assert "full_acc_2" in names and "full_acc_3" not in names
+    assert "3 vs 5 TTT steps" in c.verdict
+    assert row(c, "τ").delta is not None and row(c, "τ").delta < 0  # type: ignore[operator]
+
+
+def test_different_log_freq_compares_like_with_like() -> None:
+    every_step = make_run(2000, base=0.5)
+    every_ten = make_run(2000, base=0.5, every=10)
+    c = compare(every_step, every_ten)
+    assert c.a.log_every == 1 and c.b.log_every == 10
+    for r in c.rows:
+        assert r.delta is not None and abs(r.delta) < 0.01, r  # the same curves
+
+
+def test_resume_segments_use_the_final_values() -> None:
+    plain = make_run(1000, base=0.5)
+    resumed = make_run(1000, base=0.5, redo_at=600, writer="w2")
+    assert resumed.redos and resumed.redos[0].first == 550
+    c = compare(resumed, plain)
+    assert c.at == 999
+    for r in c.rows:
+        assert r.delta is not None and abs(r.delta) < 1e-6, r
+
+
+def test_tokens_axis_aligns_runs_with_different_batch_sizes() -> None:
+    # twice the tokens per step: at the same token count, half the steps
+    big = make_run(1000, base=0.5, tokens_per_s=2000.0)
+    small = make_run(2000, base=0.5, tokens_per_s=1000.0)
+    c = compare(big, small, axis="tokens")
+    assert c.axis == "tokens"
+    assert c.at_step_a is not None and c.at_step_b is not None
+    assert c.at_step_b == pytest.approx(2 * c.at_step_a, abs=2)
+    assert "M tokens (same tokens)" in c.verdict
+
+
+def test_time_axis_takes_out_stops() -> None:
+    lines = Lines(t0=T0, dt=0.0)
+    data = b"".join(lines.at(T0 + s).train(s, 1.0) for s in range(100))
+    data += b"".join(lines.at(T0 + 3600 + s).train(s, 1.0) for s in range(100, 200))  # 1 h stop
+    run = Run()
+    run.feed(0, data)
+    c = compare(run.state, make_run(300, 0.5), axis="time")
+    assert c.at == pytest.approx(199.0)  # 199 s of training, not an hour
+
+
+def test_hparam_diff_shows_only_what_differs() -> None:
+    a, b = make_run(100, 0.5), make_run(100, 0.5)
+    a.set_manifest(
+        {
+            "argv": ["python", "-m", "x", "--lr", "3e-4", "--epochs", "3", "--run-dir", "/a"],
+            "epochs": 3,
+            "pid": 1,
+            "env": {"WORLD_SIZE": "8"},
+        }
+    )
+    b.set_manifest(
+        {
+            "argv": ["python", "-m", "x", "--lr", "1e-3", "--epochs", "3", "--run-dir", "/b"],
+            "epochs": 3,
+            "pid": 2,
+            "env": {"WORLD_SIZE": "4"},
+        }
+    )
+    a.hparams.update({"optimizer": {"name": "muon"}, "seed": 0})
+    b.hparams.update({"optimizer": {"name": "adamw"}, "seed": 0})
+    diff = {k: (va, vb) for k, va, vb in compare(a, b).hparam_diff}
+    assert diff == {
+        "argv.--lr": ("3e-4", "1e-3"),
+        "run.env.WORLD_SIZE": ("8", "4"),
+        "hparams.optimizer.name": ("muon", "adamw"),
+    }
+
+
+def test_argv_flags() -> None:
+    assert argv_flags(["x", "--a", "1", "--b=2", "--flag", "--c", "3"]) == {
+        "a": "1",
+        "b": "2",
+        "flag": "true",
+        "c": "3",
+    }
+
+
+def test_nothing_to_compare_is_said_plainly() -> None:
+    c = compare(RunState(), make_run(100, 0.5))
+    assert c.at is None and c.rows == () and "nothing to compare" in c.verdict
+    with pytest.raises(ValueError, match="unknown axis"):
+        compare(RunState(), RunState(), axis="epochs")
+
+
+def test_json_form_is_valid_json() -> None:
+    new, old = make_run(300, 0.5), make_run(300, 0.4)
+    new.val_by_epoch[0] = {"loss_epoch": math.nan}
+    data = comparison_json(compare(new, old))
+    text = json.dumps(data, allow_nan=False)
+    assert data["validation"]["a"][0]["loss_epoch"] == "NaN"
+    assert '"verdict": "This run is ahead by' in text

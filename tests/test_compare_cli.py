@@ -1,0 +1,73 @@
+"""`eagle3-tui compare`: a live tiny training against a finished one, headless."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import need_training
+
+
+def train_records(path: Path) -> int:
+    try:
+        return sum(1 for line in path.read_bytes().splitlines() if b'"kind":"train"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def test_a_live_run_against_a_finished_one(tiny_run: Path, tmp_path: Path) -> None:
+    need_training()
+    live_dir = tmp_path / "live"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagle3_tui.train.tiny",
+            "--run-dir",
+            str(live_dir),
+            "--epochs",
+            "2",
+            "--lr",
+            "0.01",
+            "--step-delay",
+            "0.2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while train_records(live_dir / "metrics.jsonl") < 8:
+            assert proc.poll() is None, "the live training ended early"
+            assert time.monotonic() < deadline, "no training step within 180 s"
+            time.sleep(0.2)
+        out = subprocess.run(
+            [sys.executable, "-m", "eagle3_tui", "compare", str(live_dir), str(tiny_run), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert proc.poll() is None, "the comparison must have been made while the run was live"
+        live_step = result["a"]["last_step"]
+        assert live_step >= 7 and result["b"]["last_step"] == 71
+        assert result["at_step"] == {"a": live_step, "b": live_step}  # same step
+        metrics = {r["metric"] for r in result["rows"]}
+        assert {"loss", "full_acc_0", "cond_acc_2", "τ"} <= metrics
+        assert f"at step {live_step} (same step)" in result["verdict"]
+        diff = {d["key"]: (d["a"], d["b"]) for d in result["hparam_diff"]}
+        assert diff["argv.--lr"] == ("0.01", "–")  # the finished run used the default
+        assert diff["argv.--epochs"] == ("2", "3")
+        assert [v["epoch"] for v in result["validation"]["b"]] == [0, 1, 2]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
