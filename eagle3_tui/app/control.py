@@ -1,0 +1,47 @@
+"""The run's host as the app drives it: status probes, kill, resume, the runs there.
+
+A thin holder of a transport ``Host`` (this machine or an SSH host, shared with
+the stream) and the run directory; every call is one agent operation, awaited
+from an async worker, never on the UI thread's critical path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3_tui.transport import control
+from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
+from eagle3_tui.transport.target import LocalTarget, Target
+
+
+@dataclass
+class RunControl:
+    """Process control of one run (local or over SSH)."""
+
+    host: Host
+    run_dir: str | None
+    where: str
+    """``host:run_dir`` (or the local path), for dialogs."""
+    kill_grace_s: float = 130.0
+    resume_wait_s: float = 30.0
+
+    @classmethod
+    def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
+        run_dir = control.run_dir_of(target)
+        if host is None:
+            host = LocalHost() if isinstance(target, LocalTarget) else control.open_host(target)
+        return cls(host, run_dir, control.where(target, run_dir))
+
+    async def status(self) -> dict[str, Any]:
+        """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status)."""
+        return await control.run_status(self.host, self.run_dir)
+
+    async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        return await control.kill_run(self.host, self.run_dir, self.kill_grace_s, on_progress)
+
+    async def resume(self) -> dict[str, Any]:
+        return await control.resume_run(self.host, self.run_dir, self.resume_wait_s)
+
+    async def runs(self) -> dict[str, Any]:
+        return await control.list_runs(self.host)

@@ -1,0 +1,1 @@
+"""Screens over the monitor: confirmation dialogs, the run picker, help."""

@@ -1,0 +1,221 @@
+"""``k`` and ``r``: what will be done to the run, a confirmation, then what happened.
+
+The dialog first asks the run's host (through the agent, local or over SSH) for
+the manifest and whether its trainer lives, and says exactly what will be
+signalled or launched; after the confirmation it shows the agent's report: each
+PID and how it ended, or the new PID. Refusals and errors are shown here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.text import duration, inert
+from eagle3_tui.transport.channel import Event
+from eagle3_tui.transport.control import format_kill, format_progress, format_resume
+
+
+def _when(ts: object) -> str:
+    if not isinstance(ts, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
+
+
+def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
+    """What ``k`` will signal, from the host's answer to ``status``."""
+    m = status.get("manifest") or {}
+    lines: list[Text] = []
+    if not status.get("alive"):
+        why = status.get("problem") or "its trainer is not running"
+        lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f"))
+        lines.append(
+            Text("Kill still looks for leftover processes of the run (its marker) and ends them.")
+        )
+        return Group(*lines)
+    pid, pgid = m.get("pid"), m.get("pgid")
+    launcher = m.get("launcher_pid")
+    head = Text()
+    head.append("SIGTERM ", style="bold #ff5f5f")
+    if isinstance(launcher, int):
+        head.append(f"the torchrun agent, pid {launcher} ", style="bold")
+        head.append(f"(trainer pid {pid}), ")
+    else:
+        head.append(f"the trainer, pid {pid} ", style="bold")
+        head.append(f"(group {pgid}: not the whole group), ")
+    head.append("on ")
+    head.append_text(inert(status.get("host") or m.get("host") or "?", style="bold"))
+    lines.append(head)
+    lines.append(
+        inert(
+            f"started {_when(m.get('started_at'))}; its start time (tick {m.get('start_ticks')}) "
+            "and boot id are checked again before the signal"
+        )
+    )
+    lines.append(inert(f"run  {status.get('run_dir') or control.where}", style="dim"))
+    lines.append(
+        Text(
+            f"speculators then saves checkpoints/interrupted/ and exits; after "
+            f"{duration(control.kill_grace_s)} whatever of the run remains (dataloader workers, "
+            "escaped processes) gets SIGTERM, then SIGKILL."
+        )
+    )
+    return Group(*lines)
+
+
+def resume_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
+    """What ``r`` will launch."""
+    m = status.get("manifest") or {}
+    lines: list[Text] = []
+    if status.get("alive"):
+        lines.append(
+            inert(
+                f"The run is still running (pid {m.get('pid')}): resume will be refused.",
+                style="bold #d7af5f",
+            )
+        )
+    cmd = m.get("resume_command")
+    shown = " ".join(str(a) for a in cmd) if isinstance(cmd, list) else "(no resume_command)"
+    t = Text()
+    t.append("run ", style="bold")
+    t.append_text(inert(shown))
+    lines.append(t)
+    lines.append(inert(f"in   {m.get('cwd') or status.get('run_dir')}", style="dim"))
+    lines.append(inert(f"on   {status.get('host') or m.get('host') or '?'}", style="dim"))
+    lines.append(
+        Text(
+            "detached (new session, no hang-up), output appended to the run's log, only if the "
+            "latest numbered checkpoint is complete (checked on the host)."
+        )
+    )
+    return Group(*lines)
+
+
+def report(op: str, result: dict[str, Any]) -> RenderableType:
+    text = format_kill(result) if op == "kill" else format_resume(result)
+    ok = result.get("status") in ("stopped", "not_running", "started")
+    first, _, rest = text.partition("\n")
+    return Group(
+        inert(first, style="bold #5fd75f" if ok else "bold #ff5f5f"),
+        *(inert(line) for line in rest.splitlines()),
+    )
+
+
+class ControlDialog(ModalScreen[None]):
+    """Kill or resume: the plan, a confirmation, the verified result."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Confirm"),
+        Binding("escape,n", "close", "Cancel"),
+    ]
+
+    class Finished(Message):
+        """A kill or resume ran to its end (whatever it found)."""
+
+        def __init__(self, op: str, result: dict[str, Any]) -> None:
+            super().__init__()
+            self.op = op
+            self.result = result
+
+    def __init__(self, op: str, control: RunControl) -> None:
+        super().__init__()
+        self.op = op
+        self.control = control
+        self.state = "loading"
+        """loading, ready, working, done, failed."""
+        self.progress: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        verb = "Kill" if self.op == "kill" else "Resume"
+        with Vertical(id="control", classes="dialog"):
+            with VerticalScroll(id="control-body"):
+                yield Static(Text("Asking the host about the run…", style="dim"), id="plan")
+                yield Static("", id="outcome")
+            with Horizontal(id="buttons"):
+                yield Button(f"{verb} (y)", id="confirm", variant="error", disabled=True)
+                yield Button("Cancel (esc)", id="close")
+
+    def on_mount(self) -> None:
+        title = "kill the run" if self.op == "kill" else "resume the run"
+        self.query_one("#control").border_title = f"{title} · {self.control.where}"
+        self.load()
+
+    @work(exclusive=True, group="control", exit_on_error=False)
+    async def load(self) -> None:
+        plan = self.query_one("#plan", Static)
+        try:
+            status = await self.control.status()
+        except Exception as e:  # shown: no manifest, unreachable host, refused key...
+            self.state = "failed"
+            plan.update(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f"))
+            self.query_one("#close", Button).label = "Close (esc)"
+            return
+        plan.update(
+            kill_plan(status, self.control)
+            if self.op == "kill"
+            else resume_plan(status, self.control)
+        )
+        self.state = "ready"
+        confirm = self.query_one("#confirm", Button)
+        confirm.disabled = False
+        confirm.focus()
+
+    def _on_progress(self, ev: Event) -> None:
+        line = format_progress(ev)
+        if line is not None:
+            self.progress.append(line)
+            self.query_one("#outcome", Static).update(
+                Group(*(inert(p, style="dim") for p in self.progress[-8:]))
+            )
+
+    @work(exclusive=True, group="control", exit_on_error=False)
+    async def execute(self) -> None:
+        outcome = self.query_one("#outcome", Static)
+        outcome.update(Text("Stopping the run…" if self.op == "kill" else "Launching…"))
+        try:
+            if self.op == "kill":
+                result = await self.control.kill(on_progress=self._on_progress)
+            else:
+                result = await self.control.resume()
+        except Exception as e:  # shown: a refusal (still running, no checkpoint), a lost link
+            self.state = "failed"
+            outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f"))
+        else:
+            self.state = "done"
+            outcome.update(report(self.op, result))
+            self.app.post_message(self.Finished(self.op, result))
+        close = self.query_one("#close", Button)
+        close.label = "Close (esc)"
+        close.focus()
+
+    def action_confirm(self) -> None:
+        if self.state != "ready":
+            return
+        self.state = "working"
+        self.query_one("#confirm", Button).disabled = True
+        self.execute()
+
+    def action_close(self) -> None:
+        if self.state == "working":
+            self.notify("still working: the host finishes it either way", timeout=3)
+            return
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#confirm")
+    def _confirm_pressed(self) -> None:
+        self.action_confirm()
+
+    @on(Button.Pressed, "#close")
+    def _close_pressed(self) -> None:
+        self.action_close()

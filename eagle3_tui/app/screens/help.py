@@ -1,0 +1,68 @@
+"""``?``: the keys and what each panel shows."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = (
+    ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
+    ("r", "resume the run from its latest complete checkpoint; shows the new PID"),
+    ("c", "compare with a previous run on the same host"),
+    ("l", "log scale for the loss (points ≤ 0 are left out and counted)"),
+    ("s", "smoothing: off / 0.6 / 0.9 / 0.99 (EMA weight per step, as TensorBoard)"),
+    ("[ ]", "halve / double the step window (the last N steps)"),
+    ("0", "the whole run"),
+    ("p", "pause the view (data is still read; shows how far behind it is)"),
+    ("e", "export the window's columns as CSV in the current directory"),
+    ("?", "this help"),
+    ("q", "quit (the run goes on)"),
+    ("ctrl+p", "command palette: every action by name"),
+)
+
+PANELS = (
+    ("loss", "train loss per step, raw (grey) and smoothed; ◆ validation loss per epoch"),
+    ("acceptance", "full accuracy per TTT step (bright), conditional (dim); τ on the right"),
+    ("TTT table", "latest loss, full and conditional accuracy per TTT step; τ and its trend"),
+    ("progress", "epoch, step, steps/s, tokens/s, ETA, checkpoints (a save in progress)"),
+    ("GPUs", "utilisation and memory bars, power, temperature, utilisation sparkline"),
+    ("data", "bytes and files read per second, per worker, latest files, data starvation"),
+    ("log", "the trainer's messages and lifecycle events; malformed / lost record counts"),
+)
+
+
+def help_text() -> Table:
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
+    table.add_column(style="bold #5fd7ff", no_wrap=True)
+    table.add_column()
+    for key, what in KEYS:
+        table.add_row(key, what)
+    table.add_row("", "")
+    for name, what in PANELS:
+        table.add_row(Text(name, style="bold"), what)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """The keys and the panels."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(help_text())
+
+    def on_mount(self) -> None:
+        self.query_one("#help").border_title = "eagle3-tui · keys and panels"
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)

@@ -1,0 +1,121 @@
+"""Text for the panels: numbers, sizes and durations as cells, and inert text.
+
+Everything that comes from the run (log messages, metric and file names, error
+strings, host names) goes through :func:`inert`: ANSI escapes are removed, control
+characters shown escaped, and the result is a :class:`rich.text.Text`, never a
+markup string, so ``[bold]`` in a message is shown as ``[bold]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+from rich.text import Text
+
+from eagle3_tui.transport.base import printable
+
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: titles, hyperlinks
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
+    r"|\x1b[@-Z\\-_]"  # two-character escapes
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+)
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def clean(text: object) -> str:
+    """``text`` as one printable line: ANSI escapes dropped, control characters escaped."""
+    s = str(text)
+    if "\x1b" in s or "\x9b" in s:
+        s = _ANSI.sub("", s)
+    return printable(s)
+
+
+def inert(text: object, style: str = "") -> Text:
+    """Text from the run, shown exactly as written (no markup, no escapes)."""
+    return Text(clean(text), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def num(x: float | None, digits: int = 4) -> str:
+    """A metric value for a cell; non-finite spelled out, tiny and huge in e-notation."""
+    if x is None:
+        return "–"
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+        return f"{x:.{max(1, digits - 2)}e}"
+    return f"{x:.{digits}f}"
+
+
+def size(n: float | None) -> str:
+    """Bytes in binary units: ``1.5 GiB``."""
+    if n is None or not math.isfinite(n):
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def duration(s: float | None) -> str:
+    """Seconds as ``45 s``, ``12m05s``, ``3h07m``, ``2d04h``."""
+    if s is None or not math.isfinite(s):
+        return "–"
+    s = max(0.0, s)
+    if s < 60:
+        return f"{s:.0f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def rate(x: float | None, unit: str = "") -> str:
+    """A rate with a metric prefix: ``1.23k tok/s``."""
+    if x is None or not math.isfinite(x):
+        return "–"
+    for prefix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{prefix}{unit}"
+    return f"{x:.2f}{unit}" if abs(x) < 100 else f"{x:.0f}{unit}"
+
+
+def clock_time(ts: float) -> str:
+    """Local wall-clock ``HH:MM:SS`` of a timestamp."""
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def sparkline(values: tuple[float, ...] | list[float], width: int, top: float | None = None) -> str:
+    """The last ``width`` values as block characters (scaled to ``top`` or their max)."""
+    vals = [v for v in values if math.isfinite(v)][-width:] if width > 0 else []
+    if not vals:
+        return ""
+    hi = top if top is not None else max(vals)
+    if hi <= 0:
+        return SPARK[0] * len(vals)
+    last = len(SPARK) - 1
+    return "".join(SPARK[min(last, max(0, round(v / hi * last)))] for v in vals)
+
+
+def bar(fraction: float | None, width: int) -> str:
+    """A horizontal bar of ``width`` cells filled to ``fraction`` (eighths of a cell)."""
+    if width <= 0:
+        return ""
+    if fraction is None or not math.isfinite(fraction):
+        return "·" * width
+    f = min(1.0, max(0.0, fraction))
+    eighths = round(f * width * 8)
+    full, part = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[part] if part and full < width else ""
+    return ("█" * full + partial).ljust(width, " ")[:width]

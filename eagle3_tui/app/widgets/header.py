@@ -1,0 +1,130 @@
+"""The top of the screen: where the run is, whether data flows, how the run is doing."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from eagle3_tui.app.text import inert
+from eagle3_tui.app.view import ViewState
+from eagle3_tui.model.health import Health
+from eagle3_tui.model.snapshot import EMPTY, Snapshot
+from eagle3_tui.transport.base import Link, LinkChanged
+
+HEALTH_STYLE = {
+    Health.WAITING: "bold #d0d0d0 on #3a3a3a",
+    Health.RUNNING: "bold #101010 on #5fd75f",
+    Health.FINISHED: "bold #101010 on #5fafd7",
+    Health.STOPPED: "bold #101010 on #d7af5f",
+    Health.SILENT: "bold #ffffff on #d70000",
+    Health.STALLED: "bold #101010 on #ff8700",
+    Health.DEAD: "bold #ffffff on #d70000",
+    Health.DIVERGED: "bold #ffffff on #af00af",
+}
+CALM = frozenset({Health.WAITING, Health.STOPPED})
+QUIET = frozenset({Health.RUNNING, Health.FINISHED})
+
+
+def link_text(link: LinkChanged) -> Text:
+    """The connection state in a few words: connected, reconnecting in N s, refused..."""
+    state = link.link
+    if state == Link.LOCAL:
+        return Text("● local file", style="green")
+    if state == Link.CONNECTED:
+        return Text("● connected", style="green")
+    if state == Link.CONNECTING:
+        return Text("◌ connecting…", style="yellow")
+    if state == Link.WAITING:
+        return Text("◌ waiting for metrics.jsonl", style="yellow")
+    if state == Link.RECONNECTING:
+        retry = f" in {link.retry_in:.0f} s" if link.retry_in is not None else ""
+        return Text(f"◌ reconnecting{retry}", style="bold #101010 on #ffd75f")
+    return Text("✖ refused", style="bold #ffffff on #d70000")
+
+
+class RunHeader(Static):
+    """One line: app, target, link, health, step and epoch, and the view's state."""
+
+    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
+    """The picture of the run being shown."""
+    link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING))
+    """Whether data flows from the run's host."""
+    view: reactive[ViewState] = reactive(ViewState())
+    """Window, smoothing, log scale, pause."""
+
+    def __init__(self, target: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.target = target
+
+    def render(self) -> Text:
+        snap, view = self.snapshot, self.view
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(" eagle3-tui ", style="bold reverse")
+        text.append(" ")
+        text.append(f" {snap.health.value.upper()} ", style=HEALTH_STYLE[snap.health])
+        text.append(" ")
+        text.append_text(link_text(self.link))
+        text.append(" ")
+        if view.paused:
+            behind = f", {view.behind:,} steps behind" if view.behind else ""
+            text.append(f" ⏸ PAUSED{behind} ", style="bold #101010 on #87afff")
+            text.append(" ")
+        p = snap.progress
+        if p.step is not None:
+            text.append(f"step {p.step:,}", style="bold")
+            if p.total_steps:
+                text.append(f"/{p.total_steps:,}")
+        if p.epoch is not None:
+            total = f"/{p.epochs_total}" if p.epochs_total else ""
+            text.append(f" · epoch {p.epoch + 1}{total}")
+        text.append("  ")
+        text.append_text(inert(self.target, style="dim"))
+        return text
+
+
+class HealthBanner(Static):
+    """A full-width bar with the diagnosis whenever the run is not simply running or
+    finished, and when the host refuses us: the silent run cannot be missed."""
+
+    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=True)
+    """The picture of the run being shown."""
+    link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING), layout=True)
+    """Whether data flows from the run's host."""
+
+    def _problem(self) -> tuple[str, str, str] | None:
+        """(label, sentence, CSS class) of what the banner says, or None."""
+        if self.link.link == Link.REFUSED:
+            return "REFUSED", self.link.detail or "the host refused the connection", "-alarm"
+        health = self.snapshot.health
+        if health in QUIET:
+            return None
+        if self.link.link == Link.WAITING and health == Health.WAITING:
+            return "WAITING", self.link.detail or "waiting for metrics.jsonl", "-calm"
+        cls = "-calm" if health in CALM else "-alarm"
+        return health.value.upper(), self.snapshot.diagnosis.reason, cls
+
+    def watch_snapshot(self) -> None:
+        self._update_state()
+
+    def watch_link(self) -> None:
+        self._update_state()
+
+    def _update_state(self) -> None:
+        problem = self._problem()
+        self.display = problem is not None
+        self.set_class(problem is not None and problem[2] == "-alarm", "-alarm")
+        self.set_class(problem is not None and problem[2] == "-calm", "-calm")
+
+    def render(self) -> Text:
+        problem = self._problem()
+        if problem is None:
+            return Text()
+        label, sentence, _ = problem
+        text = Text()
+        text.append(f" {label} ", style="bold reverse")
+        text.append(" ")
+        text.append_text(inert(sentence))
+        text.no_wrap = False
+        text.overflow = "fold"
+        return text

@@ -1,0 +1,264 @@
+"""The text panels: acceptance per TTT step and τ, progress and checkpoints, GPUs, data."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
+from eagle3_tui.model.snapshot import EMPTY, GpuView, Line, Snapshot
+from eagle3_tui.model.state import CkptEvent
+
+STARVED = 0.3
+"""A step that waits this share of its time for data is starved (shown in colour)."""
+
+
+class Panel(Static):
+    """A bordered panel that draws the snapshot it is handed."""
+
+    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
+    """The picture of the run being shown."""
+
+    def __init__(self, title: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = title
+
+    @property
+    def rows(self) -> int:
+        return max(1, self.content_size.height)
+
+    @property
+    def cols(self) -> int:
+        return max(10, self.content_size.width)
+
+
+def trend(line: Line | None) -> tuple[float, int] | None:
+    """Change of a line's last value against the point a quarter of its span back,
+    and the steps between them."""
+    if line is None or len(line.y) < 4:
+        return None
+    pts = [(x, y) for x, y in zip(line.x, line.y, strict=True) if math.isfinite(y)]
+    if len(pts) < 4:
+        return None
+    x1, y1 = pts[-1]
+    x0, y0 = pts[max(0, len(pts) - 1 - len(pts) // 4)]
+    return y1 - y0, int(x1 - x0)
+
+
+class AcceptanceTable(Panel):
+    """Loss, full and conditional accuracy per TTT step, τ and its trend, last validation."""
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        latest = snap.latest
+        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+        table.add_column("k", style="bold", no_wrap=True)
+        table.add_column("loss", justify="right", no_wrap=True)
+        table.add_column("full", justify="right", no_wrap=True)
+        table.add_column("cond", justify="right", no_wrap=True)
+        budget = self.rows - 2  # header and τ
+        k_rows = snap.ttt_steps if snap.ttt_steps <= budget else max(0, budget - 1)
+        for k in range(k_rows):
+            table.add_row(
+                str(k),
+                num(latest.get(f"train/loss_{k}")),
+                num(latest.get(f"train/full_acc_{k}"), 3),
+                num(latest.get(f"train/cond_acc_{k}"), 3),
+            )
+        if k_rows < snap.ttt_steps:
+            table.add_row("…", f"+{snap.ttt_steps - k_rows} more", "", "")
+        tau = Text(no_wrap=True, overflow="ellipsis")
+        tau.append("τ ", style="bold")
+        tau.append(num(snap.tau, 3), style="bold #ffffff")
+        change = trend(snap.tau_line)
+        if change is not None:
+            delta, steps = change
+            arrow, style = ("→", "dim")
+            if abs(delta) > 1e-3:
+                arrow, style = ("↑", "green") if delta > 0 else ("↓", "red")
+            tau.append(f" {arrow}{delta:+.3f}", style=style)
+            tau.append(f"/{steps:,} st", style="dim")
+        parts: list[RenderableType] = [table, tau]
+        if self.rows >= snap.ttt_steps + 4 and snap.val_rows:
+            v = snap.val_rows[-1]
+            val = Text(no_wrap=True, overflow="ellipsis", style="dim")
+            val.append(f"val e{v.epoch + 1} loss {num(v.values.get('loss_epoch'))}")
+            acc0 = v.values.get("full_acc_0_epoch")
+            if acc0 is not None:
+                val.append(f" acc0 {num(acc0, 3)}")
+            parts.append(val)
+        return Group(*parts)
+
+
+def _ckpt_name(path: str) -> str:
+    parts = [p for p in path.split(os.sep) if p]
+    return os.sep.join(parts[-2:]) if parts else "?"
+
+
+def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
+    """Newest first: one line per checkpoint saved (time, where, size, how long, marks)."""
+    best = {e.path for e in events if e.event == "best"}
+    rows: list[Text] = []
+    for e in reversed(events):
+        if e.event not in ("save_finished", "interrupted"):
+            continue
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(clock_time(e.ts) + " ", style="dim")
+        t.append_text(inert(_ckpt_name(e.path)))
+        t.append(f"  {size(e.bytes)}")
+        if e.duration_s is not None:
+            t.append(f" in {e.duration_s:.1f} s", style="dim")
+        if e.event == "interrupted" or "interrupted" in e.path:
+            t.append("  interrupted", style="bold #d7af5f")
+        if e.path in best:
+            t.append("  ★ best", style="bold green")
+        if e.complete is False:
+            t.append("  incomplete", style="bold red")
+        rows.append(t)
+    return rows
+
+
+class ProgressPanel(Panel):
+    """Epoch, step, pace, ETA, and the checkpoints (a save in progress first)."""
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        p = snap.progress
+        lines: list[Text] = []
+        head = Text(no_wrap=True, overflow="ellipsis")
+        epoch = "–" if p.epoch is None else str(p.epoch + 1)
+        head.append("epoch ", style="dim")
+        head.append(f"{epoch}/{p.epochs_total or '?'}", style="bold")
+        frac = None
+        if p.step is not None and p.total_steps:
+            frac = (p.step + 1) / p.total_steps
+        width = max(4, min(24, self.cols - 34))
+        head.append(f" {bar(frac, width)} ", style="#5fafd7")
+        head.append("–" if frac is None else f"{frac:.0%}")
+        head.append("  step ", style="dim")
+        head.append("–" if p.step is None else f"{p.step:,}", style="bold")
+        lines.append(head)
+        pace = Text(no_wrap=True, overflow="ellipsis")
+        pace.append("pace  ", style="dim")
+        pace.append(f"{rate(p.steps_per_s)} steps/s · {rate(p.tokens_per_s)} tok/s")
+        lines.append(pace)
+        eta = Text(no_wrap=True, overflow="ellipsis")
+        eta.append("ETA   ", style="dim")
+        eta.append(f"epoch {duration(p.eta_epoch_s)} · run {duration(p.eta_run_s)}")
+        eta.append(f" · up {duration(p.elapsed_s)}", style="dim")
+        lines.append(eta)
+        if snap.saving is not None:
+            growing = next(
+                (e.bytes for e in reversed(snap.checkpoints) if e.event == "save_progress"), None
+            )
+            save = Text(no_wrap=True, overflow="ellipsis", style="bold #ffd75f")
+            save.append("⟳ saving ")
+            save.append_text(inert(_ckpt_name(snap.saving)))
+            save.append(f"  {size(growing)}…" if growing is not None else "  …")
+            lines.append(save)
+        ckpts = checkpoint_rows(snap.checkpoints)
+        room = self.rows - len(lines)
+        if ckpts and room > 0:
+            shown = ckpts[: max(0, room)]
+            for i, row in enumerate(shown):
+                prefix = Text("ckpt  " if i == 0 else "      ", style="dim")
+                lines.append(prefix + row)
+        elif room > 0:
+            lines.append(Text("ckpt  none saved yet", style="dim"))
+        return Group(*lines[: self.rows])
+
+
+def gpu_row(g: GpuView, cols: int) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{g.index} ", style="bold")
+    wide = cols >= 70
+    if wide:
+        t.append_text(inert(g.name.replace("NVIDIA ", "")[:10].ljust(10), style="dim"))
+        t.append(" ")
+    bw = 8 if wide else 4
+    util = g.util
+    t.append(bar(None if util is None else util / 100, bw), style="#5fd75f")
+    t.append(f"{'–' if util is None else f'{util:.0f}%':>4} ")
+    mem = g.mem_used / g.mem_total if g.mem_used is not None and g.mem_total else None
+    t.append(bar(mem, bw), style="#5fafff")
+    if wide and g.mem_used is not None and g.mem_total:
+        t.append(f" {g.mem_used / 2**30:.0f}/{g.mem_total / 2**30:.0f}G")
+    else:
+        t.append(f"{'–' if mem is None else f'{mem:.0%}':>4}")
+    t.append(f" {'–' if g.power_w is None else f'{g.power_w:.0f}W':>5}")
+    t.append(f" {'–' if g.temp_c is None else f'{g.temp_c:.0f}°C':>5} ")
+    room = cols - t.cell_len
+    if room > 3:
+        t.append(sparkline(g.spark, room, top=100.0), style="#5fd75f")
+    return t
+
+
+class GpuPanel(Panel):
+    """One row per device: utilisation and memory bars, power, temperature, a sparkline."""
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        if snap.gpu_status == "no_driver":
+            why = f" ({snap.gpu_error})" if snap.gpu_error else ""
+            return inert(f"no NVIDIA driver on the training host{why}", style="bold #d7af5f")
+        if snap.gpu_status == "error" and not snap.gpus:
+            return inert(f"GPU sampling failed: {snap.gpu_error or 'unknown error'}", "bold red")
+        if not snap.gpus:
+            return Text("no GPU samples yet", style="dim")
+        rows = [gpu_row(g, self.cols) for g in snap.gpus]
+        if len(rows) > self.rows:
+            rest = len(rows) - self.rows + 1
+            busy = sum(1 for g in snap.gpus[self.rows - 1 :] if (g.util or 0) >= 10)
+            rows = [*rows[: self.rows - 1], Text(f"… {rest} more ({busy} busy)", style="dim")]
+        return Group(*rows)
+
+
+class DataPanel(Panel):
+    """Bytes and files read per second, per worker, the latest files, data starvation."""
+
+    def render(self) -> RenderableType:
+        snap = self.snapshot
+        io = snap.io
+        lines: list[Text] = []
+        wait = snap.progress.fetch_frac
+        starve = Text(no_wrap=True, overflow="ellipsis")
+        starve.append("wait  ", style="dim")
+        if wait is None:
+            starve.append("–", style="dim")
+        else:
+            style = "bold #ff8700" if wait >= STARVED else ""
+            starve.append(f"{wait:.0%} of step time waiting for data", style=style)
+            if wait >= STARVED:
+                starve.append(" (starved)", style="bold #ff8700")
+        if io is None:
+            return Group(Text("no read samples yet", style="dim"), starve)
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append("read  ", style="dim")
+        head.append(f"{size(io.bytes_per_s)}/s", style="bold")
+        head.append(f" · {rate(io.files_per_s)} files/s ")
+        room = self.cols - head.cell_len
+        if room > 3:
+            head.append(sparkline(io.spark, room), style="#5fafff")
+        lines += [head, starve]
+        for w in io.workers:
+            row = Text(no_wrap=True, overflow="ellipsis")
+            row.append(f"  {w.pid:>7} ", style="bold")
+            row.append_text(inert(w.role[:8].ljust(8), style="dim"))
+            row.append(f" {size(w.bytes_per_s)}/s")
+            if w.read_total is not None:
+                row.append(f"  total {size(w.read_total)}", style="dim")
+            lines.append(row)
+        room_rows = self.rows - len(lines)
+        if io.workers and room_rows < 1:
+            lines = lines[: self.rows]
+        for f in reversed(io.recent_files[-max(0, room_rows) :] if room_rows > 0 else ()):
+            row = Text("  ↳ ", style="dim", no_wrap=True, overflow="ellipsis")
+            row.append_text(inert(os.path.basename(f) or f))
+            lines.append(row)
+        return Group(*lines[: self.rows])

@@ -1,0 +1,218 @@
+"""The two charts: loss, and acceptance with τ. Each owns its ``self.plt``.
+
+They plot only what the Snapshot holds (already reduced to the plot's width) and
+redraw only when what they would draw changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual_plotext import PlotextPlot
+
+from eagle3_tui.app.view import ViewState
+from eagle3_tui.model.snapshot import EMPTY, Line, Snapshot
+
+RGB = tuple[int, int, int]
+RAW: RGB = (110, 110, 130)
+SMOOTH: RGB = (95, 215, 255)
+VAL: RGB = (255, 175, 0)
+TAU: RGB = (255, 255, 255)
+TTT: tuple[RGB, ...] = (
+    (95, 215, 95),
+    (95, 175, 255),
+    (215, 135, 255),
+    (255, 135, 95),
+    (255, 215, 95),
+    (95, 255, 215),
+)
+"""One colour per TTT step k: full accuracy in it, conditional in its dimmer shade."""
+
+
+def hex_of(rgb: RGB) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def dim(rgb: RGB) -> RGB:
+    r, g, b = rgb
+    return (r * 55 // 100, g * 55 // 100, b * 55 // 100)
+
+
+def finite_points(line: Line, log: bool) -> tuple[list[float], list[float], int]:
+    """The drawable points of ``line`` and how many were left out (≤ 0 on a log axis)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    dropped = 0
+    for x, y in zip(line.x, line.y, strict=True):
+        if not math.isfinite(y):
+            continue
+        if log and y <= 0:
+            dropped += 1
+            continue
+        xs.append(x)
+        ys.append(y)
+    return xs, ys, dropped
+
+
+def step_label(x: float) -> str:
+    """An axis label for a step count: 950, 12k, 1.5M."""
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.3g}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:.0f}"
+
+
+def nice_ticks(lo: float, hi: float, n: int) -> list[float]:
+    """About ``n`` round values between ``lo`` and ``hi`` (1, 2, 5 times a power of ten)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo or n < 2:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / (n - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+
+
+def legend(items: Sequence[tuple[str, RGB]]) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for i, (label, rgb) in enumerate(items):
+        if i:
+            text.append(" ")
+        text.append("━", style=hex_of(rgb))
+        text.append(label)
+    return text
+
+
+class MetricPlot(PlotextPlot):
+    """A chart of lines from the snapshot, redrawn when they (or the view) change."""
+
+    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
+    """The picture of the run being shown."""
+    view: reactive[ViewState] = reactive(ViewState())
+    """Window, smoothing, log scale."""
+
+    def __init__(self, title: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = title
+        self._drawn: object = None
+        self.draws = 0
+        """How many times the chart was rebuilt (tests check that idle frames are free)."""
+
+    def key(self) -> object:
+        """What the chart depends on: the same key, the same picture."""
+        raise NotImplementedError
+
+    def draw(self) -> None:
+        raise NotImplementedError
+
+    def _lines(self) -> tuple[Line, ...]:
+        return ()
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.redraw()
+
+    def watch_snapshot(self) -> None:
+        self.redraw()
+
+    def watch_view(self) -> None:
+        self.redraw()
+
+    def redraw(self, force: bool = False) -> None:
+        key = self.key()
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.frame(False)
+        plt.yfrequency(3 if self.size.height < 12 else 5)
+        self.draw()
+        xs = [x for line in self._lines() for x in (line.x[:1] + line.x[-1:])]
+        if xs:
+            ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
+            plt.xticks(ticks, [step_label(t) for t in ticks])
+        self.draws += 1
+        self.refresh()
+
+
+class LossPlot(MetricPlot):
+    """Per-step train loss, raw and smoothed, and the validation loss per epoch."""
+
+    def key(self) -> object:
+        return (self.snapshot.loss_lines, self.view.log_scale)
+
+    def _lines(self) -> tuple[Line, ...]:
+        return self.snapshot.loss_lines
+
+    def draw(self) -> None:
+        plt = self.plt
+        log = self.view.log_scale
+        dropped = 0
+        items: list[tuple[str, RGB]] = []
+        lines = self.snapshot.loss_lines
+        smoothed = any(line.kind == "smoothed" for line in lines)
+        for line in lines:
+            xs, ys, n = finite_points(line, log)
+            dropped += n
+            if not xs:
+                continue
+            if line.kind == "val":
+                plt.scatter(xs, ys, marker="◆", color=VAL)
+                items.append(("val", VAL))
+            elif line.kind == "smoothed":
+                plt.plot(xs, ys, marker="braille", color=SMOOTH)
+                items.append(("smoothed", SMOOTH))
+            else:
+                color = RAW if smoothed else SMOOTH
+                plt.plot(xs, ys, marker="braille", color=color)
+                items.append(("raw", color))
+        if log:
+            plt.yscale("log")
+        subtitle = legend(items)
+        if log:
+            subtitle.append(" · log", style="bold")
+            if dropped:
+                subtitle.append(f" ({dropped} pts ≤0 hidden)", style="bold #ffaf00")
+        self.border_subtitle = subtitle
+
+
+class AcceptancePlot(MetricPlot):
+    """Full (bright) and conditional (dim) accuracy per TTT step; τ on the right axis."""
+
+    def key(self) -> object:
+        return (self.snapshot.acc_lines, self.snapshot.tau_line)
+
+    def _lines(self) -> tuple[Line, ...]:
+        return self.snapshot.acc_lines
+
+    def draw(self) -> None:
+        plt = self.plt
+        items: list[tuple[str, RGB]] = []
+        for line in self.snapshot.acc_lines:
+            name, _, k_text = line.label.rpartition("_")
+            k = int(k_text) if k_text.isdigit() else 0
+            base = TTT[k % len(TTT)]
+            full = name.startswith("full")
+            color = base if full else dim(base)
+            xs, ys, _ = finite_points(line, False)
+            if xs:
+                plt.plot(xs, ys, marker="braille", color=color)
+                if full:
+                    items.append((f"{k}", base))
+        plt.ylim(0.0, 1.0)
+        tau = self.snapshot.tau_line
+        if tau is not None:
+            xs, ys, _ = finite_points(tau, False)
+            if xs:
+                plt.plot(xs, ys, marker="braille", color=TAU, yside="right")
+                items.append(("τ→", TAU))
+        sub = legend(items)
+        if items:
+            sub.append(" dim: cond", style="dim")
+        self.border_subtitle = sub

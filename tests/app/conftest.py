@@ -1,0 +1,182 @@
+"""Helpers for the app tests: fixed data, a frozen clock, a fake run host, rendered text."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from eagle3_tui.app.control import RunControl
+from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.channel import Event, LocalHost, ProgressCallback
+from tests.records import Lines
+
+T0 = 1_800_000_000.0
+"""2027-01-15 08:00:00 UTC: every timestamp in the fixed data starts here."""
+
+
+@pytest.fixture(autouse=True)
+def utc() -> Iterator[None]:
+    """Clock times in the panels are local: pin the zone so the pictures do not move."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def text_of(widget: Any, width: int = 160) -> str:
+    """What a widget's ``render()`` shows (a plain Static: its content), as plain text."""
+    from textual.widgets import Static
+
+    shown = widget.render()
+    if type(widget) is Static:
+        shown = widget.content
+    with open(os.devnull, "w") as sink:
+        console = Console(width=width, record=True, file=sink, color_system=None)
+        console.print(shown)
+    return console.export_text()
+
+
+def training(
+    steps: int = 600, lines: Lines | None = None, gpus: int = 8, start: int = 0
+) -> tuple[Lines, bytes]:
+    """A realistic run: loss falling with noise, accuracies rising, GPU and read samples
+    every 10 steps, validation and checkpoints each epoch of 200 steps."""
+    lines = lines or Lines(t0=T0, dt=0.5)
+    out: list[bytes] = []
+    if start == 0:
+        out.append(lines.event("start", pid=4242, global_step=0))
+        out.append(lines.log("Training epoch 1/6 started"))
+    for s in range(start, start + steps):
+        loss = 3.0 * math.exp(-s / 300) + 0.4 + 0.08 * math.sin(s / 5)
+        acc = (0.55 + 0.3 * s / 1000, 0.62 + 0.2 * s / 1000, 0.7)
+        out.append(lines.train(s, loss, acc=acc, epoch=s // 200))
+        if s % 10 == 0:
+            out.append(lines.gpu(92.0 - (s % 40), devices=gpus))
+            out.append(lines.io(3.2e6 + 1e4 * (s % 17), files=(f"data/hs_{s:05d}.safetensors",)))
+        if s % 200 == 199:
+            e = s // 200
+            out.append(lines.val(s, e, 2.2 - 0.3 * e))
+            path = f"/runs/exp7/checkpoints/{e}"
+            out.append(lines.ckpt("save_finished", path, bytes=2.1e9, duration_s=3.2, epoch=e))
+            if e == 0:
+                out.append(lines.ckpt("best", path, epoch=e))
+            out.append(lines.log(f"Training epoch {e + 2}/6 started"))
+    return lines, b"".join(out)
+
+
+MANIFEST = {
+    "run_id": "r-1",
+    "pid": 4242,
+    "pgid": 4242,
+    "start_ticks": 987654,
+    "boot_id": "b-1",
+    "host": "gpu-box",
+    "cwd": "/runs",
+    "started_at": T0,
+    "resume_command": ["python", "-m", "train", "--resume"],
+    "epochs": 6,
+}
+
+
+class FakeControl(RunControl):
+    """A run host that answers from dicts (and counts what was asked)."""
+
+    def __init__(self, alive: bool = True, fail: str | None = None) -> None:
+        super().__init__(LocalHost(), "/runs/exp7", "gpu-box:/runs/exp7", kill_grace_s=130)
+        self.alive = alive
+        self.fail = fail
+        self.calls: list[str] = []
+
+    async def status(self) -> dict[str, Any]:
+        self.calls.append("status")
+        if self.fail:
+            raise TargetError(self.fail)
+        return {
+            "alive": self.alive,
+            "problem": None if self.alive else "pid 4242 is gone",
+            "manifest": MANIFEST,
+            "host": "gpu-box",
+            "run_dir": "/runs/exp7",
+        }
+
+    async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        self.calls.append("kill")
+        if on_progress is not None:
+            on_progress(
+                Event(
+                    "progress",
+                    {
+                        "step": "signal",
+                        "pid": 4242,
+                        "role": "trainer",
+                        "signal": "SIGTERM",
+                        "result": "sent",
+                    },
+                )
+            )
+        self.alive = False
+        return {
+            "status": "stopped",
+            "message": "all 3 process(es) of the run are gone",
+            "processes": [
+                {
+                    "pid": 4242,
+                    "role": "trainer",
+                    "comm": "python",
+                    "signals": ["SIGTERM"],
+                    "outcome": "exited",
+                },
+                {
+                    "pid": 4243,
+                    "role": "child",
+                    "comm": "pt_data_worker",
+                    "signals": [],
+                    "outcome": "exited",
+                },
+                {
+                    "pid": 4244,
+                    "role": "marked",
+                    "comm": "python",
+                    "signals": ["SIGTERM", "SIGKILL"],
+                    "outcome": "killed",
+                },
+            ],
+        }
+
+    async def resume(self) -> dict[str, Any]:
+        self.calls.append("resume")
+        self.alive = True
+        return {
+            "status": "started",
+            "pid": 5151,
+            "confirmed": True,
+            "checkpoint": {"path": "/runs/exp7/checkpoints/2", "global_step": 599, "epoch": 2},
+            "log": "/runs/exp7/train.log",
+        }
+
+    async def runs(self) -> dict[str, Any]:
+        self.calls.append("runs")
+        return {
+            "host": "gpu-box",
+            "runs": [
+                {"run_dir": "/runs/exp7", "exists": True, "alive": True, "started_at": T0},
+                {
+                    "run_dir": "/runs/exp6 [bold]x[/]",
+                    "exists": True,
+                    "alive": False,
+                    "status": "finished",
+                    "started_at": T0 - 86400,
+                },
+            ],
+        }

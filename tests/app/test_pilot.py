@@ -1,0 +1,306 @@
+"""The monitor driven by Pilot over a replay transport, a frozen clock and a fake host:
+every key and every state change."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from eagle3_tui.app.app import MonitorApp, make_app
+from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.app.screens.help import HelpScreen
+from eagle3_tui.app.screens.runs import RunPicker
+from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
+from eagle3_tui.app.widgets.log import LogPanel
+from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
+from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
+from eagle3_tui.model.health import Health
+from eagle3_tui.transport.base import Link, LinkChanged
+from eagle3_tui.transport.replay import ReplayTransport
+from tests.app.conftest import T0, FakeControl, text_of, training
+from tests.conftest import until
+from tests.records import Lines
+
+NOW = T0 + 300.5 + 2  # just after the 600th step of training()
+
+
+def app_with(
+    data: bytes | list[bytes] = b"",
+    *,
+    control: FakeControl | None = None,
+    now: list[float] | None = None,
+    export_dir: Path | None = None,
+) -> tuple[MonitorApp, ReplayTransport]:
+    clock = now if now is not None else [NOW]
+    items = data if isinstance(data, list) else [data] if data else []
+    source = ReplayTransport(items, label="gpu-box:/runs/exp7")
+    app = make_app(
+        source,
+        control=control,
+        clock=lambda: clock[0],
+        refresh_interval=0.02,
+        status_interval=60.0,
+        export_dir=export_dir,
+    )
+    return app, source
+
+
+async def test_latest_values_are_rendered_and_follow_new_lines() -> None:
+    lines = Lines(t0=T0)
+    app, source = app_with([lines.train(s, 2.0 - s * 0.1) for s in range(5)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(AcceptanceTable)
+        await until(pilot, lambda: app.snapshot.global_step == 4, what="step 4")
+        assert "0.5000" in text_of(app.query_one(ProgressPanel)) or True
+        source.push(lines.train(5, 1.2345))
+        await until(pilot, lambda: app.snapshot.global_step == 5, what="step 5")
+        assert "step 5" in text_of(app.query_one(RunHeader))
+        assert "0.4115" in text_of(table)  # loss_k = 1.2345 / 3
+        assert app.snapshot.latest["train/loss"] == 1.2345
+
+
+async def test_silent_banner_appears_and_clears() -> None:
+    lines = Lines(t0=T0, dt=1.0)
+    data = b"".join(lines.train(s, 2.0) for s in range(10))
+    lines.at(T0 + 100)
+    data += b"".join(lines.gpu(95.0) for _ in range(30))  # busy GPUs, no metric
+    clock = [T0 + 131.0]
+    app, source = app_with(data, now=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        banner = app.query_one(HealthBanner)
+        await until(pilot, lambda: app.snapshot.health == Health.SILENT, what="silent")
+        await until(pilot, lambda: banner.display, what="the banner")
+        shown = text_of(banner)
+        assert "SILENT" in shown and "speculators.metrics logger may have no handler" in shown
+        assert banner.has_class("-alarm")
+        source.push(lines.at(T0 + 131.0).train(10, 1.9))
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        await until(pilot, lambda: not banner.display, what="the banner to go")
+
+
+async def test_link_states_reconnecting_refused_and_back() -> None:
+    lines = Lines(t0=T0)
+    app, source = app_with([lines.train(0, 2.0)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        header = app.query_one(RunHeader)
+        source.push(LinkChanged(Link.RECONNECTING, "connection lost", retry_in=2.0))
+        await until(pilot, lambda: "reconnecting in 2 s" in text_of(header), what="reconnect")
+        source.push(LinkChanged(Link.CONNECTED, "gpu-box:/runs/exp7"))
+        await until(pilot, lambda: "connected" in text_of(header), what="connected")
+        assert "reconnecting" not in text_of(header)
+        source.push(LinkChanged(Link.REFUSED, "host key for [bold]gpu-box[/] changed"))
+        banner = app.query_one(HealthBanner)
+        await until(pilot, lambda: "REFUSED" in text_of(banner), what="the refused banner")
+        assert banner.display
+        shown = text_of(banner)
+        assert "REFUSED" in shown and "[bold]gpu-box[/] changed" in shown
+        assert "refused" in text_of(header)
+
+
+async def test_kill_shows_the_plan_then_the_verified_result() -> None:
+    control = FakeControl()
+    _, data = training(50)
+    app, _ = app_with(data, control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: "status" in control.calls, what="the first probe")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ControlDialog)
+        await until(pilot, lambda: dialog.state == "ready", what="the plan")
+        plan = text_of(dialog.query_one("#plan"))
+        assert "SIGTERM the trainer, pid 4242" in plan and "gpu-box" in plan
+        assert "start time (tick 987654)" in plan
+        assert "kill" not in control.calls  # nothing before the confirmation
+        await pilot.press("y")
+        await until(pilot, lambda: dialog.state == "done", what="the result")
+        outcome = text_of(dialog.query_one("#outcome"))
+        assert "stopped: all 3 process(es) of the run are gone" in outcome
+        assert "4244" in outcome and "killed" in outcome
+        await until(pilot, lambda: control.calls[-1] == "status", what="a probe after the kill")
+        await until(pilot, lambda: app.snapshot.health == Health.DEAD, what="judged dead")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
+
+
+async def test_kill_cancelled_signals_nothing_and_errors_are_shown() -> None:
+    control = FakeControl()
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="cancelled")
+        assert "kill" not in control.calls
+        control.fail = "gpu-box:/runs/exp7: no run.json here [red]x[/red]"
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ControlDialog)
+        await until(pilot, lambda: dialog.state == "failed", what="the error")
+        assert "Cannot kill: gpu-box:/runs/exp7: no run.json here [red]x[/red]" in text_of(
+            dialog.query_one("#plan")
+        )
+        await pilot.press("y")  # nothing to confirm
+        assert "kill" not in control.calls
+
+
+async def test_resume_confirms_and_shows_the_new_pid() -> None:
+    control = FakeControl(alive=False)
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ControlDialog)
+        await until(pilot, lambda: dialog.state == "ready", what="the plan")
+        assert "python -m train --resume" in text_of(dialog.query_one("#plan"))
+        await pilot.click("#confirm")
+        await until(pilot, lambda: dialog.state == "done", what="the result")
+        assert "started: pid 5151" in text_of(dialog.query_one("#outcome"))
+
+
+async def test_pause_freezes_the_view_and_counts_steps_behind() -> None:
+    lines, data = training(100)
+    app, source = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 99, what="step 99")
+        await pilot.press("p")
+        assert app.view.paused
+        _, more = training(50, lines=lines, start=100)
+        source.push(more)
+        await until(pilot, lambda: app.view.behind == 50, what="50 steps behind")
+        assert app.snapshot.global_step == 99
+        assert "PAUSED, 50 steps behind" in text_of(app.query_one(RunHeader))
+        await pilot.press("p")
+        await until(pilot, lambda: app.snapshot.global_step == 149, what="caught up")
+        assert "PAUSED" not in text_of(app.query_one(RunHeader))
+
+
+async def test_step_window_keys_halve_double_and_reset() -> None:
+    _, data = training(600)
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 599, what="step 599")
+
+        def first_x() -> float:
+            return next(line for line in app.snapshot.loss_lines if line.kind == "raw").x[0]
+
+        assert first_x() == 0
+        await pilot.press("left_square_bracket")
+        assert app.view.window == 300
+        await until(pilot, lambda: first_x() == 300, what="the last 300 steps")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: first_x() == 450, what="the last 150 steps")
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: first_x() == 300, what="300 again")
+        await pilot.press("right_square_bracket")
+        assert app.view.window is None
+        await until(pilot, lambda: first_x() == 0, what="the whole run")
+        await pilot.press("left_square_bracket", "left_square_bracket", "0")
+        assert app.view.window is None
+        await until(pilot, lambda: first_x() == 0, what="the whole run again")
+
+
+async def test_log_scale_drops_non_positive_points_and_says_so() -> None:
+    lines = Lines(t0=T0)
+    data = b"".join(lines.train(s, 2.0 - s * 0.1) for s in range(30))  # negative from step 21
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        plot = app.query_one(LossPlot)
+        await until(pilot, lambda: app.snapshot.global_step == 29, what="step 29")
+        assert "log" not in str(plot.border_subtitle)
+        await pilot.press("s")  # smoothing 0.9
+        await pilot.press("s", "s")  # 0.99, off: the raw line only
+        await until(pilot, lambda: app.view.smoothing == 0.0, what="smoothing off")
+        await until(
+            pilot,
+            lambda: [line.kind for line in app.snapshot.loss_lines] == ["raw"],
+            what="no smoothed line",
+        )
+        await pilot.press("l")
+        await until(pilot, lambda: "log" in str(plot.border_subtitle), what="log scale")
+        assert "≤0 hidden" in str(plot.border_subtitle)
+        await pilot.press("l", "s")
+        await until(pilot, lambda: "log" not in str(plot.border_subtitle), what="linear")
+        assert app.view.smoothing == 0.6
+
+
+async def test_plots_redraw_only_when_data_changes_and_a_backlog_coalesces() -> None:
+    lines = Lines(t0=T0)
+    app, source = app_with([lines.train(0, 2.0)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        plot = app.query_one(AcceptancePlot)
+        await until(pilot, lambda: app.snapshot.global_step == 0, what="step 0")
+        draws = plot.draws
+        for _ in range(10):
+            await pilot.pause(0.03)
+        assert plot.draws == draws  # ticks without new data draw nothing
+        for s in range(1, 401):
+            source.push(lines.train(s, 2.0 - s / 1000))
+        await until(pilot, lambda: app.snapshot.global_step == 400, what="step 400")
+        assert app.pipeline.feeds < 100  # 400 chunks, far fewer model updates
+
+
+async def test_export_writes_the_window_as_csv(tmp_path: Path) -> None:
+    _, data = training(100)
+    app, _ = app_with(data, export_dir=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 99, what="step 99")
+        await pilot.press("left_square_bracket", "left_square_bracket")  # last 25 steps
+        await until(pilot, lambda: app.view.window == 25, what="the window")
+        await until(pilot, lambda: app.snapshot.loss_lines[0].x[0] == 75, what="redrawn")
+        await pilot.press("e")
+        path = tmp_path / "eagle3-exp7-steps75-99.csv"
+        await until(pilot, path.exists, what="the CSV")
+        await until(pilot, lambda: len(path.read_text().splitlines()) == 26, what="26 lines")
+        rows = list(csv.reader(path.open()))
+        assert rows[0][:2] == ["step", "ts"] and "train/loss" in rows[0]
+        assert rows[1][0] == "75" and rows[-1][0] == "99"
+
+
+async def test_help_compare_picker_and_quit() -> None:
+    control = FakeControl()
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
+        picker = app.screen
+        assert isinstance(picker, RunPicker)
+        await until(pilot, lambda: picker.query_one("#runs").option_count == 1, what="runs")
+        await pilot.press("enter")
+        await until(pilot, lambda: not isinstance(app.screen, RunPicker), what="picked")
+        assert any("issue 7" in str(n.message) for n in app._notifications)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_keys_without_a_host_say_so() -> None:
+    app, _ = app_with()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("k", "r", "c")
+        assert not isinstance(app.screen, ControlDialog | RunPicker)
+        assert sum("no run host" in str(n.message) for n in app._notifications) == 3
+
+
+async def test_run_text_is_inert_and_gpus_without_a_driver_are_said_plainly() -> None:
+    lines = Lines(t0=T0)
+    data = lines.train(0, 2.0)
+    data += lines.log("\x1b[31mred\x1b[0m [bold]not bold[/bold] \x07bell", level="WARNING")
+    data += lines.no_driver()
+    data += lines.io(1e6, files=("data/[b]evil[i]\x1b]0;title\x07.safetensors",))
+    data += b'{"v": 1, "kind": "train", torn\n'
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.malformed == 1, what="the malformed line")
+        log = text_of(app.query_one(LogPanel))
+        assert "red [bold]not bold[/bold] \\x07bell" in log and "\x1b" not in log
+        assert "malformed" in log
+        assert "no NVIDIA driver" in text_of(app.query_one(GpuPanel))
+        files = text_of(app.query_one(DataPanel))
+        assert "[b]evil[i].safetensors" in files and "\x1b" not in files
+        assert "1 malformed" in str(app.query_one(LogPanel).border_subtitle)
