@@ -15,7 +15,7 @@ The agent answers on stdout with frames, each a header line then a payload:
 Operations: ``follow`` (tail a run file with inotify, from an offset, noticing
 truncation and replacement), ``read`` (a file to its end), ``runs`` (the
 per-user index), ``kill`` and ``resume`` (process control built on the run's
-manifest ``run.json``).
+manifest ``run.json``), ``status`` (whether the trainer is alive, and its manifest).
 
 Standard library only, Python 3.8+ and Linux ``/proc``: the remote interpreter
 may be any ``python3``. Run locally with ``python -m eagle3_tui.transport.agent``.
@@ -919,6 +919,26 @@ def op_runs(req: dict[str, Any]) -> int:
     return 0
 
 
+def op_status(req: dict[str, Any]) -> int:
+    """Whether the run's trainer is alive (PID, start time and boot id checked), and its
+    manifest: what a monitor needs to tell a dead run from a silent one."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    m = read_manifest(run_dir)
+    trainer, problem = _verify_trainer(m)
+    alive = trainer is not None and problem is None
+    emit(
+        "result",
+        op="status",
+        run_dir=str(run_dir),
+        alive=alive,
+        problem=problem,
+        manifest=m,
+        host=os.uname().nodename,
+        now=time.time(),
+    )
+    return 0
+
+
 OPS = {
     "follow": op_follow,
     "resolve": op_resolve,
@@ -926,6 +946,7 @@ OPS = {
     "runs": op_runs,
     "kill": op_kill,
     "resume": op_resume,
+    "status": op_status,
 }
 
 

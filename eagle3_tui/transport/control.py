@@ -81,6 +81,13 @@ async def resume_run(host: Host, run_dir: str | None, wait_s: float) -> dict[str
     return ev.fields
 
 
+async def run_status(host: Host, run_dir: str | None) -> dict[str, Any]:
+    """``alive`` (the manifest's PID is still the trainer: start time and boot id match),
+    ``problem`` (why not, when known), ``manifest``, ``host`` and the host's clock ``now``."""
+    ev = await call_agent(host, {"op": "status", "run_dir": run_dir}, python=_python(host))
+    return ev.fields
+
+
 async def list_runs(host: Host) -> dict[str, Any]:
     ev = await call_agent(host, {"op": "runs"}, python=_python(host))
     return ev.fields
