@@ -71,7 +71,9 @@ class ProgressPrinter:
         if kind == "train":
             if step is None:
                 step = payload.get("step", payload.get("global_step"))
-            if isinstance(step, int) and (step + 1) % self.every == 0:
+            if isinstance(step, int) and (
+                (step + 1) % self.every == 0 or step + 1 == self.bounds()[0]
+            ):
                 self._print(self.train_line(payload, step))
         elif kind == "val":
             self._print(self.val_line(payload))
