@@ -90,11 +90,16 @@ def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
         return x.astype(np.float64), y.astype(np.float64), 1
     k = n // buckets
     body = k * buckets
-    xb = x[n - body :].astype(np.float64).reshape(buckets, k)[:, -1]
+    xb = x[n - body + k - 1 :: k].astype(np.float64)  # each bucket's last x, no full copy
     yb = y[n - body :].reshape(buckets, k)
-    finite = np.isfinite(yb)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ym = np.where(finite, yb, 0.0).sum(axis=1) / finite.sum(axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ym = yb.mean(axis=1, dtype=np.float64)  # one pass; a non-finite value shows in its mean
+    bad = ~np.isfinite(ym)
+    if bad.any():  # only those buckets: the NaN-ignoring mean
+        rows = yb[bad]
+        finite = np.isfinite(rows)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ym[bad] = np.where(finite, rows, 0.0).sum(axis=1) / finite.sum(axis=1)
     return xb, ym, k
 
 

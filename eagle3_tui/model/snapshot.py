@@ -11,6 +11,7 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -169,49 +170,65 @@ EMPTY = Snapshot(
 )
 
 
-def _window(state: RunState, key: str, first_step: int) -> tuple[F64, F64] | None:
-    x, y = state.table.window(key, first_step)
-    return (x, y) if len(x) else None
+class _Frame:
+    """The plotted window of the step table: x converted once, y as float32 views.
+
+    At a million steps each float64 copy costs milliseconds; a build converts the
+    shared step column once and reads each metric without copying it.
+    """
+
+    def __init__(self, state: RunState, first_step: int) -> None:
+        table = state.table
+        self.table = table
+        self.i = bisect_left(table.steps, first_step)
+        self.x: F64 = np.frombuffer(table.steps, dtype=np.int64)[self.i :].astype(np.float64)
+
+    def y(self, key: str) -> npt.NDArray[np.float32] | None:
+        col = self.table.columns.get(key)
+        if col is None or not len(self.x):
+            return None
+        return np.frombuffer(col, dtype=np.float32)[self.i :]
 
 
-def _line(
-    state: RunState, key: str, label: str, first_step: int, view: ViewParams, kind: str
-) -> Line | None:
-    xy = _window(state, key, first_step)
-    if xy is None:
+def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> Line | None:
+    y = frame.y(key)
+    if y is None:
         return None
-    x, y = xy
+    x = frame.x
     if kind == "smoothed":
-        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
+        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)  # type: ignore[arg-type]
     else:
-        xs, ys = m4(x, y, view.columns)
+        xs, ys = m4(x, y, view.columns)  # type: ignore[arg-type]
     return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
 
 
-def _tau_series(state: RunState, first_step: int) -> tuple[F64, F64] | None:
+def _tau_series(frame: _Frame, ttt_steps: int) -> tuple[F64, F64] | None:
     total: F64 | None = None
-    x: F64 | None = None
-    for k in range(state.ttt_steps):
-        xy = _window(state, f"train/full_acc_{k}", first_step)
-        if xy is None:
+    for k in range(ttt_steps):
+        y = frame.y(f"train/full_acc_{k}")
+        if y is None:
             return None
-        x, y = xy
-        total = y.copy() if total is None else total + y
-    if total is None or x is None:
+        if total is None:
+            total = y.astype(np.float64)
+        else:
+            total += y
+    if total is None:
         return None
-    return x, total + 1.0
+    total += 1.0
+    return frame.x, total
 
 
 def _plot_lines(state: RunState, view: ViewParams) -> tuple[list[Line], list[Line], Line | None]:
     last = state.global_step or 0
     first_step = max(0, last - view.window + 1) if view.window else 0
+    frame = _Frame(state, first_step)
     smooth = view.smoothing > 0
     loss: list[Line] = []
-    raw = _line(state, "train/loss", "loss", first_step, view, "raw")
+    raw = _line(frame, "train/loss", "loss", view, "raw")
     if raw is not None:
         loss.append(raw)
         if smooth:
-            sm = _line(state, "train/loss", "loss (smoothed)", first_step, view, "smoothed")
+            sm = _line(frame, "train/loss", "loss (smoothed)", view, "smoothed")
             if sm is not None:
                 loss.append(sm)
     if state.val_by_epoch:
@@ -226,11 +243,11 @@ def _plot_lines(state: RunState, view: ViewParams) -> tuple[list[Line], list[Lin
     for k in range(state.ttt_steps):
         for name in ("full", "cond"):
             kind = "smoothed" if smooth else "raw"
-            line = _line(state, f"train/{name}_acc_{k}", f"{name}_acc_{k}", first_step, view, kind)
+            line = _line(frame, f"train/{name}_acc_{k}", f"{name}_acc_{k}", view, kind)
             if line is not None:
                 acc.append(line)
     tau_line = None
-    tau_xy = _tau_series(state, first_step)
+    tau_xy = _tau_series(frame, state.ttt_steps)
     if tau_xy is not None:
         x, y = tau_xy
         xs, ys = (
@@ -240,28 +257,35 @@ def _plot_lines(state: RunState, view: ViewParams) -> tuple[list[Line], list[Lin
     return loss, acc, tau_line
 
 
-def _column(state: RunState, key: str) -> F64 | None:
+def _column(state: RunState, key: str, tail: int | None = None) -> F64 | None:
+    """A column as float64 (only its last ``tail`` rows: converting 1M rows costs ms)."""
     col = state.table.columns.get(key)
-    return None if col is None else np.frombuffer(col, dtype=np.float32).astype(np.float64)
+    if col is None:
+        return None
+    values = np.frombuffer(col, dtype=np.float32)
+    if tail is not None:
+        values = values[max(0, len(values) - tail) :]
+    return values.astype(np.float64)
 
 
 def _progress(state: RunState, now: float) -> Progress:
     table = state.table
-    steps = np.frombuffer(table.steps, dtype=np.int64).copy()
-    ts = np.frombuffer(table.ts, dtype=np.float64).copy()
-    tail = slice(max(0, len(steps) - 5000), None)  # rates look at the last minute only
-    tps = _column(state, "profile/tokens_per_s")
-    sms = _column(state, "profile/step_ms")
+    steps = np.frombuffer(table.steps, dtype=np.int64)  # a view: read under the model's lock
+    ts = np.frombuffer(table.ts, dtype=np.float64)
+    n_tail = min(len(steps), 5000)  # rates look at the last minute only
+    tail = slice(len(steps) - n_tail, None)
     steps_per_s, tokens_per_s = rates(
         steps[tail],
         ts[tail],
-        None if tps is None else tps[tail],
-        None if sms is None else sms[tail],
+        _column(state, "profile/tokens_per_s", n_tail),
+        _column(state, "profile/step_ms", n_tail),
     )
     manifest = state.manifest
     spe = manifest.get("steps_per_epoch")
     if not isinstance(spe, int) or spe <= 0:
-        spe = steps_per_epoch(_column(state, "epoch"), steps)
+        epoch_col = state.table.columns.get("epoch")
+        epochs = None if epoch_col is None else np.frombuffer(epoch_col, dtype=np.float32)
+        spe = steps_per_epoch(epochs, steps)  # type: ignore[arg-type]
     total = manifest.get("total_steps")
     if not isinstance(total, int) or total <= 0:
         total = spe * state.epochs_total if spe and state.epochs_total else None
@@ -279,7 +303,7 @@ def _progress(state: RunState, now: float) -> Progress:
         tokens_per_s=tokens_per_s,
         eta_epoch_s=eta_epoch,
         eta_run_s=eta_run,
-        fetch_frac=mean_tail(_column(state, "profile/fetch_frac")),
+        fetch_frac=mean_tail(_column(state, "profile/fetch_frac", 50)),
         elapsed_s=(now - start) if start else None,
     )
 
