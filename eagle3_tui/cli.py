@@ -410,9 +410,12 @@ async def monitor_ssh(target: SshTarget) -> int:
     assert isinstance(host, SshHost)
     try:
         info = await resolve(host, target.run_dir)
+        run_dir = str(info["run_dir"])  # pinned: a newer run does not take over the view
         from eagle3_tui.app.app import MonitorApp
+        from eagle3_tui.app.control import RunControl
 
-        await MonitorApp(SshTransport(host, str(info["run_dir"]))).run_async()
+        control = RunControl.for_target(target.with_run_dir(run_dir), host)
+        await MonitorApp(SshTransport(host, run_dir), control=control).run_async()
     finally:
         await host.close()
     return EXIT_OK
@@ -430,8 +433,9 @@ def cmd_monitor(ns: argparse.Namespace) -> int:
     run_dir = target.run_dir
     check_run_dir(run_dir)
     from eagle3_tui.app.app import MonitorApp
+    from eagle3_tui.app.control import RunControl
 
-    MonitorApp(LocalTransport(run_dir)).run()
+    MonitorApp(LocalTransport(run_dir), control=RunControl.for_target(target)).run()
     return EXIT_OK
 
 

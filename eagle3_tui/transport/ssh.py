@@ -425,7 +425,7 @@ class SshHost:
             if request.get("op") != "follow":
                 proc.stdin.write_eof()
         except (asyncssh.Error, OSError) as e:
-            self.drop()
+            # other channels may share the connection: connect() remakes it once closed
             raise describe(e, self.target, None) from None
         return SshChannel(proc)
 
@@ -512,7 +512,6 @@ class SshTransport:
                         yield LinkChanged(Link.REFUSED, str(err))
                         return
                     reason = str(err)
-            self.host.drop()
             delay = self.backoff[min(attempt, len(self.backoff) - 1)]
             attempt += 1
             self.reconnects += 1

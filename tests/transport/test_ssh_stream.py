@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eagle3_tui.model.reader import LineReader, Restarted
-from eagle3_tui.model.records import Record
+from eagle3_tui.model.records import Malformed
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.channel import AGENT_TAG
 from eagle3_tui.transport.ssh import SshHost, SshTransport
@@ -35,26 +36,35 @@ class Follower:
     def __init__(self, stream: AsyncIterator[StreamEvent]) -> None:
         self.stream = stream
         self.reader = LineReader()
-        self.records: list[Record] = []
+        self.records: list[Any] = []  # Record-like: kind, seq, w, step (event, pid)
         self.restarts: list[Restarted] = []
+        self.malformed: list[Any] = []
         self.links: list[LinkChanged] = []
 
     async def until(self, predicate: object, timeout: float = 60.0, what: str = "") -> None:
         deadline = time.monotonic() + timeout
         while not predicate():  # type: ignore[operator]
             left = deadline - time.monotonic()
-            if left <= 0:
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                ev = await asyncio.wait_for(anext(self.stream), left)
+            except TimeoutError:
                 raise AssertionError(
                     f"timed out waiting for {what}: {len(self.records)} records, "
+                    f"{len(self.malformed)} malformed {self.malformed[:2]}, "
                     f"links {[(x.link.value, x.detail) for x in self.links][-6:]}"
-                )
-            ev = await asyncio.wait_for(anext(self.stream), left)
+                ) from None
             if isinstance(ev, Chunk):
                 for item in self.reader.feed(ev.offset, ev.data):
-                    if isinstance(item, Record):
-                        self.records.append(item)
-                    elif isinstance(item, Restarted):
+                    if isinstance(item, Restarted):
                         self.restarts.append(item)
+                    elif isinstance(item, Malformed):
+                        self.malformed.append(item)
+                    else:  # a Record, or one of the model's lean or deferred forms of one
+                        resolve = getattr(item, "resolve", None)
+                        rec = resolve() if resolve is not None else item
+                        (self.malformed if isinstance(rec, Malformed) else self.records).append(rec)
             else:
                 self.links.append(ev)
 
@@ -265,7 +275,7 @@ async def test_the_app_monitors_a_run_over_ssh(sshd: Sshd, tmp_path: Path) -> No
     app = MonitorApp(SshTransport(host, str(run_dir)))
     try:
         async with app.run_test(size=(120, 30)) as pilot:
-            await until(pilot, lambda: app.run_model.state.records == 12, 30, "12 records")
+            await until(pilot, lambda: app.pipeline.run.state.records == 12, 30, "12 records")
             assert app.link.link == Link.CONNECTED
             assert "e3-test:" in app.source.label
     finally:
