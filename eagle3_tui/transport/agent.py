@@ -471,7 +471,10 @@ def _verify_trainer(m: dict[str, Any]) -> tuple[Proc | None, str | None]:
     pid = int(m["pid"])
     here = boot_id()
     if m.get("boot_id") and here and m["boot_id"] != here:
-        return None, "the run's processes belong to an earlier boot"
+        return None, (
+            f"the run's processes belong to an earlier boot and are gone (pid {pid}, if it "
+            "exists, is another process now: not signalled)"
+        )
     p = proc_stat(pid)
     if p is None or p.zombie:
         return None, None

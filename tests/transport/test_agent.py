@@ -323,3 +323,19 @@ async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detach
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     assert b"--- eagle3-tui resume at" in (run_dir / "train.log").read_bytes()
+
+
+def test_kill_after_a_reboot_signals_nothing(tmp_path: Path) -> None:
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        run_dir = tmp_path / "run"
+        fake_manifest(run_dir, other.pid, f"reboot-{os.getpid()}", boot_id="an-earlier-boot")
+        proc = cli("kill", str(run_dir), "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        result = json.loads(proc.stdout)
+        assert result["status"] == "not_running" and "earlier boot" in result["message"]
+        assert result["processes"] == []
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()

@@ -154,3 +154,11 @@ async def test_a_hostile_run_directory_name_is_data_never_code(sshd: Sshd, tmp_p
     local = cli("kill", str(run_dir))  # the same through the local path
     assert local.returncode == 0 and local.stdout.startswith("not_running")
     assert pwned(tmp_path, *dirs) == before, "a hostile name was executed"
+
+
+def test_the_remote_interpreter_option_is_quoted_too(sshd: Sshd, tmp_path: Path) -> None:
+    before = pwned(tmp_path, Path.home(), Path("/"))
+    proc = cli("runs", *sshd.args(), "--remote-python", "python3; touch PWNED", ALIAS)
+    assert proc.returncode == 2 and "not found" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert pwned(tmp_path, Path.home(), Path("/")) == before
