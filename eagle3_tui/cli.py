@@ -61,6 +61,12 @@ def build_monitor_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
     )
+    p.add_argument(
+        "--compare",
+        metavar="RUN",
+        help="a previous run to compare with (key c): a run directory on the same host, "
+        "or a TARGET",
+    )
     add_ssh_options(p)
     return p
 
@@ -400,7 +406,39 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 # ---- monitor ------------------------------------------------------------------
 
 
-async def monitor_ssh(target: SshTarget) -> int:
+def compare_source(ns: argparse.Namespace, target: Target, host: Any = None) -> Any:
+    """The source of ``--compare RUN``: a directory on the monitored run's host, or a TARGET."""
+    if not getattr(ns, "compare", None):
+        return None
+    from eagle3_tui.transport.local import LocalTransport, check_run_dir
+    from eagle3_tui.transport.target import LocalTarget, parse_target
+
+    other = parse_target(ns.compare, ssh_options(ns))
+    if isinstance(other, LocalTarget):
+        if isinstance(target, LocalTarget) or os.path.isdir(other.run_dir):
+            check_run_dir(other.run_dir)
+            return LocalTransport(other.run_dir)
+        other = target.with_run_dir(str(other.run_dir))  # a path on the SSH host
+    from eagle3_tui.transport.ssh import SshHost, SshTransport
+
+    same = host is not None and not isinstance(target, LocalTarget)
+    same = same and other.destination == target.destination  # type: ignore[union-attr]
+    return SshTransport(host if same else SshHost(other), other.run_dir)
+
+
+def open_run_for(target: Target, host: Any = None) -> Any:
+    """How the app opens another run of the same host (the compare picker)."""
+    from eagle3_tui.transport.local import LocalTransport
+    from eagle3_tui.transport.target import LocalTarget
+
+    if isinstance(target, LocalTarget):
+        return lambda run_dir: LocalTransport(Path(run_dir))
+    from eagle3_tui.transport.ssh import SshTransport
+
+    return lambda run_dir: SshTransport(host, run_dir)
+
+
+async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -> int:
     """Connect and find the run first (errors as one line, before any UI), then monitor it
     over the same connection."""
     from eagle3_tui.transport.control import open_host, resolve
@@ -411,11 +449,17 @@ async def monitor_ssh(target: SshTarget) -> int:
     try:
         info = await resolve(host, target.run_dir)
         run_dir = str(info["run_dir"])  # pinned: a newer run does not take over the view
-        from eagle3_tui.app.app import MonitorApp
+        from eagle3_tui.app.app import make_app
         from eagle3_tui.app.control import RunControl
 
-        control = RunControl.for_target(target.with_run_dir(run_dir), host)
-        await MonitorApp(SshTransport(host, run_dir), control=control).run_async()
+        pinned = target.with_run_dir(run_dir)
+        app = make_app(
+            SshTransport(host, run_dir),
+            control=RunControl.for_target(pinned, host),
+            compare=compare_source(ns, pinned, host) if ns is not None else None,
+            open_run=open_run_for(pinned, host),
+        )
+        await app.run_async()
     finally:
         await host.close()
     return EXIT_OK
@@ -429,13 +473,18 @@ def cmd_monitor(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
     if not isinstance(target, LocalTarget):
-        return asyncio.run(monitor_ssh(target))
+        return asyncio.run(monitor_ssh(target, ns))
     run_dir = target.run_dir
     check_run_dir(run_dir)
-    from eagle3_tui.app.app import MonitorApp
+    from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
 
-    MonitorApp(LocalTransport(run_dir), control=RunControl.for_target(target)).run()
+    make_app(
+        LocalTransport(run_dir),
+        control=RunControl.for_target(target),
+        compare=compare_source(ns, target),
+        open_run=open_run_for(target),
+    ).run()
     return EXIT_OK
 
 
@@ -587,11 +636,18 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             return rc
         print(str(run_dir))
         return EXIT_OK
-    from eagle3_tui.app.app import MonitorApp
+    from eagle3_tui.app.app import make_app
+    from eagle3_tui.app.control import RunControl
     from eagle3_tui.transport.local import LocalTransport
+    from eagle3_tui.transport.target import LocalTarget
 
+    demo_target = LocalTarget(run_dir)
     try:
-        MonitorApp(LocalTransport(run_dir)).run()
+        make_app(
+            LocalTransport(run_dir),
+            control=RunControl.for_target(demo_target),
+            open_run=open_run_for(demo_target),
+        ).run()
     finally:
         if proc.poll() is None:
             proc.terminate()  # the trainer's graceful handler saves interrupted/

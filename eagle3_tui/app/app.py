@@ -25,7 +25,8 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from eagle3_tui.app.control import RunControl
-from eagle3_tui.app.pipeline import Pipeline, Source, export_name
+from eagle3_tui.app.pipeline import Pipeline, Source, compare_runs, export_name, short_label
+from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker
@@ -81,6 +82,8 @@ class MonitorApp(App[None]):
         refresh_interval: float = 0.5,
         status_interval: float = 5.0,
         export_dir: Path | None = None,
+        compare: Source | None = None,
+        open_run: Callable[[str], Source] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -90,6 +93,12 @@ class MonitorApp(App[None]):
         self.status_interval = status_interval
         self.export_dir = export_dir
         self.pipeline = Pipeline()
+        self.open_run = open_run
+        """Opens another run of the same host by its directory (the compare picker)."""
+        self.compare_source = compare
+        self.compare_label = compare.label if compare is not None else ""
+        self.compare_pipeline: Pipeline | None = None
+        self._compared: object = None
         self._shown: tuple[int, object] | None = None
         self._built_at = 0.0
         self._building = False
@@ -129,6 +138,8 @@ class MonitorApp(App[None]):
             exit_on_error=False,
         )
         self.set_interval(self.refresh_interval, self._tick, name="refresh")
+        if self.compare_source is not None:
+            self._start_compare(self.compare_source)
         if self.control is not None:
             self.probe()
             self.set_interval(self.status_interval, self.probe, name="status")
@@ -144,6 +155,9 @@ class MonitorApp(App[None]):
         """Build and show a new snapshot when the data or the view changed, or the clock
         matters; while paused, only count how far behind the picture is."""
         if self._building:
+            return
+        if isinstance(self.screen, CompareScreen):
+            await self._tick_compare(self.screen)
             return
         view = self.view
         if view.paused:
@@ -163,9 +177,50 @@ class MonitorApp(App[None]):
             snap, generation = await self.pipeline.snapshot(self.clock(), params)
         finally:
             self._building = False
+        if self.view.paused and not view.paused:
+            return  # paused while it was built: keep the frozen picture
         self._built_at = time.monotonic()
         self._shown = (generation, self._view_key(view))
         self.snapshot = snap
+
+    async def _tick_compare(self, screen: CompareScreen) -> None:
+        other = self.compare_pipeline
+        if other is None:
+            return
+        width = screen.query_one("#cmp-loss").content_size.width or 100
+        params = replace(self.view.params(width), smoothing=max(self.view.smoothing, 0.6))
+        key = (self.pipeline.generation, other.generation, screen.axis, params)
+        if key == self._compared:
+            return
+        self._building = True
+        try:
+            labels = (short_label(self.source.label), short_label(self.compare_label))
+            comparison = await compare_runs(self.pipeline, other, screen.axis, params, labels)
+        finally:
+            self._building = False
+        self._compared = key
+        screen.comparison = comparison
+
+    def _start_compare(self, source: Source) -> None:
+        """Read another run alongside this one (its own model, stream and worker)."""
+        self.compare_source = source
+        self.compare_label = source.label
+        self.compare_pipeline = other = Pipeline()
+        self._compared = None
+        self.run_worker(
+            other.pump(source, lambda _event: None),
+            name="compare-stream",
+            group="compare-stream",
+            exclusive=True,
+            exit_on_error=False,
+        )
+        self.run_worker(
+            other.ingest(),
+            name="compare-ingest",
+            group="compare-ingest",
+            exclusive=True,
+            exit_on_error=False,
+        )
 
     def _view_key(self, view: ViewState) -> object:
         return (view.params(self._columns()),)
@@ -250,18 +305,22 @@ class MonitorApp(App[None]):
             self.push_screen(ControlDialog("resume", control))
 
     def action_compare(self) -> None:
+        """The comparison with the run given by --compare, or one picked on the host."""
+        if self.compare_pipeline is not None:
+            self.push_screen(CompareScreen(self.compare_label))
+            return
         control = self._need_control("compare")
         if control is None:
             return
 
         def picked(run_dir: str | None) -> None:
-            if run_dir is not None:
-                self.notify(
-                    f"picked {clean(run_dir)}; the comparison view is issue 7 "
-                    "(meanwhile: eagle3-tui compare A B)",
-                    title="compare",
-                    timeout=8,
-                )
+            if run_dir is None:
+                return
+            if self.open_run is None:
+                self.notify("this source cannot open another run", severity="warning")
+                return
+            self._start_compare(self.open_run(run_dir))
+            self.push_screen(CompareScreen(self.compare_label))
 
         self.push_screen(RunPicker(control, control.run_dir), picked)
 
@@ -300,7 +359,7 @@ class MonitorApp(App[None]):
 _HELP = {
     "kill": "Stop the run: confirm, SIGTERM, checkpoint saved, verified",
     "resume": "Relaunch the run from its latest complete checkpoint",
-    "compare": "Pick a previous run on the host to compare with",
+    "compare": "Compare with a previous run (--compare, or picked on the host)",
     "log_scale": "Toggle a log axis for the loss",
     "smoothing": "Cycle smoothing: off, 0.6, 0.9, 0.99",
     "narrower": "Halve the step window",
@@ -320,8 +379,15 @@ def make_app(
     refresh_interval: float = 0.5,
     status_interval: float = 5.0,
     export_dir: Path | None = None,
+    compare: Source | None = None,
+    open_run: Callable[[str], Source] | None = None,
 ) -> MonitorApp:
-    """The one way to build the monitor: the CLI and the tests both come through here."""
+    """The one way to build the monitor: the CLI and the tests both come through here.
+
+    ``source`` streams the run; ``control`` acts on its host (kill, resume, probes,
+    the runs there); ``compare`` streams a previous run to compare with, and
+    ``open_run`` opens one picked on the host by its directory.
+    """
     return MonitorApp(
         source,
         control=control,
@@ -329,4 +395,6 @@ def make_app(
         refresh_interval=refresh_interval,
         status_interval=status_interval,
         export_dir=export_dir,
+        compare=compare,
+        open_run=open_run,
     )

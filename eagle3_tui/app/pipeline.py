@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.transport.base import Chunk, LinkChanged, StreamEvent
@@ -139,6 +140,21 @@ def write_csv(
         out.writerow(["step", "ts", *names])
         for r in range(len(steps)):
             out.writerow([int(steps[r]), f"{ts[r]:.3f}", *(f"{float(c[r]):.7g}" for c in cols)])
+
+
+async def compare_runs(
+    a: Pipeline, b: Pipeline, axis: str, view: ViewParams, labels: tuple[str, str]
+) -> Comparison:
+    """Both runs compared (model.compare) in a worker thread, each model under its lock."""
+    async with a.lock, b.lock:
+        return await asyncio.to_thread(
+            compare, a.run.state, b.run.state, axis=axis, view=view, labels=labels
+        )
+
+
+def short_label(label: str) -> str:
+    """The last part of a run's path: ``host:/runs/exp7`` -> ``exp7``."""
+    return label.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or label
 
 
 def export_name(label: str, first: int | None, last: int | None) -> str:

@@ -172,7 +172,7 @@ class FakeControl(RunControl):
             "runs": [
                 {"run_dir": "/runs/exp7", "exists": True, "alive": True, "started_at": T0},
                 {
-                    "run_dir": "/runs/exp6 [bold]x[/]",
+                    "run_dir": "/runs/exp6 [bold]x",
                     "exists": True,
                     "alive": False,
                     "status": "finished",

@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 from eagle3_tui.app.app import MonitorApp, make_app
+from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker
@@ -261,7 +262,16 @@ async def test_export_writes_the_window_as_csv(tmp_path: Path) -> None:
 
 async def test_help_compare_picker_and_quit() -> None:
     control = FakeControl()
-    app, _ = app_with(control=control)
+    _, data = training(300)
+    _, previous = training(200)
+    opened: list[str] = []
+
+    def open_run(run_dir: str) -> ReplayTransport:
+        opened.append(run_dir)
+        return ReplayTransport([previous], label=run_dir)
+
+    app, _ = app_with(data, control=control)
+    app.open_run = open_run
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
@@ -273,8 +283,23 @@ async def test_help_compare_picker_and_quit() -> None:
         assert isinstance(picker, RunPicker)
         await until(pilot, lambda: picker.query_one("#runs").option_count == 1, what="runs")
         await pilot.press("enter")
-        await until(pilot, lambda: not isinstance(app.screen, RunPicker), what="picked")
-        assert any("issue 7" in str(n.message) for n in app._notifications)
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="the comparison")
+        assert opened == ["/runs/exp6 [bold]x"]
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await until(
+            pilot,
+            lambda: screen.comparison is not None and screen.comparison.at_step_b == 199,
+            what="compared at the previous run's last step",
+        )
+        assert "loss" in [r.metric for r in screen.comparison.rows]  # type: ignore[union-attr]
+        assert "exp6 [bold]x" in text_of(screen.query_one("#cmp-sides"))
+        await pilot.press("a")
+        await until(pilot, lambda: screen.comparison.axis == "tokens", what="tokens axis")  # type: ignore[union-attr]
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, CompareScreen), what="back")
+        await pilot.press("c")  # the same comparison again, no picker
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="again")
         await pilot.press("q")
     assert app.return_code == 0
 
