@@ -54,7 +54,7 @@ class MonitorApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "Kill"),
         Binding("r", "resume", "Resume"),
-        Binding("c", "compare", "Compare"),
+        Binding("c", "compare", "Comp"),
         Binding("l", "log_scale", "Log"),
         Binding("s", "smoothing", "Smooth"),
         Binding("left_square_bracket", "narrower", "½", key_display="["),

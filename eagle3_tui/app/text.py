@@ -35,8 +35,11 @@ def clean(text: object) -> str:
     return printable(s)
 
 
-def inert(text: object, style: str = "") -> Text:
-    """Text from the run, shown exactly as written (no markup, no escapes)."""
+def inert(text: object, style: str = "", wrap: bool = False) -> Text:
+    """Text from the run, shown exactly as written (no markup, no escapes); one line
+    cut with an ellipsis unless ``wrap``."""
+    if wrap:
+        return Text(clean(text), style=style, overflow="fold")
     return Text(clean(text), style=style, no_wrap=True, overflow="ellipsis")
 
 

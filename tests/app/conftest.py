@@ -48,18 +48,19 @@ def text_of(widget: Any, width: int = 160) -> str:
 
 
 def training(
-    steps: int = 600, lines: Lines | None = None, gpus: int = 8, start: int = 0
+    steps: int = 600, lines: Lines | None = None, gpus: int = 8, start: int = 0, worse: float = 0
 ) -> tuple[Lines, bytes]:
     """A realistic run: loss falling with noise, accuracies rising, GPU and read samples
-    every 10 steps, validation and checkpoints each epoch of 200 steps."""
+    every 10 steps, validation and checkpoints each epoch of 200 steps (``worse``: a
+    higher loss and lower accuracies, for a previous run to compare with)."""
     lines = lines or Lines(t0=T0, dt=0.5)
     out: list[bytes] = []
     if start == 0:
         out.append(lines.event("start", pid=4242, global_step=0))
         out.append(lines.log("Training epoch 1/6 started"))
     for s in range(start, start + steps):
-        loss = 3.0 * math.exp(-s / 300) + 0.4 + 0.08 * math.sin(s / 5)
-        acc = (0.55 + 0.3 * s / 1000, 0.62 + 0.2 * s / 1000, 0.7)
+        loss = 3.0 * math.exp(-s / 300) + 0.4 + 0.08 * math.sin(s / 5) + worse
+        acc = (0.55 + 0.3 * s / 1000 - worse / 4, 0.62 + 0.2 * s / 1000 - worse / 8, 0.7)
         out.append(lines.train(s, loss, acc=acc, epoch=s // 200))
         if s % 10 == 0:
             out.append(lines.gpu(92.0 - (s % 40), devices=gpus))

@@ -39,7 +39,7 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     lines: list[Text] = []
     if not status.get("alive"):
         why = status.get("problem") or "its trainer is not running"
-        lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f"))
+        lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f", wrap=True))
         lines.append(
             Text("Kill still looks for leftover processes of the run (its marker) and ends them.")
         )
@@ -60,7 +60,8 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     lines.append(
         inert(
             f"started {_when(m.get('started_at'))}; its start time (tick {m.get('start_ticks')}) "
-            "and boot id are checked again before the signal"
+            "and boot id are checked again before the signal",
+            wrap=True,
         )
     )
     lines.append(inert(f"run  {status.get('run_dir') or control.where}", style="dim"))
@@ -89,7 +90,7 @@ def resume_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     shown = " ".join(str(a) for a in cmd) if isinstance(cmd, list) else "(no resume_command)"
     t = Text()
     t.append("run ", style="bold")
-    t.append_text(inert(shown))
+    t.append_text(inert(shown, wrap=True))
     lines.append(t)
     lines.append(inert(f"in   {m.get('cwd') or status.get('run_dir')}", style="dim"))
     lines.append(inert(f"on   {status.get('host') or m.get('host') or '?'}", style="dim"))
@@ -107,7 +108,7 @@ def report(op: str, result: dict[str, Any]) -> RenderableType:
     ok = result.get("status") in ("stopped", "not_running", "started")
     first, _, rest = text.partition("\n")
     return Group(
-        inert(first, style="bold #5fd75f" if ok else "bold #ff5f5f"),
+        inert(first, style="bold #5fd75f" if ok else "bold #ff5f5f", wrap=True),
         *(inert(line) for line in rest.splitlines()),
     )
 
@@ -158,7 +159,7 @@ class ControlDialog(ModalScreen[None]):
             status = await self.control.status()
         except Exception as e:  # shown: no manifest, unreachable host, refused key...
             self.state = "failed"
-            plan.update(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f"))
+            plan.update(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f", wrap=True))
             self.query_one("#close", Button).label = "Close (esc)"
             return
         plan.update(
@@ -190,7 +191,7 @@ class ControlDialog(ModalScreen[None]):
                 result = await self.control.resume()
         except Exception as e:  # shown: a refusal (still running, no checkpoint), a lost link
             self.state = "failed"
-            outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f"))
+            outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
         else:
             self.state = "done"
             outcome.update(report(self.op, result))

@@ -82,8 +82,8 @@ class AcceptanceTable(Panel):
             arrow, style = ("→", "dim")
             if abs(delta) > 1e-3:
                 arrow, style = ("↑", "green") if delta > 0 else ("↓", "red")
-            tau.append(f" {arrow}{delta:+.3f}", style=style)
-            tau.append(f"/{steps:,} st", style="dim")
+            tau.append(f" {arrow} {delta:+.3f}", style=style)
+            tau.append(f" in {steps:,} steps", style="dim")
         parts: list[RenderableType] = [table, tau]
         if self.rows >= snap.ttt_steps + 4 and snap.val_rows:
             v = snap.val_rows[-1]
@@ -135,14 +135,16 @@ class ProgressPanel(Panel):
         epoch = "–" if p.epoch is None else str(p.epoch + 1)
         head.append("epoch ", style="dim")
         head.append(f"{epoch}/{p.epochs_total or '?'}", style="bold")
+        head.append("  step ", style="dim")
+        head.append("–" if p.step is None else f"{p.step:,}", style="bold")
+        if p.total_steps:
+            head.append(f"/{p.total_steps:,}")
         frac = None
         if p.step is not None and p.total_steps:
             frac = (p.step + 1) / p.total_steps
-        width = max(4, min(24, self.cols - 34))
-        head.append(f" {bar(frac, width)} ", style="#5fafd7")
-        head.append("–" if frac is None else f"{frac:.0%}")
-        head.append("  step ", style="dim")
-        head.append("–" if p.step is None else f"{p.step:,}", style="bold")
+        width = max(4, min(30, self.cols - head.cell_len - 6))
+        head.append(f" {bar(frac, width)}", style="#5fafd7")
+        head.append("" if frac is None else f" {frac:.0%}")
         lines.append(head)
         pace = Text(no_wrap=True, overflow="ellipsis")
         pace.append("pace  ", style="dim")

@@ -194,7 +194,9 @@ class AcceptancePlot(MetricPlot):
     def draw(self) -> None:
         plt = self.plt
         items: list[tuple[str, RGB]] = []
-        for line in self.snapshot.acc_lines:
+        # conditional (dim) first: where it equals the full accuracy (k = 0), full shows
+        lines = sorted(self.snapshot.acc_lines, key=lambda line: line.label.startswith("full"))
+        for line in lines:
             name, _, k_text = line.label.rpartition("_")
             k = int(k_text) if k_text.isdigit() else 0
             base = TTT[k % len(TTT)]

@@ -1,0 +1,76 @@
+"""Pictures of the screens at 120×40 and 80×24, with fixed data and a frozen clock.
+
+Reviewed by eye before each ``--snapshot-update`` (see the README's screenshot, made
+from the same data): a changed picture is a changed product.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_tui.app.app import MonitorApp, make_app
+from eagle3_tui.app.screens.compare import CompareScreen
+from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.transport.replay import ReplayTransport
+from tests.app.conftest import T0, FakeControl, training
+from tests.conftest import until
+
+NOW = T0 + 300.5 + 2
+
+
+def main_app(control: FakeControl | None = None) -> MonitorApp:
+    lines, data = training(600)
+    lines.at(T0 + 250)
+    data += lines.log("loss spike at step 498 [bold]ignored[/bold] \x1b[31m(clipped)", "WARNING")
+    return make_app(
+        ReplayTransport([data], label="gpu-box:/runs/exp7"),
+        control=control,
+        clock=lambda: NOW,
+        refresh_interval=0.02,
+        status_interval=3600,
+    )
+
+
+async def loaded(pilot: Any) -> None:
+    app = pilot.app
+    await until(pilot, lambda: app.snapshot.global_step == 599, what="the whole run")
+    await pilot.pause()
+
+
+def test_main_screen_120x40(snap_compare: Any) -> None:
+    assert snap_compare(main_app(), terminal_size=(120, 40), run_before=loaded)
+
+
+def test_main_screen_80x24(snap_compare: Any) -> None:
+    assert snap_compare(main_app(), terminal_size=(80, 24), run_before=loaded)
+
+
+def test_kill_confirmation_80x24(snap_compare: Any) -> None:
+    async def confirm(pilot: Any) -> None:
+        await loaded(pilot)
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ControlDialog), what="dialog")
+        await until(pilot, lambda: pilot.app.screen.state == "ready", what="the plan")
+        await pilot.pause()
+
+    assert snap_compare(main_app(FakeControl()), terminal_size=(80, 24), run_before=confirm)
+
+
+def test_comparison_120x40(snap_compare: Any) -> None:
+    _, previous = training(400, worse=0.2)
+    app = main_app()
+    app.compare_source = ReplayTransport([previous], label="gpu-box:/runs/exp6")
+
+    async def compare(pilot: Any) -> None:
+        await loaded(pilot)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), what="screen")
+        screen = pilot.app.screen
+        await until(
+            pilot,
+            lambda: screen.comparison is not None and screen.comparison.at_step_b == 399,
+            what="the comparison",
+        )
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=compare)
