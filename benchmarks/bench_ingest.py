@@ -176,7 +176,9 @@ def main() -> None:
         compare(f"{a.steps:,} training steps", path)
         mixed = Path(d) / "mixed.jsonl"
         mixed.write_bytes(b"".join(mixed_lines(a.steps)))
-        compare(f"{a.steps:,} steps + 8-GPU sample per second", mixed)
+        compare(
+            f"{a.steps:,} steps + per second an 8-GPU, an 8-worker IO sample, a heartbeat", mixed
+        )
         del path, mixed
     downsample_1m()
     rss_1m(a.steps_1m)

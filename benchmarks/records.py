@@ -86,6 +86,51 @@ def gpu_line(seq: int, ts: float, rng: random.Random, devices: int = 8) -> bytes
     return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
 
 
+def io_line(seq: int, ts: float, rng: random.Random, workers: int = 8) -> bytes:
+    ws = [
+        {
+            "pid": 5000 + i,
+            "role": "worker",
+            "read_bytes": rng.uniform(1e7, 5e7),
+            "read_total": 1e10,
+            "files": [f"/data/hidden_states/hs_{rng.randrange(10**6)}.safetensors"],
+        }
+        for i in range(workers)
+    ]
+    rec = {
+        "v": 1,
+        "seq": seq,
+        "w": "4243-sidecar",
+        "ts": ts,
+        "kind": "io",
+        "rank": 0,
+        "interval_s": 1.0,
+        "workers": ws,
+        "bytes": sum(w["read_bytes"] for w in ws),
+        "files_read": workers,
+    }
+    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+
+def heartbeat_line(seq: int, ts: float) -> bytes:
+    rec = {
+        "v": 1,
+        "seq": seq,
+        "w": "4243-sidecar",
+        "ts": ts,
+        "kind": "heartbeat",
+        "rank": 0,
+        "written": seq,
+        "dropped": 0,
+        "bytes": seq * 600,
+        "errors": {},
+        "overhead_us": {"p50": 6.5, "p99": 12.0},
+        "sampler_cpu_pct": 0.8,
+        "trainer": {"pid": 4242, "alive": True, "state": "R", "cpu_s": ts - 1.79e9},
+    }
+    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+
 def train_lines(n: int, seed: int = 0, t0: float = 1.79e9, dt: float = 0.5) -> Iterator[bytes]:
     rng = random.Random(seed)
     for step in range(n):
@@ -95,15 +140,22 @@ def train_lines(n: int, seed: int = 0, t0: float = 1.79e9, dt: float = 0.5) -> I
 def mixed_lines(
     n_steps: int, seed: int = 0, t0: float = 1.79e9, dt: float = 0.5
 ) -> Iterator[bytes]:
-    """Training steps every ``dt`` s with an 8-GPU sample every second in between."""
+    """What a real run writes: a step every ``dt`` s from the trainer, and every
+    second an 8-GPU sample, an 8-worker read sample and a heartbeat from the sidecar."""
     rng = random.Random(seed)
     seq = 0
-    next_gpu = t0
+    side = 0
+    next_tick = t0
     for step in range(n_steps):
         ts = t0 + step * dt
-        while next_gpu <= ts:
-            yield gpu_line(seq, next_gpu, rng)
-            seq += 1
-            next_gpu += 1.0
+        while next_tick <= ts:
+            for line in (
+                gpu_line(side, next_tick, rng),
+                io_line(side + 1, next_tick, rng),
+                heartbeat_line(side + 2, next_tick),
+            ):
+                yield line.replace(b'"w":"4242-a1b2c3"', b'"w":"4243-sidecar"')
+            side += 3
+            next_tick += 1.0
         yield train_line(step, seq, ts, rng)
         seq += 1

@@ -109,9 +109,10 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
     since = now - window
     utils = [
         dev.util
-        for hist in state.gpu_history.values()
-        for ts, dev in hist
-        if ts >= since and dev.util is not None
+        for ts, devs in state.gpu_samples
+        if ts >= since
+        for dev in devs
+        if dev.util is not None
     ]
     gpu_known = bool(utils) or (state.last_gpu_ts is not None and state.gpu_status == "ok")
     peak = max(utils) if utils else None
@@ -157,6 +158,7 @@ def _diverged(state: RunState) -> str | None:
 
 def diagnose(state: RunState, now: float) -> Diagnosis:
     """The run's health from its records and any process probe."""
+    state.settle()
     step = state.global_step
     last = state.last_event()
     if last is not None and last.event == "finish":

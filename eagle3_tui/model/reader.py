@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from eagle3_tui.model.records import Decoders, Malformed, Record, TrainStep
+from eagle3_tui.model.records import Decoders, Deferred, Malformed, Record, TrainStep
 
 MAX_LINE = 16 * 1024 * 1024  # a "line" longer than this is junk, not a record
 _MIN_BATCH = 8
@@ -33,7 +33,7 @@ class Restarted:
     reason: str
 
 
-Item = Record | TrainStep | Malformed | Restarted
+Item = Record | TrainStep | Deferred | Malformed | Restarted
 
 
 class LineReader:

@@ -311,7 +311,24 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False):
         return self.step if self.step is not None else self.global_step
 
 
-AnyRecord = Record | TrainStep
+@dataclass(slots=True)
+class Deferred:
+    """A record of another kind met in a batch of training steps: its envelope is
+    known, its payload is decoded only if it is used (:meth:`resolve`). A catch-up
+    skips most sampler records (only the latest hundreds are kept), so most are never
+    decoded in full."""
+
+    kind: str
+    seq: int
+    w: str
+    ts: float
+    line: bytes
+
+    def resolve(self) -> Record | Malformed:
+        return decode_line(self.line)
+
+
+AnyRecord = Record | TrainStep | Deferred
 
 
 class Decoders:
@@ -384,10 +401,8 @@ class Decoders:
                     if len(lines) == count:
                         for i, kind in enumerate(kinds):
                             if kind != "train":
-                                one = self.one(lines[i])
-                                if not isinstance(one, Record):
-                                    return None  # a bad line: the careful path reports it
-                                lean[i] = one
+                                env = lean[i]
+                                lean[i] = Deferred(kind, env.seq, env.w, env.ts, lines[i])
                         return lean
         recs: list[Record] | None = None
         if self._fast is not None:

@@ -14,12 +14,18 @@ class Run:
 
     def __init__(self) -> None:
         self.reader = LineReader()
-        self.state = RunState()
+        self._state = RunState()
+
+    @property
+    def state(self) -> RunState:
+        """The run state, its queued sampler records applied."""
+        self._state.settle()
+        return self._state
 
     def feed(self, offset: int, data: bytes) -> int:
         """Feed a chunk; returns how many items (records, malformed lines) it completed."""
         items = self.reader.feed(offset, data)
-        self.state.apply_all(items)
+        self._state.apply_all(items)
         return len(items)
 
     @property

@@ -319,7 +319,7 @@ def _gpus(state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
     out = []
     for index in sorted(state.gpu_devices):
         d = state.gpu_devices[index]
-        hist = state.gpu_history.get(index, ())
+        hist = state.gpu_history(index)
         spark = _spark([dev.util for _, dev in hist if dev.util is not None], view.spark_points)
         out.append(
             GpuView(
@@ -364,6 +364,7 @@ def _io(state: RunState, view: ViewParams) -> IoView | None:
 def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) -> Snapshot:
     """Freeze ``state`` for drawing with ``view``."""
     view = view or ViewParams()
+    state.settle()
     diagnosis = diagnose(state, now)
     progress = _progress(state, now)
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):

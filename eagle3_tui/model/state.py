@@ -27,11 +27,13 @@ from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
     PROFILE_FIELDS,
     AnyRecord,
+    Deferred,
     GpuDevice,
     IoWorker,
     Malformed,
     Record,
     TrainMetrics,
+    TrainStep,
     gpu_devices,
     io_workers,
     train_items,
@@ -43,9 +45,11 @@ BATCH_MIN = 16
 MAX_LOG = 2000
 MAX_MALFORMED = 200
 MAX_EVENTS = 1000
-GPU_HISTORY = 900  # samples per device (15 min at 1 s)
-IO_HISTORY = 900
+GPU_HISTORY = 600  # samples (10 min at 1 s)
+IO_HISTORY = 600
 RECENT_FILES = 50
+_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
+"""Sampler kinds and how many of their newest records the state keeps."""
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
@@ -147,7 +151,9 @@ class RunState:
     gpu_status: str | None = None
     gpu_error: str | None = None
     gpu_devices: dict[int, GpuDevice] = field(default_factory=dict)
-    gpu_history: dict[int, deque[tuple[float, GpuDevice]]] = field(default_factory=dict)
+    gpu_samples: deque[tuple[float, list[GpuDevice]]] = field(
+        default_factory=lambda: deque(maxlen=GPU_HISTORY)
+    )
     """Per device index: (ts, reading), oldest first."""
     last_gpu_ts: float | None = None
     io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
@@ -160,6 +166,10 @@ class RunState:
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
     activity: Activity | None = None
+    _pending: dict[str, deque[Record | Deferred]] = field(
+        default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
+    )
+    _unsettled: bool = False
     # evidence from outside the file (a probe of the process)
     process_alive: bool | None = None
     process_checked_at: float | None = None
@@ -178,6 +188,19 @@ class RunState:
             self.malformed.append(item)
         elif isinstance(item, Restarted):
             self.restarts.append(item)
+        elif isinstance(item, Deferred):
+            if item.kind in self._pending and self._check_seq(item):
+                self.records += 1
+                self._touch(item.ts)
+                self._pending[item.kind].append(item)
+                self._unsettled = True
+                return
+            full = item.resolve()
+            if isinstance(full, Malformed):
+                self.malformed_count += 1
+                self.malformed.append(full)
+            elif self._check_seq(full):
+                self._apply_record(full)
         elif self._check_seq(item):
             self._apply_record(item)
 
@@ -190,6 +213,33 @@ class RunState:
     def set_process(self, alive: bool | None, checked_at: float) -> None:
         self.process_alive = alive
         self.process_checked_at = checked_at
+
+    def settle(self) -> None:
+        """Apply the queued sampler records (only the newest ones a history keeps).
+
+        A catch-up meets tens of thousands of GPU, IO and heartbeat samples of which
+        the bounded histories keep the last few hundred: they wait here, undecoded,
+        and only those kept are decoded and applied. Readers of sampler state call
+        this first (``Run.state``, ``diagnose``, ``build_snapshot`` do).
+        """
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        for kind, queue in self._pending.items():
+            while queue:
+                item = queue.popleft()
+                rec = item.resolve() if isinstance(item, Deferred) else item
+                if isinstance(rec, Malformed):
+                    self.malformed_count += 1
+                    self.malformed.append(rec)
+                elif isinstance(rec, Record):
+                    if kind == "gpu":
+                        self._apply_gpu(rec)
+                    elif kind == "io":
+                        self._apply_io(rec)
+                    else:
+                        self.heartbeat = rec
+                        self.last_heartbeat_ts = rec.ts
 
     def _check_seq(self, rec: AnyRecord) -> bool:
         """Track per-writer sequence numbers; False for a duplicate to drop."""
@@ -214,7 +264,7 @@ class RunState:
             if self.last_ts is None or ts > self.last_ts:
                 self.last_ts = ts
 
-    def _apply_record(self, rec: AnyRecord) -> None:
+    def _apply_record(self, rec: Record | TrainStep) -> None:
         self.records += 1
         self._touch(rec.ts)
         kind = rec.kind
@@ -222,19 +272,16 @@ class RunState:
             self._apply_train(rec)
         elif not isinstance(rec, Record):
             return
+        elif kind in self._pending:
+            self._pending[kind].append(rec)
+            self._unsettled = True
         elif kind == "val":
             self._apply_val(rec)
         elif kind == "log":
             self._apply_log(rec)
-        elif kind == "gpu":
-            self._apply_gpu(rec)
-        elif kind == "io":
-            self._apply_io(rec)
+
         elif kind == "ckpt":
             self._apply_ckpt(rec)
-        elif kind == "heartbeat":
-            self.heartbeat = rec
-            self.last_heartbeat_ts = rec.ts
         elif kind == "lifecycle":
             self._apply_lifecycle(rec)
         elif kind == "hparams" and rec.hparams:
@@ -249,14 +296,15 @@ class RunState:
             for e in [e for e, s in self.val_steps.items() if s > step]:
                 self.val_steps.pop(e, None)
 
-    def _note_train(self, rec: AnyRecord) -> None:
+    def _note_train(self, rec: Record | TrainStep) -> None:
+        """A training step was logged: whatever long activity began before it is over."""
         if rec.epoch is not None and isinstance(rec.epoch, int):
             self.epoch = rec.epoch
         self.last_train_ts = rec.ts or self.last_train_ts
-        if self.activity is not None and self.activity.what == "validating":
+        if self.activity is not None and self.activity.since <= rec.ts:
             self.activity = None
 
-    def _apply_train(self, rec: AnyRecord) -> None:
+    def _apply_train(self, rec: Record | TrainStep) -> None:
         step = rec.step_or_global
         if step is None:
             last = self.table.last_step
@@ -293,8 +341,8 @@ class RunState:
     def _apply_batch(self, items: list[Item]) -> bool:
         """The catch-up fast path; False (nothing applied) when the batch is not uniform.
 
-        Uniform: one writer, consecutive sequence numbers continuing the writer's, no
-        restart, training steps decoded by the learned typed decoder with increasing
+        Uniform: per writer, consecutive sequence numbers continuing the writer's; no
+        restart; training steps decoded by the learned typed decoder with increasing
         steps, a float lr and an int epoch. Other kinds are applied one by one, in
         order; they never touch the step table, so applying the steps after them
         changes nothing but the (re-derived) activity.
@@ -306,17 +354,24 @@ class RunState:
             "list[AnyRecord]",
             [it for it in items if type(it) is not Malformed] if Malformed in types else items,
         )
-        writers = set(map(_W, recs))
-        if len(writers) != 1:
-            return False
+        # per writer: sequence numbers consecutive and continuing what came before
+        names = list(map(_W, recs))
         seqs = np.fromiter(map(_SEQ, recs), dtype=np.int64, count=len(recs))
-        first_seq = int(seqs[0])
-        if first_seq < 0 or (len(seqs) > 1 and not bool((np.diff(seqs) == 1).all())):
-            return False
-        (writer,) = writers
-        ws = self.writers.get(writer)
-        if ws is not None and first_seq < ws.next_seq:
-            return False  # duplicates: let the careful path drop them
+        unique = set(names)
+        if len(unique) == 1:
+            groups = {names[0]: seqs}
+        else:
+            arr = np.asarray(names)
+            groups = {w: seqs[arr == w] for w in unique}
+        spans: dict[str, tuple[int, int]] = {}
+        for writer, mine in groups.items():
+            first = int(mine[0])
+            if first < 0 or (len(mine) > 1 and not bool((np.diff(mine) == 1).all())):
+                return False
+            known = self.writers.get(writer)
+            if known is not None and first < known.next_seq:
+                return False  # duplicates: let the careful path drop them
+            spans[writer] = (first, int(mine[-1]))
         kinds = list(map(_KIND, recs))
         n = kinds.count("train")
         if n < BATCH_MIN:
@@ -356,28 +411,34 @@ class RunState:
         epochs = env[:, 3]
         if n > 1 and not bool((np.diff(steps) > 0).all()):
             return False
-        # From here on the batch is applied. Sampler records beyond what the
-        # bounded histories keep are superseded: count them, skip their work.
-        if n == len(recs):
-            others: list[AnyRecord] = []
-            kinds = []
-        else:
-            others = [r for r, k in zip(recs, kinds, strict=True) if k != "train"]
-            kinds = [k for k in kinds if k != "train"]
-        keep_from = {k: kinds.count(k) - limit for k, limit in _KEEP_LAST.items()}
-        seen: dict[str, int] = dict.fromkeys(_KEEP_LAST, 0)
-        for r, kind in zip(others, kinds, strict=True):
-            if kind in seen:
-                seen[kind] += 1
-                if seen[kind] <= keep_from[kind]:
+        # From here on the batch is applied. Sampler records only queue (settle()
+        # applies the ones the bounded histories keep); the rest apply in order.
+        if n != len(recs):
+            pending = self._pending
+            for r, kind in zip(recs, kinds, strict=True):
+                if kind == "train":
+                    continue
+                queue = pending.get(kind)
+                if queue is not None:
+                    queue.append(r)  # type: ignore[arg-type]  # never a TrainStep
+                    self._unsettled = True
                     self.records += 1
                     self._touch(r.ts)
-                    continue
-            self._apply_record(r)
-        if ws is None:
-            ws = self.writers[writer] = WriterSeq(next_seq=first_seq)
-        ws.lost += first_seq - ws.next_seq
-        ws.next_seq = int(seqs[-1]) + 1
+                elif isinstance(r, Deferred):
+                    full = r.resolve()
+                    if isinstance(full, Malformed):
+                        self.malformed_count += 1
+                        self.malformed.append(full)
+                    else:
+                        self._apply_record(full)
+                else:
+                    self._apply_record(r)  # type: ignore[arg-type]
+        for writer, (first, last_seq) in spans.items():
+            ws = self.writers.get(writer)
+            if ws is None:
+                ws = self.writers[writer] = WriterSeq(next_seq=first)
+            ws.lost += first - ws.next_seq
+            ws.next_seq = last_seq + 1
         for bad in items:
             if type(bad) is Malformed:
                 self.apply(bad)
@@ -395,10 +456,7 @@ class RunState:
         self._touch(float(ts.min()))
         self._touch(float(ts.max()))
         self._note_ttt(keys)
-        last = trains[-1]
-        if self.activity is not None and self.activity.since <= last.ts:
-            self.activity = None  # a step logged after it began: it is over
-        self._note_train(last)
+        self._note_train(cast("TrainStep", trains[-1]))
         return True
 
     # ---- other kinds ----------------------------------------------------------
@@ -446,10 +504,11 @@ class RunState:
         self.gpu_error = rec.error
         for dev in devices:
             self.gpu_devices[dev.index] = dev
-            hist = self.gpu_history.get(dev.index)
-            if hist is None:
-                hist = self.gpu_history[dev.index] = deque(maxlen=GPU_HISTORY)
-            hist.append((rec.ts, dev))
+        self.gpu_samples.append((rec.ts, devices))
+
+    def gpu_history(self, index: int) -> list[tuple[float, GpuDevice]]:
+        """(ts, reading) of one device, oldest first."""
+        return [(ts, d) for ts, devs in self.gpu_samples for d in devs if d.index == index]
 
     def _bad_payload(self, rec: Record, reason: str) -> None:
         """A record whose envelope is fine but whose payload is not: counted as malformed."""
@@ -534,7 +593,6 @@ class RunState:
         return list(self.ckpt_events)
 
 
-_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
 _W = attrgetter("w")
 _SEQ = attrgetter("seq")
 _KIND = attrgetter("kind")

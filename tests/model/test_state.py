@@ -81,7 +81,7 @@ def test_other_writers_lines_interleave_without_loss() -> None:
             parts.append(b.gpu(95.0))
     state = run_of(b"".join(parts)).state
     assert state.lost_records == 0 and state.train_steps == 40
-    assert len(state.gpu_history[0]) == 14 and state.gpu_devices[1].util == 95.0
+    assert len(state.gpu_history(0)) == 14 and state.gpu_devices[1].util == 95.0
 
 
 def test_non_finite_values_in_every_spelling() -> None:
@@ -226,7 +226,8 @@ def state_digest(state: RunState) -> tuple[object, ...]:
         state.duplicate_records,
         [(r.first, r.last) for r in state.redos],
         len(state.logs),
-        sorted(state.gpu_history),
+        sorted(state.gpu_devices),
+        len(state.gpu_samples),
         state.epoch,
     )
 
