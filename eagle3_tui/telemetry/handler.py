@@ -50,8 +50,8 @@ class TelemetryHandler(logging.Handler):
 
     ``on_message(text)`` is called with each message of the ``speculators``
     loggers (the telemetry session reads checkpoint and interrupt messages from
-    it); ``on_metrics(kind, payload, step)`` with each metric record written (the
-    progress line). Neither may raise into the trainer: their errors are counted.
+    it); ``on_metrics(kind, payload, step)``, when set, with each metric record
+    written (the progress line). Neither may raise into the trainer: their errors are counted.
     """
 
     def __init__(self, writer: JsonlWriter, *, is_writer_rank: bool = True) -> None:
@@ -61,6 +61,8 @@ class TelemetryHandler(logging.Handler):
         self.on_message: Callable[[str], None] | None = None
         self.on_metrics: Callable[[str, Mapping[str, Any], int | None], None] | None = None
         self._last: logging.LogRecord | None = None
+        self.last_step: int | None = None
+        """The step of the last train record written."""
 
     def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
         # No handler lock: the writer locks. The handler sits on both speculators.metrics
@@ -82,7 +84,9 @@ class TelemetryHandler(logging.Handler):
                 if not self.is_writer_rank:
                     return
                 kind, payload, step = metric_payload(msg, record)
-                self.writer.write(kind, payload, step)
+                self.writer.write_deferred(kind, payload, step)  # encoded by the writer thread
+                if step is not None and kind == "train":
+                    self.last_step = step
                 if self.on_metrics is not None:
                     self.on_metrics(kind, payload, step)
                 return

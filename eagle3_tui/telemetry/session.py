@@ -113,13 +113,20 @@ class Telemetry:
         self.progress: ProgressPrinter | None = None
         self.reattached = 0
         self.interrupted = False
-        self.last_step: int | None = None
         self._finished = False
         self._closed = False
         self._lock = threading.Lock()
         self._prev_excepthook: Callable[..., Any] | None = None
         handler.on_message = self._on_message
-        handler.on_metrics = self._on_metrics
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last train record written."""
+        return self.handler.last_step
+
+    @last_step.setter
+    def last_step(self, step: int | None) -> None:
+        self.handler.last_step = step
 
     # ---- logging ----------------------------------------------------------------
     def ensure_attached(self) -> bool:
@@ -176,12 +183,6 @@ class Telemetry:
             self._send({"op": "message", "text": text, "ts": time.time()})
         elif text.startswith("Received SIG") and "interrupting" in text:
             self.interrupted = True
-
-    def _on_metrics(self, kind: str, payload: Mapping[str, Any], step: int | None) -> None:
-        if kind == "train" and step is not None:
-            self.last_step = step
-        if self.progress is not None:
-            self.progress.on_metrics(kind, payload, step)
 
     def _send(self, op: dict[str, Any]) -> None:
         host = self.samplers
@@ -527,6 +528,7 @@ def attach(
             telemetry.update_manifest(sampler_pid=telemetry.samplers.pid)
     if progress_every > 0:
         telemetry.progress = ProgressPrinter(progress_every, telemetry.bounds)
+        handler.on_metrics = telemetry.progress.on_metrics
     if trainer is not None:
         telemetry.watch_trainer(trainer)
 

@@ -85,6 +85,10 @@ MAX_WRITE: Final = 1 << 16
 OVERHEAD_SAMPLES: Final = 2048
 
 
+_Deferred = tuple[str, dict[str, Any], "int | None", int, float, int]
+"""A record the writer thread encodes: kind, payload, step, seq, ts, accounted bytes."""
+
+
 @dataclass
 class WriterStats:
     """What the writer has done so far; reported in heartbeats."""
@@ -128,7 +132,9 @@ class JsonlWriter:
         self.stats = WriterStats()
         self._fd: int | None = None
         self._ident: tuple[int, int] | None = None
-        self._queue: collections.deque[bytes] = collections.deque()
+        # encoded lines, or (kind, payload, step, seq, ts, accounted size) to encode
+        self._queue: collections.deque[bytes | _Deferred] = collections.deque()
+        self._estimate = 600  # bytes per deferred record, until one is encoded
         self._queue_bytes = 0
         self._max_queue_bytes = max_queue_bytes
         self._background = background
@@ -187,8 +193,45 @@ class JsonlWriter:
             self._count_drop(e)
             return False
 
+    def write_deferred(self, kind: str, payload: Mapping[str, Any], step: int | None) -> bool:
+        """Queue a record that the writer thread encodes: the hot path for the
+        library's per-step metrics (the caller pays a shallow copy and an append).
+
+        The payload's top level and the dicts directly in it are copied now;
+        values must be immutable (speculators logs fresh dicts of Python floats).
+        Sequence number and timestamp are taken now, so order and time are exact.
+        """
+        try:
+            if self._closed or self._forked or not self._background:
+                return self.write(kind, payload, step)
+            copy = {k: (v.copy() if type(v) is dict else v) for k, v in payload.items()}
+            ts = self._clock()
+            with self._lock:
+                seq = self._seq
+                self._seq = seq + 1
+                est = self._estimate
+                size = self._queue_bytes + est
+                if size > self._max_queue_bytes:
+                    self._count_drop("queue_full")
+                    return False
+                self._queue.append((kind, copy, step, seq, ts, est))
+                self._queue_bytes = size
+                if size > self.stats.queue_peak_bytes:
+                    self.stats.queue_peak_bytes = size
+            if size > WAKE_BYTES and not self._wake.is_set():
+                self._wake.set()
+            return True
+        except Exception as e:  # never into the trainer
+            self._count_drop(e)
+            return False
+
     def _encode(
-        self, kind: str, payload: Mapping[str, Any] | None, seq: int, step: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None,
+        seq: int,
+        step: int | None = None,
+        ts: float | None = None,
     ) -> bytes | None:
         # one dict build: envelope, payload, step (no copy of the payload first)
         if step is None:
@@ -196,7 +239,7 @@ class JsonlWriter:
                 "v": SCHEMA_VERSION,
                 "seq": seq,
                 "w": self.writer_id,
-                "ts": self._clock(),
+                "ts": self._clock() if ts is None else ts,
                 "kind": kind,
                 "rank": self.rank,
                 **(payload or _EMPTY),
@@ -207,7 +250,7 @@ class JsonlWriter:
                 "v": SCHEMA_VERSION,
                 "seq": seq,
                 "w": self.writer_id,
-                "ts": self._clock(),
+                "ts": self._clock() if ts is None else ts,
                 "kind": kind,
                 "rank": self.rank,
                 **(payload or _EMPTY),
@@ -268,15 +311,26 @@ class JsonlWriter:
                     self._idle.set()
                     return
                 self._idle.clear()
-                lines = []
+                items: list[bytes | _Deferred] = []
                 size = 0
-                while self._queue and (size == 0 or size + len(self._queue[0]) <= MAX_WRITE):
-                    line = self._queue.popleft()
-                    lines.append(line)
-                    size += len(line)
+                while self._queue and size < MAX_WRITE:
+                    item = self._queue.popleft()
+                    items.append(item)
+                    size += len(item) if isinstance(item, bytes) else item[5]
                 self._queue_bytes -= size
                 self.stats.queued = len(self._queue)
-            self._write_lines(lines)
+            lines: list[bytes] = []
+            for item in items:
+                if isinstance(item, bytes):
+                    lines.append(item)
+                    continue
+                kind, payload, step, seq, ts, _ = item
+                line = self._encode(kind, payload, seq, step, ts)
+                if line is not None:
+                    lines.append(line)
+                    self._estimate = len(line)
+            if lines:
+                self._write_lines(lines)
 
     def _write_lines(self, lines: list[bytes]) -> None:
         """Write whole lines with as few ``os.write`` calls as possible; count what fails."""
