@@ -21,6 +21,8 @@ from operator import attrgetter
 from typing import Any, ClassVar, cast
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 SUPPORTED_SCHEMA = 1
 
@@ -315,17 +317,23 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False):
 class Deferred:
     """A record of another kind met in a batch of training steps: its envelope is
     known, its payload is decoded only if it is used (:meth:`resolve`). A catch-up
-    skips most sampler records (only the latest hundreds are kept), so most are never
-    decoded in full."""
+    keeps only the newest few hundred sampler records, so most are never decoded,
+    nor even copied out of the chunk they came in."""
 
     kind: str
     seq: int
     w: str
     ts: float
-    line: bytes
+    buf: bytes
+    start: int
+    end: int
+
+    @property
+    def line(self) -> bytes:
+        return self.buf[self.start : self.end]
 
     def resolve(self) -> Record | Malformed:
-        return decode_line(self.line)
+        return decode_line(self.line, 0, self.start)
 
 
 AnyRecord = Record | TrainStep | Deferred
@@ -379,14 +387,22 @@ class Decoders:
 
     def batch(self, lines: list[bytes]) -> list[AnyRecord] | None:
         """Decode many lines in one call; None if any line fails."""
-        return self.lines(b"\n".join(lines), len(lines))
+        data = b"\n".join(lines)
+        ends = np.cumsum([len(ln) + 1 for ln in lines[:-1]], dtype=np.intp) - 1
+        return self.lines(data, 0, len(data), ends)
 
-    def lines(self, buf: bytes | memoryview, count: int) -> list[AnyRecord] | None:
-        """Decode ``count`` newline-separated JSON objects; None unless exactly that.
+    def lines(
+        self, data: bytes, start: int, end: int, ends: npt.NDArray[np.intp]
+    ) -> list[AnyRecord] | None:
+        """Decode the newline-separated JSON objects of ``data[start:end]``; None unless
+        there is exactly one per line. ``ends`` holds the body-relative offsets of its
+        newlines.
 
         Training steps come back as lean :class:`TrainStep` values when the learned
-        keys fit; the other kinds are decoded again, line by line, as full records.
+        keys fit; the other kinds as :class:`Deferred` (envelope now, payload on use).
         """
+        buf = memoryview(data)[start:end]
+        count = len(ends) + 1
         if self._lean is not None:
             try:
                 lean: list[AnyRecord] = self._lean.decode_lines(buf)  # type: ignore[assignment]
@@ -395,15 +411,21 @@ class Decoders:
             else:
                 if len(lean) == count:
                     kinds = list(map(_KIND, lean))
-                    if kinds.count("train") == count:
+                    n_train = kinds.count("train")
+                    if n_train == count:
                         return lean
-                    lines = bytes(buf).split(b"\n")
-                    if len(lines) == count:
-                        for i, kind in enumerate(kinds):
-                            if kind != "train":
-                                env = lean[i]
-                                lean[i] = Deferred(kind, env.seq, env.w, env.ts, lines[i])
-                        return lean
+                    starts = np.empty(count, dtype=np.intp)
+                    starts[0] = 0
+                    starts[1:] = ends + 1
+                    stops = np.empty(count, dtype=np.intp)
+                    stops[:-1] = ends
+                    stops[-1] = end - start
+                    others = np.flatnonzero(np.asarray(kinds) != "train").tolist()
+                    lo, hi = (starts + start).tolist(), (stops + start).tolist()
+                    for i in others:
+                        env = lean[i]
+                        lean[i] = Deferred(kinds[i], env.seq, env.w, env.ts, data, lo[i], hi[i])
+                    return lean
         recs: list[Record] | None = None
         if self._fast is not None:
             try:

@@ -50,6 +50,7 @@ IO_HISTORY = 600
 RECENT_FILES = 50
 _KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
 """Sampler kinds and how many of their newest records the state keeps."""
+_QUEUED_OR_TRAIN = ["train", *_KEEP_LAST]
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
@@ -414,17 +415,20 @@ class RunState:
         # From here on the batch is applied. Sampler records only queue (settle()
         # applies the ones the bounded histories keep); the rest apply in order.
         if n != len(recs):
-            pending = self._pending
-            for r, kind in zip(recs, kinds, strict=True):
-                if kind == "train":
+            kind_arr = np.asarray(kinds)
+            for kind, queue in self._pending.items():
+                idx = np.flatnonzero(kind_arr == kind)
+                if not len(idx):
                     continue
-                queue = pending.get(kind)
-                if queue is not None:
-                    queue.append(r)  # type: ignore[arg-type]  # never a TrainStep
-                    self._unsettled = True
-                    self.records += 1
-                    self._touch(r.ts)
-                elif isinstance(r, Deferred):
+                queue.extend(recs[i] for i in idx[-(queue.maxlen or len(idx)) :].tolist())
+                self._unsettled = True
+                self.records += len(idx)
+                self._touch(recs[int(idx[0])].ts)
+                self._touch(recs[int(idx[-1])].ts)
+            rest = np.flatnonzero(~np.isin(kind_arr, _QUEUED_OR_TRAIN)).tolist()
+            for i in rest:
+                r = recs[i]
+                if isinstance(r, Deferred):
                     full = r.resolve()
                     if isinstance(full, Malformed):
                         self.malformed_count += 1
