@@ -220,9 +220,11 @@ class SamplerHost:
                 pass
 
     def _final(self) -> None:
-        hb = self.sset.get("heartbeat")
-        if hb is not None:
-            self.sset.run_one(hb, time.time())
+        """The last look: what the checkpoint directory became, the last figures."""
+        for name in ("ckpt", "heartbeat"):
+            sampler = self.sset.get(name)
+            if sampler is not None:
+                self.sset.run_one(sampler, time.time())
         self.sset.close()
 
 

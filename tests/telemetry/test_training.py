@@ -344,3 +344,41 @@ def test_sigterm_during_the_hang_is_an_interrupt_with_a_saved_checkpoint(hung: R
     assert interrupted["complete"] is True and interrupted["bytes"] > 100_000
     assert any(c["event"] == "save_finished" and c.get("label") == "interrupted" for c in ckpt)
     assert mf.read_manifest(hung.run_dir / "run.json")["status"] == "interrupted"
+
+
+# ---- the general launcher: the library's own CLI --------------------------------------------
+
+
+def test_the_launcher_runs_the_library_cli_with_telemetry(full: Run, tmp: Path) -> None:
+    """``speculators train`` itself (its setup_metric_logger, its log_run_config), on CPU."""
+    tiny = full.run_dir / "tiny"
+    run_dir = tmp / "launched"
+    argv = [
+        *(sys.executable, "-m", "eagle3_tui.train.launch", "--run-dir", str(run_dir)),
+        *("--progress-every", "5", "--interval", "0.5", "--"),
+        *("--speculator-type", "eagle3", "--verifier-name-or-path", str(tiny / "verifier")),
+        *("--data-path", str(tiny / "data"), "--save-path", str(run_dir / "checkpoints")),
+        *("--epochs", "1", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager"),
+        *("--hidden-states-dtype", "float32", "--total-seq-len", "128", "--num-workers", "0"),
+        *("--draft-vocab-size", "64", "--target-layer-ids", "0", "1", "2", "--ttt-steps", "3"),
+        *("--on-missing", "raise", "--scheduler-type", "none", "--mask-token-id", "0"),
+    ]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env=_env(tmp, run_dir), timeout=400, check=False
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    _settle(run_dir)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    m = mf.read_manifest(run_dir / "run.json")
+    assert m["status"] == "finished" and m["resume_command"] == argv
+    assert len(train) == m["total_steps"] == m["steps_per_epoch"] > 0 and m["epochs"] == 1
+    assert m["checkpoint_dir"] == str((run_dir / "checkpoints").resolve())
+    hparams = [r for r in records if r["kind"] == "hparams"]
+    assert len(hparams) == 1  # the CLI's log_run_config, through its own dictConfig
+    logs = [r["msg"] for r in records if r["kind"] == "log"]
+    assert any("re-attached" in msg and "dictConfig" in msg for msg in logs)
+    ckpt = {r["event"] for r in records if r["kind"] == "ckpt"}
+    assert {"save_started", "save_finished", "completed", "best"} <= ckpt
+    assert [r["event"] for r in records if r["kind"] == "lifecycle"] == ["start", "finish"]
+    assert "[eagle3] step 5/" in proc.stdout and "[eagle3] telemetry: " in proc.stdout
