@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -114,6 +115,7 @@ class GpuSampler:
         self.entries = entries
         self.run_pids = run_pids
         self.enabled = True
+        self.host = socket.gethostname()
         self._started = False
         self._indices: list[int] | None = None
         self._last_error = ""
@@ -123,7 +125,9 @@ class GpuSampler:
         try:
             self.nvml.init()
         except NvmlUnavailable as e:
-            self.writer.write(Kind.GPU, {"status": e.kind, "error": e.message, "devices": []})
+            self.writer.write(
+                Kind.GPU, {"status": e.kind, "error": e.message, "host": self.host, "devices": []}
+            )
             self.enabled = False
             return False
         return True
@@ -163,7 +167,7 @@ class GpuSampler:
                 errors += 1
                 devices.append({"index": i, "error": f"{type(e).__name__}: {e}"[:300]})
         status = "ok" if errors == 0 else "error"
-        payload: dict[str, Any] = {"status": status, "devices": devices}
+        payload: dict[str, Any] = {"status": status, "host": self.host, "devices": devices}
         if errors:
             payload["error"] = f"{errors} of {len(self._indices)} devices could not be read"
         self.writer.write(Kind.GPU, payload)

@@ -170,7 +170,7 @@ class Telemetry:
         """The writer's figures and the session's (what a heartbeat reports)."""
         s = self.writer.snapshot()
         s["reattached"] = self.reattached
-        s["step"] = self.last_step
+        s["last_step"] = self.last_step
         s["interrupted"] = self.interrupted
         unsent = getattr(self.samplers, "unsent", 0)
         if unsent:

@@ -159,7 +159,7 @@ class SamplerHost:
             if isinstance(stats, dict):
                 self._stats = stats
                 self._stats_ts = float(op.get("ts") or time.time())
-                step = stats.get("step")
+                step = stats.get("last_step")
                 self.last_step = step if isinstance(step, int) else self.last_step
         elif kind == "message":
             ckpt = self.sset.get("ckpt")
