@@ -68,6 +68,13 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         "or a TARGET",
     )
     add_ssh_options(p)
+    p.add_argument(
+        "--ssh-client",
+        choices=("auto", "openssh", "asyncssh"),
+        default="auto",
+        help="what carries the live stream: the ssh binary when installed (auto; the lowest "
+        "latency), or asyncssh in-process",
+    )
     return p
 
 
@@ -439,10 +446,12 @@ def open_run_for(target: Target, host: Any = None) -> Any:
 
 
 async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -> int:
-    """Connect and find the run first (errors as one line, before any UI), then monitor it
-    over the same connection."""
+    """Connect and find the run first (errors as one line, before any UI), then monitor it:
+    the live stream through the ``ssh`` binary where there is one (``--ssh-client``),
+    control over the asyncssh connection."""
     from eagle3_tui.transport.control import open_host, resolve
-    from eagle3_tui.transport.ssh import SshHost, SshTransport
+    from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
+    from eagle3_tui.transport.ssh import SshHost, SshTransport, StreamHost
 
     host = open_host(target)
     assert isinstance(host, SshHost)
@@ -453,8 +462,13 @@ async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -
         from eagle3_tui.app.control import RunControl
 
         pinned = target.with_run_dir(run_dir)
+        client = getattr(ns, "ssh_client", "auto")
+        ssh = find_ssh() if client != "asyncssh" else None
+        if client == "openssh" and ssh is None:
+            raise TargetError("--ssh-client openssh: no ssh on PATH")
+        stream_host: StreamHost = OpenSshHost(pinned, ssh) if ssh else host
         app = make_app(
-            SshTransport(host, run_dir),
+            SshTransport(stream_host, run_dir),
             control=RunControl.for_target(pinned, host),
             compare=compare_source(ns, pinned, host) if ns is not None else None,
             open_run=open_run_for(pinned, host),

@@ -201,9 +201,16 @@ def _identity(st: os.stat_result) -> str:
 
 
 def _pump(fd: int, offset: int) -> int:
-    """Send the file from ``offset`` to its current end; returns the new offset."""
+    """Send the file from ``offset`` to its current end; returns the new offset.
+
+    Reads what fstat says is there (a pread of a fixed 1 MiB would allocate and free
+    1 MiB per appended line); an append after the fstat wakes the next round.
+    """
     while True:
-        data = os.pread(fd, READ_SIZE, offset)
+        left = os.fstat(fd).st_size - offset
+        if left <= 0:
+            return offset
+        data = os.pread(fd, min(left, READ_SIZE), offset)
         if not data:
             return offset
         emit_data(offset, data)

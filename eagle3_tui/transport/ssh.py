@@ -26,7 +26,7 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncssh
 
@@ -35,6 +35,7 @@ from eagle3_tui.transport import agent
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
     AGENT_TAG,
+    AgentChannel,
     AgentFailedError,
     ChannelLostError,
     DataFrame,
@@ -417,6 +418,10 @@ class SshHost:
         python = shlex.quote(self.python)
         return f"exec {python} -c {shlex.quote(agent.BOOTSTRAP)} {AGENT_TAG}"
 
+    def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
+        """Connection problems surface as exceptions here, not as exit statuses."""
+        return None
+
     async def start_agent(self, request: dict[str, Any]) -> SshChannel:
         conn = await self.connect()
         try:
@@ -433,12 +438,26 @@ class SshHost:
 # ---- streaming --------------------------------------------------------------------------
 
 
+class StreamHost(Protocol):
+    """What a stream needs of its host: :class:`SshHost` or ``openssh.OpenSshHost``."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def python(self) -> str: ...
+
+    async def start_agent(self, request: dict[str, Any]) -> AgentChannel: ...
+
+    def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None: ...
+
+
 class SshTransport:
     """Follows ``RUN_DIR/metrics.jsonl`` on an SSH host; yields chunks and link changes."""
 
     def __init__(
         self,
-        host: SshHost,
+        host: StreamHost,
         run_dir: str | None,
         file: str = METRICS_FILE,
         backoff: Sequence[float] = BACKOFF,
@@ -460,7 +479,9 @@ class SshTransport:
         yield LinkChanged(Link.CONNECTING, self.host.label)
         while True:
             reason = "the agent stopped"
-            channel = None
+            channel: AgentChannel | None = None
+            status: int | None = None
+            stderr = ""
             try:
                 channel = await self.host.start_agent(
                     {
@@ -502,11 +523,17 @@ class SshTransport:
             except (HostUnreachableError, ChannelLostError) as e:
                 reason = str(e)
             finally:
-                if channel is not None:
+                if channel is not None:  # on every way out, the consumer's aclose() too
                     channel.close()
+                    status, stderr = await channel.finish()
             if channel is not None:
-                status, stderr = await channel.finish()
-                if status not in (None, 0):
+                problem = self.host.exit_problem(status, stderr)
+                if problem is not None:
+                    refused, reason = problem
+                    if refused:
+                        yield LinkChanged(Link.REFUSED, reason)
+                        return
+                elif status not in (None, 0):
                     err = agent_error(self.host.label, self.host.python, status, stderr)
                     if status == 127:
                         yield LinkChanged(Link.REFUSED, str(err))

@@ -20,7 +20,10 @@ from eagle3_tui.model.reader import LineReader, Restarted
 from eagle3_tui.model.records import Malformed
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.channel import AGENT_TAG
+from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost, SshTransport
+from eagle3_tui.transport.target import SshTarget
+from tests.conftest import need
 from tests.records import Lines
 from tests.transport.conftest import cli, ssh_target
 from tests.transport.sshd import Sshd
@@ -28,6 +31,19 @@ from tests.transport.sshd import Sshd
 pytestmark = pytest.mark.slow
 
 FAST_BACKOFF = (0.05, 0.1, 0.2, 0.5)
+
+
+@pytest.fixture(params=["asyncssh", "openssh"])
+def client(request: pytest.FixtureRequest) -> str:
+    """What carries the stream: asyncssh in-process, or the ssh binary (the monitor's
+    default where one is installed)."""
+    if request.param == "openssh":
+        need(find_ssh() is not None, "the OpenSSH client (ssh) is not installed")
+    return str(request.param)
+
+
+def stream_host(client: str, target: SshTarget) -> SshHost | OpenSshHost:
+    return OpenSshHost(target) if client == "openssh" else SshHost(target)
 
 
 class Follower:
@@ -98,7 +114,7 @@ def append_lines(path: Path, lines: Lines, n: int, pause: float, torn_every: int
 
 
 async def test_every_record_exactly_once_while_sessions_are_killed(
-    sshd: Sshd, tmp_path: Path
+    sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -106,7 +122,7 @@ async def test_every_record_exactly_once_while_sessions_are_killed(
     writer = threading.Thread(
         target=append_lines, args=(run_dir / "metrics.jsonl", Lines(), n, 0.004), daemon=True
     )
-    host = SshHost(ssh_target(sshd))
+    host = stream_host(client, ssh_target(sshd))
     f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
     try:
         await f.until(lambda: f.count(Link.WAITING) >= 1, what="the waiting state")
@@ -129,7 +145,7 @@ async def test_every_record_exactly_once_while_sessions_are_killed(
 
 
 async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
-    sshd: Sshd, tmp_path: Path
+    sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -137,7 +153,7 @@ async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
     lines = Lines()
     path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(5)))
     target = ssh_target(sshd, keepalive_interval=0.3, keepalive_count_max=2)
-    host = SshHost(target)
+    host = stream_host(client, target)
     f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
     frozen: list[int] = []
     try:
@@ -157,13 +173,13 @@ async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
 
 
 async def test_truncation_and_replacement_are_noticed_also_while_disconnected(
-    sshd: Sshd, tmp_path: Path
+    sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     path = run_dir / "metrics.jsonl"
     path.write_bytes(Lines("old").train(0, 1.0) + Lines("old").train(1, 1.0))
-    host = SshHost(ssh_target(sshd))
+    host = stream_host(client, ssh_target(sshd))
     f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
     try:
         await f.until(lambda: len(f.records) == 2, what="two records")
@@ -207,11 +223,11 @@ def agent_inotify_watches(sshd: Sshd) -> list[str]:
 
 
 async def test_a_file_that_does_not_exist_yet_is_waited_for_with_inotify(
-    sshd: Sshd, tmp_path: Path
+    sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    host = SshHost(ssh_target(sshd))
+    host = stream_host(client, ssh_target(sshd))
     f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
     try:
         await f.until(lambda: f.count(Link.WAITING) == 1, what="the waiting state")
@@ -226,8 +242,10 @@ async def test_a_file_that_does_not_exist_yet_is_waited_for_with_inotify(
     assert [x.link for x in f.links] == [Link.CONNECTING, Link.WAITING, Link.CONNECTED]
 
 
-async def test_a_missing_run_directory_is_refused_in_the_stream(sshd: Sshd, tmp_path: Path) -> None:
-    host = SshHost(ssh_target(sshd))
+async def test_a_missing_run_directory_is_refused_in_the_stream(
+    sshd: Sshd, tmp_path: Path, client: str
+) -> None:
+    host = stream_host(client, ssh_target(sshd))
     events = []
     try:
         async for ev in SshTransport(host, str(tmp_path / "nope")).stream(0):

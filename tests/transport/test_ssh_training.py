@@ -22,7 +22,9 @@ from eagle3_tui.transport import agent
 from eagle3_tui.transport.base import Link
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run
+from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost, SshTransport
+from eagle3_tui.transport.target import SshTarget
 from tests.conftest import need_training, read_jsonl
 from tests.transport.conftest import cli, remote_env, ssh_target
 from tests.transport.fakes import alive, marker_processes
@@ -91,12 +93,17 @@ def live(sshd: Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveR
     proc.wait(30)
 
 
+def monitor_stream_host(target: SshTarget) -> SshHost | OpenSshHost:
+    """What the monitor streams through: the ssh binary where installed, else asyncssh."""
+    return OpenSshHost(target) if find_ssh() else SshHost(target)
+
+
 def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
 
 
 async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live: LiveRun) -> None:
-    host = SshHost(ssh_target(sshd))
+    host = monitor_stream_host(ssh_target(sshd))
     f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
 
     def trains() -> int:
@@ -174,7 +181,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
     live.started.append(pid)
     assert result["status"] == "started" and result["checkpoint"]["global_step"] == step
 
-    host = SshHost(ssh_target(sshd))
+    host = monitor_stream_host(ssh_target(sshd))
     f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
     try:
         await f.until(
