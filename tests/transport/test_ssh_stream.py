@@ -298,3 +298,25 @@ async def test_the_app_monitors_a_run_over_ssh(sshd: Sshd, tmp_path: Path) -> No
             assert "e3-test:" in app.source.label
     finally:
         await host.close()
+
+
+async def test_a_changed_host_key_ends_the_stream_as_refused(
+    sshd: Sshd, tmp_path: Path, client: str
+) -> None:
+    import asyncssh
+
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
+    target = ssh_target(sshd, known_hosts=(str(known),))
+    host = stream_host(client, target)
+    events = []
+    try:
+        async with asyncio.timeout(60):
+            async for ev in SshTransport(host, str(tmp_path)).stream(0):
+                events.append(ev)
+    finally:
+        await host.close()
+    assert isinstance(events[-1], LinkChanged) and events[-1].link == Link.REFUSED
+    assert "CHANGED" in events[-1].detail or "verification failed" in events[-1].detail
+    assert not any(isinstance(e, Chunk) for e in events)

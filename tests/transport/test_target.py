@@ -74,3 +74,27 @@ def test_cli_rejects_an_unsupported_ssh_option_in_one_line() -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Ciphers: not supported" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_ssh_binary_gets_the_same_options_and_a_constant_command() -> None:
+    from eagle3_tui.transport.openssh import ssh_argv
+
+    opts = SshOptions(
+        port=2222,
+        identities=("/k/id",),
+        jump="j@bastion:22",
+        config=("/c/cfg",),
+        known_hosts=("/a b/kh",),
+        strict_host_key_checking="accept-new",
+        keepalive_interval=0.3,
+        remote_python="python3; rm -rf x",
+    )
+    argv = ssh_argv(SshTarget("gpu-box", "me", "/runs/$(x)", opts))
+    assert argv[:2] == ["ssh", "-T"] and "BatchMode=yes" in argv
+    assert "StrictHostKeyChecking=accept-new" in argv
+    assert argv[argv.index("-F") + 1] == "/c/cfg" and argv[argv.index("-p") + 1] == "2222"
+    assert argv[argv.index("-l") + 1] == "me" and argv[argv.index("-J") + 1] == "j@bastion:22"
+    assert 'UserKnownHostsFile="/a b/kh"' in argv and "ServerAliveInterval=1" in argv
+    assert argv[-3:-1] == ["--", "gpu-box"]
+    assert argv[-1].startswith("exec 'python3; rm -rf x' -c ")  # quoted: one word
+    assert "/runs" not in " ".join(argv)  # the run directory travels in the request only
