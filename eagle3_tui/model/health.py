@@ -178,13 +178,21 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
         return Diagnosis(Health.DIVERGED, diverged)
 
     alive = state.process_alive
+    hb = state.heartbeat
+    seen_by_sidecar = hb.trainer if hb is not None and isinstance(hb.trainer, dict) else None
     if alive is None and state.last_heartbeat_ts is not None:
-        alive = (now - state.last_heartbeat_ts) <= HEARTBEAT_DEAD_S
+        fresh = (now - state.last_heartbeat_ts) <= HEARTBEAT_DEAD_S
+        if fresh and seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False:
+            alive = False  # the sidecar watched the trainer go
+        else:
+            alive = fresh
     if alive is False:
-        pid = state.manifest.get("pid")
+        pid = state.manifest.get("pid") or (seen_by_sidecar or {}).get("pid")
         who = f"The trainer (pid {pid})" if pid else "The trainer"
         at = f"at step {step}" if step is not None else "before its first step"
-        if state.process_alive is False:
+        if state.process_alive is False or (
+            seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False
+        ):
             how = "is gone"
         else:
             how = f"stopped writing heartbeats {_ago(now - (state.last_heartbeat_ts or now))} ago"
@@ -258,6 +266,13 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
 
 
 def _stall_hint(state: RunState) -> str:
+    hb = state.heartbeat
+    age = hb.stats_age_s if hb is not None else None
+    if age is not None and math.isfinite(age) and age > MIN_QUIET_S:
+        return (
+            f"the trainer's Python has not run for {_ago(age)} (its writer thread is silent "
+            "too): it is stuck in a C call, a collective, or holding the GIL."
+        )
     frac = state.latest("profile/fetch_frac")
     if frac is not None and math.isfinite(frac) and frac > 0.5:
         return (

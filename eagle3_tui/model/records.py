@@ -124,6 +124,10 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     dropped: int | None = None
     errors: dict[str, int] | None = None
     overhead_us: dict[str, Number] | None = None
+    stats_age_s: Number = None
+    """How old the trainer's own figures are: grows while its interpreter is stuck."""
+    trainer: dict[str, Any] | None = None
+    """The sidecar's look at the trainer process: ``pid``, ``alive``, ``state``, ``cpu_s``."""
 
     @property
     def step_or_global(self) -> int | None:

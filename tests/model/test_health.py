@@ -198,3 +198,29 @@ def test_waiting_before_anything_and_before_the_first_step() -> None:
     lines = Lines(t0=T0)
     d = diagnose(state_of(lines.event("start")), T0 + 20)
     assert d.health == Health.WAITING and "since start" in d.reason
+
+
+def test_the_sidecar_seeing_the_trainer_gone_is_dead() -> None:
+    lines = Lines(t0=T0, dt=1.0)
+    data = b"".join(lines.train(s, 1.0) for s in range(20))
+    data += lines.make("heartbeat", written=20, dropped=0, trainer={"pid": 777, "alive": False})
+    d = diagnose(state_of(data), lines.ts + 1)
+    assert d.health == Health.DEAD and "pid 777" in d.reason and "is gone" in d.reason
+
+
+def test_a_trainer_stuck_holding_the_gil_is_named() -> None:
+    sc = Scenario(step_s=1.0)
+    sc.train(60)
+    for _ in range(90):  # the sidecar keeps beating; the trainer's figures age
+        sc.parts.append(
+            sc.sampler.at(sc.t).make(
+                "heartbeat",
+                written=60,
+                trainer={"pid": 1, "alive": True, "state": "R"},
+                stats_age_s=sc.t - (T0 + 60),
+            )
+        )
+        sc.parts.append(sc.sampler.at(sc.t).gpu(0.0))
+        sc.t += 1.0
+    d = diagnose(sc.state(), sc.t)
+    assert d.health == Health.STALLED and "holding the GIL" in d.reason
