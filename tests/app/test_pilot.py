@@ -329,3 +329,17 @@ async def test_run_text_is_inert_and_gpus_without_a_driver_are_said_plainly() ->
         files = text_of(app.query_one(DataPanel))
         assert "[b]evil[i].safetensors" in files and "\x1b" not in files
         assert "1 malformed" in str(app.query_one(LogPanel).border_subtitle)
+
+
+async def test_dialogs_closed_while_loading_and_keys_during_quit_are_harmless() -> None:
+    control = FakeControl()
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("k", "escape", "c", "escape", "r", "escape")
+        await until(
+            pilot, lambda: not isinstance(app.screen, ControlDialog | RunPicker), what="closed"
+        )
+        await pilot.pause(0.1)
+        assert not [w for w in app.workers if w.error is not None]
+        await pilot.press("q", "r")  # a dialog pushed while the app quits
+    assert app.return_code == 0

@@ -151,14 +151,12 @@ class CompareScreen(Screen[None]):
             yield ComparePlot("acceptance · τ →", "acc", id="cmp-acc").data_bind(
                 CompareScreen.comparison
             )
+        rows, sides = Static(id="cmp-rows"), Static(id="cmp-sides")
+        rows.border_title, sides.border_title = "at the same point", "runs"
         with Horizontal(id="cmp-text"):
-            yield Static(id="cmp-rows")
-            yield Static(id="cmp-sides")
+            yield rows
+            yield sides
         yield Footer(compact=True, show_command_palette=False)
-
-    def on_mount(self) -> None:
-        self.query_one("#cmp-rows").border_title = "at the same point"
-        self.query_one("#cmp-sides").border_title = "runs"
 
     def watch_comparison(self, c: Comparison | None) -> None:
         if c is None or not self.is_mounted:

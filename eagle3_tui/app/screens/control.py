@@ -139,7 +139,10 @@ class ControlDialog(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         verb = "Kill" if self.op == "kill" else "Resume"
-        with Vertical(id="control", classes="dialog"):
+        title = "kill the run" if self.op == "kill" else "resume the run"
+        box = Vertical(id="control", classes="dialog")
+        box.border_title = f"{title} · {self.control.where}"
+        with box:
             with VerticalScroll(id="control-body"):
                 yield Static(Text("Asking the host about the run…", style="dim"), id="plan")
                 yield Static("", id="outcome")
@@ -148,20 +151,23 @@ class ControlDialog(ModalScreen[None]):
                 yield Button("Cancel (esc)", id="close")
 
     def on_mount(self) -> None:
-        title = "kill the run" if self.op == "kill" else "resume the run"
-        self.query_one("#control").border_title = f"{title} · {self.control.where}"
         self.load()
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
-        plan = self.query_one("#plan", Static)
         try:
             status = await self.control.status()
         except Exception as e:  # shown: no manifest, unreachable host, refused key...
+            if not self.is_attached:
+                return  # closed meanwhile
+            plan = self.query_one("#plan", Static)
             self.state = "failed"
             plan.update(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f", wrap=True))
             self.query_one("#close", Button).label = "Close (esc)"
             return
+        if not self.is_attached:
+            return
+        plan = self.query_one("#plan", Static)
         plan.update(
             kill_plan(status, self.control)
             if self.op == "kill"
@@ -191,11 +197,15 @@ class ControlDialog(ModalScreen[None]):
                 result = await self.control.resume()
         except Exception as e:  # shown: a refusal (still running, no checkpoint), a lost link
             self.state = "failed"
+            if not self.is_attached:
+                return
             outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
         else:
             self.state = "done"
-            outcome.update(report(self.op, result))
             self.app.post_message(self.Finished(self.op, result))
+            if not self.is_attached:
+                return
+            outcome.update(report(self.op, result))
         close = self.query_one("#close", Button)
         close.label = "Close (esc)"
         close.focus()

@@ -58,11 +58,10 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="help"):
+        box = VerticalScroll(id="help")
+        box.border_title = "eagle3-tui · keys and panels"
+        with box:
             yield Static(help_text())
-
-    def on_mount(self) -> None:
-        self.query_one("#help").border_title = "eagle3-tui · keys and panels"
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

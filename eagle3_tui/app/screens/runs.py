@@ -51,22 +51,28 @@ class RunPicker(ModalScreen[str | None]):
         self.current = current
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="picker", classes="dialog"):
+        box = Vertical(id="picker", classes="dialog")
+        box.border_title = "compare with a previous run"
+        with box:
             yield Static(Text("Listing the runs on the host…", style="dim"), id="picker-status")
             yield OptionList(id="runs")
 
     def on_mount(self) -> None:
-        self.query_one("#picker").border_title = "compare with a previous run"
         self.load()
 
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def load(self) -> None:
-        status = self.query_one("#picker-status", Static)
         try:
             result = await self.control.runs()
         except Exception as e:  # shown in the dialog: an unreachable host, no index...
+            if not self.is_attached:
+                return
+            status = self.query_one("#picker-status", Static)
             status.update(inert(f"cannot list runs: {e}", style="bold red"))
             return
+        if not self.is_attached:
+            return  # closed meanwhile
+        status = self.query_one("#picker-status", Static)
         runs = [r for r in result.get("runs") or [] if r.get("run_dir") != self.current]
         if not runs:
             status.update(Text("No other run is registered on this host.", style="bold"))
