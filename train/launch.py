@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         telemetry.finish("crash", error=f"{type(e).__name__}: {e}"[:2000])
         telemetry.close()
         raise
-    telemetry.finish(telemetry._auto_status())
+    telemetry.finish(telemetry.final_status())
     telemetry.close()
     if os.environ.get("RANK", "0") == "0":
         print(closing_line(telemetry), file=sys.stderr, flush=True)

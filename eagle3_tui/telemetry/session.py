@@ -302,6 +302,11 @@ class Telemetry:
         self._send({"op": "finish", "event": event})
         self.update_manifest(status=_STATUS_OF_EVENT.get(event, event), finished_at=time.time())
 
+    def final_status(self) -> str:
+        """``interrupt`` when the trainer was interrupted or stopped short of its total
+        steps, else ``finish`` (what :meth:`finish` is given at exit by default)."""
+        return self._auto_status()
+
     def _auto_status(self) -> str:
         if self.interrupted:
             return "interrupt"
@@ -323,8 +328,12 @@ class Telemetry:
             logging.getLogger(name).removeHandler(self.handler)
         if self._prev_excepthook is not None and sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_excepthook
-        host, self.samplers = self.samplers, None
+        self.writer.flush(timeout)
+        host = self.samplers
         if host is not None:
+            if getattr(host, "source", "") == "sidecar":  # its last heartbeat: the final figures
+                host.send({"op": "stats", "ts": time.time(), "stats": self.stats()})
+            self.samplers = None
             host.close(timeout)
         self.writer.flush(timeout)
         stats = self.writer.snapshot()
@@ -444,6 +453,9 @@ def attach(
         raise ValueError(f"interval must be positive, not {interval!r}")
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
+    for earlier in list(_sessions):  # attached again (a notebook): one session per run dir
+        if earlier.run_dir.resolve() == path.resolve():
+            earlier.close()
     rank = _env_rank() if rank is None else rank
     run_id = mf.resolve_run_id(path)
     # inherited by the dataloader workers spawned later

@@ -93,7 +93,8 @@ class SamplerHost:
         self.finished = False
         self.stopped = False
         self.last_step: int | None = None
-        self._exclude = exclude or (lambda: set(cfg.exclude_pids))
+        # the trainer's children that are not dataloader workers: a tee, the sidecar itself
+        self._exclude = exclude or (lambda: {*cfg.exclude_pids, os.getpid()})
         self.receiver: ReadsReceiver | None = None
         self.sset = self._build(sampler_cpu)
 
