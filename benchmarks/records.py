@@ -143,7 +143,6 @@ def mixed_lines(
     """What a real run writes: a step every ``dt`` s from the trainer, and every
     second an 8-GPU sample, an 8-worker read sample and a heartbeat from the sidecar."""
     rng = random.Random(seed)
-    seq = 0
     side = 0
     next_tick = t0
     for step in range(n_steps):
@@ -157,5 +156,4 @@ def mixed_lines(
                 yield line.replace(b'"w":"4242-a1b2c3"', b'"w":"4243-sidecar"')
             side += 3
             next_tick += 1.0
-        yield train_line(step, seq, ts, rng)
-        seq += 1
+        yield train_line(step, step, ts, rng)  # the trainer writes one line per step

@@ -31,3 +31,40 @@ def test_the_client_install_does_not_pull_torch_or_speculators() -> None:
         d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in deps
     }
     assert not names & {"torch", "speculators", "transformers", "nvidia-ml-py", "pynvml"}
+
+
+def test_the_wheel_carries_the_stylesheet_the_agent_and_the_launchers(tmp_path: Path) -> None:
+    """What `pip install .` on a laptop or a training host gets (not the editable tree)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("eagle3_tui-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in (
+        "eagle3_tui/app/app.tcss",
+        "eagle3_tui/py.typed",
+        "eagle3_tui/transport/agent.py",
+        "eagle3_tui/train/tiny.py",
+        "eagle3_tui/train/launch.py",
+        "eagle3_tui/cli.py",
+    ):
+        assert needed in names, needed
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
