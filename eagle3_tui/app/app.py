@@ -168,7 +168,8 @@ class MonitorApp(App[None]):
             if self._shown is not None and self._shown[1] == self._view_key(view):
                 return
         params = view.params(self._columns())
-        key = (self.pipeline.generation, self._view_key(view))
+        view_key = (params,)
+        key = (self.pipeline.generation, view_key)
         fresh = time.monotonic() - self._built_at < CLOCK_REFRESH_S
         if key == self._shown and fresh:
             return
@@ -180,7 +181,7 @@ class MonitorApp(App[None]):
         if self.view.paused and not view.paused:
             return  # paused while it was built: keep the frozen picture
         self._built_at = time.monotonic()
-        self._shown = (generation, self._view_key(view))
+        self._shown = (generation, view_key)  # what was built, not what is now
         self.snapshot = snap
 
     async def _tick_compare(self, screen: CompareScreen) -> None:
@@ -221,6 +222,11 @@ class MonitorApp(App[None]):
             exclusive=True,
             exit_on_error=False,
         )
+
+    @property
+    def is_current(self) -> bool:
+        """Whether the picture shows all the data read, for the view and width of now."""
+        return self._shown == (self.pipeline.generation, self._view_key(self.view))
 
     def _view_key(self, view: ViewState) -> object:
         return (view.params(self._columns()),)

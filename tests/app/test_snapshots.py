@@ -11,6 +11,7 @@ from typing import Any
 from eagle3_tui.app.app import MonitorApp, make_app
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.app.widgets.plots import MetricPlot
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.app.conftest import T0, FakeControl, training
 from tests.conftest import until
@@ -34,6 +35,9 @@ def main_app(control: FakeControl | None = None) -> MonitorApp:
 async def loaded(pilot: Any) -> None:
     app = pilot.app
     await until(pilot, lambda: app.snapshot.global_step == 599, what="the whole run")
+    await until(pilot, lambda: app.is_current, what="a picture at the final width")
+    plots = list(app.query(MetricPlot))
+    await until(pilot, lambda: all(p.is_current for p in plots), what="the plots drawn")
     await pilot.pause()
 
 
@@ -46,14 +50,22 @@ def test_main_screen_80x24(snap_compare: Any) -> None:
 
 
 def test_kill_confirmation_80x24(snap_compare: Any) -> None:
+    """The dialog (over a run that has not logged yet: the dialog is the subject)."""
+    app = make_app(
+        ReplayTransport([], label="gpu-box:/runs/exp7"),
+        control=FakeControl(),
+        clock=lambda: NOW,
+        refresh_interval=0.02,
+        status_interval=3600,
+    )
+
     async def confirm(pilot: Any) -> None:
-        await loaded(pilot)
         await pilot.press("k")
         await until(pilot, lambda: isinstance(pilot.app.screen, ControlDialog), what="dialog")
         await until(pilot, lambda: pilot.app.screen.state == "ready", what="the plan")
         await pilot.pause()
 
-    assert snap_compare(main_app(FakeControl()), terminal_size=(80, 24), run_before=confirm)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=confirm)
 
 
 def test_comparison_120x40(snap_compare: Any) -> None:

@@ -122,8 +122,16 @@ class MetricPlot(PlotextPlot):
     def watch_view(self) -> None:
         self.redraw()
 
+    @property
+    def is_current(self) -> bool:
+        """Whether the figure shows the snapshot and view handed down, at this size."""
+        return self._drawn == (self.key(), self.size)
+
+    def on_resize(self) -> None:
+        self.redraw()
+
     def redraw(self, force: bool = False) -> None:
-        key = self.key()
+        key = (self.key(), self.size)  # tick density follows the size
         if key == self._drawn and not force:
             return
         self._drawn = key
