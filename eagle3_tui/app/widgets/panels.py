@@ -196,7 +196,7 @@ def gpu_row(g: GpuView, cols: int) -> Text:
     t.append(f" {'–' if g.power_w is None else f'{g.power_w:.0f}W':>5}")
     t.append(f" {'–' if g.temp_c is None else f'{g.temp_c:.0f}°C':>5} ")
     room = cols - t.cell_len
-    if room > 3:
+    if room > 1:
         t.append(sparkline(g.spark, room, top=100.0), style="#5fd75f")
     return t
 
@@ -214,6 +214,18 @@ class GpuPanel(Panel):
         if not snap.gpus:
             return Text("no GPU samples yet", style="dim")
         rows = [gpu_row(g, self.cols) for g in snap.gpus]
+        half = (self.cols - 1) // 2
+        if len(rows) > self.rows and half >= 30:  # two devices per line
+            narrow = [gpu_row(g, half) for g in snap.gpus]
+            rows = []
+            for i in range(0, len(narrow), 2):
+                line = narrow[i].copy()
+                line.pad_right(half - line.cell_len)
+                line.truncate(half)
+                if i + 1 < len(narrow):
+                    line.append(" ")
+                    line.append_text(narrow[i + 1])
+                rows.append(line)
         if len(rows) > self.rows:
             rest = len(rows) - self.rows + 1
             busy = sum(1 for g in snap.gpus[self.rows - 1 :] if (g.util or 0) >= 10)
