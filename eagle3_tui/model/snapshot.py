@@ -127,6 +127,8 @@ class Snapshot:
     tau_cond: float | None = None
     """τ from the product of conditional accuracies, for comparison with τ."""
     loss_lines: tuple[Line, ...] = ()
+    ttt_loss_lines: tuple[Line, ...] = ()
+    """The loss of each TTT step (``loss_0``, ``loss_1``, …), smoothed as the loss."""
     acc_lines: tuple[Line, ...] = ()
     tau_line: Line | None = None
     val_rows: tuple[ValRow, ...] = ()
@@ -216,6 +218,16 @@ def _tau_series(frame: _Frame, ttt_steps: int) -> tuple[F64, F64] | None:
         return None
     total += 1.0
     return frame.x, total
+
+
+def _ttt_loss_lines(state: RunState, view: ViewParams) -> tuple[Line, ...]:
+    last = state.global_step or 0
+    frame = _Frame(state, max(0, last - view.window + 1) if view.window else 0)
+    kind = "smoothed" if view.smoothing > 0 else "raw"
+    lines = (
+        _line(frame, f"train/loss_{k}", f"loss_{k}", view, kind) for k in range(state.ttt_steps)
+    )
+    return tuple(line for line in lines if line is not None)
 
 
 def _plot_lines(state: RunState, view: ViewParams) -> tuple[list[Line], list[Line], Line | None]:
@@ -386,6 +398,7 @@ def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) 
         tau=tau if tau is None or math.isfinite(tau) else None,
         tau_cond=tau_from_cond(cond),
         loss_lines=tuple(loss),
+        ttt_loss_lines=_ttt_loss_lines(state, view),
         acc_lines=tuple(acc),
         tau_line=tau_line,
         val_rows=tuple(

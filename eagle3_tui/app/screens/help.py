@@ -28,7 +28,8 @@ KEYS = (
 )
 
 PANELS = (
-    ("loss", "train loss per step, raw (grey) and smoothed; ◆ validation loss per epoch"),
+    ("loss", "train loss per step, raw (grey) and smoothed; per TTT step k (dim, coloured"),
+    ("", "as in acceptance); ◆ validation loss per epoch"),
     ("acceptance", "full accuracy per TTT step (bright), conditional (dim); τ on the right"),
     ("TTT table", "latest loss, full and conditional accuracy per TTT step; τ and its trend"),
     ("progress", "epoch, step, steps/s, tokens/s, ETA, checkpoints (a save in progress)"),

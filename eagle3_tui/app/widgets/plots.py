@@ -153,7 +153,7 @@ class LossPlot(MetricPlot):
     """Per-step train loss, raw and smoothed, and the validation loss per epoch."""
 
     def key(self) -> object:
-        return (self.snapshot.loss_lines, self.view.log_scale)
+        return (self.snapshot.loss_lines, self.snapshot.ttt_loss_lines, self.view.log_scale)
 
     def _lines(self) -> tuple[Line, ...]:
         return self.snapshot.loss_lines
@@ -165,6 +165,13 @@ class LossPlot(MetricPlot):
         items: list[tuple[str, RGB]] = []
         lines = self.snapshot.loss_lines
         smoothed = any(line.kind == "smoothed" for line in lines)
+        for k, line in enumerate(self.snapshot.ttt_loss_lines):  # under the loss, dim
+            xs, ys, n = finite_points(line, log)
+            dropped += n
+            if xs:
+                plt.plot(xs, ys, marker="braille", color=dim(TTT[k % len(TTT)]))
+        if self.snapshot.ttt_loss_lines:
+            items.append(("loss_k", dim(TTT[0])))
         for line in lines:
             xs, ys, n = finite_points(line, log)
             dropped += n
