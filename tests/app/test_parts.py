@@ -1,0 +1,78 @@
+"""The app's pure parts: inert text and cell formats, the view's keys, the pipeline's
+coalescing and file names. No UI."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from eagle3_tui.app.pipeline import coalesce, export_name, short_label
+from eagle3_tui.app.text import bar, clean, duration, inert, num, rate, size, sparkline
+from eagle3_tui.app.view import MIN_WINDOW, ViewState
+from eagle3_tui.app.widgets.plots import nice_ticks, step_label
+from eagle3_tui.transport.base import Chunk
+
+
+def test_text_from_the_run_is_inert() -> None:
+    hostile = (
+        "\x1b[1;31mred\x1b[0m [bold]x[/bold] \x1b]8;;http://e\x07link\x1b]8;;\x07 \x9b2J\tend\x00"
+    )
+    cleaned = clean(hostile)
+    assert cleaned == "red [bold]x[/bold] link \\tend\\x00"
+    t = inert(hostile)
+    assert isinstance(t, Text) and t.plain == cleaned and not t.spans  # no markup parsed
+    assert inert("[red]a[/red]", style="bold").plain == "[red]a[/red]"
+    assert inert("x\ny", wrap=True).plain == "x\\ny"
+
+
+def test_cell_formats() -> None:
+    assert [num(None), num(float("nan")), num(float("inf")), num(0.5), num(1e-5)] == [
+        "–",
+        "NaN",
+        "+inf",
+        "0.5000",
+        "1.00e-05",
+    ]
+    assert [size(512), size(2.5 * 2**30), size(None)] == ["512 B", "2.5 GiB", "–"]
+    assert [duration(5), duration(125), duration(3 * 3600 + 60), duration(3 * 86400)] == [
+        "5 s",
+        "2m05s",
+        "3h01m",
+        "3d00h",
+    ]
+    assert [rate(1234.0, " tok/s"), rate(0.82)] == ["1.23k tok/s", "0.82"]
+    assert sparkline([0, 50, 100], 3, top=100) == "▁▅█" and sparkline([], 5) == ""
+    assert sparkline([1.0] * 10, 4) == "████"
+    assert bar(0.5, 4) == "██  " and bar(None, 3) == "···" and len(bar(0.33, 7)) == 7
+    assert nice_ticks(0, 599, 5) == [0, 200, 400]
+    assert [step_label(950), step_label(12_000), step_label(1_500_000)] == ["950", "12k", "1.5M"]
+
+
+def test_step_window_keys() -> None:
+    v = ViewState()
+    assert v.narrower(1000).window == 500
+    assert v.narrower(1000).narrower(1000).window == 250
+    assert v.narrower(1000).wider(1000).window is None  # 1000 covers the run
+    assert ViewState(window=100).wider(1000).window == 200
+    assert ViewState(window=MIN_WINDOW).narrower(1000).window == MIN_WINDOW
+    assert ViewState(window=100).whole_run().window is None
+    assert v.wider(1000) == v
+    smoothing = [v.smoothing]
+    for _ in range(4):
+        v = v.next_smoothing()
+        smoothing.append(v.smoothing)
+    assert smoothing == [0.6, 0.9, 0.99, 0.0, 0.6]
+    assert ViewState(window=64, smoothing=0.0, log_scale=True).describe() == (
+        "last 64 steps · smoothing off · log"
+    )
+
+
+def test_a_backlog_coalesces_into_contiguous_chunks() -> None:
+    chunks = [Chunk(0, b"ab"), Chunk(2, b"cd"), Chunk(4, b"e"), Chunk(0, b"xy"), Chunk(2, b"z")]
+    assert coalesce(chunks) == [Chunk(0, b"abcde"), Chunk(0, b"xyz")]  # a restart stays apart
+    assert coalesce([]) == []
+
+
+def test_file_names_from_labels() -> None:
+    assert export_name("gpu-box:/runs/exp 7;rm", 10, 20) == "eagle3-exp_7_rm-steps10-20.csv"
+    assert export_name("/", None, None) == "eagle3-run.csv"
+    assert short_label("gpu-box:/runs/exp7/") == "exp7" and short_label("exp7") == "exp7"
