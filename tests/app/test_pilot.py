@@ -343,3 +343,25 @@ async def test_dialogs_closed_while_loading_and_keys_during_quit_are_harmless() 
         assert not [w for w in app.workers if w.error is not None]
         await pilot.press("q", "r")  # a dialog pushed while the app quits
     assert app.return_code == 0
+
+
+async def test_a_save_in_progress_shows_its_growing_size_and_waiting_is_calm() -> None:
+    lines, data = training(50, gpus=1)
+    app, source = app_with([LinkChanged(Link.WAITING, "waiting for /runs/exp7/metrics.jsonl")])
+    async with app.run_test(size=(120, 40)) as pilot:
+        header, banner = app.query_one(RunHeader), app.query_one(HealthBanner)
+        await until(pilot, lambda: "waiting for metrics.jsonl" in text_of(header), what="wait")
+        await until(pilot, lambda: banner.display and banner.has_class("-calm"), what="calm")
+        source.push(LinkChanged(Link.CONNECTED, "gpu-box:/runs/exp7"))
+        source.push(data)
+        path = "/runs/exp7/checkpoints/3"
+        source.push(lines.at(NOW - 5).ckpt("save_started", path, epoch=3))
+        source.push(lines.ckpt("save_progress", path, bytes=1.5 * 2**30))
+        progress = app.query_one(ProgressPanel)
+        await until(
+            pilot, lambda: "⟳ saving checkpoints/3  1.5 GiB…" in text_of(progress), what="save"
+        )
+        assert app.snapshot.health == Health.RUNNING and not banner.display
+        source.push(lines.ckpt("save_finished", path, bytes=2 * 2**30, duration_s=6.0))
+        await until(pilot, lambda: "saving" not in text_of(progress), what="saved")
+        assert "checkpoints/3  2.0 GiB in 6.0 s" in text_of(progress)
