@@ -274,11 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def load_local(run_dir: Path) -> Run:
     from eagle3_tui.model.run import Run
-    from eagle3_tui.transport.local import check_run_dir, read_from
+    from eagle3_tui.transport.local import check_run_dir, iter_chunks
 
     path = check_run_dir(run_dir)
     run = Run()
-    for chunk in read_from(path):
+    for chunk in iter_chunks(path):
         run.feed(chunk.offset, chunk.data)
     return run
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 
-READ_SIZE = 2 * 1024 * 1024  # batches that fit the caches decode fastest
+READ_SIZE = 2 * 1024 * 1024
+CATCH_UP_SIZE = 64 * 1024 * 1024
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -30,16 +31,21 @@ def check_run_dir(run_dir: Path) -> Path:
     return path
 
 
-def read_from(path: Path, offset: int = 0) -> list[Chunk]:
+def read_from(path: Path, offset: int = 0, size: int = READ_SIZE) -> list[Chunk]:
     """The file from ``offset`` to its current end, as chunks."""
-    out: list[Chunk] = []
+    return list(iter_chunks(path, offset, size))
+
+
+def iter_chunks(path: Path, offset: int = 0, size: int = CATCH_UP_SIZE) -> Iterator[Chunk]:
+    """The file from ``offset`` to its current end, a chunk at a time (for catch-ups:
+    big chunks let the model read on two cores)."""
     with open(path, "rb") as f:
         f.seek(offset)
         while True:
-            data = f.read(READ_SIZE)
+            data = f.read(size)
             if not data:
-                return out
-            out.append(Chunk(offset, data))
+                return
+            yield Chunk(offset, data)
             offset += len(data)
 
 
