@@ -60,7 +60,9 @@ def activity_stream() -> bytes:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.0, 1.0), st.booleans())
-def test_merging_two_parts_equals_reading_serially(seed: int, where: float, activities: bool) -> None:
+def test_merging_two_parts_equals_reading_serially(
+    seed: int, where: float, activities: bool
+) -> None:
     data = activity_stream() if activities else mixed_stream(300, seed)
     split = data.rfind(b"\n", 0, int(len(data) * where)) + 1
     assert full_digest(in_two_parts(data, split)) == full_digest(serial(data))
