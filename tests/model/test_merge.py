@@ -26,7 +26,7 @@ def in_two_parts(data: bytes, split: int) -> RunState:
     first = Run(parallel=False)
     first.feed(0, data[:split])
     line_no = data.count(b"\n", 0, split)
-    state, tail = parallel.read_part(data[split:], split, line_no)
+    state, _tail = parallel.read_part(data[split:], split, line_no)
     merged = first.state
     assert merged.merge(state)
     return merged
