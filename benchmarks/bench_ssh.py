@@ -202,6 +202,7 @@ async def main_async(args: argparse.Namespace) -> int:
     path = run_dir / "metrics.jsonl"
     clients = ("ssh tail -F", "eagle3-tui", "eagle3-tui/asyncssh")
     lat: dict[str, list[float]] = {name: [] for name in clients}
+    rounds: dict[str, list[list[float]]] = {name: [] for name in clients}
     first: dict[str, list[float]] = {name: [] for name in clients}
     follows = {
         "ssh tail -F": baseline_follow(sshd),
@@ -213,6 +214,7 @@ async def main_async(args: argparse.Namespace) -> int:
             for name in clients:
                 got = await run_round(follows[name], path, args.lines, args.interval)
                 lat[name].extend(got)
+                rounds[name].append(got)
                 print(
                     f"round {r + 1} {name:<20} n={len(got)} p50 {1e3 * pct(got, 50):.3f} ms "
                     f"p95 {1e3 * pct(got, 95):.3f} ms",
@@ -239,6 +241,13 @@ async def main_async(args: argparse.Namespace) -> int:
             f"  {name:<20} {1e3 * pct(xs, 50):>8.3f} {1e3 * pct(xs, 95):>8.3f} "
             f"{r50:>6.2f}x {r95:>6.2f}x"
         )
+    print("  p95 ratio per round (to the baseline's round just before), median of rounds:")
+    for name in clients[1:]:
+        per_round = [
+            pct(mine, 95) / pct(theirs, 95)
+            for mine, theirs in zip(rounds[name], rounds["ssh tail -F"], strict=True)
+        ]
+        print(f"  {name:<20} {statistics.median(per_round):>24.2f}x")
     r95 = pct(lat["eagle3-tui"], 95) / pct(base, 95)
     verdict = "meets" if r95 <= 1.5 else "MISSES"
     print(
