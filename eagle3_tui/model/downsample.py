@@ -38,9 +38,13 @@ def m4_indices(y: F64, buckets: int, nonfinite: bool | None = None) -> npt.NDArr
         nonfinite = not np.isfinite(y.sum())
     if not nonfinite and _fast_m4 is not None:
         idx = np.asarray(_fast_m4.downsample(y, n_out=4 * buckets), dtype=np.int64)
-        # it can repeat an index (first/min/max/last coincide) and may omit the very
-        # last point: the line must end where the data ends
-        return np.unique(np.append(idx, (0, n - 1)))
+        # sorted, but it can repeat an index (first/min/max/last coincide) and may
+        # omit the very last point: the line must end where the data ends
+        keep = np.empty(len(idx), dtype=bool)
+        keep[0] = True
+        np.greater(idx[1:], idx[:-1], out=keep[1:])
+        idx = idx[keep]
+        return idx if idx[-1] == n - 1 else np.append(idx, n - 1)
     return _numpy_m4(y, buckets, k, body, nonfinite)
 
 
@@ -67,7 +71,7 @@ def _numpy_m4(y: F64, buckets: int, k: int, body: int, nonfinite: bool) -> npt.N
     return np.unique(np.concatenate(parts))
 
 
-def m4(x: F64, y: F64, buckets: int) -> tuple[F64, F64]:
+def m4(x: F64, y: F64, buckets: int, nonfinite: bool | None = None) -> tuple[F64, F64]:
     """``x`` and ``y`` reduced to at most ~4 points per bucket, spikes kept."""
-    idx = m4_indices(y, buckets)
+    idx = m4_indices(y, buckets, nonfinite)
     return x[idx], y[idx]

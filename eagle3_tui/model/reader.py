@@ -41,25 +41,12 @@ Item = Record | TrainStep | Deferred | Malformed | Restarted
 class LineReader:
     """Turns ``feed(offset, data)`` calls into records, malformed lines and restarts."""
 
-    def __init__(self, offset: int = 0, line_no: int = 0) -> None:
+    def __init__(self) -> None:
         self._buf = b""
-        self._buf_offset = offset  # file offset of _buf[0] == just past the last complete line
-        self._line_no = line_no  # lines completed so far
+        self._buf_offset = 0  # file offset of _buf[0] == just past the last complete line
+        self._line_no = 0  # lines completed so far
         self._skipping_long = False
         self.decoders = Decoders()
-
-    @property
-    def line_no(self) -> int:
-        """Complete lines read so far."""
-        return self._line_no
-
-    def tail(self) -> tuple[bytes, int, int, bool]:
-        """What a reader of the bytes before others needs to hand over to continue."""
-        return self._buf, self._buf_offset, self._line_no, self._skipping_long
-
-    def adopt(self, tail: tuple[bytes, int, int, bool]) -> None:
-        """Continue where another reader (of the bytes that followed ours) stopped."""
-        self._buf, self._buf_offset, self._line_no, self._skipping_long = tail
 
     @property
     def next_offset(self) -> int:

@@ -200,7 +200,8 @@ def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> L
     if kind == "smoothed":
         xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)  # type: ignore[arg-type]
     else:
-        xs, ys = m4(x, y, view.columns)  # type: ignore[arg-type]
+        nonfinite = frame.table.has_nonfinite(key)
+        xs, ys = m4(x, y, view.columns, nonfinite)  # type: ignore[arg-type]
     return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
 
 

@@ -114,8 +114,6 @@ class WriterSeq:
     next_seq: int = 0
     lost: int = 0
     duplicates: int = 0
-    first_seq: int = 0
-    """The first sequence number read from this writer (where a later part begins)."""
 
 
 @dataclass(slots=True)
@@ -170,11 +168,6 @@ class RunState:
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
     activity: Activity | None = None
-    first_step: int | None = None
-    """The first training step read (and its time): where a later part begins."""
-    first_step_ts: float | None = None
-    closed_at: dict[str, float] = field(default_factory=dict)
-    """When something last ended each kind of activity (a merge needs it)."""
     _pending: dict[str, deque[Record | Deferred]] = field(
         default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
     )
@@ -264,7 +257,7 @@ class RunState:
         ws = self.writers.get(rec.w)
         if ws is None:
             # a writer's first record: anything before it was before our first byte
-            ws = self.writers[rec.w] = WriterSeq(next_seq=rec.seq, first_seq=rec.seq)
+            ws = self.writers[rec.w] = WriterSeq(next_seq=rec.seq)
         if rec.seq < ws.next_seq:
             ws.duplicates += 1
             return False
@@ -305,8 +298,6 @@ class RunState:
 
     # ---- training steps -------------------------------------------------------
     def _redo_check(self, step: int, ts: float) -> None:
-        if self.first_step is None:
-            self.first_step, self.first_step_ts = step, ts
         last = self.table.last_step
         if last is not None and step <= last:
             self.redos.append(Redo(step, last, ts))
@@ -318,9 +309,7 @@ class RunState:
             self.val_steps.pop(e, None)
 
     def _close(self, kinds: tuple[str, ...], ts: float) -> None:
-        """Something that ends these activities happened at ``ts`` (kept for merges)."""
-        for kind in kinds:
-            self.closed_at[kind] = ts
+        """Something that ends these activities happened at ``ts``."""
         if self.activity is not None and self.activity.what in kinds and self.activity.since <= ts:
             self.activity = None
 
@@ -466,7 +455,7 @@ class RunState:
         for writer, (first, last_seq) in spans.items():
             ws = self.writers.get(writer)
             if ws is None:
-                ws = self.writers[writer] = WriterSeq(next_seq=first, first_seq=first)
+                ws = self.writers[writer] = WriterSeq(next_seq=first)
             ws.lost += first - ws.next_seq
             ws.next_seq = last_seq + 1
         for bad in items:
@@ -586,86 +575,6 @@ class RunState:
         )
         if rec.event in ("start", "resume"):
             self._close(_ACTIVITIES, rec.ts)
-
-    # ---- merging a later part of the same file ---------------------------------
-    def merge(self, later: RunState) -> bool:
-        """Fold in the state of the bytes that follow ours (decoded on their own).
-
-        Equivalent to having applied those bytes here — tested against that — or
-        returns False, changing nothing, when it cannot be (a restart inside the
-        later part, or a writer whose records overlap the boundary).
-        """
-        later.settle()
-        self.settle()
-        if later.restarts:
-            return False
-        for name, ws in later.writers.items():
-            mine = self.writers.get(name)
-            if mine is not None and ws.first_seq < mine.next_seq:
-                return False
-        for name, ws in later.writers.items():
-            mine = self.writers.get(name)
-            if mine is None:
-                self.writers[name] = WriterSeq(ws.next_seq, ws.lost, ws.duplicates, ws.first_seq)
-            else:
-                mine.lost += ws.first_seq - mine.next_seq + ws.lost
-                mine.duplicates += ws.duplicates
-                mine.next_seq = ws.next_seq
-        if later.first_step is not None:
-            # the later part's first step: a resume across the boundary is a redo
-            self._redo_check(later.first_step, later.first_step_ts or 0.0)
-        if len(later.table):
-            last = self.table.last_step
-            if last is not None and later.table.steps[0] <= last:
-                self._truncate(later.table.steps[0])  # a redo the later part recorded
-            self.table.append_table(later.table)
-        self.redos.extend(later.redos)
-        for epoch, values in later.val_by_epoch.items():
-            self.val_by_epoch[epoch] = values
-            self.val_steps[epoch] = later.val_steps[epoch]
-        self.hparams.update(later.hparams)
-        self.logs.extend(later.logs)
-        self.warnings += later.warnings
-        self.events.extend(later.events)
-        self.malformed.extend(later.malformed)
-        self.malformed_count += later.malformed_count
-        self.records += later.records
-        if later.epoch is not None:
-            self.epoch = later.epoch
-        if later.epochs_total is not None:
-            self.epochs_total = later.epochs_total
-        for ts in (later.first_ts, later.last_ts):
-            if ts is not None:
-                self._touch(ts)
-        if later.last_train_ts is not None:
-            self.last_train_ts = later.last_train_ts
-        self.ttt_steps = max(self.ttt_steps, later.ttt_steps)
-        if later.last_gpu_ts is not None:
-            self.gpu_status, self.gpu_error = later.gpu_status, later.gpu_error
-            self.gpu_devices.update(later.gpu_devices)
-            self.last_gpu_ts = later.last_gpu_ts
-        self.gpu_samples.extend(later.gpu_samples)
-        self.io_history.extend(later.io_history)
-        self.io_workers.update(later.io_workers)
-        self.recent_files.extend(later.recent_files)
-        if later.last_io_ts is not None:
-            self.last_io_ts = later.last_io_ts
-        self.ckpt_events.extend(later.ckpt_events)
-        if later.heartbeat is not None:
-            self.heartbeat, self.last_heartbeat_ts = later.heartbeat, later.last_heartbeat_ts
-        if later.activity is not None:
-            ongoing = self.activity
-            if (
-                ongoing is not None
-                and ongoing.what == later.activity.what == "saving"
-                and (ongoing.detail == later.activity.detail)
-            ):
-                later.activity.since = ongoing.since  # the same save, still going
-            self.activity = later.activity
-        elif self.activity is not None and self.activity.what in later.closed_at:
-            self.activity = None
-        self.closed_at.update(later.closed_at)
-        return True
 
     # ---- queries ------------------------------------------------------------
     @property

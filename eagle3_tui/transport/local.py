@@ -14,7 +14,7 @@ from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 
 READ_SIZE = 2 * 1024 * 1024
-CATCH_UP_SIZE = 64 * 1024 * 1024
+CATCH_UP_SIZE = 16 * 1024 * 1024
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -37,8 +37,8 @@ def read_from(path: Path, offset: int = 0, size: int = READ_SIZE) -> list[Chunk]
 
 
 def iter_chunks(path: Path, offset: int = 0, size: int = CATCH_UP_SIZE) -> Iterator[Chunk]:
-    """The file from ``offset`` to its current end, a chunk at a time (for catch-ups:
-    big chunks let the model read on two cores)."""
+    """The file from ``offset`` to its current end, a chunk at a time (a catch-up
+    holds one chunk, not the whole file)."""
     with open(path, "rb") as f:
         f.seek(offset)
         while True:
