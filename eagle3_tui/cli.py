@@ -1,4 +1,5 @@
-"""Command line: ``eagle3-tui TARGET``, ``demo``, ``summary``, ``kill``, ``resume``, ``runs``.
+"""Command line: ``eagle3-tui TARGET``, ``demo``, ``summary``, ``compare``, ``kill``,
+``resume``, ``runs``.
 
 A TARGET is a local run directory or ``[USER@]HOST[:RUN_DIR]`` reached over SSH
 with ssh's own options (``-p``, ``-i``, ``-J``, ``-F``, ``-o``) and files
@@ -24,15 +25,16 @@ from eagle3_tui import __version__
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from eagle3_tui.model.run import Run
-    from eagle3_tui.transport.target import SshOptions, SshTarget, Target
+    from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target
 
 # Exit statuses (documented in the README).
 EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
 EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
 
-SUBCOMMANDS = ("demo", "summary", "kill", "resume", "runs")
 
 
 def _version() -> str:
@@ -663,11 +665,25 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             open_run=open_run_for(demo_target),
         ).run()
     finally:
-        if proc.poll() is None:
-            proc.terminate()  # the trainer's graceful handler saves interrupted/
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+        stop_demo_run(demo_target, proc)
     print(f"eagle3-tui demo: the run is in {run_dir}", file=sys.stderr)
     return EXIT_OK
+
+
+def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
+    """The demo owns its run: on quit, stop it as `k` would (whole tree, verified) —
+    also when `r` relaunched it as another process."""
+    import asyncio
+
+    from eagle3_tui.transport.control import kill_run, open_host
+
+    try:
+        asyncio.run(kill_run(open_host(target), str(target.run_dir), grace_s=60.0))
+    except (TargetError, OSError) as e:
+        print(f"eagle3-tui demo: could not stop the run cleanly: {e}", file=sys.stderr)
+    if proc.poll() is None:  # the launcher itself, if the agent could not reach it
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)

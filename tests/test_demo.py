@@ -1,0 +1,110 @@
+"""`eagle3-tui demo`: the tiny real training, headless, and what the demo leaves behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from eagle3_tui.cli import stop_demo_run
+from eagle3_tui.transport.target import LocalTarget
+from tests.conftest import need_training, read_jsonl
+
+
+def test_headless_demo_trains_to_completion_and_leaves_the_run(tmp_path: Path) -> None:
+    need_training()
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3_tui",
+            "demo",
+            "--headless",
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(out)
+    records = read_jsonl(out / "metrics.jsonl")
+    assert any(r["kind"] == "train" for r in records)
+    events = [r["event"] for r in records if r["kind"] == "lifecycle"]
+    assert events[0] == "start" and events[-1] == "finish"
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    assert (out / "train.log").stat().st_size > 0
+    summary = subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "summary", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert summary.returncode == 0 and json.loads(summary.stdout)["health"] == "finished"
+
+
+def test_demo_refuses_a_run_directory_in_use(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("someone's file")
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "demo", "--headless", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and (tmp_path / "x").read_text() == "someone's file"
+
+
+def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
+    tmp_path: Path,
+) -> None:
+    """After `r` the trainer is no longer the demo's child: quitting must still stop it."""
+    need_training()
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagle3_tui.train.tiny",
+            "--run-dir",
+            str(run_dir),
+            "--epochs",
+            "5",
+            "--step-delay",
+            "0.3",
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while (
+            not (run_dir / "metrics.jsonl").exists()
+            or b'"kind":"train"' not in (run_dir / "metrics.jsonl").read_bytes()
+        ):
+            assert trainer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        the_demos_child = subprocess.Popen(["true"])  # the demo's own child, long gone
+        the_demos_child.wait()
+        stop_demo_run(LocalTarget(run_dir), the_demos_child)
+        assert trainer.wait(timeout=5) == 0  # graceful: speculators saved and exited 0
+        assert (run_dir / "checkpoints" / "interrupted").is_dir()
+        events = [
+            r["event"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"
+        ]
+        assert events[-1] == "interrupt"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
