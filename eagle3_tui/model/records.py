@@ -73,12 +73,8 @@ class Profile(msgspec.Struct, kw_only=True, gc=False):
 _NO_RAW = msgspec.Raw(b"")
 
 
-class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """One line of ``metrics.jsonl`` (schema v1), any kind.
-
-    The envelope first; the other fields are present only for some kinds (see
-    docs/ARCHITECTURE.md). Fields this reader does not know are ignored.
-    """
+class _Envelope(msgspec.Struct, kw_only=True, gc=False):
+    """The fields every line has, and a training step's: shared by the two record types."""
 
     kind: str = ""
     v: int = 0
@@ -86,14 +82,27 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     w: str = ""
     ts: float = 0.0
     rank: int = 0
-    # train / val
     step: int | None = None
     global_step: int | None = None
     epoch: int | str | None = None
-    train: dict[str, Number] | None = None
-    val: dict[str, Number] | None = None
     profile: Profile | None = None
     lr: float | dict[str, Number] | None = None
+
+    @property
+    def step_or_global(self) -> int | None:
+        return self.step if self.step is not None else self.global_step
+
+
+class Record(_Envelope, kw_only=True, omit_defaults=True, gc=False):
+    """One line of ``metrics.jsonl`` (schema v1), any kind.
+
+    The envelope first; the other fields are present only for some kinds (see
+    docs/ARCHITECTURE.md). Fields this reader does not know are ignored.
+    """
+
+    # train / val
+    train: dict[str, Number] | None = None
+    val: dict[str, Number] | None = None
     # hparams
     hparams: dict[str, Any] | None = None
     # log
@@ -128,10 +137,6 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """How old the trainer's own figures are: grows while its interpreter is stuck."""
     trainer: dict[str, Any] | None = None
     """The sidecar's look at the trainer process: ``pid``, ``alive``, ``state``, ``cpu_s``."""
-
-    @property
-    def step_or_global(self) -> int | None:
-        return self.step if self.step is not None else self.global_step
 
 
 _FIELDS = frozenset(Record.__struct_fields__)
@@ -294,27 +299,12 @@ def train_items(train: dict[str, Number] | TrainMetrics) -> dict[str, Number]:
     return train
 
 
-class TrainStep(msgspec.Struct, kw_only=True, gc=False):
+class TrainStep(_Envelope, kw_only=True, gc=False):
     """A ``train`` record with only the fields a training step has: ~20 % faster to
     decode than a :class:`Record`. Built by :class:`Decoders` once the run's
     training keys are known; ``train`` is then a learned :class:`TrainMetrics`."""
 
-    kind: str = ""
-    v: int = 0
-    seq: int = -1
-    w: str = ""
-    ts: float = 0.0
-    rank: int = 0
-    step: int | None = None
-    global_step: int | None = None
-    epoch: int | str | None = None
     train: Any = None
-    profile: Profile | None = None
-    lr: float | dict[str, Number] | None = None
-
-    @property
-    def step_or_global(self) -> int | None:
-        return self.step if self.step is not None else self.global_step
 
 
 @dataclass(slots=True)
