@@ -53,19 +53,19 @@ class IoWorker(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     files: list[str] = []
 
 
-PROFILE_FIELDS = ("step_ms", "fetch_ms", "tokens_per_s", "fetch_frac")
+PROFILE_FIELDS = ("step_ms", "tokens_per_s", "fetch_frac")
 
 
 class Profile(msgspec.Struct, kw_only=True, gc=False):
     """The per-step timings of speculators' ``_StepTimer.profile`` that the monitor uses.
 
-    Step time, data wait, throughput and data starvation; the others (fwd_ms,
-    bwd_ms, opt_ms, queue_ms, h2d_ms, clip_ms, memory_mb) are skipped at decode
-    time: each kept field costs ~1 % of a catch-up.
+    Step time, throughput and data starvation (the share of the step spent
+    waiting for data); the others (fetch_ms, fwd_ms, bwd_ms, opt_ms, queue_ms,
+    h2d_ms, clip_ms, memory_mb) are skipped at decode time: each kept field costs
+    ~1 % of a catch-up.
     """
 
     step_ms: float = math.nan
-    fetch_ms: float = math.nan
     tokens_per_s: float = math.nan
     fetch_frac: float = math.nan
 
@@ -77,11 +77,9 @@ class _Envelope(msgspec.Struct, kw_only=True, gc=False):
     """The fields every line has, and a training step's: shared by the two record types."""
 
     kind: str = ""
-    v: int = 0
     seq: int = -1
     w: str = ""
     ts: float = 0.0
-    rank: int = 0
     step: int | None = None
     global_step: int | None = None
     epoch: int | str | None = None
@@ -100,6 +98,8 @@ class Record(_Envelope, kw_only=True, omit_defaults=True, gc=False):
     docs/ARCHITECTURE.md). Fields this reader does not know are ignored.
     """
 
+    v: int = 0
+    rank: int = 0
     # train / val
     train: dict[str, Number] | None = None
     val: dict[str, Number] | None = None
