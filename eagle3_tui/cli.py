@@ -36,7 +36,6 @@ EXIT_ERROR = 2  # usage, missing run, unreachable target
 EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
 
 
-
 def _version() -> str:
     return f"eagle3-tui {__version__}"
 
@@ -286,17 +285,29 @@ def load_local(run_dir: Path) -> Run:
 
 
 async def load_remote(target: SshTarget) -> tuple[Run, float]:
-    """The run's metrics.jsonl read over SSH, and the host's clock."""
+    """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
+    lives (one connection), and the host's clock."""
     from eagle3_tui.model.run import Run
-    from eagle3_tui.transport.control import open_host, read_file
+    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.control import on_host, read_file, run_status
 
     run = Run()
-    host = open_host(target)
-    try:
+
+    async def read(host: Host) -> tuple[float, dict[str, Any]]:
         eof = await read_file(host, target.run_dir, lambda f: run.feed(f.offset, f.data))
-    finally:
-        await host.close()
-    return run, float(eof.get("now") or time.time())
+        try:
+            status = await run_status(host, target.run_dir)
+        except TargetError:
+            status = {}  # no manifest (a user's own writer): judge from the records
+        return float(eof.get("now") or time.time()), status
+
+    now, status = await on_host(target, read)
+    manifest = status.get("manifest")
+    if isinstance(manifest, dict) and manifest:
+        run.state.set_manifest(manifest)
+        alive = status.get("alive")
+        run.state.set_process(alive if isinstance(alive, bool) else None, now)
+    return run, now
 
 
 def local_process_alive(manifest: dict[str, Any]) -> bool | None:
@@ -320,24 +331,6 @@ def load_manifest_local(run_dir: Path) -> dict[str, Any]:
         return {}  # no manifest (a user's own writer) or a torn one: judge from records
 
 
-async def load_manifest_remote(target: SshTarget) -> dict[str, Any]:
-    from eagle3_tui.transport.control import open_host, read_file
-
-    buf = bytearray()
-    host = open_host(target)
-    try:
-        await read_file(host, target.run_dir, lambda f: buf.extend(f.data), file="run.json")
-    except TargetError:
-        return {}
-    finally:
-        await host.close()
-    try:
-        obj = json.loads(bytes(buf))
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
 def load_target(target: Target, label: str) -> tuple[Run, float]:
     """A run's records and manifest (and, on this machine, whether its process lives)."""
     import asyncio
@@ -352,9 +345,6 @@ def load_target(target: Target, label: str) -> tuple[Run, float]:
             run.state.set_process(local_process_alive(manifest), now)
     else:
         run, now = asyncio.run(load_remote(target))
-        manifest = asyncio.run(load_manifest_remote(target))
-        if manifest:
-            run.state.set_manifest(manifest)
     if run.state.records == 0 and run.state.malformed_count == 0:
         raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
     return run, now
@@ -522,15 +512,12 @@ def cmd_kill(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
 
-    async def go() -> dict[str, Any]:
-        host = control.open_host(target)
-        try:
-            run_dir = control.run_dir_of(target)
-            return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
-        finally:
-            await host.close()
-
-    result = asyncio.run(go())
+    run_dir = control.run_dir_of(target)
+    result = asyncio.run(
+        control.on_host(
+            target, lambda h: control.kill_run(h, run_dir, ns.grace, on_progress=_print_progress)
+        )
+    )
     print(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
@@ -542,14 +529,8 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
 
-    async def go() -> dict[str, Any]:
-        host = control.open_host(target)
-        try:
-            return await control.resume_run(host, control.run_dir_of(target), ns.wait)
-        finally:
-            await host.close()
-
-    result = asyncio.run(go())
+    run_dir = control.run_dir_of(target)
+    result = asyncio.run(control.on_host(target, lambda h: control.resume_run(h, run_dir, ns.wait)))
     print(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 
@@ -567,14 +548,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         if isinstance(target, LocalTarget):
             target = parse_host(ns.target, opts)
 
-    async def go() -> dict[str, Any]:
-        host = control.open_host(target)
-        try:
-            return await control.list_runs(host)
-        finally:
-            await host.close()
-
-    result = asyncio.run(go())
+    result = asyncio.run(control.on_host(target, control.list_runs))
     if not result.get("runs"):
         raise control.no_runs_error(result, ns.target or "this machine")
     print(json.dumps(result) if ns.json else control.format_runs(result))
@@ -675,10 +649,10 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     also when `r` relaunched it as another process."""
     import asyncio
 
-    from eagle3_tui.transport.control import kill_run, open_host
+    from eagle3_tui.transport.control import kill_run, on_host
 
     try:
-        asyncio.run(kill_run(open_host(target), str(target.run_dir), grace_s=60.0))
+        asyncio.run(on_host(target, lambda h: kill_run(h, str(target.run_dir), grace_s=60.0)))
     except (TargetError, OSError) as e:
         print(f"eagle3-tui demo: could not stop the run cleanly: {e}", file=sys.stderr)
     if proc.poll() is None:  # the launcher itself, if the agent could not reach it

@@ -11,8 +11,8 @@ No textual here; asyncssh only when a host target is opened.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
@@ -24,6 +24,8 @@ from eagle3_tui.transport.channel import (
     call_agent,
 )
 from eagle3_tui.transport.target import LocalTarget, SshTarget, Target
+
+T = TypeVar("T")
 
 # Exit statuses of kill and resume (documented in the README).
 EXIT_OK = 0
@@ -41,6 +43,15 @@ def open_host(target: Target) -> Host:
     from eagle3_tui.transport.ssh import SshHost
 
     return SshHost(target)
+
+
+async def on_host(target: Target, call: Callable[[Host], Awaitable[T]]) -> T:
+    """Open the host where ``target`` lives, make ``call`` with it, close it."""
+    host = open_host(target)
+    try:
+        return await call(host)
+    finally:
+        await host.close()
 
 
 def run_dir_of(target: Target) -> str | None:
