@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -38,7 +40,8 @@ def link_text(link: LinkChanged) -> Text:
     if state == Link.WAITING:
         return Text("◌ waiting for metrics.jsonl", style="yellow")
     if state == Link.RECONNECTING:
-        retry = f" in {link.retry_in:.0f} s" if link.retry_in is not None else ""
+        # rounded up: a 0.2 s backoff reads "in 1 s", never "in 0 s"
+        retry = f" in {math.ceil(link.retry_in)} s" if link.retry_in is not None else ""
         return Text(f"◌ reconnecting{retry}", style="bold #101010 on #ffd75f")
     return Text("✖ refused", style="bold #ffffff on #d70000")
 
