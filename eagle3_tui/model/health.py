@@ -213,6 +213,13 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     if last_metric is None:
         started = state.first_ts
         if started is None:
+            if state.malformed_count:
+                last = state.malformed[-1]
+                return Diagnosis(
+                    Health.WAITING,
+                    f"No valid record yet, {state.malformed_count} malformed lines (the last: "
+                    f"{last.reason[:80]}): is this file written by eagle3-tui telemetry?",
+                )
             return Diagnosis(Health.WAITING, "Waiting for the first record.")
         quiet_for = now - started
         ev = evidence(state, now, max(limit, 60.0))

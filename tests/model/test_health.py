@@ -224,3 +224,8 @@ def test_a_trainer_stuck_holding_the_gil_is_named() -> None:
         sc.t += 1.0
     d = diagnose(sc.state(), sc.t)
     assert d.health == Health.STALLED and "holding the GIL" in d.reason
+
+
+def test_a_file_of_garbage_says_so() -> None:
+    d = diagnose(state_of(b"\x00\xffnot json\n{also not\n"), T0)
+    assert d.health == Health.WAITING and "2 malformed lines" in d.reason
