@@ -214,11 +214,11 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
         started = state.first_ts
         if started is None:
             if state.malformed_count:
-                last = state.malformed[-1]
+                bad = state.malformed[-1]
                 return Diagnosis(
                     Health.WAITING,
                     f"No valid record yet, {state.malformed_count} malformed lines (the last: "
-                    f"{last.reason[:80]}): is this file written by eagle3-tui telemetry?",
+                    f"{bad.reason[:80]}): is this file written by eagle3-tui telemetry?",
                 )
             return Diagnosis(Health.WAITING, "Waiting for the first record.")
         quiet_for = now - started
