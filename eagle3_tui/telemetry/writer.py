@@ -178,16 +178,10 @@ class JsonlWriter:
                 if not self._background:
                     self._write_lines([line])
                     return True
-                size = self._queue_bytes + len(line)
-                if size > self._max_queue_bytes:
-                    self._count_drop("queue_full")
-                    return False
-                self._queue.append(line)
-                self._queue_bytes = size
-                if size > self.stats.queue_peak_bytes:
-                    self.stats.queue_peak_bytes = size
-            if size > WAKE_BYTES and not self._wake.is_set():
-                self._wake.set()
+                size = self._enqueue_locked(line, len(line))
+            if size is None:
+                return False
+            self._wake_if_full(size)
             return True
         except Exception as e:  # never into the trainer
             self._count_drop(e)
@@ -210,20 +204,30 @@ class JsonlWriter:
                 seq = self._seq
                 self._seq = seq + 1
                 est = self._estimate
-                size = self._queue_bytes + est
-                if size > self._max_queue_bytes:
-                    self._count_drop("queue_full")
-                    return False
-                self._queue.append((kind, copy, step, seq, ts, est))
-                self._queue_bytes = size
-                if size > self.stats.queue_peak_bytes:
-                    self.stats.queue_peak_bytes = size
-            if size > WAKE_BYTES and not self._wake.is_set():
-                self._wake.set()
+                size = self._enqueue_locked((kind, copy, step, seq, ts, est), est)
+            if size is None:
+                return False
+            self._wake_if_full(size)
             return True
         except Exception as e:  # never into the trainer
             self._count_drop(e)
             return False
+
+    def _enqueue_locked(self, item: bytes | _Deferred, nbytes: int) -> int | None:
+        """Append to the queue (the lock held); its new size, or None when full (a drop)."""
+        size = self._queue_bytes + nbytes
+        if size > self._max_queue_bytes:
+            self._count_drop("queue_full")
+            return None
+        self._queue.append(item)
+        self._queue_bytes = size
+        if size > self.stats.queue_peak_bytes:
+            self.stats.queue_peak_bytes = size
+        return size
+
+    def _wake_if_full(self, size: int) -> None:
+        if size > WAKE_BYTES and not self._wake.is_set():
+            self._wake.set()
 
     def _encode(
         self,
