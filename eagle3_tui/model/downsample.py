@@ -27,7 +27,7 @@ def m4_indices(y: F64, buckets: int, nonfinite: bool | None = None) -> npt.NDArr
 
     Non-finite values never win min/max (a bucket with only those keeps its first
     and last point, so the gap stays visible). ``nonfinite`` says whether ``y``
-    holds any (a :class:`~eagle3_tui.model.series.Series` knows); None checks.
+    holds any (a :class:`~eagle3_tui.model.table.StepTable` knows); None checks.
     """
     n = len(y)
     if buckets <= 0 or n <= 4 * buckets:
