@@ -26,6 +26,7 @@ from eagle3_tui.transport.target import (
     DEFAULT_KEEPALIVE_COUNT_MAX,
     DEFAULT_KEEPALIVE_INTERVAL,
     SshTarget,
+    TargetNames,
 )
 
 SSH_FAILED = 255  # ssh's own exit status for a connection or authentication failure
@@ -80,24 +81,12 @@ def ssh_argv(target: SshTarget, ssh: str = "ssh") -> list[str]:
     return [*argv, "--", target.host, remote_command(o.remote_python)]
 
 
-class OpenSshHost:
+class OpenSshHost(TargetNames):
     """An SSH host reached through the ``ssh`` binary; one process per agent call."""
 
     def __init__(self, target: SshTarget, ssh: str = "ssh") -> None:
         self.target = target
         self.ssh = ssh
-
-    @property
-    def label(self) -> str:
-        return self.target.destination
-
-    @property
-    def prefix(self) -> str:
-        return f"{self.target.destination}:"
-
-    @property
-    def python(self) -> str:
-        return self.target.options.remote_python
 
     async def start_agent(self, request: dict[str, Any]) -> LocalChannel:
         proc = await asyncio.create_subprocess_exec(

@@ -50,6 +50,7 @@ from eagle3_tui.transport.target import (
     DEFAULT_KEEPALIVE_INTERVAL,
     SshOptions,
     SshTarget,
+    TargetNames,
     parse_host,
     parse_port,
 )
@@ -369,7 +370,7 @@ class SshChannel:
         self.proc.close()
 
 
-class SshHost:
+class SshHost(TargetNames):
     """One SSH host: a connection made on demand and remade after it drops."""
 
     def __init__(self, target: SshTarget) -> None:
@@ -377,19 +378,6 @@ class SshHost:
         self._conn: asyncssh.SSHClientConnection | None = None
         self._hops: list[asyncssh.SSHClientConnection] = []
         self._lock = asyncio.Lock()
-
-    @property
-    def label(self) -> str:
-        return self.target.destination
-
-    @property
-    def prefix(self) -> str:
-        """What goes before a path from this host in a message."""
-        return f"{self.target.destination}:"
-
-    @property
-    def python(self) -> str:
-        return self.target.options.remote_python
 
     async def connect(self) -> asyncssh.SSHClientConnection:
         async with self._lock:

@@ -195,3 +195,23 @@ def parse_target(text: str, options: SshOptions | None = None) -> Target:
     else:
         host, _, path = rest.partition(":")
     return SshTarget(_check_host(host, text), user, path or None, options or SshOptions())
+
+
+class TargetNames:
+    """What a host reached through an :class:`SshTarget` is called in messages, and the
+    Python that runs the agent there (shared by the asyncssh and the ssh-binary host)."""
+
+    target: SshTarget
+
+    @property
+    def label(self) -> str:
+        return self.target.destination
+
+    @property
+    def prefix(self) -> str:
+        """What goes before a path from this host in a message."""
+        return f"{self.target.destination}:"
+
+    @property
+    def python(self) -> str:
+        return self.target.options.remote_python
