@@ -62,15 +62,20 @@ class LineReader:
         """Bytes of a torn last line still waiting for their newline."""
         return len(self._buf)
 
-    def feed(self, offset: int, data: bytes) -> list[Item]:
-        """Consume a chunk that starts at ``offset``; returns what it completed, in order."""
+    def feed(self, offset: int, data: bytes, lo: int = 0, hi: int | None = None) -> list[Item]:
+        """Consume ``data[lo:hi]``, which starts at file ``offset``; returns what it
+        completed, in order. (A range, so that a big catch-up read is fed in slices
+        without copying them.)"""
         out: list[Item] = []
+        if hi is None:
+            hi = len(data)
         expected = self.next_offset
         if offset != expected:
             if offset == self._buf_offset:
                 self._buf = b""  # resumed at the last complete line: drop the torn tail
             elif self._buf_offset < offset < expected:
-                data = data[expected - offset :]  # overlaps the torn tail we hold
+                lo = min(hi, lo + expected - offset)  # overlaps the torn tail we hold
+                offset = expected
             else:
                 reason = "truncated or replaced" if offset < self._buf_offset else "bytes skipped"
                 out.append(Restarted(offset, expected, reason))
@@ -79,43 +84,45 @@ class LineReader:
                 self._skipping_long = False
                 if offset == 0:
                     self._line_no = 0
-        if not data:
+        if lo >= hi:
             return out
-        nl = data.find(b"\n")
+        nl = data.find(b"\n", lo, hi)
         if nl < 0:
-            self._buf += data
+            self._buf += data[lo:hi]
             self._check_long(out)
             return out
         # the head: a torn line we held, completed by this chunk's first line
         head_offset = self._buf_offset
-        head = self._buf + data[:nl] if self._buf else data[:nl]
-        data_offset = head_offset + len(self._buf)
+        head = self._buf + data[lo:nl] if self._buf else data[lo:nl]
+        data_offset = head_offset + len(self._buf) - lo  # file offset of data[0]
         self._buf = b""
         self._line_no += 1
         head_line_no = self._line_no
         skip_head = self._skipping_long  # the tail of a junk line already reported
         self._skipping_long = False
         body_out: list[Item] = []
-        cut = data.rfind(b"\n")
+        cut = data.rfind(b"\n", lo, hi)
         if cut > nl:
-            body_offset = data_offset + nl + 1
-            body = memoryview(data)[nl + 1 : cut]
-            # where each line of the body ends: one vectorised pass, no line objects
-            ends = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10)
-            count = len(ends) + 1
+            # how many lines the body holds: one vectorised pass, no line objects
+            body = np.frombuffer(memoryview(data)[nl + 1 : cut], dtype=np.uint8)
+            count = int(np.count_nonzero(body == 10)) + 1
             first_line_no = self._line_no + 1
             self._line_no += count
-            recs = self.decoders.lines(data, nl + 1, cut, ends) if count >= _MIN_BATCH else None
+            recs = self.decoders.lines(data, nl + 1, cut, count) if count >= _MIN_BATCH else None
             if recs is not None:  # the whole body in one C call, no per-line objects
                 body_out = recs  # type: ignore[assignment]
             else:
-                lines = bytes(body).split(b"\n")
-                self._decode(lines, body_offset, first_line_no, body_out)
+                lines = data[nl + 1 : cut].split(b"\n")
+                self._decode(lines, data_offset + nl + 1, first_line_no, body_out)
         # the head after the body: it then uses the typed decoder the body taught
         if head and not skip_head:
-            self._decode([head], head_offset, head_line_no, out)
+            lean = self.decoders.lines(head, 0, len(head), 1)
+            if lean is not None:  # a training step like the body's: one column batch
+                out.extend(lean)
+            else:
+                self._decode([head], head_offset, head_line_no, out)
         out.extend(body_out)
-        self._buf = data[cut + 1 :]
+        self._buf = data[cut + 1 : hi]
         self._buf_offset = data_offset + cut + 1
         self._check_long(out)
         return out

@@ -14,6 +14,7 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class Profile(msgspec.Struct, kw_only=True, gc=False):
 
 
 _NO_RAW = msgspec.Raw(b"")
+_STEP_NAMES = {f"{name}_f": name for name in ("seq", "step", "global_step", "epoch", "lr")}
+"""The lean step's float fields and their JSON names (see :class:`TrainStep`)."""
 
 
 class _Envelope(msgspec.Struct, kw_only=True, gc=False):
@@ -299,12 +302,155 @@ def train_items(train: dict[str, Number] | TrainMetrics) -> dict[str, Number]:
     return train
 
 
-class TrainStep(_Envelope, kw_only=True, gc=False):
-    """A ``train`` record with only the fields a training step has: ~20 % faster to
-    decode than a :class:`Record`. Built by :class:`Decoders` once the run's
-    training keys are known; ``train`` is then a learned :class:`TrainMetrics`."""
+# ---- columns out of many decoded structs ----------------------------------------
 
+_msgpack = msgspec.msgpack.Encoder()
+_FLOAT64 = 0xCB  # msgpack's marker of a float64: msgspec writes every float as one
+_NIL = 0xC0
+
+
+@functools.cache
+def _key_sizes(cls: type[msgspec.Struct]) -> tuple[int, tuple[tuple[str, int, bool], ...]]:
+    """Size of a ``cls`` map header, and each field: its name, the size of its
+    encoded key, and whether its type makes it a float in every instance."""
+    names = cls.__struct_encode_fields__
+    header = 1 if len(names) < 16 else 3  # fixmap / map16
+    sure = tuple(f.type is float for f in msgspec.structs.fields(cls))
+    sizes = tuple(len(_msgpack.encode(name)) for name in names)
+    return header, tuple(zip(cls.__struct_fields__, sizes, sure, strict=True))
+
+
+Layout = tuple[int, list[tuple[str, int]], list[int], list[int]]
+"""Size of one encoded struct; each float field's column name and where its value
+sits; where the header bytes of values that may vary sit, and what they must be."""
+
+
+def _layout(sample: msgspec.Struct) -> Layout | None:
+    """Where everything sits in the msgpack encoding of ``sample``; None if it holds
+    a value whose size is not fixed by its header (an int, a list, a dict...)."""
+    columns: list[tuple[str, int]] = []
+    heads: list[int] = []
+    expect: list[int] = []
+
+    def walk(obj: msgspec.Struct, at: int, prefix: str) -> int | None:
+        header, fields = _key_sizes(type(obj))
+        at += header
+        for attr, key_size, sure in fields:
+            at += key_size
+            value = getattr(obj, attr)
+            if type(value) is float:
+                columns.append((prefix + attr, at + 1))
+                if not sure:  # a `float` field holds a float: only others need a look
+                    heads.append(at)
+                    expect.append(_FLOAT64)
+                at += 9
+            elif value is None:
+                heads.append(at)
+                expect.append(_NIL)
+                at += 1
+            elif type(value) is str:
+                raw = _msgpack.encode(value)
+                size = 1 if raw[0] >> 5 == 0b101 else {0xD9: 2, 0xDA: 3, 0xDB: 5}[raw[0]]
+                heads.extend(range(at, at + size))  # the length is in the header
+                expect.extend(raw[:size])
+                at += len(raw)
+            elif isinstance(value, msgspec.Struct):
+                heads.append(at)  # the map header: a struct, not None
+                expect.append(_msgpack.encode(value)[0])
+                end = walk(value, at, prefix + attr + "/")
+                if end is None:
+                    return None
+                at = end
+            else:
+                return None
+        return at
+
+    size = walk(sample, 0, "")
+    if size is None or size != len(_msgpack.encode(sample)):
+        return None
+    return size, columns, heads, expect
+
+
+def struct_columns(structs: list[Any]) -> dict[str, npt.NDArray[np.float64]] | None:
+    """Every float field of many structs of one type, as a column each, keyed by
+    field name (``parent/field`` inside nested structs); None unless they all share
+    one layout (same type, same places for the same kinds of values).
+
+    One msgpack encode (C) writes each float as a big-endian float64 at a fixed
+    place of each struct's encoding, and each column is a strided big-endian view of
+    that buffer (convert it once, where it is stored): ~2× faster than handing numpy
+    the values as Python floats. The header byte of every value that may vary (a
+    float or None, a string's length) is checked in every row, so a struct whose
+    layout differs yields None, never shifted data.
+    """
+    n = len(structs)
+    if not n or len(set(map(type, structs))) != 1:
+        return None
+    layout = _layout(structs[0])
+    if layout is None:
+        return None
+    size, columns, heads, expect = layout
+    head = 1 if n < 16 else 3 if n < 65536 else 5  # the array header
+    buf = bytearray(head + n * size)  # sized: no regrowth while encoding
+    _msgpack.encode_into(structs, buf)
+    if len(buf) != head + n * size:
+        return None
+    if heads:
+        rows = np.frombuffer(buf, np.uint8, n * size, head).reshape(n, size)
+        if not bool((rows[:, heads] == np.array(expect, dtype=np.uint8)).all()):
+            return None
+    return {name: np.ndarray((n,), ">f8", buf, head + at, (size,)) for name, at in columns}
+
+
+def _as_int(v: float | None) -> int | None:
+    return None if v is None or v != v or v in (math.inf, -math.inf) else int(v)
+
+
+class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
+    """A training step decoded by the lean decoder: only a step's fields, and every
+    number a float (``seq_f`` is JSON ``seq``...), so that a batch of them encodes to
+    one fixed layout and :func:`struct_columns` reads all its columns in one pass.
+    Faster to decode than a :class:`Record`. Built by :class:`Decoders` once the
+    run's training keys are known; ``train`` is then a learned :class:`TrainMetrics`.
+    The properties give the envelope's usual view (ints, ``-1`` for no seq).
+    """
+
+    kind: str = ""
+    w: str = ""
+    seq_f: float | None = None
+    ts: float = 0.0
+    step_f: float | None = None
+    global_step_f: float | None = None
+    epoch_f: float | None = None
+    lr_f: float | None = None
+    profile: Profile | None = None
     train: Any = None
+
+    @property
+    def seq(self) -> int:
+        seq = _as_int(self.seq_f)
+        return -1 if seq is None else seq
+
+    @property
+    def step(self) -> int | None:
+        return _as_int(self.step_f)
+
+    @property
+    def global_step(self) -> int | None:
+        return _as_int(self.global_step_f)
+
+    @property
+    def step_or_global(self) -> int | None:
+        step = self.step
+        return step if step is not None else self.global_step
+
+    @property
+    def epoch(self) -> int | None:
+        return _as_int(self.epoch_f)
+
+    @property
+    def lr(self) -> float | None:
+        return self.lr_f
 
 
 @dataclass(slots=True)
@@ -382,21 +528,16 @@ class Decoders:
     def batch(self, lines: list[bytes]) -> list[AnyRecord] | None:
         """Decode many lines in one call; None if any line fails."""
         data = b"\n".join(lines)
-        ends = np.cumsum([len(ln) + 1 for ln in lines[:-1]], dtype=np.intp) - 1
-        return self.lines(data, 0, len(data), ends)
+        return self.lines(data, 0, len(data), len(lines))
 
-    def lines(
-        self, data: bytes, start: int, end: int, ends: npt.NDArray[np.intp]
-    ) -> list[AnyRecord] | None:
+    def lines(self, data: bytes, start: int, end: int, count: int) -> list[AnyRecord] | None:
         """Decode the newline-separated JSON objects of ``data[start:end]``; None unless
-        there is exactly one per line. ``ends`` holds the body-relative offsets of its
-        newlines.
+        there is exactly one per line (``count`` lines).
 
         Training steps come back as lean :class:`TrainStep` values when the learned
         keys fit; the other kinds as :class:`Deferred` (envelope now, payload on use).
         """
         buf = memoryview(data)[start:end]
-        count = len(ends) + 1
         if self._lean is not None:
             try:
                 lean: list[AnyRecord] = self._lean.decode_lines(buf)  # type: ignore[assignment]
@@ -405,9 +546,10 @@ class Decoders:
             else:
                 if len(lean) == count:
                     kinds = list(map(_KIND, lean))
-                    n_train = kinds.count("train")
-                    if n_train == count:
+                    if kinds.count("train") == count:
                         return lean
+                    # where each line starts and ends: needed only for the other kinds
+                    ends = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
                     starts = np.empty(count, dtype=np.intp)
                     starts[0] = 0
                     starts[1:] = ends + 1

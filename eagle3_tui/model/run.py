@@ -8,7 +8,7 @@ from __future__ import annotations
 from eagle3_tui.model.reader import LineReader
 from eagle3_tui.model.state import RunState
 
-SLICE = 2 * 1024 * 1024
+SLICE = 1024 * 1024
 
 
 class Run:
@@ -27,13 +27,14 @@ class Run:
     def feed(self, offset: int, data: bytes) -> int:
         """Feed a chunk; returns how many items (records, malformed lines) it completed.
 
-        A big chunk (a catch-up) is fed in slices of ~2 MiB: decoding and the
-        column path run fastest on batches that fit the caches (a 35 MB chunk fed
-        whole takes up to ~1.7× as long).
+        A big chunk (a catch-up) is fed in slices of ~1 MiB, without copying
+        them: decoding and the column path run fastest on batches whose decoded
+        records fit the L2 cache (a 35 MB chunk fed whole takes up to ~1.7× as
+        long; 2 MiB slices ~8 % longer than 1 MiB ones on this machine).
         """
         n = 0
         for start in range(0, max(len(data), 1), SLICE):
-            items = self.reader.feed(offset + start, data[start : start + SLICE])
+            items = self.reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
             self._state.apply_all(items)
             n += len(items)
         return n

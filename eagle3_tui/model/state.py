@@ -16,12 +16,12 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import chain
 from operator import attrgetter
 from typing import Any, cast
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
@@ -36,6 +36,7 @@ from eagle3_tui.model.records import (
     TrainStep,
     gpu_devices,
     io_workers,
+    struct_columns,
     train_items,
 )
 from eagle3_tui.model.table import StepTable
@@ -358,7 +359,7 @@ class RunState:
         """The catch-up fast path; False (nothing applied) when the batch is not uniform.
 
         Uniform: per writer, consecutive sequence numbers continuing the writer's; no
-        restart; training steps decoded by the learned typed decoder with increasing
+        restart; training steps decoded by the learned typed decoders with increasing
         steps, a float lr and an int epoch. Other kinds are applied one by one, in
         order; they never touch the step table, so applying the steps after them
         changes nothing but the (re-derived) activity.
@@ -370,9 +371,34 @@ class RunState:
             "list[AnyRecord]",
             [it for it in items if type(it) is not Malformed] if Malformed in types else items,
         )
+        kinds: list[str] = []
+        if len(types) == 1 and issubclass(next(iter(types)), TrainStep):
+            # the common catch-up: nothing but lean training steps (the lean decoder
+            # makes TrainStep values of training steps only)
+            trains = recs
+            n = len(trains)
+        else:
+            kinds = list(map(_KIND, recs))
+            n = kinds.count("train")
+            trains = (
+                recs
+                if n == len(recs)
+                else [r for r, k in zip(recs, kinds, strict=True) if k == "train"]
+            )
+        if n < BATCH_MIN:
+            return False
+        cols = _lean_columns(trains) if isinstance(trains[0], TrainStep) else None
+        if cols is None:
+            cols = _record_columns(trains)
+            if cols is None:
+                return False
+        seqs = (
+            cols["seq"].astype(np.int64)
+            if trains is recs
+            else np.fromiter(map(_SEQ, recs), dtype=np.int64, count=len(recs))
+        )
         # per writer: sequence numbers consecutive and continuing what came before
         names = list(map(_W, recs))
-        seqs = np.fromiter(map(_SEQ, recs), dtype=np.int64, count=len(recs))
         unique = set(names)
         if len(unique) == 1:
             groups = {names[0]: seqs}
@@ -388,45 +414,11 @@ class RunState:
             if known is not None and first < known.next_seq:
                 return False  # duplicates: let the careful path drop them
             spans[writer] = (first, int(mine[-1]))
-        kinds = list(map(_KIND, recs))
-        n = kinds.count("train")
-        if n < BATCH_MIN:
-            return False
-        trains = (
-            recs
-            if n == len(recs)
-            else [r for r, k in zip(recs, kinds, strict=True) if k == "train"]
-        )
-        metrics = list(map(_TRAIN, trains))
-        metrics_type = type(metrics[0])
-        if not issubclass(metrics_type, TrainMetrics):
-            return False
-        keys = metrics_type.__keys__
-        try:
-            env = np.fromiter(
-                chain.from_iterable(map(_ENVELOPE, trains)), dtype=np.float64, count=4 * n
-            ).reshape(n, 4)
-            train_vals = np.fromiter(
-                chain.from_iterable(map(_astuple, metrics)), dtype=np.float64, count=n * len(keys)
-            ).reshape(n, len(keys))
-            profiles = list(map(_PROFILE, trains))
-            prof_vals = None
-            if None not in profiles:
-                prof_vals = np.fromiter(
-                    chain.from_iterable(map(_astuple, profiles)),
-                    dtype=np.float64,
-                    count=n * len(PROFILE_FIELDS),
-                ).reshape(n, len(PROFILE_FIELDS))
-            elif any(p is not None for p in profiles):
-                return False
-        except (TypeError, ValueError):  # a None step or train, a dict lr, a str epoch...
-            return False
-        steps = env[:, 0].astype(np.int64)
-        ts = env[:, 1]
-        lrs = env[:, 2]
-        epochs = env[:, 3]
+        steps = cols["step"].astype(np.int64)
+        ts = cols["ts"]
         if n > 1 and not bool((np.diff(steps) > 0).all()):
             return False
+        keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
         # From here on the batch is applied. Sampler records only queue (settle()
         # applies the ones the bounded histories keep); the rest apply in order.
         if n != len(recs):
@@ -462,14 +454,13 @@ class RunState:
             if type(bad) is Malformed:
                 self.apply(bad)
         self._redo_check(int(steps[0]), float(ts[0]))
-        columns = {"train/" + k: train_vals[:, i] for i, k in enumerate(keys)}
-        if prof_vals is not None:
-            for i, k in enumerate(PROFILE_FIELDS):
-                col = prof_vals[:, i]
-                if not bool(np.isnan(col).all()):
-                    columns["profile/" + k] = col
-        columns["lr"] = lrs
-        columns["epoch"] = epochs
+        columns = {"train/" + k: cols["train/m" + str(i)] for i, k in enumerate(keys)}
+        for k in PROFILE_FIELDS:
+            col = cols.get("profile/" + k)
+            if col is not None and not bool(np.isnan(col).all()):
+                columns["profile/" + k] = col
+        columns["lr"] = cols["lr"]
+        columns["epoch"] = cols["epoch"]
         self.table.extend_columns(steps, ts, columns)
         self.records += n
         self._touch(float(ts.min()))
@@ -606,7 +597,58 @@ class RunState:
 _W = attrgetter("w")
 _SEQ = attrgetter("seq")
 _KIND = attrgetter("kind")
-_ENVELOPE = attrgetter("step", "ts", "lr", "epoch")
+_STEP = attrgetter("step")
+_TS = attrgetter("ts")
+_LR = attrgetter("lr")
+_EPOCH = attrgetter("epoch")
+_ENVELOPE = (("seq", _SEQ), ("step", _STEP), ("ts", _TS), ("lr", _LR), ("epoch", _EPOCH))
 _TRAIN = attrgetter("train")
 _PROFILE = attrgetter("profile")
-_astuple = msgspec.structs.astuple
+
+
+def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] | None:
+    """The columns of lean training steps (see :func:`struct_columns`), keyed as
+    :func:`_record_columns` keys them; None unless every row has an integral seq,
+    step and epoch, a float lr and a learned ``train`` struct."""
+    if not isinstance(cast("TrainStep", trains[0]).train, TrainMetrics):
+        return None
+    cols = struct_columns(trains)
+    if cols is None:
+        return None
+    step = cols.get("step_f", cols.get("global_step_f"))
+    seq, epoch, lr = cols.get("seq_f"), cols.get("epoch_f"), cols.get("lr_f")
+    if step is None or seq is None or epoch is None or lr is None:
+        return None
+    for ints in (seq, step, epoch):
+        if not bool((np.isfinite(ints) & (ints == np.floor(ints))).all()):
+            return None
+    cols.update(seq=seq, step=step, epoch=epoch, lr=lr)
+    return cols
+
+
+def _record_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] | None:
+    """The columns of training steps decoded as records (or a mix of records and
+    lean steps): ``seq``, ``step``, ``ts``, ``lr``, ``epoch``, ``train/m<i>`` and
+    ``profile/<field>``; None for a None step or train, a dict lr, a str epoch..."""
+    metrics = list(map(_TRAIN, trains))
+    if not isinstance(metrics[0], TrainMetrics):
+        return None
+    train = struct_columns(metrics)
+    if train is None:  # a None train, or another run's keys, among them
+        return None
+    cols = {"train/" + k: v for k, v in train.items()}
+    profiles = list(map(_PROFILE, trains))
+    if None not in profiles:
+        profile = struct_columns(profiles)
+        if profile is None:
+            return None
+        cols.update(("profile/" + k, v) for k, v in profile.items())
+    elif any(p is not None for p in profiles):
+        return None
+    n = len(trains)
+    try:
+        for name, get in _ENVELOPE:
+            cols[name] = np.fromiter(map(get, trains), dtype=np.float64, count=n)
+    except (TypeError, ValueError):
+        return None
+    return cols

@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 NAN = math.nan
+F32_MAX = float(np.finfo(np.float32).max)
+"""Beyond this a value is stored as an infinity."""
 
 
 class StepTable:
@@ -72,7 +74,7 @@ class StepTable:
         self.ts.append(ts)
         for key, v in values.items():
             col = self._column(key, n)
-            if v is None or v - v != 0.0:
+            if v is None or not -F32_MAX <= v <= F32_MAX:  # NaN, ±inf, or inf as float32
                 self._nonfinite.add(key)
             col.append(NAN if v is None else v)
             self.latest[key] = v
@@ -88,16 +90,18 @@ class StepTable:
         ts: npt.NDArray[np.float64],
         columns: dict[str, npt.NDArray[np.float64]],
     ) -> None:
-        """Many rows at once (the catch-up fast path); same precondition on steps."""
+        """Many rows at once (the catch-up fast path); same precondition on steps.
+        Values of any float dtype or byte order, strided or not: each is converted
+        once, into its float32 column."""
         n = len(self.steps)
-        self.steps.frombytes(np.ascontiguousarray(steps, dtype=np.int64).tobytes())
-        self.ts.frombytes(np.ascontiguousarray(ts, dtype=np.float64).tobytes())
+        self.steps.frombytes(_raw(steps.astype(np.int64, copy=False)))
+        self.ts.frombytes(_raw(ts.astype(np.float64, copy=False)))
         for key, values in columns.items():
             col = self._column(key, n)
-            col.frombytes(values.astype(np.float32).tobytes())
-            last = float(values[-1])
-            self.latest[key] = last
-            if not bool(np.isfinite(values).all()):
+            stored = values.astype(np.float32)
+            col.frombytes(_raw(stored))
+            self.latest[key] = float(values[-1])
+            if not bool(np.isfinite(stored).all()):  # what is stored: 1e39 is inf here
                 self._nonfinite.add(key)
         if len(columns) != len(self.columns):
             pad = array("f", [NAN]) * len(steps)
@@ -151,6 +155,11 @@ class StepTable:
 
     def nbytes(self) -> int:
         return (len(self.steps) * 16) + sum(len(c) * 4 for c in self.columns.values())
+
+
+def _raw(values: npt.NDArray[np.generic]) -> memoryview:
+    """The bytes of a contiguous array, without a copy."""
+    return values.data.cast("B")
 
 
 def _has_nonfinite(col: array[float]) -> bool:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle3_tui.model.reader import LineReader, Restarted
-from eagle3_tui.model.records import Malformed, Record, train_items
+from eagle3_tui.model.records import Deferred, Malformed, Record, TrainStep, train_items
 from tests.records import Lines
 
 
@@ -25,8 +25,10 @@ def whole(data: bytes) -> list[Record | Malformed | Restarted]:
     return LineReader().feed(0, data)
 
 
-def key(item: Record | Malformed | Restarted) -> object:
-    if isinstance(item, Record):
+def key(item: object) -> object:
+    if isinstance(item, Deferred):  # kept undecoded, in whichever buffer it came
+        return key(item.resolve())
+    if isinstance(item, (Record, TrainStep)):  # whichever decoder made it
         loss = train_items(item.train).get("loss") if item.train is not None else None
         return (
             "r",
