@@ -461,12 +461,18 @@ class Deferred:
     nor even copied out of the chunk they came in."""
 
     kind: str
-    seq: int
+    seq_f: float | None
+    """As in :class:`TrainStep`, so that a batch's sequence numbers come in one pass."""
     w: str
     ts: float
     buf: bytes
     start: int
     end: int
+
+    @property
+    def seq(self) -> int:
+        seq = _as_int(self.seq_f)
+        return -1 if seq is None else seq
 
     @property
     def line(self) -> bytes:
@@ -556,11 +562,11 @@ class Decoders:
                     stops = np.empty(count, dtype=np.intp)
                     stops[:-1] = ends
                     stops[-1] = end - start
-                    others = np.flatnonzero(np.asarray(kinds) != "train").tolist()
+                    others = np.flatnonzero(np.array(kinds, dtype=object) != "train").tolist()
                     lo, hi = (starts + start).tolist(), (stops + start).tolist()
                     for i in others:
-                        env = lean[i]
-                        lean[i] = Deferred(kinds[i], env.seq, env.w, env.ts, data, lo[i], hi[i])
+                        env = cast("TrainStep", lean[i])
+                        lean[i] = Deferred(kinds[i], env.seq_f, env.w, env.ts, data, lo[i], hi[i])
                     return lean
         recs: list[Record] | None = None
         if self._fast is not None:

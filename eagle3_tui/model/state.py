@@ -51,7 +51,6 @@ IO_HISTORY = 600
 RECENT_FILES = 50
 _KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
 """Sampler kinds and how many of their newest records the state keeps."""
-_QUEUED_OR_TRAIN = ["train", *_KEEP_LAST]
 _ACTIVITIES = ("saving", "validating")
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
@@ -392,11 +391,18 @@ class RunState:
             cols = _record_columns(trains)
             if cols is None:
                 return False
-        seqs = (
-            cols["seq"].astype(np.int64)
-            if trains is recs
-            else np.fromiter(map(_SEQ, recs), dtype=np.int64, count=len(recs))
-        )
+        if trains is recs:
+            seqs = cols["seq"].astype(np.int64)
+        else:
+            # lean steps and the deferred others have a float seq_f: one C-level pass
+            lean = type(trains[0])
+            fast = issubclass(lean, TrainStep) and types - {Malformed} <= {lean, Deferred}
+            try:
+                seqs = np.fromiter(
+                    map(_SEQ_F if fast else _SEQ, recs), dtype=np.float64, count=len(recs)
+                ).astype(np.int64)
+            except (TypeError, ValueError):  # a missing seq (None)
+                return False
         # per writer: sequence numbers consecutive and continuing what came before
         names = list(map(_W, recs))
         unique = set(names)
@@ -422,9 +428,12 @@ class RunState:
         # From here on the batch is applied. Sampler records only queue (settle()
         # applies the ones the bounded histories keep); the rest apply in order.
         if n != len(recs):
-            kind_arr = np.asarray(kinds)
+            kind_arr = np.array(kinds, dtype=object)  # compared as str: no str dtype to infer
+            applied = kind_arr == "train"
             for kind, queue in self._pending.items():
-                idx = np.flatnonzero(kind_arr == kind)
+                mask = kind_arr == kind
+                applied |= mask
+                idx = np.flatnonzero(mask)
                 if not len(idx):
                     continue
                 queue.extend(recs[i] for i in idx[-(queue.maxlen or len(idx)) :].tolist())
@@ -432,7 +441,7 @@ class RunState:
                 self.records += len(idx)
                 self._touch(recs[int(idx[0])].ts)
                 self._touch(recs[int(idx[-1])].ts)
-            rest = np.flatnonzero(~np.isin(kind_arr, _QUEUED_OR_TRAIN)).tolist()
+            rest = np.flatnonzero(~applied).tolist()
             for i in rest:
                 r = recs[i]
                 if isinstance(r, Deferred):
@@ -596,6 +605,7 @@ class RunState:
 
 _W = attrgetter("w")
 _SEQ = attrgetter("seq")
+_SEQ_F = attrgetter("seq_f")
 _KIND = attrgetter("kind")
 _STEP = attrgetter("step")
 _TS = attrgetter("ts")

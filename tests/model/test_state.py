@@ -184,6 +184,27 @@ def test_saving_and_validating_are_activities_until_they_end() -> None:
     assert state.epochs_total == 3
 
 
+def test_each_batch_shape_of_a_catch_up_reads_every_step() -> None:
+    """Training steps among other kinds, in the first batch (decoded before the run's
+    keys are learned) and in later ones (lean steps and deferred others), with a
+    torn line at every slice boundary: all steps, all sequence numbers, in order."""
+    a = Lines()
+    parts: list[bytes] = []
+    for step in range(3000):
+        if step % 89 == 0:  # the first line too: not a training step
+            parts.append(a.log(f"Training epoch {step // 1000 + 1}/3 started"))
+        parts.append(a.train(step, 2.0 - step / 3000))
+        if step % 97 == 0:
+            parts.append(a.val(step, step // 1000, 1.5))
+    data = b"".join(parts)
+    for chunk in (len(data), 1 << 16, 7777):
+        run = run_of(*(data[i : i + chunk] for i in range(0, len(data), chunk)))
+        assert steps(run.state) == list(range(3000))
+        assert column(run.state, "train/loss")[-1] == np.float32(2.0 - 2999 / 3000)
+        assert run.state.lost_records == 0 and run.state.malformed_count == 0
+        assert run.state.records == len(parts)
+
+
 # ---- the two ingest paths agree --------------------------------------------------
 
 
