@@ -104,11 +104,15 @@ class LineReader:
         cut = data.rfind(b"\n", lo, hi)
         if cut > nl:
             # how many lines the body holds: one vectorised pass, no line objects
-            body = np.frombuffer(memoryview(data)[nl + 1 : cut], dtype=np.uint8)
-            count = int(np.count_nonzero(body == 10)) + 1
+            newlines = np.frombuffer(memoryview(data)[nl + 1 : cut], dtype=np.uint8) == 10
+            count = int(np.count_nonzero(newlines)) + 1
             first_line_no = self._line_no + 1
             self._line_no += count
-            recs = self.decoders.lines(data, nl + 1, cut, count) if count >= _MIN_BATCH else None
+            recs = (
+                self.decoders.lines(data, nl + 1, cut, count, newlines)
+                if count >= _MIN_BATCH
+                else None
+            )
             if recs is not None:  # the whole body in one C call, no per-line objects
                 body_out = recs  # type: ignore[assignment]
             else:

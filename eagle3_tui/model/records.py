@@ -453,8 +453,7 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
         return self.lr_f
 
 
-@dataclass(slots=True)
-class Deferred:
+class Deferred(msgspec.Struct, gc=False):
     """A record of another kind met in a batch of training steps: its envelope is
     known, its payload is decoded only if it is used (:meth:`resolve`). A catch-up
     keeps only the newest few hundred sampler records, so most are never decoded,
@@ -536,9 +535,17 @@ class Decoders:
         data = b"\n".join(lines)
         return self.lines(data, 0, len(data), len(lines))
 
-    def lines(self, data: bytes, start: int, end: int, count: int) -> list[AnyRecord] | None:
+    def lines(
+        self,
+        data: bytes,
+        start: int,
+        end: int,
+        count: int,
+        newlines: npt.NDArray[np.bool_] | None = None,
+    ) -> list[AnyRecord] | None:
         """Decode the newline-separated JSON objects of ``data[start:end]``; None unless
-        there is exactly one per line (``count`` lines).
+        there is exactly one per line (``count`` lines). ``newlines``, if the caller
+        has it, marks the newline bytes of that range.
 
         Training steps come back as lean :class:`TrainStep` values when the learned
         keys fit; the other kinds as :class:`Deferred` (envelope now, payload on use).
@@ -554,19 +561,19 @@ class Decoders:
                     kinds = list(map(_KIND, lean))
                     if kinds.count("train") == count:
                         return lean
-                    # where each line starts and ends: needed only for the other kinds
-                    ends = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
-                    starts = np.empty(count, dtype=np.intp)
-                    starts[0] = 0
-                    starts[1:] = ends + 1
-                    stops = np.empty(count, dtype=np.intp)
-                    stops[:-1] = ends
-                    stops[-1] = end - start
-                    others = np.flatnonzero(np.array(kinds, dtype=object) != "train").tolist()
-                    lo, hi = (starts + start).tolist(), (stops + start).tolist()
-                    for i in others:
+                    # where the other kinds' lines start and end (from the newlines)
+                    if newlines is None:
+                        newlines = np.frombuffer(buf, dtype=np.uint8) == 10
+                    bounds = np.empty(count + 1, dtype=np.intp)
+                    bounds[0] = -1
+                    bounds[1:count] = np.flatnonzero(newlines)
+                    bounds[count] = end - start
+                    others = np.flatnonzero(np.array(kinds, dtype=object) != "train")
+                    lo = (bounds[others] + (start + 1)).tolist()
+                    hi = (bounds[others + 1] + start).tolist()
+                    for i, a, b in zip(others.tolist(), lo, hi, strict=True):
                         env = cast("TrainStep", lean[i])
-                        lean[i] = Deferred(kinds[i], env.seq_f, env.w, env.ts, data, lo[i], hi[i])
+                        lean[i] = Deferred(kinds[i], env.seq_f, env.w, env.ts, data, a, b)
                     return lean
         recs: list[Record] | None = None
         if self._fast is not None:
