@@ -629,10 +629,12 @@ def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]]
     seq, epoch, lr = cols.get("seq_f"), cols.get("epoch_f"), cols.get("lr_f")
     if step is None or seq is None or epoch is None or lr is None:
         return None
-    for ints in (seq, step, epoch):
-        if not bool((np.isfinite(ints) & (ints == np.floor(ints))).all()):
+    seq, step, epoch, ts = (a.astype(np.float64) for a in (seq, step, epoch, cols["ts"]))
+    ints = np.concatenate((seq, step, epoch))
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, which is not 0
+        if not bool((ints - np.floor(ints) == 0).all()):  # False for NaN, ±inf, 2.5
             return None
-    cols.update(seq=seq, step=step, epoch=epoch, lr=lr)
+    cols.update(seq=seq, step=step, epoch=epoch, lr=lr, ts=ts)
     return cols
 
 
