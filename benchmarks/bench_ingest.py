@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,8 +64,8 @@ def ours(path: Path) -> None:
     assert run.state.train_steps > 0
 
 
-def interleaved(a, b, repeat: int = 7) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Best time of each, measured alternately so that both see the same machine load."""
+def interleaved(a, b, repeat: int = 9) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+    """Times of each, measured alternately so that both see the same machine load."""
     ta, tb = [], []
     for _ in range(repeat):
         for fn, out in ((a, ta), (b, tb)):
@@ -72,20 +73,25 @@ def interleaved(a, b, repeat: int = 7) -> tuple[float, float]:  # type: ignore[n
             t = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t)
-    return min(ta), min(tb)
+    return ta, tb
 
 
 def compare(label: str, path: Path) -> float:
+    """Best of 9 each, and the median of the 9 back-to-back pairs' ratios (this
+    machine's speed drifts by up to 2x within minutes; a pair sees one speed)."""
     lines = path.read_bytes().count(b"\n")
     size = path.stat().st_size
-    base, mine = interleaved(lambda: json_loop(path), lambda: ours(path))
-    tight, mine2 = interleaved(lambda: json_loop_bytes(path), lambda: ours(path))
+    bases, mines = interleaved(lambda: json_loop(path), lambda: ours(path))
+    base, mine = min(bases), min(mines)
+    paired = statistics.median(m / b for b, m in zip(bases, mines, strict=True))
+    tights, mines2 = interleaved(lambda: json_loop_bytes(path), lambda: ours(path), 5)
+    tight, mine2 = min(tights), min(mines2)
     ratio = mine / base
     print(f"{label}: {lines:,} lines, {size / 1e6:.1f} MB")
     print(f"  json.loads loop (for line in file)   {base * 1000:8.1f} ms")
     print(
         f"  eagle3-tui ingest into the run state {mine * 1000:8.1f} ms   ratio {ratio:.3f}"
-        "  (target <= 0.25)"
+        f"  (median of paired runs {paired:.3f})  target <= 0.25"
     )
     print(
         f"  json.loads over bytes.splitlines()   {tight * 1000:8.1f} ms   "

@@ -66,6 +66,9 @@ class Profile(msgspec.Struct, kw_only=True, gc=False):
     ~1 % of a catch-up.
     """
 
+    __float_fields__: ClassVar[frozenset[str]] = frozenset(PROFILE_FIELDS)
+    """Fields typed plain ``float``: a float in every instance (see :func:`struct_columns`)."""
+
     step_ms: float = math.nan
     tokens_per_s: float = math.nan
     fetch_frac: float = math.nan
@@ -272,6 +275,7 @@ class TrainMetrics(msgspec.Struct, gc=False):
     """Base of the per-run typed ``train`` structs (see :func:`train_metrics_type`)."""
 
     __keys__: ClassVar[tuple[str, ...]] = ()
+    __float_fields__: ClassVar[frozenset[str]] = frozenset()
 
 
 def train_metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
@@ -292,6 +296,7 @@ def train_metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
     )
     metrics = cast("type[TrainMetrics]", cls)
     metrics.__keys__ = keys
+    metrics.__float_fields__ = frozenset(metrics.__struct_fields__)
     return metrics
 
 
@@ -315,7 +320,8 @@ def _key_sizes(cls: type[msgspec.Struct]) -> tuple[int, tuple[tuple[str, int, bo
     encoded key, and whether its type makes it a float in every instance."""
     names = cls.__struct_encode_fields__
     header = 1 if len(names) < 16 else 3  # fixmap / map16
-    sure = tuple(f.type is float for f in msgspec.structs.fields(cls))
+    floats: frozenset[str] = getattr(cls, "__float_fields__", frozenset())
+    sure = tuple(name in floats for name in cls.__struct_fields__)
     sizes = tuple(len(_msgpack.encode(name)) for name in names)
     return header, tuple(zip(cls.__struct_fields__, sizes, sure, strict=True))
 
@@ -414,6 +420,8 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
     run's training keys are known; ``train`` is then a learned :class:`TrainMetrics`.
     The properties give the envelope's usual view (ints, ``-1`` for no seq).
     """
+
+    __float_fields__: ClassVar[frozenset[str]] = frozenset({"ts"})
 
     kind: str = ""
     w: str = ""
@@ -517,6 +525,24 @@ class Decoders:
         )
         self._lean = msgspec.json.Decoder(lean, strict=False)
 
+    def _learn_from(self, data: bytes, start: int, end: int) -> None:
+        """Learn the training keys from the first lines of ``data[start:end]``, so that
+        a run's first batch is decoded lean too (decoding all of it generically first
+        would cost twice)."""
+        cut = start
+        for _ in range(_PROBE_LINES):
+            cut = data.find(b"\n", cut, end) + 1
+            if not cut:
+                return
+        try:
+            recs = _line_decoder.decode_lines(memoryview(data)[start:cut])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        for rec in recs:
+            if rec.kind == "train" and isinstance(rec.train, dict):
+                self.learn(tuple(rec.train))
+                return
+
     def one(self, line: bytes, line_no: int = 0, offset: int = 0) -> Record | Malformed:
         """Decode one line, typed when it fits the learned training keys. Never raises."""
         if self._fast is not None:
@@ -551,6 +577,8 @@ class Decoders:
         keys fit; the other kinds as :class:`Deferred` (envelope now, payload on use).
         """
         buf = memoryview(data)[start:end]
+        if self._lean is None and count > _PROBE_LINES:
+            self._learn_from(data, start, end)
         if self._lean is not None:
             try:
                 lean: list[AnyRecord] = self._lean.decode_lines(buf)  # type: ignore[assignment]
@@ -603,6 +631,10 @@ class Decoders:
                 if not rec.kind:
                     rec.kind = infer_kind(rec)
         return recs  # type: ignore[return-value]
+
+
+_PROBE_LINES = 64
+"""A run's first batch learns its training keys from this many lines, not all."""
 
 
 def _excerpt(line: bytes, n: int = 120) -> str:

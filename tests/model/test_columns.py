@@ -1,0 +1,116 @@
+"""struct_columns: every float field of many decoded structs, in one pass, or None —
+never a value read from the wrong place."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eagle3_tui.model.records import (
+    Decoders,
+    Profile,
+    TrainStep,
+    _key_sizes,
+    struct_columns,
+    train_metrics_type,
+)
+
+KEYS = ("loss_0", "full_acc_0", "cond_acc_0", "loss")
+
+
+def lean_type() -> type[TrainStep]:
+    decoders = Decoders()
+    decoders.learn(KEYS)
+    assert decoders._lean is not None
+    return type(decoders._lean.decode(b'{"kind":"train"}'))
+
+
+floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(floats, floats, floats, floats, floats, floats), min_size=1, max_size=40))
+def test_columns_equal_the_values_of_every_struct(rows: list[tuple[float, ...]]) -> None:
+    structs = []
+    decoders = Decoders()
+    decoders.learn(KEYS)
+    for seq, (a, b, c, d, ts, lr) in enumerate(rows):
+        values = (v if math.isfinite(v) else str(v) for v in (a, b, c, d))  # "nan", "inf"
+        line = msgspec.json.encode(
+            {
+                "kind": "train",
+                "w": "w1",
+                "seq": seq,
+                "ts": ts if math.isfinite(ts) else 0.0,
+                "step": seq,
+                "epoch": 0,
+                "lr": lr if math.isfinite(lr) else 1e-3,
+                "train": dict(zip(KEYS, values, strict=True)),
+                "profile": {"step_ms": a if math.isfinite(a) else 1.0},
+            }
+        )
+        assert decoders._lean is not None
+        structs.append(decoders._lean.decode(line))
+    cols = struct_columns(structs)
+    assert cols is not None
+    for i, rec in enumerate(structs):
+        assert cols["seq_f"][i] == rec.seq_f
+        assert cols["ts"][i] == rec.ts
+        assert cols["lr_f"][i] == rec.lr_f
+        for j, value in enumerate(msgspec.structs.astuple(rec.train)):
+            got = cols[f"train/m{j}"][i]
+            assert got == value or (math.isnan(got) and math.isnan(value))
+        assert cols["profile/step_ms"][i] == rec.profile.step_ms  # type: ignore[union-attr]
+        assert math.isnan(cols["profile/fetch_frac"][i])
+
+
+def test_a_none_or_a_longer_string_in_one_row_yields_none_not_shifted_values() -> None:
+    decoders = Decoders()
+    decoders.learn(KEYS)
+    assert decoders._lean is not None
+    decode = decoders._lean.decode
+    base = b'"kind":"train","seq":1,"ts":5.0,"step":1,"epoch":0,"lr":0.1,"train":{"loss":2.0}'
+    same = [decode(b'{"w":"ab",' + base + b"}") for _ in range(20)]
+    assert struct_columns(same) is not None
+    # one row's lr is null, another's writer name is longer, a third shorter:
+    # sizes that may even add up to the same total
+    odd = [
+        decode(b'{"w":"ab",' + base.replace(b'"lr":0.1', b'"lr":null') + b"}"),
+        decode(b'{"w":"abc",' + base + b"}"),
+        decode(b'{"w":"a",' + base + b"}"),
+    ]
+    for bad in odd:
+        assert struct_columns([*same[:10], bad, *same[10:]]) is None
+    # a longer and a shorter name: the same total size, every value after them moved
+    assert struct_columns([*same[:10], odd[1], odd[2], *same[10:]]) is None
+    assert struct_columns([same[0], decode(b'{"w":"ab",' + base + b',"profile":{}}')]) is None
+    assert struct_columns([]) is None
+    assert struct_columns([same[0], Profile()]) is None  # two types
+
+
+def test_structs_holding_ints_or_dicts_have_no_fixed_layout() -> None:
+    class WithInt(msgspec.Struct):
+        n: int = 0
+
+    assert struct_columns([WithInt(1), WithInt(2)]) is None
+
+
+def test_declared_float_fields_are_exactly_those_typed_float() -> None:
+    """Values of fields declared always-float are not checked row by row; the
+    declaration must match the types msgspec enforces when decoding."""
+    for cls in (Profile, train_metrics_type(KEYS), TrainStep, lean_type()):
+        declared = [sure for _, _, sure in _key_sizes(cls)[1]]
+        typed = [f.type is float for f in msgspec.structs.fields(cls)]
+        assert declared == typed, cls.__name__
+
+
+def test_many_rows_and_a_wide_struct() -> None:
+    wide = train_metrics_type(tuple(f"k{i}" for i in range(20)))  # a map16 header
+    rows = [wide(*[float(i + j) for j in range(20)]) for i in range(70_000)]  # array32
+    cols = struct_columns(rows)
+    assert cols is not None
+    assert np.array_equal(cols["m19"], np.arange(70_000) + 19.0)
