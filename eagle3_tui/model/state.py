@@ -409,7 +409,7 @@ class RunState:
         if len(unique) == 1:
             groups = {names[0]: seqs}
         else:
-            arr = np.asarray(names)
+            arr = np.array(names, dtype=object)  # compared as str: no str dtype to infer
             groups = {w: seqs[arr == w] for w in unique}
         spans: dict[str, tuple[int, int]] = {}
         for writer, mine in groups.items():
