@@ -18,6 +18,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, ClassVar, cast
 
@@ -160,6 +161,9 @@ class Malformed:
 
 _decoder = msgspec.json.Decoder(Record, strict=False)
 _KIND = attrgetter("kind")
+_SEQ_F = attrgetter("seq_f")
+_W = attrgetter("w")
+_TS = attrgetter("ts")
 _line_decoder = _decoder
 
 
@@ -599,12 +603,22 @@ class Decoders:
                     bounds[1:count] = np.flatnonzero(newlines)
                     bounds[count] = end - start
                     others = np.flatnonzero(np.array(kinds, dtype=object) != "train")
-                    lo = (bounds[others] + (start + 1)).tolist()
-                    hi = (bounds[others + 1] + start).tolist()
-                    for i, a, b in zip(others.tolist(), lo, hi, strict=True):
-                        env = cast("TrainStep", lean[i])
-                        lean[i] = Deferred(kinds[i], env.seq_f, env.w, env.ts, data, a, b)
-                    return lean
+                    items = np.fromiter(lean, dtype=object, count=count)
+                    envs = items[others].tolist()
+                    # one Deferred per other line, built in C-level passes (no Python loop)
+                    items[others] = list(
+                        map(
+                            Deferred,
+                            map(_KIND, envs),
+                            map(_SEQ_F, envs),
+                            map(_W, envs),
+                            map(_TS, envs),
+                            repeat(data, len(envs)),
+                            (bounds[others] + (start + 1)).tolist(),
+                            (bounds[others + 1] + start).tolist(),
+                        )
+                    )
+                    return cast("list[AnyRecord]", items.tolist())
         recs: list[Record] | None = None
         if self._fast is not None:
             try:

@@ -379,11 +379,12 @@ class RunState:
         else:
             kinds = list(map(_KIND, recs))
             n = kinds.count("train")
-            trains = (
-                recs
-                if n == len(recs)
-                else [r for r, k in zip(recs, kinds, strict=True) if k == "train"]
-            )
+            if n == len(recs):
+                trains = recs
+            else:
+                rec_arr = np.fromiter(recs, dtype=object, count=len(recs))  # 10× `a[:] = recs`
+                kind_arr = np.array(kinds, dtype=object)  # compared as str: no dtype to infer
+                trains = rec_arr[kind_arr == "train"].tolist()
         if n < BATCH_MIN:
             return False
         cols = _lean_columns(trains) if isinstance(trains[0], TrainStep) else None
@@ -428,7 +429,6 @@ class RunState:
         # From here on the batch is applied. Sampler records only queue (settle()
         # applies the ones the bounded histories keep); the rest apply in order.
         if n != len(recs):
-            kind_arr = np.array(kinds, dtype=object)  # compared as str: no str dtype to infer
             applied = kind_arr == "train"
             for kind, queue in self._pending.items():
                 mask = kind_arr == kind
@@ -436,7 +436,7 @@ class RunState:
                 idx = np.flatnonzero(mask)
                 if not len(idx):
                     continue
-                queue.extend(recs[i] for i in idx[-(queue.maxlen or len(idx)) :].tolist())
+                queue.extend(rec_arr[idx[-(queue.maxlen or len(idx)) :]].tolist())
                 self._unsettled = True
                 self.records += len(idx)
                 self._touch(recs[int(idx[0])].ts)
