@@ -80,8 +80,12 @@ _STEP_NAMES = {f"{name}_f": name for name in ("seq", "step", "global_step", "epo
 """The lean step's float fields and their JSON names (see :class:`TrainStep`)."""
 
 
-class _Envelope(msgspec.Struct, kw_only=True, gc=False):
-    """The fields every line has, and a training step's: shared by the two record types."""
+class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One line of ``metrics.jsonl`` (schema v1), any kind.
+
+    The envelope first; the other fields are present only for some kinds (see
+    docs/ARCHITECTURE.md). Fields this reader does not know are ignored.
+    """
 
     kind: str = ""
     seq: int = -1
@@ -92,19 +96,6 @@ class _Envelope(msgspec.Struct, kw_only=True, gc=False):
     epoch: int | str | None = None
     profile: Profile | None = None
     lr: float | dict[str, Number] | None = None
-
-    @property
-    def step_or_global(self) -> int | None:
-        return self.step if self.step is not None else self.global_step
-
-
-class Record(_Envelope, kw_only=True, omit_defaults=True, gc=False):
-    """One line of ``metrics.jsonl`` (schema v1), any kind.
-
-    The envelope first; the other fields are present only for some kinds (see
-    docs/ARCHITECTURE.md). Fields this reader does not know are ignored.
-    """
-
     v: int = 0
     rank: int = 0
     # train / val
@@ -144,6 +135,10 @@ class Record(_Envelope, kw_only=True, omit_defaults=True, gc=False):
     """How old the trainer's own figures are: grows while its interpreter is stuck."""
     trainer: dict[str, Any] | None = None
     """The sidecar's look at the trainer process: ``pid``, ``alive``, ``state``, ``cpu_s``."""
+
+    @property
+    def step_or_global(self) -> int | None:
+        return self.step if self.step is not None else self.global_step
 
 
 _FIELDS = frozenset(Record.__struct_fields__)
