@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from textual import on
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.reactive import reactive
@@ -156,8 +156,12 @@ class MonitorApp(App[None]):
         matters; while paused, only count how far behind the picture is."""
         if self._building:
             return
-        if isinstance(self.screen, CompareScreen):
-            await self._tick_compare(self.screen)
+        try:
+            screen = self.screen
+        except ScreenStackError:  # a tick during shutdown: no screen left to draw on
+            return
+        if isinstance(screen, CompareScreen):
+            await self._tick_compare(screen)
             return
         view = self.view
         if view.paused:
@@ -188,7 +192,10 @@ class MonitorApp(App[None]):
         other = self.compare_pipeline
         if other is None:
             return
-        width = screen.query_one("#cmp-loss").content_size.width or 100
+        plots = screen.query("#cmp-loss")
+        if not plots:  # pushed, not composed yet: a tick can come first
+            return
+        width = plots.first().content_size.width or 100
         params = replace(self.view.params(width), smoothing=max(self.view.smoothing, 0.6))
         key = (self.pipeline.generation, other.generation, screen.axis, params)
         if key == self._compared:
