@@ -51,8 +51,7 @@ class Lines:
             epoch=epoch,
             train=metrics,
             profile={"step_ms": 100.0, "fetch_ms": 5.0, "fetch_frac": 0.05, "tokens_per_s": 1000.0},
-            lr=0.001,
-            **extra,
+            **({"lr": 0.001} | extra),
         )
 
     def val(self, step: int, epoch: int, loss: float) -> bytes:

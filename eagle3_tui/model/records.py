@@ -431,7 +431,8 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
     train: Any = None
     profile: Profile | None = None
     epoch_f: float | None = None
-    lr_f: float | None = None
+    lr_f: Any = None
+    """A float; a learned struct of floats when the run logs one ``lr`` per optimizer."""
     global_step_f: float | None = None
     step_f: float | None = None
 
@@ -458,8 +459,9 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
         return _as_int(self.epoch_f)
 
     @property
-    def lr(self) -> float | None:
-        return self.lr_f
+    def lr(self) -> float | dict[str, Number] | None:
+        lr = self.lr_f
+        return train_items(lr) if isinstance(lr, TrainMetrics) else lr
 
 
 class Deferred(msgspec.Struct, gc=False):
@@ -498,15 +500,23 @@ class Decoders:
 
     def __init__(self) -> None:
         self.keys: tuple[str, ...] | None = None
+        self.lr_keys: tuple[str, ...] = ()
         self.fast_type: type[Record] | None = None
         self._fast: msgspec.json.Decoder[Record] | None = None
         self._lean: msgspec.json.Decoder[TrainStep] | None = None
 
-    def learn(self, keys: tuple[str, ...]) -> None:
-        if keys == self.keys or not keys:
+    def learn(self, keys: tuple[str, ...], lr_keys: tuple[str, ...] = ()) -> None:
+        """Build the typed decoders for training steps with these ``train`` keys (and,
+        for a run with several optimizers, e.g. Muon, these ``lr`` keys)."""
+        if (keys, lr_keys) == (self.keys, self.lr_keys) or not keys:
             return
-        self.keys = keys
+        self.keys, self.lr_keys = keys, lr_keys
         metrics = train_metrics_type(keys)
+        lean_fields: list[tuple[str, Any, Any]] = [("train", metrics | None, None)]
+        if lr_keys:  # a dict of floats as a struct of them: columns in the same pass
+            lean_fields.append(("lr_f", float | train_metrics_type(lr_keys) | None, None))
+        else:
+            lean_fields.append(("lr_f", float | None, None))
         fast = msgspec.defstruct(
             "FastRecord",
             [("train", metrics | None, None)],  # type: ignore[list-item]
@@ -519,7 +529,7 @@ class Decoders:
         self._fast = msgspec.json.Decoder(fast, strict=False)
         lean = msgspec.defstruct(
             "LeanTrainStep",
-            [("train", metrics | None, None)],  # type: ignore[list-item]
+            lean_fields,
             bases=(TrainStep,),
             kw_only=True,
             gc=False,
@@ -541,7 +551,7 @@ class Decoders:
             return
         for rec in recs:
             if rec.kind == "train" and isinstance(rec.train, dict):
-                self.learn(tuple(rec.train))
+                self.learn(tuple(rec.train), _lr_keys(rec))
                 return
 
     def one(self, line: bytes, line_no: int = 0, offset: int = 0) -> Record | Malformed:
@@ -627,9 +637,9 @@ class Decoders:
                 return None
             for rec in reversed(recs):  # re-learn from the newest training step
                 if rec.kind == "train" and isinstance(rec.train, dict):
-                    keys = tuple(rec.train)
-                    if keys != self.keys:
-                        self.learn(keys)
+                    keys, lr_keys = tuple(rec.train), _lr_keys(rec)
+                    if (keys, lr_keys) != (self.keys, self.lr_keys):
+                        self.learn(keys, lr_keys)
                         assert self._fast is not None
                         # decode again, typed: the column path then takes this batch
                         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
@@ -642,6 +652,11 @@ class Decoders:
                 if not rec.kind:
                     rec.kind = infer_kind(rec)
         return recs  # type: ignore[return-value]
+
+
+def _lr_keys(rec: Record) -> tuple[str, ...]:
+    """The optimizers of a step whose ``lr`` is a dict of them (else none)."""
+    return tuple(rec.lr) if isinstance(rec.lr, dict) else ()
 
 
 _PROBE_LINES = 64

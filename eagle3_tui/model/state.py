@@ -468,7 +468,7 @@ class RunState:
             col = cols.get("profile/" + k)
             if col is not None and not bool(np.isnan(col).all()):
                 columns["profile/" + k] = col
-        columns["lr"] = cols["lr"]
+        columns.update((k, v) for k, v in cols.items() if k == "lr" or k.startswith("lr/"))
         columns["epoch"] = cols["epoch"]
         self.table.extend_columns(steps, ts, columns)
         self.records += n
@@ -626,15 +626,23 @@ def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]]
     if cols is None:
         return None
     step = cols.get("step_f", cols.get("global_step_f"))
-    seq, epoch, lr = cols.get("seq_f"), cols.get("epoch_f"), cols.get("lr_f")
-    if step is None or seq is None or epoch is None or lr is None:
+    seq, epoch = cols.get("seq_f"), cols.get("epoch_f")
+    if step is None or seq is None or epoch is None:
+        return None
+    first_lr = cast("TrainStep", trains[0]).lr_f
+    if isinstance(first_lr, TrainMetrics):  # one lr per optimizer, as "lr/<name>"
+        for i, name in enumerate(first_lr.__keys__):
+            cols["lr/" + name] = cols[f"lr_f/m{i}"]
+    elif (lr := cols.get("lr_f")) is not None:
+        cols["lr"] = lr
+    else:
         return None
     seq, step, epoch, ts = (a.astype(np.float64) for a in (seq, step, epoch, cols["ts"]))
     ints = np.concatenate((seq, step, epoch))
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, which is not 0
         if not bool((ints - np.floor(ints) == 0).all()):  # False for NaN, ±inf, 2.5
             return None
-    cols.update(seq=seq, step=step, epoch=epoch, lr=lr, ts=ts)
+    cols.update(seq=seq, step=step, epoch=epoch, ts=ts)
     return cols
 
 

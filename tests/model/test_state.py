@@ -269,3 +269,42 @@ def test_chunked_catch_up_equals_line_by_line(seed: int, cuts: list[int]) -> Non
         one_by_one.feed(offset, line)
         offset += len(line)
     assert state_digest(chunked.state) == state_digest(one_by_one.state)
+
+
+def optimizer_stream(n: int, seed: int) -> bytes:
+    """Steps whose ``lr`` is a float, then one per optimizer (Muon), then a float
+    again, and other optimizer sets: the column path must follow each change."""
+    import random
+
+    rng = random.Random(seed)
+    a, s = Lines(writer="rank0"), Lines(writer="sampler")
+    shapes = [0.001, {"Muon": 0.02, "AdamW": 0.001}, {"AdamW": 0.002}, {"Muon": 0.01}]
+    parts = []
+    shape = rng.choice(shapes)
+    for step in range(n):
+        if rng.random() < 0.02:
+            shape = rng.choice(shapes)
+        if rng.random() < 0.05:
+            parts.append(s.gpu(50.0))
+        lr = {k: v * (1 + step / n) for k, v in shape.items()} if isinstance(shape, dict) else shape
+        parts.append(a.train(step, rng.uniform(0, 3), lr=lr))
+    return b"".join(parts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000), st.lists(st.integers(0, 10**6), max_size=8))
+def test_lr_per_optimizer_chunked_equals_line_by_line(seed: int, cuts: list[int]) -> None:
+    data = optimizer_stream(400, seed)
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    chunked = Run()
+    prev = 0
+    for p in [*points, len(data)]:
+        chunked.feed(prev, data[prev:p])
+        prev = p
+    one_by_one = Run()
+    offset = 0
+    for line in data.splitlines(keepends=True):
+        one_by_one.feed(offset, line)
+        offset += len(line)
+    assert state_digest(chunked.state) == state_digest(one_by_one.state)
+    assert steps(chunked.state) == list(range(400))
