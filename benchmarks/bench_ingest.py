@@ -7,6 +7,7 @@ Prints, measured in this one run:
   ingest into the run state (read, split, decode, store): time and ratio
   (target: ratio <= 0.25);
 - the same with an 8-GPU sample per second interleaved;
+- the training steps of a run with one lr per optimizer (Muon);
 - resident memory of the run state after ingesting 1,000,000 steps (target: <= 200 MB);
 - M4 downsampling time per series of 1,000,000 points (target: < 1 ms).
 """
@@ -17,6 +18,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -187,7 +189,12 @@ def main() -> None:
         compare(
             f"{a.steps:,} steps + per second an 8-GPU, an 8-worker IO sample, a heartbeat", mixed
         )
-        del path, mixed
+        muon = Path(d) / "muon.jsonl"
+        muon.write_bytes(
+            re.sub(rb'"lr":([-0-9.e+]+)', rb'"lr":{"Muon":\1,"AdamW":\1}', path.read_bytes())
+        )
+        compare(f"{a.steps:,} training steps, one lr per optimizer (Muon + AdamW)", muon)
+        del path, mixed, muon
     downsample_1m()
     rss_1m(a.steps_1m)
     print(f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
