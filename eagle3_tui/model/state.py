@@ -383,7 +383,7 @@ class RunState:
                 trains = recs
             else:
                 rec_arr = np.fromiter(recs, dtype=object, count=len(recs))  # 10× `a[:] = recs`
-                kind_arr = np.array(kinds, dtype=object)  # compared as str: no dtype to infer
+                kind_arr = np.fromiter(kinds, object, len(kinds))  # compared as str objects
                 trains = rec_arr[kind_arr == "train"].tolist()
         if n < BATCH_MIN:
             return False
@@ -410,7 +410,7 @@ class RunState:
         if len(unique) == 1:
             groups = {names[0]: seqs}
         else:
-            arr = np.array(names, dtype=object)  # compared as str: no str dtype to infer
+            arr = np.fromiter(names, object, len(names))  # compared as str: no str dtype to infer
             groups = {w: seqs[arr == w] for w in unique}
         spans: dict[str, tuple[int, int]] = {}
         for writer, mine in groups.items():
