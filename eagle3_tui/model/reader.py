@@ -104,23 +104,20 @@ class LineReader:
         cut = data.rfind(b"\n", lo, hi)
         if cut > nl:
             # how many lines the body holds: one vectorised pass, no line objects
+            # the body's newlines: one vectorised pass, no line objects
             newlines = np.frombuffer(memoryview(data)[nl + 1 : cut], dtype=np.uint8) == 10
-            count = int(np.count_nonzero(newlines)) + 1
             first_line_no = self._line_no + 1
-            self._line_no += count
-            recs = (
-                self.decoders.lines(data, nl + 1, cut, count, newlines)
-                if count >= _MIN_BATCH
-                else None
-            )
-            if recs is not None:  # the whole body in one C call, no per-line objects
+            recs = self.decoders.lines(data, nl + 1, cut, newlines)
+            if recs is not None:  # the whole body in one C call: one record per line
                 body_out = recs  # type: ignore[assignment]
+                self._line_no += len(recs)
             else:
                 lines = data[nl + 1 : cut].split(b"\n")
+                self._line_no += len(lines)
                 self._decode(lines, data_offset + nl + 1, first_line_no, body_out)
         # the head after the body: it then uses the typed decoder the body taught
         if head and not skip_head:
-            lean = self.decoders.lines(head, 0, len(head), 1)
+            lean = self.decoders.lines(head, 0, len(head), np.zeros(len(head), dtype=bool))
             if lean is not None:  # a training step like the body's: one column batch
                 out.extend(lean)
             else:

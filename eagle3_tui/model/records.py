@@ -570,25 +570,20 @@ class Decoders:
     def batch(self, lines: list[bytes]) -> list[AnyRecord] | None:
         """Decode many lines in one call; None if any line fails."""
         data = b"\n".join(lines)
-        return self.lines(data, 0, len(data), len(lines))
+        return self.lines(data, 0, len(data), np.frombuffer(data, dtype=np.uint8) == 10)
 
     def lines(
-        self,
-        data: bytes,
-        start: int,
-        end: int,
-        count: int,
-        newlines: npt.NDArray[np.bool_] | None = None,
+        self, data: bytes, start: int, end: int, newlines: npt.NDArray[np.bool_]
     ) -> list[AnyRecord] | None:
         """Decode the newline-separated JSON objects of ``data[start:end]``; None unless
-        there is exactly one per line (``count`` lines). ``newlines``, if the caller
-        has it, marks the newline bytes of that range.
+        there is exactly one per line. ``newlines`` marks that range's newline bytes
+        (counted only once the decode succeeded, and only as much as needed).
 
         Training steps come back as lean :class:`TrainStep` values when the learned
         keys fit; the other kinds as :class:`Deferred` (envelope now, payload on use).
         """
         buf = memoryview(data)[start:end]
-        if self._lean is None and count > _PROBE_LINES:
+        if self._lean is None:
             self._learn_from(data, start, end)
         if self._lean is not None:
             try:
@@ -596,35 +591,16 @@ class Decoders:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
             else:
-                if len(lean) == count:
-                    kinds = list(map(_KIND, lean))
-                    if kinds.count("train") == count:
+                count = len(lean)
+                kinds = list(map(_KIND, lean))
+                if kinds.count("train") == count:
+                    if count == int(np.count_nonzero(newlines)) + 1:
                         return lean
+                else:
                     # where the other kinds' lines start and end (from the newlines)
-                    if newlines is None:
-                        newlines = np.frombuffer(buf, dtype=np.uint8) == 10
-                    bounds = np.empty(count + 1, dtype=np.intp)
-                    bounds[0] = -1
-                    bounds[1:count] = np.flatnonzero(newlines)
-                    bounds[count] = end - start
-                    # object arrays built with fromiter: from a list, numpy would look
-                    # into every element for a shape (~10x slower)
-                    others = np.flatnonzero(np.fromiter(kinds, object, count) != "train")
-                    items = np.fromiter(lean, dtype=object, count=count)
-                    envs = items[others].tolist()
-                    # one Deferred per other line, built in C-level passes (no Python loop)
-                    deferred = map(
-                        Deferred,
-                        map(_KIND, envs),
-                        map(_SEQ_F, envs),
-                        map(_W, envs),
-                        map(_TS, envs),
-                        repeat(data, len(envs)),
-                        (bounds[others] + (start + 1)).tolist(),
-                        (bounds[others + 1] + start).tolist(),
-                    )
-                    items[others] = np.fromiter(deferred, dtype=object, count=len(envs))
-                    return cast("list[AnyRecord]", items.tolist())
+                    ends = np.flatnonzero(newlines)
+                    if count == len(ends) + 1:
+                        return self._defer_others(lean, kinds, ends, data, start, end)
         recs: list[Record] | None = None
         if self._fast is not None:
             try:
@@ -646,13 +622,47 @@ class Decoders:
                         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                             recs = self._fast.decode_lines(buf)
                     break
-        if len(recs) != count:  # a "line" that held two values, e.g. `1,2`
+        if len(recs) != int(np.count_nonzero(newlines)) + 1:  # e.g. two values on a line
             return None
         if "" in map(_KIND, recs):
             for rec in recs:
                 if not rec.kind:
                     rec.kind = infer_kind(rec)
         return recs  # type: ignore[return-value]
+
+    @staticmethod
+    def _defer_others(
+        lean: list[AnyRecord],
+        kinds: list[str],
+        ends: npt.NDArray[np.intp],
+        data: bytes,
+        start: int,
+        end: int,
+    ) -> list[AnyRecord]:
+        """``lean`` with its lines of other kinds as :class:`Deferred` records."""
+        count = len(lean)
+        bounds = np.empty(count + 1, dtype=np.intp)
+        bounds[0] = -1
+        bounds[1:count] = ends
+        bounds[count] = end - start
+        # object arrays built with fromiter: from a list, numpy would look into every
+        # element for a shape (~10x slower)
+        others = np.flatnonzero(np.fromiter(kinds, object, count) != "train")
+        items = np.fromiter(lean, dtype=object, count=count)
+        envs = items[others].tolist()
+        # one Deferred per other line, built in C-level passes (no Python loop)
+        deferred = map(
+            Deferred,
+            map(_KIND, envs),
+            map(_SEQ_F, envs),
+            map(_W, envs),
+            map(_TS, envs),
+            repeat(data, len(envs)),
+            (bounds[others] + (start + 1)).tolist(),
+            (bounds[others + 1] + start).tolist(),
+        )
+        items[others] = np.fromiter(deferred, dtype=object, count=len(envs))
+        return cast("list[AnyRecord]", items.tolist())
 
 
 def _lr_keys(rec: Record) -> tuple[str, ...]:
