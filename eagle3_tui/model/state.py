@@ -370,7 +370,6 @@ class RunState:
             "list[AnyRecord]",
             [it for it in items if type(it) is not Malformed] if Malformed in types else items,
         )
-        kinds: list[str] = []
         if len(types) == 1 and issubclass(next(iter(types)), TrainStep):
             # the common catch-up: nothing but lean training steps (the lean decoder
             # makes TrainStep values of training steps only)
@@ -382,8 +381,9 @@ class RunState:
             if n == len(recs):
                 trains = recs
             else:
-                rec_arr = np.fromiter(recs, dtype=object, count=len(recs))  # 10× `a[:] = recs`
-                kind_arr = np.fromiter(kinds, object, len(kinds))  # compared as str objects
+                # object arrays via fromiter: ~10x faster than from a list here
+                rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
+                kind_arr = np.fromiter(kinds, object, len(kinds))
                 trains = rec_arr[kind_arr == "train"].tolist()
         if n < BATCH_MIN:
             return False
@@ -410,7 +410,7 @@ class RunState:
         if len(unique) == 1:
             groups = {names[0]: seqs}
         else:
-            arr = np.fromiter(names, object, len(names))  # compared as str: no str dtype to infer
+            arr = np.fromiter(names, object, len(names))  # str objects: no str dtype to infer
             groups = {w: seqs[arr == w] for w in unique}
         spans: dict[str, tuple[int, int]] = {}
         for writer, mine in groups.items():
