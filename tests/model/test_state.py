@@ -253,10 +253,8 @@ def state_digest(state: RunState) -> tuple[object, ...]:
     )
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(min_value=0, max_value=10_000), st.lists(st.integers(0, 10**6), max_size=12))
-def test_chunked_catch_up_equals_line_by_line(seed: int, cuts: list[int]) -> None:
-    data = mixed_stream(300, seed)
+def assert_chunked_equals_line_by_line(data: bytes, cuts: list[int]) -> Run:
+    """Feed ``data`` cut at ``cuts`` (mid-line too) and line by line: equal states."""
     points = sorted({c % (len(data) + 1) for c in cuts})
     chunked = Run()
     prev = 0
@@ -269,6 +267,14 @@ def test_chunked_catch_up_equals_line_by_line(seed: int, cuts: list[int]) -> Non
         one_by_one.feed(offset, line)
         offset += len(line)
     assert state_digest(chunked.state) == state_digest(one_by_one.state)
+    return chunked
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000), st.lists(st.integers(0, 10**6), max_size=12))
+def test_chunked_catch_up_equals_line_by_line(seed: int, cuts: list[int]) -> None:
+    data = mixed_stream(300, seed)
+    assert_chunked_equals_line_by_line(data, cuts)
 
 
 def optimizer_stream(n: int, seed: int) -> bytes:
@@ -295,16 +301,5 @@ def optimizer_stream(n: int, seed: int) -> bytes:
 @given(st.integers(min_value=0, max_value=10_000), st.lists(st.integers(0, 10**6), max_size=8))
 def test_lr_per_optimizer_chunked_equals_line_by_line(seed: int, cuts: list[int]) -> None:
     data = optimizer_stream(400, seed)
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    chunked = Run()
-    prev = 0
-    for p in [*points, len(data)]:
-        chunked.feed(prev, data[prev:p])
-        prev = p
-    one_by_one = Run()
-    offset = 0
-    for line in data.splitlines(keepends=True):
-        one_by_one.feed(offset, line)
-        offset += len(line)
-    assert state_digest(chunked.state) == state_digest(one_by_one.state)
+    chunked = assert_chunked_equals_line_by_line(data, cuts)
     assert steps(chunked.state) == list(range(400))
