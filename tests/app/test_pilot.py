@@ -222,6 +222,16 @@ async def test_log_scale_drops_non_positive_points_and_says_so() -> None:
         await pilot.press("l")
         await until(pilot, lambda: "log" in str(plot.border_subtitle), what="log scale")
         assert "≤0 hidden" in str(plot.border_subtitle)
+        # Repaints of the same figure (another panel changed, the screen was exposed):
+        # plotext's own log axis took the log of a log on the second build and crashed.
+        for _ in range(3):
+            plot.refresh()
+            await pilot.pause(0.05)
+        plot._frame = None  # force a rebuild of the same figure, as an uncached render does
+        frame = plot.render()
+        plot._frame = None
+        assert str(plot.render()) == str(frame)
+        assert plot.render() is plot.render()  # an unchanged chart is not rebuilt
         await pilot.press("l", "s")
         await until(pilot, lambda: "log" not in str(plot.border_subtitle), what="linear")
         assert app.view.smoothing == 0.6

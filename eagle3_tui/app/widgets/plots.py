@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual.app import RenderResult
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
@@ -57,6 +58,29 @@ def finite_points(line: Line, log: bool) -> tuple[list[float], list[float], int]
     return xs, ys, dropped
 
 
+def log_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """``ys`` as base-10 logarithms (all > 0 already, see :func:`finite_points`).
+
+    The log axis is drawn as a linear axis of log10 values with labels of the real
+    values: plotext's own ``yscale("log")`` takes the log of its stored data on every
+    ``build()``, so a second render of the same figure took the log of a log and
+    failed on the negative values (``math domain error``).
+    """
+    return xs, [math.log10(y) for y in ys]
+
+
+def log_ticks(lo: float, hi: float, n: int) -> tuple[list[float], list[str]]:
+    """Ticks for a log10 axis from ``lo`` to ``hi`` (log10 values): decades when the
+    range spans several, else round values; labelled with the real value."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [], []
+    if hi - lo >= 2:
+        ticks = [float(t) for t in range(math.ceil(lo), math.floor(hi) + 1)]
+    else:
+        ticks = [math.log10(v) for v in nice_ticks(10**lo, 10**hi, n) if v > 0]
+    return ticks, [f"{10**t:.3g}" for t in ticks]
+
+
 def step_label(x: float) -> str:
     """An axis label for a step count: 950, 12k, 1.5M."""
     if abs(x) >= 1e6:
@@ -101,6 +125,7 @@ class MetricPlot(PlotextPlot):
         self._drawn: object = None
         self.draws = 0
         """How many times the chart was rebuilt (tests check that idle frames are free)."""
+        self._frame: tuple[object, RenderResult] | None = None
 
     def key(self) -> object:
         """What the chart depends on: the same key, the same picture."""
@@ -129,6 +154,14 @@ class MetricPlot(PlotextPlot):
 
     def on_resize(self) -> None:
         self.redraw()
+
+    def render(self) -> RenderResult:
+        """The figure built once per drawing: a repaint of an unchanged chart (another
+        panel changed, the screen was exposed) reuses the frame instead of rebuilding it."""
+        key = (self.draws, self.size, self.app.theme)
+        if self._frame is None or self._frame[0] != key:
+            self._frame = (key, super().render())
+        return self._frame[1]
 
     def redraw(self, force: bool = False) -> None:
         key = (self.key(), self.size)  # tick density follows the size
@@ -165,16 +198,26 @@ class LossPlot(MetricPlot):
         items: list[tuple[str, RGB]] = []
         lines = self.snapshot.loss_lines
         smoothed = any(line.kind == "smoothed" for line in lines)
-        for k, line in enumerate(self.snapshot.ttt_loss_lines):  # under the loss, dim
+        span: list[float] = []
+
+        def points(line: Line) -> tuple[list[float], list[float]]:
+            nonlocal dropped
             xs, ys, n = finite_points(line, log)
             dropped += n
+            if log:
+                xs, ys = log_points(xs, ys)
+            if ys:
+                span.extend((min(ys), max(ys)))
+            return xs, ys
+
+        for k, line in enumerate(self.snapshot.ttt_loss_lines):  # under the loss, dim
+            xs, ys = points(line)
             if xs:
                 plt.plot(xs, ys, marker="braille", color=dim(TTT[k % len(TTT)]))
         if self.snapshot.ttt_loss_lines:
             items.append(("loss_k", dim(TTT[0])))
         for line in lines:
-            xs, ys, n = finite_points(line, log)
-            dropped += n
+            xs, ys = points(line)
             if not xs:
                 continue
             if line.kind == "val":
@@ -187,8 +230,10 @@ class LossPlot(MetricPlot):
                 color = RAW if smoothed else SMOOTH
                 plt.plot(xs, ys, marker="braille", color=color)
                 items.append(("raw", color))
-        if log:
-            plt.yscale("log")
+        if log and span:
+            ticks, labels = log_ticks(min(span), max(span), 3 if self.size.height < 12 else 5)
+            if ticks:
+                plt.yticks(ticks, labels)
         subtitle = legend(items)
         if log:
             subtitle.append(" · log", style="bold")
