@@ -61,7 +61,7 @@ def test_the_wheel_carries_the_stylesheet_the_agent_and_the_launchers(tmp_path: 
     for needed in (
         "eagle3_tui/app/app.tcss",
         "eagle3_tui/py.typed",
-        "eagle3_tui/transport/agent.py",
+        "eagle3_tui/agent/main.py",
         "eagle3_tui/train/tiny.py",
         "eagle3_tui/train/launch.py",
         "eagle3_tui/cli.py",

@@ -1,7 +1,7 @@
 """Talking to the agent: the request, the frames it answers with, and where it runs.
 
 A host (this machine, or an SSH host in :mod:`eagle3_tui.transport.ssh`) starts
-:mod:`eagle3_tui.transport.agent` and returns an :class:`AgentChannel`; the
+:mod:`eagle3_tui.agent` and returns an :class:`AgentChannel`; the
 caller reads :class:`DataFrame` and :class:`Event` frames from it. Locally the
 agent is a ``python -c BOOTSTRAP`` subprocess, so local and remote control take
 the same code path.
@@ -17,12 +17,12 @@ import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any, Protocol
 
-from eagle3_tui.transport import agent
+from eagle3_tui.agent import BOOTSTRAP
+from eagle3_tui.agent.names import PROTOCOL
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.bundle import bundle
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
 CONTROL_OPS = ("kill", "resume")  # finish on the host even when the client goes away
@@ -30,15 +30,10 @@ MAX_FRAME = 64 * 1024 * 1024
 READ_SIZE = 1 << 20
 
 
-@cache
-def agent_source() -> bytes:
-    return Path(agent.__file__).read_bytes()
-
-
 def agent_payload(request: dict[str, Any]) -> bytes:
-    """What the agent reads on stdin: the source's length, the source, the request."""
-    src = agent_source()
-    req = json.dumps({"protocol": agent.PROTOCOL, **request}, separators=(",", ":"))
+    """What the agent reads on stdin: the bundle's length, the bundle, the request."""
+    src = bundle()
+    req = json.dumps({"protocol": PROTOCOL, **request}, separators=(",", ":"))
     return b"%d\n" % len(src) + src + req.encode() + b"\n"
 
 
@@ -211,7 +206,7 @@ class LocalHost:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            agent.BOOTSTRAP,
+            BOOTSTRAP,
             AGENT_TAG,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

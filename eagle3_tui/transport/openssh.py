@@ -19,7 +19,7 @@ import shlex
 import shutil
 from typing import Any
 
-from eagle3_tui.transport import agent
+from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.transport.channel import AGENT_TAG, CONTROL_OPS, LocalChannel, agent_payload
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -53,7 +53,7 @@ def _quoted_paths(paths: tuple[str, ...]) -> str:
 
 def remote_command(python: str) -> str:
     """The one command line the host runs: constant but for the quoted interpreter."""
-    return f"exec {shlex.quote(python)} -c {shlex.quote(agent.BOOTSTRAP)} {AGENT_TAG}"
+    return f"exec {shlex.quote(python)} -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
 
 
 def ssh_argv(target: SshTarget, ssh: str = "ssh") -> list[str]:

@@ -4,7 +4,7 @@
 ``-p``/``-i``/``-J``, ssh-agent, keepalive) and verifies the host key against the
 user's ``known_hosts``: an unknown or changed key is refused with its
 fingerprint; ``-o StrictHostKeyChecking=accept-new`` records an unknown one
-(never a changed one). It runs the agent (:mod:`eagle3_tui.transport.agent`)
+(never a changed one). It runs the agent (:mod:`eagle3_tui.agent`)
 with a constant command line; requests travel as JSON on stdin.
 
 :class:`SshTransport` follows a run file over one long-lived channel. It tracks
@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.telemetry.schema import METRICS_FILE
-from eagle3_tui.transport import agent
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
     AGENT_TAG,
@@ -404,7 +404,7 @@ class SshHost(TargetNames):
     def command(self) -> str:
         """The remote command line: constant but for the interpreter, which is quoted."""
         python = shlex.quote(self.python)
-        return f"exec {python} -c {shlex.quote(agent.BOOTSTRAP)} {AGENT_TAG}"
+        return f"exec {python} -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
 
     def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
         """Connection problems surface as exceptions here, not as exit statuses."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.transport import agent
+from eagle3_tui.agent import processes
 from tests.conftest import need, need_training
 from tests.transport.conftest import remote_env, sshd  # noqa: F401 - the session's sshd
 from tests.transport.fakes import alive, marker_processes
@@ -128,8 +128,8 @@ def test_monitor_a_real_training_over_ssh_then_kill_it(
         assert time.monotonic() < deadline and proc.poll() is None, "no first checkpoint"
         time.sleep(0.2)
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    procs = agent.all_procs()
-    family = {p: procs[p].start for p in agent._descendants(proc.pid, procs)} | {
+    procs = processes.all_procs()
+    family = {p: procs[p].start for p in processes.descendants(proc.pid, procs)} | {
         proc.pid: procs[proc.pid].start
     }
     assert sum(1 for p in family if procs[p].comm == "pt_data_worker") == 2
@@ -143,7 +143,7 @@ def test_monitor_a_real_training_over_ssh_then_kill_it(
 
     assert proc.wait(30) == 0  # speculators' graceful exit (it saved interrupted/)
     for pid, start in family.items():
-        p = agent.proc_stat(pid)
+        p = processes.proc_stat(pid)
         assert p is None or p.start != start or p.zombie, f"{pid} remains"
     assert marker_processes(run_id) == []
 

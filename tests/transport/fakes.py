@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.agent import processes
 from eagle3_tui.telemetry import manifest as mf
-from eagle3_tui.transport import agent
 
 
 def write_checkpoint(d: Path, global_step: int = 20) -> None:
@@ -84,7 +84,7 @@ def start_fake_trainer(run_dir: Path, env: dict[str, str]) -> subprocess.Popen[b
 
 
 def alive(pid: int) -> bool:
-    p = agent.proc_stat(pid)
+    p = processes.proc_stat(pid)
     return p is not None and not p.zombie
 
 
@@ -93,7 +93,7 @@ def marker_processes(run_id: str) -> list[int]:
     return [
         pid
         for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-        if alive(pid) and agent.has_marker(pid, marker) and pid != os.getpid()
+        if alive(pid) and processes.has_marker(pid, marker) and pid != os.getpid()
     ]
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from eagle3_tui.agent import checkpoints, names, processes, runs
 from eagle3_tui.telemetry import manifest as mf
-from eagle3_tui.transport import agent
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import (
     AgentRefusedError,
@@ -99,7 +99,7 @@ def test_frames_survive_any_split() -> None:
 
 def test_agent_imports_only_the_standard_library() -> None:
     code = (
-        "import sys; before = set(sys.modules); import eagle3_tui.transport.agent; "
+        "import sys; before = set(sys.modules); import eagle3_tui.agent.main; "
         "print(','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in "
         "sys.stdlib_module_names and not m.startswith('eagle3_tui'))))"
     )
@@ -109,15 +109,41 @@ def test_agent_imports_only_the_standard_library() -> None:
     assert proc.stdout.strip() == ""
 
 
+def test_the_bundle_runs_on_a_bare_interpreter(tmp_path: Path) -> None:
+    """The host has no eagle3-tui: the agent and telemetry modules come from the bundle
+    (``-I -S``: no site-packages, no editable install, no current directory)."""
+    from eagle3_tui.agent import BOOTSTRAP
+    from eagle3_tui.transport.channel import agent_payload
+
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith('eagle3_tui')))"
+    payload = agent_payload({"op": "status", "run_dir": str(tmp_path / "nope")})
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", BOOTSTRAP],
+        input=payload,
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    frames = FrameParser().feed(proc.stdout)
+    assert [f.event for f in frames if isinstance(f, Event)] == ["error"], proc.stderr
+    assert "no such run directory" in str(frames[0].fields["message"])  # type: ignore[union-attr]
+    assert proc.returncode == 3
+    bare = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert bare.stdout.strip() == "[]"  # nothing of ours importable without the bundle
+
+
 def test_agent_agrees_with_the_manifest_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    assert agent.index_path() == mf.index_path()
-    assert agent.RUN_ID_ENV == mf.RUN_ID_ENV
-    me = agent.proc_stat(os.getpid())
+    assert runs.index_path() == mf.index_path()
+    assert names.RUN_ID_ENV == mf.RUN_ID_ENV
+    me = processes.proc_stat(os.getpid())
     assert me is not None and me.start == mf.proc_start_ticks(os.getpid())
-    assert agent.boot_id() == mf.boot_id()
+    assert processes.boot_id() == mf.boot_id()
 
 
 # ---- follow ---------------------------------------------------------------------------------
@@ -197,29 +223,29 @@ async def test_read_errors_are_one_line(tmp_path: Path) -> None:
 def test_checkpoint_completeness(tmp_path: Path) -> None:
     good = tmp_path / "0"
     write_checkpoint(good)
-    assert agent.checkpoint_problems(good) == []
+    assert checkpoints.checkpoint_problems(good) == []
     cut = tmp_path / "1"
     write_checkpoint(cut)
     model = cut / "model.safetensors"
     model.write_bytes(model.read_bytes()[:-5])
-    assert any("model.safetensors is truncated" in p for p in agent.checkpoint_problems(cut))
+    assert any("model.safetensors is truncated" in p for p in checkpoints.checkpoint_problems(cut))
     half = tmp_path / "2"
     write_checkpoint(half)
     opt = half / "optimizer_state_dict.pt"
     opt.write_bytes(opt.read_bytes()[:50])
-    assert any("optimizer_state_dict.pt" in p for p in agent.checkpoint_problems(half))
+    assert any("optimizer_state_dict.pt" in p for p in checkpoints.checkpoint_problems(half))
     stale = tmp_path / "3"
     write_checkpoint(stale)
     old = time.time() - 100
     os.utime(stale / "training_state.json", (old, old))
-    assert any("older than the weights" in p for p in agent.checkpoint_problems(stale))
+    assert any("older than the weights" in p for p in checkpoints.checkpoint_problems(stale))
     missing = tmp_path / "4"
     write_checkpoint(missing)
     (missing / "optimizer_state_dict.pt").unlink()
-    assert agent.checkpoint_problems(missing) == ["optimizer_state_dict.pt is missing"]
+    assert checkpoints.checkpoint_problems(missing) == ["optimizer_state_dict.pt is missing"]
     (tmp_path / "interrupted").mkdir()
     (tmp_path / "epoch4_end").symlink_to("4")
-    assert agent.latest_numbered(tmp_path) == missing
+    assert checkpoints.latest_numbered(tmp_path) == missing
 
 
 # ---- fake runs ----------------------------------------------------------------------------
@@ -232,7 +258,7 @@ async def test_kill_signals_the_trainer_then_sweeps_escaped_workers(tmp_path: Pa
     worker = int((run_dir / "ready").read_text())
     escaped = int((tmp_path / "escaped.pid").read_text())
     try:
-        assert agent.proc_stat(escaped) is not None and os.getsid(escaped) == escaped
+        assert processes.proc_stat(escaped) is not None and os.getsid(escaped) == escaped
         progress: list[Event] = []
         result = await kill_run(LocalHost(), str(run_dir), 20.0, on_progress=progress.append)
         trainer.wait(10)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.transport import agent
+from eagle3_tui.agent import checkpoints, processes
 from eagle3_tui.transport.base import Link
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run
@@ -132,8 +132,8 @@ def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, liv
     wait_for(ckpt0.exists, 240, "the first checkpoint", live)
     assert live.proc.poll() is None, live.log()
     run_id = str(live.manifest()["run_id"])
-    procs = agent.all_procs()
-    family = {p: procs[p].start for p in agent._descendants(live.proc.pid, procs)}
+    procs = processes.all_procs()
+    family = {p: procs[p].start for p in processes.descendants(live.proc.pid, procs)}
     workers = [p for p in family if procs[p].comm == "pt_data_worker"]
     assert len(workers) == 2, {p: procs[p].comm for p in family}
 
@@ -150,11 +150,11 @@ def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, liv
 
     assert live.proc.wait(30) == 0  # speculators' graceful exit
     for pid, start in family.items():  # independently of the report: nothing remains
-        p = agent.proc_stat(pid)
+        p = processes.proc_stat(pid)
         assert p is None or p.start != start or p.zombie, f"{pid} ({procs[pid].comm}) remains"
     assert marker_processes(run_id) == []
     interrupted = live.run_dir / "checkpoints" / "interrupted"
-    assert agent.checkpoint_problems(interrupted) == []  # whole weights and optimizer state
+    assert checkpoints.checkpoint_problems(interrupted) == []  # whole weights and optimizer state
     assert report["checkpoints"]["latest"]["problems"] == []
     events = [
         r["event"] for r in read_jsonl(live.run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"
@@ -168,7 +168,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
         wait_for(ckpt0.exists, 240, "the first checkpoint", live)
         result = await kill_run(LocalHost(), str(live.run_dir), 200.0)
         assert result["status"] == "stopped"
-    latest = agent.latest_numbered(live.run_dir / "checkpoints")
+    latest = checkpoints.latest_numbered(live.run_dir / "checkpoints")
     assert latest is not None
     step = json.loads((latest / "training_state.json").read_text())["global_step"]
     before = len(train_steps(live.run_dir))

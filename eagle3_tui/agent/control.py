@@ -1,0 +1,236 @@
+"""Process control built on the run's manifest: ``kill`` and ``resume``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.checkpoints import (
+    checkpoint_dir,
+    checkpoint_info,
+    checkpoint_problems,
+    checkpoint_report,
+    latest_numbered,
+)
+from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.processes import (
+    find_members,
+    settle,
+    signal_member,
+    verify_trainer,
+    wait_gone,
+)
+from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
+
+
+def op_kill(req: dict[str, Any]) -> int:
+    """Stop the run so that it saves its checkpoint, then make sure nothing of it remains.
+
+    1. verify the trainer's PID (start time, boot id): refuse on a mismatch;
+    2. SIGTERM the torchrun agent or the trainer, not the group: speculators'
+       handler saves ``interrupted/`` and exits, its dataloader workers with it;
+    3. wait up to ``grace_s`` for it; then find every process of the run
+       (descendants, marker) and SIGTERM, then SIGKILL what remains;
+    4. report each PID: signals sent, how it ended.
+    """
+    # Finish even if the client disconnects mid-way.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    grace = float(req.get("grace_s", 130.0))
+    linger = float(req.get("linger_s", 3.0))
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit("resolved", run_dir=str(run_dir))
+    m = read_manifest(run_dir)
+    trainer, problem = verify_trainer(m)
+    base: dict[str, Any] = {"run_dir": str(run_dir), "run_id": m.get("run_id")}
+    if trainer is not None and problem is not None:  # the PID was reused
+        others = find_members(m, None)
+        emit(
+            "result",
+            op="kill",
+            status="refused",
+            message=problem,
+            processes=[mb.report() for mb in others.values()],
+            **base,
+        )
+        return 0
+    members = find_members(m, trainer)
+    if not members:
+        note = problem or "the run is not running"
+        emit("result", op="kill", status="not_running", message=note, processes=[], **base)
+        return 0
+    target = None
+    if trainer is not None:
+        launcher = [mb for mb in members.values() if mb.role == "launcher"]
+        target = launcher[0] if launcher else members[trainer.pid]
+        signal_member(target, signal.SIGTERM)
+        t0 = time.monotonic()
+        while target.alive() and time.monotonic() - t0 < grace:
+            wait_gone([target], min(5.0, grace - (time.monotonic() - t0)))
+            if target.alive():
+                emit("progress", step="waiting", pid=target.pid, elapsed=time.monotonic() - t0)
+        # workers and stragglers spawned meanwhile
+        still = trainer if members[trainer.pid].alive() else None
+        for pid, mb in find_members(m, still).items():
+            members.setdefault(pid, mb)
+        if target.alive():
+            emit("progress", step="timeout", pid=target.pid, grace_s=grace)
+            for mb in members.values():
+                if mb.alive():
+                    signal_member(mb, signal.SIGKILL)
+            wait_gone(list(members.values()), 5.0)
+        wait_gone(list(members.values()), linger)
+    settle(members)
+    rest = [mb for mb in members.values() if mb.alive()]
+    if rest:  # escaped or stuck processes of the run: SIGTERM, then SIGKILL
+        for mb in rest:
+            if "SIGTERM" not in mb.signals:
+                signal_member(mb, signal.SIGTERM)
+        wait_gone(rest, linger)
+        settle(members)
+        for mb in rest:
+            if mb.alive():
+                signal_member(mb, signal.SIGKILL)
+        wait_gone(rest, 5.0)
+    settle(members)
+    remaining = [mb for mb in members.values() if mb.alive()]
+    status = "remaining" if remaining else "stopped"
+    message = (
+        f"{len(remaining)} process(es) of the run remain"
+        if remaining
+        else f"all {len(members)} process(es) of the run are gone"
+    )
+    emit(
+        "result",
+        op="kill",
+        status=status,
+        message=message,
+        processes=[mb.report() for mb in members.values()],
+        checkpoints=checkpoint_report(m, run_dir),
+        **base,
+    )
+    return 0
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def op_resume(req: dict[str, Any]) -> int:
+    """Relaunch the manifest's resume command, detached, from a complete checkpoint."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
+    wait_s = float(req.get("wait_s", 30.0))
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit("resolved", run_dir=str(run_dir))
+    m = read_manifest(run_dir)
+    trainer, problem = verify_trainer(m)
+    if trainer is not None and problem is None:
+        raise AgentError("refused", f"the run is still running (pid {trainer.pid}); kill it first")
+    alive = find_members(m, None)
+    if alive:
+        pids = ", ".join(str(p) for p in sorted(alive))
+        raise AgentError(
+            "refused", f"processes of the run are still alive (pids {pids}); kill it first"
+        )
+    ckpt = checkpoint_dir(m, run_dir)
+    if ckpt is None:
+        raise AgentError("refused", "the manifest names no checkpoint_dir")
+    latest = latest_numbered(ckpt)
+    if latest is None:
+        raise AgentError(
+            "refused",
+            f"{ckpt}: no numbered checkpoint, resuming would start over from step 0 "
+            "(speculators ignores interrupted/)",
+        )
+    problems = checkpoint_problems(latest)
+    if problems:
+        raise AgentError(
+            "refused",
+            f"{latest}: incomplete checkpoint ({'; '.join(problems)}); speculators would "
+            "resume from it and crash",
+        )
+    cmd = m.get("resume_command")
+    if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
+        raise AgentError("refused", "the manifest has no resume_command")
+    cmd = list(cmd)
+    argv = m.get("argv") or []
+    python = m.get("python")
+    if not os.path.isabs(cmd[0]) and argv and cmd[0] == argv[0] and python:
+        cmd[0] = str(python)  # "python" was found on the launching shell's PATH, maybe not ours
+    cwd = str(m.get("cwd") or run_dir)
+    if not os.path.isdir(cwd):
+        raise AgentError("refused", f"{cwd}: the run's working directory is gone")
+    env = dict(os.environ)
+    for key, value in (m.get("env") or {}).items():
+        env[str(key)] = str(value)
+    log = run_dir / str(m.get("log_file") or "train.log")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(fd, f"\n--- eagle3-tui resume at {stamp} from {latest} ---\n".encode())
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        raise AgentError("refused", f"cannot start {cmd[0]}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    info = checkpoint_info(latest)
+    confirmed = False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            emit(
+                "result",
+                op="resume",
+                status="failed",
+                message=f"the resumed run exited at once with status {rc}",
+                pid=proc.pid,
+                log=str(log),
+                log_tail=_tail(log),
+                checkpoint=info,
+                run_dir=str(run_dir),
+            )
+            return 0
+        try:
+            now = json.loads((run_dir / MANIFEST).read_text())
+            confirmed = proc.pid in (now.get("pid"), now.get("launcher_pid"))
+        except (OSError, ValueError, AttributeError):
+            confirmed = False
+        if confirmed:
+            break
+        time.sleep(0.1)
+    proc.returncode = 0  # detached on purpose: do not warn that it still runs
+    emit(
+        "result",
+        op="resume",
+        status="started",
+        message=f"resumed from {latest}",
+        pid=proc.pid,
+        confirmed=confirmed,
+        log=str(log),
+        command=cmd,
+        checkpoint=info,
+        run_dir=str(run_dir),
+    )
+    return 0

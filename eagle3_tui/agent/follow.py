@@ -1,0 +1,182 @@
+"""Following a run file: ``follow`` (like ``tail -F`` with byte offsets, inotify-woken)
+and ``read`` (a file to its end)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.frames import AgentError, client_gone, emit, emit_data
+from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
+
+READ_SIZE = 1 << 20
+SAFETY_POLL_S = 0.5  # with inotify: re-check anyway (NFS sends no events)
+POLL_S = 0.05  # without inotify
+
+# inotify (linux/inotify.h)
+IN_MODIFY = 0x002
+IN_ATTRIB = 0x004
+IN_CLOSE_WRITE = 0x008
+IN_MOVED_FROM = 0x040
+IN_MOVED_TO = 0x080
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+
+FILE_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF
+DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
+
+
+class Inotify:
+    """inotify through ctypes; ``fd`` is None where it is unavailable."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        try:
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd >= 0:
+            self.fd = fd
+
+    def add(self, path: Path, mask: int) -> int | None:
+        if self.fd is None:
+            return None
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(str(path)), mask)
+        return int(wd) if wd >= 0 else None
+
+    def remove(self, wd: int | None) -> None:
+        if self.fd is not None and wd is not None:
+            self._libc.inotify_rm_watch(self.fd, wd)
+
+    def drain(self) -> None:
+        """Consume the queued events (one read takes them all; more wake the next poll)."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):  # EAGAIN: nothing queued after all
+            os.read(self.fd, 65536)
+
+
+def _identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def _pump(fd: int, offset: int) -> int:
+    """Send the file from ``offset`` to its current end; returns the new offset.
+
+    Reads what fstat says is there (a pread of a fixed 1 MiB would allocate and free
+    1 MiB per appended line); an append after the fstat wakes the next round.
+    """
+    while True:
+        left = os.fstat(fd).st_size - offset
+        if left <= 0:
+            return offset
+        data = os.pread(fd, min(left, READ_SIZE), offset)
+        if not data:
+            return offset
+        emit_data(offset, data)
+        offset += len(data)
+
+
+def _stdin_closed() -> bool:
+    try:
+        return not os.read(0, 65536)
+    except OSError:
+        return True
+
+
+def op_follow(req: dict[str, Any]) -> int:
+    """Stream ``run_dir/file`` from ``offset`` forever, like ``tail -F`` with offsets."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit("resolved", run_dir=str(run_dir))
+    check_run_dir(run_dir)
+    path = run_dir / str(req.get("file") or "metrics.jsonl")
+    offset = int(req.get("offset") or 0)
+    want: str | None = req.get("identity")
+    ino = Inotify()
+    timeout_ms = int(1000 * (SAFETY_POLL_S if ino.fd is not None else POLL_S))
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    if ino.fd is not None:
+        poller.register(ino.fd, select.POLLIN)
+    ino.add(run_dir, DIR_MASK)
+    fd: int | None = None
+    file_wd: int | None = None
+    announced = False
+    while True:
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                if not announced:
+                    emit("waiting", path=str(path))
+                    announced = True
+            else:
+                file_wd = ino.add(path, FILE_MASK)
+                st = os.fstat(fd)
+                ident = _identity(st)
+                if want is not None and ident != want:
+                    emit("restarted", reason="replaced", offset=0, expected=offset)
+                    offset = 0
+                elif st.st_size < offset:
+                    emit("restarted", reason="truncated", offset=0, expected=offset)
+                    offset = 0
+                want = ident
+                announced = False
+                emit("opened", path=str(path), identity=ident, size=st.st_size, offset=offset)
+        if fd is not None:
+            offset = _pump(fd, offset)
+            st = os.fstat(fd)
+            if st.st_size < offset:
+                emit("restarted", reason="truncated", offset=0, expected=offset)
+                offset = 0
+                continue
+            try:
+                current: str | None = _identity(os.stat(path))
+            except FileNotFoundError:
+                current = None
+            if current != _identity(st):
+                offset = _pump(fd, offset)  # what was appended to the old file before the swap
+                os.close(fd)
+                ino.remove(file_wd)
+                fd, file_wd = None, None
+                continue  # reopen: the identity differs, so it restarts at 0
+        if client_gone():
+            return 0
+        for fd_ready, _ in poller.poll(timeout_ms):
+            if fd_ready == 0 and _stdin_closed():
+                return 0  # the client went away
+            if fd_ready == ino.fd:
+                ino.drain()
+
+
+def op_read(req: dict[str, Any]) -> int:
+    """Send ``run_dir/file`` from ``offset`` to its current end, then ``eof``."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit("resolved", run_dir=str(run_dir))
+    check_run_dir(run_dir)
+    name = str(req.get("file") or "metrics.jsonl")
+    path = run_dir / name
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise AgentError(
+            "missing", f"{run_dir}: no {name} here (is telemetry attached to the trainer?)"
+        ) from None
+    except OSError as e:
+        raise AgentError("missing", f"{path}: {e.strerror}") from None
+    try:
+        offset = _pump(fd, int(req.get("offset") or 0))
+    finally:
+        os.close(fd)
+    emit("eof", size=offset, now=time.time())
+    return 0

@@ -1,0 +1,49 @@
+"""The agent's output: frames on stdout, and the one error it answers with.
+
+``D <offset> <length>\\n`` followed by ``length`` bytes of a file at ``offset``;
+``J <json>\\n`` an event (see :mod:`eagle3_tui.agent.names`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+class AgentError(Exception):
+    """A one-line answer: the run is missing, the request is refused..."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+_client_gone = False
+
+
+def client_gone() -> bool:
+    """Whether a write found the client gone (the work goes on, unheard)."""
+    return _client_gone
+
+
+def _write_all(data: bytes) -> None:
+    global _client_gone
+    if _client_gone:
+        return
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(1, view)
+            view = view[n:]
+    except OSError:  # the client went away (EPIPE): finish the work anyway
+        _client_gone = True
+
+
+def emit(event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, **fields}, separators=(",", ":"), sort_keys=True)
+    _write_all(b"J " + line.encode() + b"\n")
+
+
+def emit_data(offset: int, data: bytes) -> None:
+    _write_all(b"D %d %d\n" % (offset, len(data)) + data)

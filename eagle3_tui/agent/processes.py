@@ -1,0 +1,236 @@
+"""The run's processes as ``/proc`` shows them, and signals that hit only the process
+that was checked (start time, boot id, pidfd)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.frames import emit
+from eagle3_tui.agent.names import RUN_ID_ENV
+
+
+class Proc:
+    """One line of ``/proc/PID/stat``: what identifies and relates a process."""
+
+    __slots__ = ("comm", "pgrp", "pid", "ppid", "start", "state")
+
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, pgrp: int, start: int) -> None:
+        self.pid = pid
+        self.comm = comm
+        self.state = state
+        self.ppid = ppid
+        self.pgrp = pgrp
+        self.start = start
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def proc_stat(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    close = raw.rfind(")")
+    comm = raw[raw.find("(") + 1 : close]
+    fields = raw[close + 2 :].split()
+    try:
+        return Proc(pid, comm, fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def all_procs() -> dict[int, Proc]:
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            p = proc_stat(int(entry))
+            if p is not None:
+                out[p.pid] = p
+    return out
+
+
+def ancestors(pid: int, procs: dict[int, Proc]) -> set[int]:
+    seen = set()
+    while pid in procs and pid not in seen and pid > 1:
+        seen.add(pid)
+        pid = procs[pid].ppid
+    return seen
+
+
+def descendants(root: int, procs: dict[int, Proc]) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for p in procs.values():
+        kids.setdefault(p.ppid, []).append(p.pid)
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+class Member:
+    """A process of the run: how it was found, what was done to it, how it ended."""
+
+    def __init__(self, proc: Proc, role: str) -> None:
+        self.pid = proc.pid
+        self.start = proc.start
+        self.comm = proc.comm
+        self.role = role
+        self.signals: list[str] = []
+        self.outcome = "alive"
+
+    def alive(self) -> bool:
+        p = proc_stat(self.pid)
+        return p is not None and p.start == self.start and not p.zombie
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "comm": self.comm,
+            "signals": self.signals,
+            "outcome": self.outcome,
+        }
+
+
+def send_signal(pid: int, start: int, sig: signal.Signals) -> str:
+    """Signal ``pid`` only if it is still the process that started at ``start``.
+
+    With a pidfd the check and the signal refer to the same process: the pidfd is
+    opened first, then the start time read, so a reuse in between is caught.
+    Returns ``sent``, ``gone`` or ``reused``.
+    """
+    pidfd: int | None = None
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            pidfd = pidfd_open(pid)
+        except ProcessLookupError:
+            return "gone"
+        except OSError:
+            pidfd = None
+    try:
+        p = proc_stat(pid)
+        if p is None or p.zombie:
+            return "gone"
+        if p.start != start:
+            return "reused"
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return "gone"
+        return "sent"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def verify_trainer(m: dict[str, Any]) -> tuple[Proc | None, str | None]:
+    """The trainer's live process, and a problem: with a process, a reason to refuse
+    (its PID now belongs to another process, or cannot be verified); without one,
+    a note on why it is gone."""
+    pid = int(m["pid"])
+    here = boot_id()
+    if m.get("boot_id") and here and m["boot_id"] != here:
+        return None, (
+            f"the run's processes belong to an earlier boot and are gone (pid {pid}, if it "
+            "exists, is another process now: not signalled)"
+        )
+    p = proc_stat(pid)
+    if p is None or p.zombie:
+        return None, None
+    if m.get("start_ticks") is None:
+        return p, f"pid {pid}: the manifest has no start time to verify it against: not signalled"
+    if p.start != int(m["start_ticks"]):
+        return p, (
+            f"pid {pid} now belongs to another process ({p.comm}, started at tick {p.start}; "
+            f"the run's trainer started at tick {m['start_ticks']}): not signalled"
+        )
+    return p, None
+
+
+def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
+    """Every live process of the run: the trainer and launcher, their descendants,
+    and anything carrying the run's marker in its environment (escaped workers)."""
+    procs = all_procs()
+    mine = ancestors(os.getpid(), procs)
+    out: dict[int, Member] = {}
+
+    def add(pid: int, role: str) -> None:
+        p = procs.get(pid)
+        if p is not None and not p.zombie and pid not in mine and pid not in out:
+            out[pid] = Member(p, role)
+
+    same_boot = not m.get("boot_id") or m.get("boot_id") == boot_id()
+    if trainer is not None:
+        add(trainer.pid, "trainer")
+        launcher = m.get("launcher_pid")
+        if isinstance(launcher, int) and trainer.ppid == launcher:
+            add(launcher, "launcher")
+            for pid in sorted(descendants(launcher, procs)):
+                add(pid, "child")
+        for pid in sorted(descendants(trainer.pid, procs)):
+            add(pid, "child")
+    run_id = m.get("run_id")
+    if run_id and same_boot:
+        marker = f"{RUN_ID_ENV}={run_id}".encode()
+        since = m.get("start_ticks")
+        for pid, p in sorted(procs.items()):
+            if pid in out or pid in mine or p.zombie:
+                continue
+            if isinstance(since, int) and p.start < since:
+                continue
+            if has_marker(pid, marker):
+                add(pid, "marked")
+    return out
+
+
+def wait_gone(members: list[Member], timeout: float, tick: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(mb.alive() for mb in members):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(tick)
+
+
+def settle(members: dict[int, Member]) -> None:
+    for mb in members.values():
+        if mb.outcome == "alive" and not mb.alive():
+            mb.outcome = "killed" if "SIGKILL" in mb.signals else "exited"
+
+
+def signal_member(mb: Member, sig: signal.Signals) -> None:
+    result = send_signal(mb.pid, mb.start, sig)
+    if result == "sent":
+        mb.signals.append(sig.name)
+    emit("progress", step="signal", pid=mb.pid, role=mb.role, signal=sig.name, result=result)

@@ -1,0 +1,140 @@
+"""Run directories, the per-user index of runs, and what a run's state is: ``resolve``,
+``runs``, ``status``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.processes import verify_trainer
+
+
+def index_path() -> Path:
+    """``${XDG_STATE_HOME:-~/.local/state}/eagle3-tui/runs.jsonl`` (as the manifest writes it)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(state) / "eagle3-tui" / "runs.jsonl"
+
+
+def read_index() -> list[dict[str, Any]]:
+    """Entries of the index, oldest first; malformed lines skipped."""
+    try:
+        raw = index_path().read_bytes()
+    except OSError:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("run_dir"), str):
+            out.append(obj)
+    return out
+
+
+def resolve_run_dir(run_dir: str | None) -> Path:
+    """The given directory (``~`` expanded), or the latest registered run that still exists."""
+    if run_dir:
+        return Path(os.path.expanduser(run_dir))
+    for entry in reversed(read_index()):
+        if os.path.isdir(entry["run_dir"]):
+            return Path(entry["run_dir"])
+    raise AgentError("missing", f"no run registered on this host (index {index_path()})")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    if not run_dir.exists():
+        raise AgentError("missing", f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise AgentError("missing", f"{run_dir}: not a directory")
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    check_run_dir(run_dir)
+    path = run_dir / MANIFEST
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AgentError(
+            "missing", f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise AgentError("missing", f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("pid"), int):
+        raise AgentError("missing", f"{path}: not a run manifest")
+    return obj
+
+
+def op_resolve(req: dict[str, Any]) -> int:
+    """Which run directory a target means (the latest registered one when none is given)."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    check_run_dir(run_dir)
+    name = str(req.get("file") or "metrics.jsonl")
+    emit(
+        "result",
+        op="resolve",
+        run_dir=str(run_dir),
+        has_file=(run_dir / name).exists(),
+        has_manifest=(run_dir / MANIFEST).exists(),
+        host=os.uname().nodename,
+    )
+    return 0
+
+
+def op_runs(req: dict[str, Any]) -> int:
+    """The runs registered on this host, newest first, with their state."""
+    seen: dict[str, dict[str, Any]] = {}
+    for entry in read_index():
+        seen[str(entry.get("run_id") or entry["run_dir"])] = entry
+    runs = []
+    for entry in reversed(list(seen.values())):
+        run_dir = Path(entry["run_dir"])
+        row: dict[str, Any] = {
+            "run_id": entry.get("run_id"),
+            "run_dir": str(run_dir),
+            "started_at": entry.get("started_at"),
+            "exists": run_dir.is_dir(),
+            "status": None,
+            "pid": entry.get("pid"),
+            "alive": False,
+        }
+        if row["exists"]:
+            try:
+                m = read_manifest(run_dir)
+            except AgentError:
+                pass
+            else:
+                trainer, problem = verify_trainer(m)
+                row["status"] = m.get("status")
+                row["pid"] = m.get("pid")
+                row["alive"] = trainer is not None and problem is None
+        runs.append(row)
+    emit("result", op="runs", runs=runs, index=str(index_path()), host=os.uname().nodename)
+    return 0
+
+
+def op_status(req: dict[str, Any]) -> int:
+    """Whether the run's trainer is alive (PID, start time and boot id checked), and its
+    manifest: what a monitor needs to tell a dead run from a silent one."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    m = read_manifest(run_dir)
+    trainer, problem = verify_trainer(m)
+    alive = trainer is not None and problem is None
+    emit(
+        "result",
+        op="status",
+        run_dir=str(run_dir),
+        alive=alive,
+        problem=problem,
+        manifest=m,
+        host=os.uname().nodename,
+        now=time.time(),
+    )
+    return 0
