@@ -1,0 +1,198 @@
+"""What the monitor costs while it follows a live run, against a bare Textual app.
+
+    python benchmarks/bench_follow.py [--seconds 60] [--history 0|1000000]
+
+A feeder appends what a real run writes to ``metrics.jsonl`` in real time: a training
+step every 0.5 s (2 steps/s) and, each second, an 8-GPU sample, an 8-worker read sample
+and a heartbeat. ``eagle3-tui RUN_DIR`` follows it in a real terminal (tmux, 120×40).
+After a warm-up, the app's CPU time (its own and its reaped children's: the agent it
+runs for liveness) is read from ``/proc`` over ``--seconds`` of wall time. The floor:
+a bare Textual app (header, footer, one label updated each second) in the same
+terminal. Printed: each CPU share (% of one core), RSS, and the ratio.
+
+``--history N`` first writes N steps (with the samples of their time span, as a real
+run's file holds) so the app follows a long run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.records import gpu_line, heartbeat_line, io_line, mixed_lines, train_line
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+WIDTH, HEIGHT = 120, 40
+
+BARE_APP = textwrap.dedent(
+    """
+    import time
+    from textual.app import App
+    from textual.widgets import Footer, Header, Label
+
+    class Bare(App):
+        def compose(self):
+            yield Header()
+            yield Label("", id="l")
+            yield Footer()
+
+        def on_mount(self):
+            self.set_interval(1.0, self.tick)
+
+        def tick(self):
+            self.query_one("#l", Label).update(time.strftime("%H:%M:%S"))
+
+    Bare().run()
+    """
+)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime + cutime + cstime of ``pid`` (itself and its reaped children)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    f = raw[raw.rfind(")") + 2 :].split()
+    return sum(int(x) for x in f[11:15]) / CLK_TCK
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def app_pid(tmux: list[str], session: str) -> int:
+    """The process running in the pane (tmux starts it through a shell that execs it)."""
+    out = subprocess.run(
+        [*tmux, "display-message", "-p", "-t", session, "#{pane_pid}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip())
+
+
+class Feeder(threading.Thread):
+    """Appends a live run's lines to ``path`` in real time, until stopped."""
+
+    def __init__(self, path: Path, first_step: int, seq0: int) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.step = first_step
+        self.seq = seq0
+        self.side = seq0
+        self.stop = threading.Event()
+        self.rng = random.Random(1)
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        next_sample = time.time()
+        try:
+            while not self.stop.is_set():
+                now = time.time()
+                out = [train_line(self.step, self.seq, now, self.rng)]
+                self.step += 1
+                self.seq += 1
+                if now >= next_sample:
+                    for line in (
+                        gpu_line(self.side, now, self.rng),
+                        io_line(self.side + 1, now, self.rng),
+                        heartbeat_line(self.side + 2, now),
+                    ):
+                        out.append(line.replace(b'"w":"4242-a1b2c3"', b'"w":"4243-sidecar"'))
+                    self.side += 3
+                    next_sample += 1.0
+                os.write(fd, b"".join(out))
+                self.stop.wait(0.5)
+        finally:
+            os.close(fd)
+
+
+def measure(command: list[str], seconds: float, warmup: float, label: str) -> tuple[float, float]:
+    sock = tempfile.mktemp(prefix="bench-follow-tmux-")
+    tmux = ["tmux", "-S", sock]
+    session = "bench"
+    env_cmd = " ".join(subprocess.list2cmdline([c]) for c in command)
+    subprocess.run(
+        [
+            *tmux,
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            str(WIDTH),
+            "-y",
+            str(HEIGHT),
+            f"exec {env_cmd}",
+        ],
+        check=True,
+    )
+    try:
+        time.sleep(warmup)
+        pid = app_pid(tmux, session)
+        c0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = cpu_seconds(pid), time.monotonic()
+        rss = rss_mb(pid)
+        screen = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
+        ).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
+    share = 100 * (c1 - c0) / (t1 - t0)
+    first = next((line.strip() for line in screen.splitlines() if line.strip()), "")
+    print(f"{label:>28}: {share:5.2f} % of a core, RSS {rss:5.0f} MB   [{first[:60]}]")
+    return share, rss
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--history", type=int, default=0, help="steps already in the file")
+    args = ap.parse_args()
+    if shutil.which("tmux") is None:
+        sys.exit("bench_follow: needs tmux")
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-follow-"))
+    path = run_dir / "metrics.jsonl"
+    seq0 = 0
+    if args.history:
+        t0 = time.time() - args.history * 0.5
+        with open(path, "wb") as f:
+            for line in mixed_lines(args.history, t0=t0, dt=0.5):
+                f.write(line)
+        seq0 = 10 * args.history  # past every sequence number the history used
+        print(f"history: {args.history:,} steps, {path.stat().st_size / 1e6:.0f} MB")
+    feeder = Feeder(path, args.history, seq0)
+    feeder.start()
+    try:
+        app = [sys.executable, "-m", "eagle3_tui", str(run_dir)]
+        ours, _ = measure(
+            app, args.seconds, args.warmup + (5 if args.history else 0), "eagle3-tui following"
+        )
+        bare_py = run_dir / "bare.py"
+        bare_py.write_text(BARE_APP)
+        floor, _ = measure(
+            [sys.executable, str(bare_py)], args.seconds, args.warmup, "bare Textual app (floor)"
+        )
+    finally:
+        feeder.stop.set()
+        feeder.join()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"ratio eagle3-tui / floor: {ours / max(floor, 1e-9):.1f}x   (goal: <= 3 % of a core)")
+
+
+if __name__ == "__main__":
+    main()
