@@ -284,13 +284,20 @@ class Telemetry:
             self._send({"op": "ckpt_dir", "path": fields["checkpoint_dir"]})
 
     # ---- end ---------------------------------------------------------------------
-    def finish(self, status: str = "finish", **fields: object) -> None:
+    def finish(self, status: str | None = None, **fields: object) -> None:
         """Write the final lifecycle event (``finish``, ``interrupt`` or ``crash``) and
-        the manifest status. Idempotent: the first call wins."""
+        the manifest status. Idempotent: the first call wins.
+
+        Without ``status`` it is decided as at exit (:meth:`final_status`). An interrupt
+        is never overwritten: speculators returns normally from ``run_training()`` after
+        a SIGTERM/SIGINT (it saved ``interrupted/``), so a ``finish`` asked for after the
+        handler saw "Received SIGTERM — interrupting" is written as ``interrupt``."""
         if self._finished:
             return
         self._finished = True
-        event = _EVENT_ALIASES.get(status, status)
+        event = _EVENT_ALIASES.get(status, status) if status else self._auto_status()
+        if event == "finish" and self.interrupted:
+            event = "interrupt"
         if "step" not in fields:
             step = getattr(self.trainer, "global_step", None)
             if isinstance(step, int):
