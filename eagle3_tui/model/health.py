@@ -349,10 +349,7 @@ def _leftovers_sentence(state: RunState) -> str:
             parts.append(f"{_bytes(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
     more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
-    return (
-        f" {len(state.leftovers)} of its processes are still alive: {'; '.join(shown)}{more}"
-        " (k ends them)."
-    )
+    return f" Left behind, still alive: {'; '.join(shown)}{more} (k ends them)."
 
 
 def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: float) -> Diagnosis:
