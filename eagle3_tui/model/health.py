@@ -52,6 +52,9 @@ STARTUP_FACTOR = 3.0
 HEARTBEAT_DEAD_S = 30.0
 """No heartbeat for this long, and no probe: the writer's process is taken as gone."""
 GPU_BUSY_UTIL = 10.0
+AFTER_LAST_STEP_S = 2.0
+"""Samples this close after the last metric still show its step's work (a sample covers
+the interval before it): a quiet run is judged on the samples after them."""
 DIVERGE_FACTOR = 4.0
 """Diverged when the last losses sit this many times above their smoothed history."""
 
@@ -213,21 +216,27 @@ def judge(state: RunState, now: float) -> Diagnosis:
         return _unreadable(state)
     last = state.ending()
     diverged = _diverged(state)
+    count = steps_done(state)
     if last is not None and last.event == "finish":
-        done = f"after {steps_done(state):,} steps" if steps_done(state) else "before any step"
+        done = f"after {count:,} steps" if count else "before any step"
         if diverged is not None:
             return Diagnosis(Health.DIVERGED, f"Training finished {done}, diverged: {diverged}")
         return Diagnosis(Health.FINISHED, f"Training finished {done}.")
     if last is not None and last.event == "crash":
         err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
-        at_step = f"after step {steps_done(state)}" if step is not None else "before its first step"
+        at_step = f"after step {count}" if step is not None else "before its first step"
         return Diagnosis(
             Health.DEAD, f"The trainer crashed {at_step}{err}.{_leftovers_sentence(state)}"
         )
     if last is not None and last.event == "interrupt":
+        after = f"after step {count:,}" if count else "before its first step"
+        saved = (
+            f"({last.error.splitlines()[0][:120]})"
+            if last.error
+            else "(a signal); speculators saved checkpoints/interrupted/"
+        )
         stopped = (
-            f"Interrupted after step {steps_done(state) or 0:,} (a signal); speculators saved "
-            "checkpoints/interrupted/. Resume continues from the last numbered checkpoint."
+            f"Interrupted {after} {saved}. Resume continues from the last numbered checkpoint."
         )
         if diverged is not None:
             return Diagnosis(Health.DIVERGED, f"{stopped} Before that: {diverged}")
@@ -282,7 +291,8 @@ def judge(state: RunState, now: float) -> Diagnosis:
     quiet_for = now - last_metric
     if quiet_for <= limit:
         return Diagnosis(Health.RUNNING, _running_sentence(state, pace))
-    ev = evidence(state, now, limit)
+    # what the samplers saw since the metrics stopped: not the samples of the last step
+    ev = evidence(state, now, min(limit, quiet_for - AFTER_LAST_STEP_S))
     if ev.gpu_busy or ev.reading or ev.saving:
         return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=False))
     if alive or ev.gpu_known or ev.reads_known:
