@@ -237,8 +237,6 @@ class RunState:
     link_down_since: float | None = None
     """Client time since which no data can arrive (None: the link is up, data current)."""
     link_detail: str = ""
-    outages: list[tuple[float, float]] = field(default_factory=list)
-    """(down, up) client times of earlier link outages."""
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
@@ -297,8 +295,6 @@ class RunState:
         """Whether data can reach the client (client clock ``at``). Up means current:
         everything the host wrote until the reconnection has been read."""
         if up:
-            if self.link_down_since is not None:
-                self.outages.append((self.link_down_since, at))
             self.link_down_since = None
             self.link_detail = ""
         else:
