@@ -235,7 +235,8 @@ def build_summary_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui summary",
         description="Print the state of a run. Exit status: 0 running/finished/waiting, "
-        "3 silent, 4 stalled, 5 dead, 6 diverged, 7 stopped (interrupted), 2 error.",
+        "3 silent, 4 stalled, 5 dead, 6 diverged (also after the end), 7 stopped "
+        "(interrupted), 10 unreadable (no valid record, only malformed lines), 2 error.",
     )
     p.add_argument(
         "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
@@ -304,9 +305,13 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     now, status = await on_host(target, read)
     manifest = status.get("manifest")
     if isinstance(manifest, dict) and manifest:
+        from eagle3_tui.model.state import leftovers_of
+
         run.state.set_manifest(manifest)
         alive = status.get("alive")
-        run.state.set_process(alive if isinstance(alive, bool) else None, now)
+        run.state.set_process(
+            alive if isinstance(alive, bool) else None, now, leftovers_of(status.get("leftovers"))
+        )
     return run, now
 
 
@@ -320,6 +325,17 @@ def local_process_alive(manifest: dict[str, Any]) -> bool | None:
     if manifest.get("boot_id") not in (None, boot_id()):
         return False
     return proc_start_ticks(pid) == ticks
+
+
+def local_leftovers(manifest: dict[str, Any]) -> tuple[Any, ...]:
+    """The run's processes alive here though its trainer is not (as the agent finds them)."""
+    from eagle3_tui.agent.processes import leftovers
+    from eagle3_tui.model.state import leftovers_of
+
+    try:
+        return leftovers_of(leftovers(manifest))
+    except (OSError, ValueError, KeyError):
+        return ()
 
 
 def load_manifest_local(run_dir: Path) -> dict[str, Any]:
@@ -342,7 +358,8 @@ def load_target(target: Target, label: str) -> tuple[Run, float]:
         manifest = load_manifest_local(target.run_dir)
         if manifest:
             run.state.set_manifest(manifest)
-            run.state.set_process(local_process_alive(manifest), now)
+            alive = local_process_alive(manifest)
+            run.state.set_process(alive, now, local_leftovers(manifest) if alive is False else ())
     else:
         run, now = asyncio.run(load_remote(target))
     if run.state.records == 0 and run.state.malformed_count == 0:
@@ -458,7 +475,8 @@ async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -
         ssh = find_ssh() if client != "asyncssh" else None
         if client == "openssh" and ssh is None:
             raise TargetError("--ssh-client openssh: no ssh on PATH")
-        stream_host: StreamHost = OpenSshHost(pinned, ssh) if ssh else host
+        # the stream's ssh reads the configuration and known_hosts the connection did
+        stream_host: StreamHost = OpenSshHost(pinned, ssh, host.known_hosts) if ssh else host
         app = make_app(
             SshTransport(stream_host, run_dir),
             control=RunControl.for_target(pinned, host),

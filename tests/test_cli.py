@@ -70,7 +70,8 @@ def test_summary_json_has_the_documented_fields(
     assert main(["summary", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["health"] == "finished"
-    assert out["global_step"] == 9 and out["epoch"] == 1
+    # "step" and "epoch" as the text shows them (1-based); "global_step" is speculators' (0-based)
+    assert out["step"] == 10 and out["global_step"] == 9 and out["epoch"] == 2
     assert out["records"] == 11 and out["malformed_lines"] == 1
     assert out["metrics"]["train/loss"] == pytest.approx(2.1)
     assert out["metrics"]["train/cond_acc_2"] == pytest.approx(0.2)

@@ -66,7 +66,7 @@ def test_a_live_run_against_a_finished_one(tiny_run: Path, tmp_path: Path) -> No
         diff = {d["key"]: (d["a"], d["b"]) for d in result["hparam_diff"]}
         assert diff["argv.--lr"] == ("0.01", "–")  # the finished run used the default
         assert diff["argv.--epochs"] == ("2", "3")
-        assert [v["epoch"] for v in result["validation"]["b"]] == [0, 1, 2]
+        assert [v["epoch"] for v in result["validation"]["b"]] == [1, 2, 3]  # 1-based, as shown
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

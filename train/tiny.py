@@ -237,6 +237,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, argpars
         "--no-telemetry", action="store_true", help="run as a bare user script would: silent"
     )
     p.add_argument("--debug-hang-at-step", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--one-liner",
+        action="store_true",
+        help="end as the README's one-liner does: telemetry.finish() without arguments "
+        "after run_training() returns",
+    )
     add_telemetry_args(p, progress_every=10)
     a = p.parse_args(argv)
     cfg = TinyConfig(
@@ -289,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         telemetry.finish("crash", error=f"{type(e).__name__}: {e}"[:2000])
         telemetry.close()
         raise
+    if a.one_liner:  # attach(...); trainer.run_training(); telemetry.finish()
+        telemetry.finish()
+        telemetry.close()
+        return 0
     expected = cfg.epochs * len(trainer.train_loader)
     # speculators returns normally after an interrupt (SIGTERM/SIGINT): it saved interrupted/
     done = trainer.global_step >= expected and not telemetry.interrupted

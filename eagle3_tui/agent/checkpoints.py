@@ -129,14 +129,44 @@ def checkpoint_info(d: Path) -> dict[str, Any]:
     return info
 
 
-def checkpoint_report(m: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def files_state(d: Path | None) -> dict[str, tuple[int, int]] | None:
+    """Each file of ``d``: (size, mtime in ns); None when ``d`` is no directory. What a
+    kill compares before and after, to report only what it produced."""
+    if d is None:
+        return None
+    try:
+        return {
+            f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in d.iterdir() if f.is_file()
+        }
+    except OSError:
+        return None
+
+
+def interrupted_dir(m: dict[str, Any], run_dir: Path) -> Path | None:
+    ckpt = checkpoint_dir(m, run_dir)
+    return None if ckpt is None else ckpt / "interrupted"
+
+
+def checkpoint_report(
+    m: dict[str, Any], run_dir: Path, before: dict[str, tuple[int, int]] | None = None
+) -> dict[str, Any]:
+    """The checkpoints a stop leaves: ``interrupted/`` and the numbered one a resume
+    takes. ``before``: ``interrupted/``'s files when the stop began; the report then
+    says whether this stop wrote it (``new``) — an ``interrupted/`` left by an earlier
+    stop is not this one's result (``earlier``, with its time)."""
     ckpt = checkpoint_dir(m, run_dir)
     if ckpt is None:
         return {}
     latest = latest_numbered(ckpt)
     interrupted = ckpt / "interrupted"
+    info = checkpoint_info(interrupted) if interrupted.is_dir() else None
+    if info is not None:
+        now = files_state(interrupted) or {}
+        info["new"] = bool(now) and now != (before or {})
+        newest = max((mtime for _, mtime in now.values()), default=None)
+        info["written_at"] = newest / 1e9 if newest is not None else None
     return {
         "dir": str(ckpt),
         "latest": checkpoint_info(latest) if latest is not None else None,
-        "interrupted": checkpoint_info(interrupted) if interrupted.is_dir() else None,
+        "interrupted": info,
     }

@@ -15,6 +15,8 @@ from eagle3_tui.agent.checkpoints import (
     checkpoint_info,
     checkpoint_problems,
     checkpoint_report,
+    files_state,
+    interrupted_dir,
     latest_numbered,
 )
 from eagle3_tui.agent.frames import AgentError, emit
@@ -65,6 +67,8 @@ def op_kill(req: dict[str, Any]) -> int:
         note = problem or "the run is not running"
         emit("result", op="kill", status="not_running", message=note, processes=[], **base)
         return 0
+    # what interrupted/ holds now: the report names only what this kill produced
+    before = files_state(interrupted_dir(m, run_dir))
     target = None
     if trainer is not None:
         launcher = [mb for mb in members.values() if mb.role == "launcher"]
@@ -112,7 +116,8 @@ def op_kill(req: dict[str, Any]) -> int:
         status=status,
         message=message,
         processes=[mb.report() for mb in members.values()],
-        checkpoints=checkpoint_report(m, run_dir),
+        checkpoints=checkpoint_report(m, run_dir, before),
+        signalled_trainer=trainer is not None,
         **base,
     )
     return 0

@@ -132,7 +132,14 @@ def op_follow(req: dict[str, Any]) -> int:
                     offset = 0
                 want = ident
                 announced = False
-                emit("opened", path=str(path), identity=ident, size=st.st_size, offset=offset)
+                emit(
+                    "opened",
+                    path=str(path),
+                    identity=ident,
+                    size=st.st_size,
+                    offset=offset,
+                    now=time.time(),  # the host's clock: the records' ts are in its time
+                )
         if fd is not None:
             offset = _pump(fd, offset)
             st = os.fstat(fd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 PROTOCOL = 1
 MANIFEST = "run.json"
 RUN_ID_ENV = "EAGLE3_TUI_RUN_ID"
+NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 
 # Operations (the request's "op").
 OP_FOLLOW = "follow"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.frames import emit
-from eagle3_tui.agent.names import RUN_ID_ENV
+from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
 
 
 class Proc:
@@ -234,3 +234,65 @@ def signal_member(mb: Member, sig: signal.Signals) -> None:
     if result == "sent":
         mb.signals.append(sig.name)
     emit("progress", step="signal", pid=mb.pid, role=mb.role, signal=sig.name, result=result)
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of ``pid`` (``VmRSS``), None when gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def gpu_memory(pids: set[int]) -> dict[int, tuple[int, list[int]]] | None:
+    """GPU memory NVML says each of ``pids`` holds: pid -> (bytes, device indexes);
+    None when NVML cannot say (no driver, no pynvml)."""
+    from eagle3_tui.telemetry.nvml import Nvml, NvmlUnavailable, PynvmlApi, RecordedNvml
+
+    fixture = os.environ.get(NVML_FIXTURE_ENV)
+    nvml: Nvml = RecordedNvml(fixture) if fixture else PynvmlApi()
+    try:
+        nvml.init()
+    except (NvmlUnavailable, OSError, ValueError):
+        return None
+    out: dict[int, tuple[int, list[int]]] = {}
+    try:
+        for index in range(nvml.device_count()):
+            try:
+                reading = nvml.read(index)
+            except Exception:  # a lost device: the others still say
+                continue
+            for proc in reading.processes:
+                if proc.pid in pids:
+                    held, devices = out.get(proc.pid, (0, []))
+                    out[proc.pid] = (held + (proc.used_memory or 0), [*devices, index])
+    finally:
+        nvml.shutdown()
+    return out
+
+
+def leftovers(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's processes that are alive though its trainer is not (dataloader
+    workers of a SIGKILLed trainer...): PID, name, memory, GPU memory."""
+    members = find_members(m, None)
+    if not members:
+        return []
+    gpus = gpu_memory(set(members))
+    out = []
+    for pid, mb in sorted(members.items()):
+        held, devices = (gpus or {}).get(pid, (None, []))
+        out.append(
+            {
+                "pid": pid,
+                "comm": mb.comm,
+                "role": mb.role,
+                "rss_bytes": rss_bytes(pid),
+                "gpu_bytes": held if gpus is not None else None,
+                "gpus": devices,
+            }
+        )
+    return out

@@ -11,7 +11,7 @@ from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import MANIFEST
-from eagle3_tui.agent.processes import verify_trainer
+from eagle3_tui.agent.processes import leftovers, verify_trainer
 
 
 def index_path() -> Path:
@@ -121,8 +121,10 @@ def op_runs(req: dict[str, Any]) -> int:
 
 
 def op_status(req: dict[str, Any]) -> int:
-    """Whether the run's trainer is alive (PID, start time and boot id checked), and its
-    manifest: what a monitor needs to tell a dead run from a silent one."""
+    """Whether the run's trainer is alive (PID, start time and boot id checked), its
+    manifest, and when it is not alive, what of the run still is (``leftovers``: its
+    dataloader workers and helpers, with memory and GPU): what a monitor needs to tell
+    a dead run from a silent one, and to say what ``kill`` would still end."""
     run_dir = resolve_run_dir(req.get("run_dir"))
     m = read_manifest(run_dir)
     trainer, problem = verify_trainer(m)
@@ -134,6 +136,7 @@ def op_status(req: dict[str, Any]) -> int:
         alive=alive,
         problem=problem,
         manifest=m,
+        leftovers=[] if alive else leftovers(m),
         host=os.uname().nodename,
         now=time.time(),
     )

@@ -92,7 +92,7 @@ class MonitorApp(App[None]):
         self.refresh_interval = refresh_interval
         self.status_interval = status_interval
         self.export_dir = export_dir
-        self.pipeline = Pipeline()
+        self.pipeline = Pipeline(clock)
         self.open_run = open_run
         """Opens another run of the same host by its directory (the compare picker)."""
         self.compare_source = compare

@@ -5,6 +5,11 @@ piled up since its last turn to the model in one worker-thread call (a backlog
 coalesces into one batch: the model's column path); ``snapshot`` builds a frozen
 :class:`Snapshot` in a worker thread. One lock serialises feeding, building,
 probes and exports, so the model is never read while it is written.
+
+The link's state reaches the model too: health is judged only on evidence that
+reached the client, so while the link is down the model knows since when, and
+after a reconnection the link counts as up once what the host wrote meanwhile
+(the file up to its size at the reconnection) has been read.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import re
+import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,7 +28,11 @@ import numpy as np
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
-from eagle3_tui.transport.base import Chunk, LinkChanged, StreamEvent
+from eagle3_tui.model.state import leftovers_of
+from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
+
+LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED})
+"""Link states in which no data can arrive."""
 
 
 class Source(Protocol):
@@ -55,8 +65,9 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
 class Pipeline:
     """The model of one run and the only ways in and out of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.run = Run()
+        self.clock = clock
         self.lock = asyncio.Lock()
         self.generation = 0
         """Bumped whenever the model changed: a snapshot of an older one is stale."""
@@ -64,6 +75,12 @@ class Pipeline:
         """How many model updates the chunks took (fewer than chunks under a backlog)."""
         self._pending: list[Chunk] = []
         self._wake = asyncio.Event()
+        self._links: list[tuple[bool, float, str, float | None]] = []
+        """Link changes not yet handed to the model: (up, client time, detail, host time)."""
+        self._reconnected = False
+        """The link came back since it went down (it counts as up once caught up)."""
+        self._catch_up: int | None = None
+        """After a reconnection: the file's size then; the link is up once read to here."""
 
     async def pump(self, source: Source, on_link: Callable[[LinkChanged], None]) -> None:
         """Move the source's events along until it ends (a refused host ends it)."""
@@ -72,7 +89,38 @@ class Pipeline:
                 self._pending.append(event)
                 self._wake.set()
             else:
+                self._link_changed(event)
                 on_link(event)
+
+    def _link_changed(self, event: LinkChanged) -> None:
+        now = self.clock()
+        if event.link in LINK_DOWN:
+            self._reconnected, self._catch_up = False, None
+            self._links.append((False, now, event.detail, None))
+        elif event.link in (Link.CONNECTED, Link.LOCAL, Link.WAITING):
+            self._reconnected, self._catch_up = True, event.size
+            self._links.append((True, now, "", event.host_time))
+        self._wake.set()
+
+    def _apply_links(self) -> bool:
+        """Hand the link's changes to the model (under the lock); whether any."""
+        run = self.run
+        changed = False
+        for up, at, detail, host_time in self._links:
+            if host_time is not None:
+                run.set_host_clock(host_time, at)
+            if not up:
+                run.set_link(False, at, detail)
+                changed = True
+        self._links.clear()
+        if run.link_down_since is not None and self._reconnected and not self._pending:
+            target = self._catch_up
+            if target is None or run.reader.next_offset >= target:
+                # what the host wrote while the link was down has been read
+                run.set_link(True, self.clock())
+                self._reconnected, self._catch_up = False, None
+                changed = True
+        return changed
 
     async def ingest(self) -> None:
         """Feed what piled up, as one update, forever."""
@@ -81,9 +129,14 @@ class Pipeline:
             self._wake.clear()
             chunks, self._pending = self._pending, []
             if not chunks:
+                if self._links or self._reconnected:
+                    async with self.lock:
+                        if self._apply_links():
+                            self.generation += 1
                 continue
             async with self.lock:
                 await asyncio.to_thread(self._feed, coalesce(chunks))
+                self._apply_links()
                 self.generation += 1
                 self.feeds += 1
 
@@ -104,13 +157,22 @@ class Pipeline:
         return snap, generation
 
     async def set_status(self, status: dict[str, Any], now: float) -> None:
-        """Evidence from the host: the manifest and whether its trainer is alive."""
+        """Evidence from the host: the manifest, whether its trainer is alive, what of
+        the run outlived it, and the host's clock (asked at ``now``, the client's)."""
         async with self.lock:
+            state = self.run.state
             manifest = status.get("manifest")
             if isinstance(manifest, dict):
-                self.run.state.set_manifest(manifest)
+                state.set_manifest(manifest)
+            host_now = status.get("now")
+            if isinstance(host_now, int | float) and not isinstance(host_now, bool):
+                state.set_host_clock(float(host_now), now)
             alive = status.get("alive")
-            self.run.state.set_process(alive if isinstance(alive, bool) else None, now)
+            state.set_process(
+                alive if isinstance(alive, bool) else None,
+                now,
+                leftovers_of(status.get("leftovers")),
+            )
             self.generation += 1
 
     async def export_csv(self, path: Path, window: int | None) -> tuple[Path, int]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from eagle3_tui.model.derived import smoothed
+from eagle3_tui.model.derived import epoch_number, smoothed
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.snapshot import Line, ValRow, ViewParams
 from eagle3_tui.model.state import RunState
@@ -442,7 +442,11 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
 
     def val(rows: tuple[ValRow, ...]) -> list[dict[str, Any]]:
         return [
-            {"epoch": r.epoch, "step": r.step, **{k: num(v) for k, v in r.values.items()}}
+            {
+                "epoch": epoch_number(r.epoch),  # 1-based, as shown (speculators': 0-based)
+                "step": r.step,
+                **{k: num(v) for k, v in r.values.items()},
+            }
             for r in rows
         ]
 
@@ -504,7 +508,7 @@ def format_comparison(c: Comparison) -> str:
                 v for k, v in vr.values.items() if k.startswith("full_acc_") and math.isfinite(v)
             )
             out.append(
-                f"  epoch {vr.epoch}: val loss {_f(vr.values.get('loss_epoch'))}  "
+                f"  epoch {epoch_number(vr.epoch)}: val loss {_f(vr.values.get('loss_epoch'))}  "
                 f"full_acc_0 {_f(vr.values.get('full_acc_0_epoch'))}  τ {val_tau:.3f}"
             )
     if c.hparam_diff:

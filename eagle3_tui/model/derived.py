@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from eagle3_tui.model.state import RunState
 
 F64 = npt.NDArray[np.float64]
 
@@ -127,6 +132,66 @@ def _tail_rows(ts: F64, window_s: float) -> int:
     return int(np.searchsorted(ts, ts[-1] - window_s, side="left"))
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How fast the run goes: the one definition every view uses (the health
+    sentences and quiet limit, the progress panel, the ETA, ``summary`` text and JSON).
+
+    Measured over the last minute of logged steps *of the current process* (since its
+    start or resume event): a resume's downtime is no part of its pace. A step's time
+    is the mean wall time per step (``1 / steps_per_s``), not the median of the gaps
+    between records, which bursty data loading makes several times shorter.
+    """
+
+    steps_per_s: float | None
+    tokens_per_s: float | None
+    record_s: float | None
+    """Mean wall time between logged steps (``log_freq`` steps apart)."""
+
+    @property
+    def step_s(self) -> float | None:
+        """Mean wall time per step."""
+        return 1.0 / self.steps_per_s if self.steps_per_s else None
+
+
+NO_PACE = Pace(None, None, None)
+
+
+def pace(
+    steps: npt.NDArray[np.int64],
+    ts: F64,
+    tokens_per_s: F64 | None,
+    step_ms: F64 | None,
+    window_s: float = RATE_WINDOW_S,
+    since: float | None = None,
+) -> Pace:
+    """The pace over the last ``window_s`` seconds of logged steps, only rows at or
+    after ``since`` (the current process's start); the last two rows when the window
+    holds fewer. Tokens per step are recovered from the profile (``tokens_per_s ×
+    step_ms``)."""
+    # rows are in step order, and so in time order (a resume's redone steps replace
+    # the later rows of the process before it)
+    first = int(np.searchsorted(ts, since, side="left")) if since is not None else 0
+    i = max(first, _tail_rows(ts, window_s))
+    if len(ts) - i < 2:
+        i = max(first, len(ts) - 2)
+    if len(ts) - i < 2:
+        return NO_PACE
+    dt = float(ts[-1] - ts[i])
+    if dt <= 0:
+        return NO_PACE
+    steps_per_s = float(steps[-1] - steps[i]) / dt
+    if steps_per_s <= 0:
+        return NO_PACE
+    tokens = None
+    if tokens_per_s is not None and step_ms is not None:
+        per_step = tokens_per_s[i + 1 :] * step_ms[i + 1 :] / 1000.0
+        per_step = per_step[np.isfinite(per_step)]
+        if len(per_step):
+            tokens = float(per_step.sum()) / dt
+    return Pace(steps_per_s, tokens, dt / (len(ts) - 1 - i))
+
+
 def rates(
     steps: npt.NDArray[np.int64],
     ts: F64,
@@ -134,26 +199,80 @@ def rates(
     step_ms: F64 | None,
     window_s: float = RATE_WINDOW_S,
 ) -> tuple[float | None, float | None]:
-    """Steps/s and tokens/s over the last ``window_s`` seconds of logged steps.
+    """Steps/s and tokens/s over the last ``window_s`` seconds (see :func:`pace`)."""
+    p = pace(steps, ts, tokens_per_s, step_ms, window_s)
+    return p.steps_per_s, p.tokens_per_s
 
-    Tokens per step are recovered from the profile (``tokens_per_s × step_ms``).
-    """
-    i = _tail_rows(ts, window_s)
-    if len(ts) - i < 2:
-        i = max(0, len(ts) - 2)
-    if len(ts) - i < 2:
+
+PACE_ROWS = 5000
+"""Rows the pace looks at, at most: the last minute of a fast run, without converting
+a million-row column."""
+
+
+def run_pace(state: RunState) -> Pace:
+    """The pace of ``state``'s current process (see :class:`Pace`)."""
+    table = state.table
+    steps = np.frombuffer(table.steps, dtype=np.int64)  # views: read under the model's lock
+    ts = np.frombuffer(table.ts, dtype=np.float64)
+    n = min(len(steps), PACE_ROWS)
+    tail = slice(len(steps) - n, None)
+
+    def column(key: str) -> F64 | None:
+        col = table.columns.get(key)
+        if col is None:
+            return None
+        return np.frombuffer(col, dtype=np.float32)[len(col) - n :].astype(np.float64)
+
+    start = state.process_start()
+    return pace(
+        steps[tail],
+        ts[tail],
+        column("profile/tokens_per_s"),
+        column("profile/step_ms"),
+        since=start.ts if start is not None and start.ts else None,
+    )
+
+
+# ---- numbering ------------------------------------------------------------------
+
+
+def step_number(global_step: int | None) -> int | None:
+    """The step as every view shows it ("step N/T"): 1-based, so N is also the number
+    of steps done. speculators' ``global_step`` (in the records, the plots' x axis and
+    ``summary --json``'s ``global_step``) counts from 0: step N is ``global_step`` N−1."""
+    return None if global_step is None else global_step + 1
+
+
+def epoch_number(epoch: int | None) -> int | None:
+    """The epoch as every view shows it ("epoch E/N"): 1-based; speculators' ``epoch``
+    counts from 0."""
+    return None if epoch is None else epoch + 1
+
+
+def steps_done(state: RunState) -> int | None:
+    """Steps done, as "step N" shows it: the last logged step's number, or what the
+    process's end event says when it is further (``finish``/``interrupt`` carry
+    speculators' ``global_step`` after its last step; a ``log_freq`` above 1 logs
+    fewer steps than it does)."""
+    done = step_number(state.global_step)
+    end = state.ending()
+    if end is not None and end.event != "crash" and isinstance(end.step, int):
+        done = max(done or 0, end.step)
+    return done
+
+
+def io_rates(ts: F64, read_bytes: F64, files: F64) -> tuple[float | None, float | None]:
+    """Bytes and files read per second over the given sampler intervals (each sample
+    covers the interval before its ``ts``). A file counts only in an interval that
+    read bytes: files held open or mapped by a stuck worker are not being read."""
+    if len(ts) < 2:
         return None, None
-    dt = float(ts[-1] - ts[i])
-    if dt <= 0:
+    interval = float(ts[-1] - ts[0]) / (len(ts) - 1)
+    if interval <= 0:
         return None, None
-    steps_per_s = float(steps[-1] - steps[i]) / dt
-    tokens = None
-    if tokens_per_s is not None and step_ms is not None:
-        per_step = tokens_per_s[i + 1 :] * step_ms[i + 1 :] / 1000.0
-        per_step = per_step[np.isfinite(per_step)]
-        if len(per_step):
-            tokens = float(per_step.sum()) / dt
-    return steps_per_s, tokens
+    span = interval * len(ts)
+    read = np.where(read_bytes > 0, files, 0.0)
+    return float(read_bytes.sum()) / span, float(read.sum()) / span
 
 
 def steps_per_epoch(epoch_col: F64 | None, steps: npt.NDArray[np.int64]) -> int | None:
@@ -175,7 +294,8 @@ def eta(
     total_steps: int | None,
     steps_per_s: float | None,
 ) -> tuple[float | None, float | None]:
-    """Seconds to the end of the current epoch and of the run (None when unknown)."""
+    """Seconds to the end of the current epoch and of the run (None when unknown), from
+    the last logged ``global_step`` and the 0-based ``epoch`` (speculators' counters)."""
     if step is None or not steps_per_s or steps_per_s <= 0:
         return None, None
     done = step + 1

@@ -2,18 +2,29 @@
 
 Evidence, most decisive first:
 
-* lifecycle events in the file (``finish``, ``interrupt``, ``crash``);
+* lifecycle events in the file (``finish``, ``interrupt``, ``crash``) of the
+  current process (since its ``start``/``resume``); an interrupt is never
+  overwritten by a ``finish`` written after it;
 * whether the process is alive: a probe from outside (``RunState.process_alive``)
   or, lacking one, whether the writer's heartbeat is still arriving;
 * what the hardware does: GPU utilisation, dataloader bytes read, checkpoint
   saves (from the samplers' records);
 * when the last metric record came, against the run's own pace.
 
-``quiet_limit = max(30 s, 5 × median step time)``: a run that logged no metric for
-longer than that is *silent* if its process works (GPU busy, data being read,
-checkpoints growing) and *stalled* if nothing moves. A checkpoint save or a
-validation epoch in progress is neither. A non-finite loss, or a loss far above
-its smoothed value, is *diverged*.
+Only evidence that reached the client counts. Records carry the host's clock
+(``ts``); the client's clock is turned into the host's (``RunState.clock_offset``,
+from the host's ``now``). While the link is down nothing can arrive, so the run
+is judged as of the moment it went down (the quiet clock stops) and the diagnosis
+says so (``Diagnosis.link_down_since``); once the link is back and what was
+written meanwhile has been read, the clock runs again.
+
+``quiet_limit = max(30 s, 5 × the mean time between logged steps)``: a run that
+logged no metric for longer than that is *silent* if its process works (GPU busy,
+data being read, checkpoints growing) and *stalled* if nothing moves. A checkpoint
+save or a validation epoch in progress is neither. Each process start (``start``,
+``resume``) has a start-up allowance before its first step instead:
+``max(90 s, 3 × the longest start-up this run had before)``. A non-finite loss,
+or a loss far above its smoothed value, is *diverged*, also after the run ended.
 
 Pure: no textual, no asyncssh.
 """
@@ -22,20 +33,28 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.state import RunState
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
-"""A run is quiet after ``max(MIN_QUIET_S, QUIET_STEPS × median step time)``."""
+"""A run is quiet after ``max(MIN_QUIET_S, QUIET_STEPS × mean time between logged steps)``."""
 SILENT_FROM_START_S = 90.0
-"""With no metric ever, a working process is called silent after this long."""
+"""A process start's least start-up allowance: with no metric yet, a working process is
+called silent only after this long (or after what the run's earlier starts learned)."""
+STARTUP_FACTOR = 3.0
+"""A start-up may take this many times the run's longest earlier start-up."""
 HEARTBEAT_DEAD_S = 30.0
 """No heartbeat for this long, and no probe: the writer's process is taken as gone."""
 GPU_BUSY_UTIL = 10.0
+AFTER_LAST_STEP_S = 2.0
+"""Samples this close after the last metric still show its step's work (a sample covers
+the interval before it): a quiet run is judged on the samples after them."""
 DIVERGE_FACTOR = 4.0
 """Diverged when the last losses sit this many times above their smoothed history."""
 
@@ -43,6 +62,8 @@ DIVERGE_FACTOR = 4.0
 class Health(enum.Enum):
     """What a run is doing. The value is what ``summary`` prints."""
 
+    UNREADABLE = "unreadable"
+    """Not a metrics file: no valid record, only malformed lines."""
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -57,6 +78,17 @@ class Health(enum.Enum):
 class Diagnosis:
     health: Health
     reason: str
+    link_down_since: float | None = None
+    """Client time since which no data can arrive: ``health`` is then the last known
+    one, judged on what reached the client before."""
+
+    @property
+    def label(self) -> str:
+        """What the header and banner call it: the health, or ``LINK DOWN`` while the
+        link is down and the last verdict was no alarm (running, waiting)."""
+        if self.link_down_since is not None and self.health in (Health.RUNNING, Health.WAITING):
+            return "LINK DOWN"
+        return self.health.value.upper()
 
 
 def _ago(seconds: float) -> str:
@@ -70,25 +102,17 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def median_step_time(state: RunState, last_n: int = 200) -> float | None:
-    """Median wall time between consecutive logged steps (per step), recent window."""
-    table = state.table
-    n = len(table)
-    if n < 2:
-        return None
-    ts = np.frombuffer(table.ts, dtype=np.float64)[max(0, n - last_n - 1) :].copy()
-    st = np.frombuffer(table.steps, dtype=np.int64)[max(0, n - last_n - 1) :].copy()
-    dt = np.diff(ts)
-    ds = np.diff(st)
-    ok = (ds > 0) & (dt >= 0)
-    if not ok.any():
-        return None
-    return float(np.median(dt[ok] / ds[ok]))
+def quiet_limit(state: RunState, pace: Pace | None = None) -> float:
+    """How long the current process may log nothing before it is quiet."""
+    record_s = (pace or run_pace(state)).record_s
+    return max(MIN_QUIET_S, QUIET_STEPS * record_s) if record_s else MIN_QUIET_S
 
 
-def quiet_limit(state: RunState) -> float:
-    med = median_step_time(state)
-    return max(MIN_QUIET_S, QUIET_STEPS * med) if med is not None else MIN_QUIET_S
+def startup_allowance(state: RunState) -> float:
+    """How long a process start may take to its first step: learned from the run's
+    earlier starts (a resume also loads a checkpoint and spawns its workers again)."""
+    learned = max(state.startups, default=0.0)
+    return max(SILENT_FROM_START_S, STARTUP_FACTOR * learned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +157,11 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
 
 def _diverged(state: RunState) -> str | None:
     loss = state.latest("train/loss")
-    step = state.global_step
+    step = step_number(state.global_step)
     if loss is not None and not math.isfinite(loss):
-        return (
-            f"The loss is {loss} at step {step}: training has diverged (check the learning rate)."
-        )
+        since = _nonfinite_since(state)
+        at = f"since step {since:,}" if since is not None and since != step else f"at step {step}"
+        return f"The loss is {loss} {at}: training has diverged (check the learning rate)."
     col = state.table.columns.get("train/loss")
     if col is None or len(col) < 50:
         return None
@@ -156,24 +180,67 @@ def _diverged(state: RunState) -> str | None:
     return None
 
 
+def _nonfinite_since(state: RunState) -> int | None:
+    """The number of the first step of the trailing run of non-finite losses."""
+    col = state.table.columns.get("train/loss")
+    if col is None or not len(col):
+        return None
+    finite = np.flatnonzero(np.isfinite(np.frombuffer(col, dtype=np.float32)))
+    first = int(finite[-1]) + 1 if len(finite) else 0
+    if first >= len(state.table.steps):
+        return None
+    return step_number(state.table.steps[first])
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
 def diagnose(state: RunState, now: float) -> Diagnosis:
-    """The run's health from its records and any process probe."""
+    """The run's health from its records and any process probe, at ``now`` on the
+    client's clock (turned into the host's, which the records' ``ts`` use)."""
     state.settle()
+    at = state.host_time(now)
+    down = state.link_down_since
+    if down is None:
+        return judge(state, at)
+    # nothing can arrive: judged as of the moment the link went down, said so
+    verdict = judge(state, min(at, state.host_time(down)))
+    return _while_link_down(verdict, state, now, down)
+
+
+def judge(state: RunState, now: float) -> Diagnosis:
+    """The verdict on what has been read, at ``now`` on the host's clock."""
     step = state.global_step
-    last = state.last_event()
+    if state.records == 0 and state.malformed_count:
+        return _unreadable(state)
+    last = state.ending()
+    diverged = _diverged(state)
+    count = steps_done(state)
     if last is not None and last.event == "finish":
-        done = f"after {last.step} steps" if last.step is not None else f"at step {step}"
+        done = f"after {count:,} steps" if count else "before any step"
+        if diverged is not None:
+            return Diagnosis(Health.DIVERGED, f"Training finished {done}, diverged: {diverged}")
         return Diagnosis(Health.FINISHED, f"Training finished {done}.")
     if last is not None and last.event == "crash":
         err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
-        return Diagnosis(Health.DEAD, f"The trainer crashed at step {last.step or step}{err}.")
-    if last is not None and last.event == "interrupt":
+        at_step = f"after step {count}" if step is not None else "before its first step"
         return Diagnosis(
-            Health.STOPPED,
-            f"Interrupted at step {last.step or step} (a signal); speculators saved "
-            "checkpoints/interrupted/. Resume continues from the last numbered checkpoint.",
+            Health.DEAD, f"The trainer crashed {at_step}{err}.{_leftovers_sentence(state)}"
         )
-    diverged = _diverged(state)
+    if last is not None and last.event == "interrupt":
+        after = f"after step {count:,}" if count else "before its first step"
+        saved = (
+            f"({last.error.splitlines()[0][:120]})"
+            if last.error
+            else "(a signal); speculators saved checkpoints/interrupted/"
+        )
+        stopped = (
+            f"Interrupted {after} {saved}. Resume continues from the last numbered checkpoint."
+        )
+        if diverged is not None:
+            return Diagnosis(Health.DIVERGED, f"{stopped} Before that: {diverged}")
+        return Diagnosis(Health.STOPPED, stopped)
     if diverged is not None:
         return Diagnosis(Health.DIVERGED, diverged)
 
@@ -189,7 +256,7 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     if alive is False:
         pid = state.manifest.get("pid") or (seen_by_sidecar or {}).get("pid")
         who = f"The trainer (pid {pid})" if pid else "The trainer"
-        at = f"at step {step}" if step is not None else "before its first step"
+        at = f"after step {step_number(step)}" if step is not None else "before its first step"
         if state.process_alive is False or (
             seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False
         ):
@@ -198,10 +265,12 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
             how = f"stopped writing heartbeats {_ago(now - (state.last_heartbeat_ts or now))} ago"
         return Diagnosis(
             Health.DEAD,
-            f"{who} {how} without a finish event, {at}: it crashed or was killed (see train.log).",
+            f"{who} {how} without a finish event, {at}: it crashed or was killed (see "
+            f"train.log).{_leftovers_sentence(state)}",
         )
 
-    limit = quiet_limit(state)
+    pace = run_pace(state)
+    limit = quiet_limit(state, pace)
     last_metric = state.last_train_ts
     if state.activity is not None:
         what = state.activity
@@ -210,30 +279,20 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
             Health.RUNNING,
             f"{label} ({what.detail}) for {_ago(now - what.since)}; metrics resume after it.",
         )
+    starting = state.starting
+    if starting is not None and starting.ts:
+        return _starting(state, now, starting.event, starting.ts)
     if last_metric is None:
         started = state.first_ts
         if started is None:
-            if state.malformed_count:
-                bad = state.malformed[-1]
-                return Diagnosis(
-                    Health.WAITING,
-                    f"No valid record yet, {state.malformed_count} malformed lines (the last: "
-                    f"{bad.reason[:80]}): is this file written by eagle3-tui telemetry?",
-                )
             return Diagnosis(Health.WAITING, "Waiting for the first record.")
-        quiet_for = now - started
-        ev = evidence(state, now, max(limit, 60.0))
-        working = ev.gpu_busy or ev.reading or ev.saving
-        if quiet_for > SILENT_FROM_START_S and working:
-            return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=True))
-        return Diagnosis(
-            Health.WAITING, f"No training step logged yet ({_ago(quiet_for)} since start)."
-        )
+        return _starting(state, now, "start", started)
 
     quiet_for = now - last_metric
     if quiet_for <= limit:
-        return Diagnosis(Health.RUNNING, _running_sentence(state))
-    ev = evidence(state, now, limit)
+        return Diagnosis(Health.RUNNING, _running_sentence(state, pace))
+    # what the samplers saw since the metrics stopped: not the samples of the last step
+    ev = evidence(state, now, min(limit, quiet_for - AFTER_LAST_STEP_S))
     if ev.gpu_busy or ev.reading or ev.saving:
         return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=False))
     if alive or ev.gpu_known or ev.reads_known:
@@ -244,16 +303,79 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
         if ev.reads_known:
             parts.append("no data read")
         idle = ", ".join(parts) if parts else "no activity reported"
-        med = median_step_time(state)
-        pace = f" (a step usually takes {_ago(med)})" if med else ""
+        usual = f" (a step usually takes {_ago(pace.step_s)})" if pace.step_s else ""
         return Diagnosis(
             Health.STALLED,
-            f"No metric for {_ago(quiet_for)}{pace}, {idle}: {_stall_hint(state)}",
+            f"No metric for {_ago(quiet_for)}{usual}, {idle}: {_stall_hint(state)}",
         )
     return Diagnosis(
         Health.STALLED,
         f"No record of any kind for {_ago(quiet_for)} and no process evidence: "
         "the run may have stopped or the file is no longer written.",
+    )
+
+
+def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:
+    """A process that has not logged its first step: within its start-up allowance it
+    is starting; past it, silent if it visibly works, else still waiting."""
+    quiet_for = now - since
+    allowance = startup_allowance(state)
+    ev = evidence(state, now, max(MIN_QUIET_S, min(quiet_for, 60.0)))
+    working = ev.gpu_busy or ev.reading or ev.saving
+    if quiet_for > allowance and working:
+        never = how == "start" and not state.startups
+        return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=never))
+    what = {"resume": "since the resume", "start": "since start"}.get(how, f"since {how}")
+    learned = (
+        f"; its earlier starts took up to {_ago(max(state.startups))}" if state.startups else ""
+    )
+    return Diagnosis(
+        Health.WAITING,
+        f"No training step logged yet ({_ago(quiet_for)} {what}{learned}).",
+    )
+
+
+def _unreadable(state: RunState) -> Diagnosis:
+    """Not one valid record, only malformed lines: not a file of this schema."""
+    bad = state.malformed[-1]
+    return Diagnosis(
+        Health.UNREADABLE,
+        f"No valid record in {state.malformed_count:,} malformed lines (the last: "
+        f"{bad.reason[:100]}): this is not an eagle3-tui metrics file, or not yet one.",
+    )
+
+
+def _leftovers_sentence(state: RunState) -> str:
+    """The run's processes that outlived its trainer (dataloader workers...), by name."""
+    if not state.leftovers:
+        return ""
+    shown = []
+    for left in state.leftovers[:6]:
+        parts = [f"pid {left.pid} {left.comm}"]
+        if left.rss_bytes is not None:
+            parts.append(f"{_bytes(left.rss_bytes)} RAM")
+        if left.gpu_bytes:
+            gpus = ",".join(str(g) for g in left.gpus)
+            parts.append(f"{_bytes(left.gpu_bytes)} on GPU {gpus}")
+        shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
+    more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
+    return f" Left behind, still alive: {'; '.join(shown)}{more} (k ends them)."
+
+
+def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: float) -> Diagnosis:
+    """The verdict as of the link's drop, said to be that: nothing newer can arrive."""
+    if verdict.health in (Health.FINISHED, Health.STOPPED, Health.UNREADABLE):
+        return verdict  # an end that reached the client stays true
+    detail = f" ({state.link_detail[:120]})" if state.link_detail else ""
+    step = steps_done(state)
+    at = f" at step {step:,}" if step else ""
+    return replace(
+        verdict,
+        reason=(
+            f"No data since {_clock(down)} ({_ago(now - down)}): the link to the host is "
+            f"down{detail}. Last known: {verdict.health.value}{at}. {verdict.reason}"
+        ),
+        link_down_since=down,
     )
 
 
@@ -291,10 +413,9 @@ def _stall_hint(state: RunState) -> str:
     )
 
 
-def _running_sentence(state: RunState) -> str:
-    med = median_step_time(state)
-    pace = f", {1 / med:.2f} steps/s" if med else ""
-    return f"Step {state.global_step} logged{pace}."
+def _running_sentence(state: RunState, pace: Pace) -> str:
+    rate = f", {pace.steps_per_s:.2f} steps/s" if pace.steps_per_s else ""
+    return f"Step {step_number(state.global_step)} logged{rate}."
 
 
 def _bytes(n: float) -> str:

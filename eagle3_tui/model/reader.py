@@ -86,6 +86,17 @@ class LineReader:
                     self._line_no = 0
         if lo >= hi:
             return out
+        if self._skipping_long:
+            # the rest of a line already reported as too long: dropped up to its newline
+            nl = data.find(b"\n", lo, hi)
+            if nl < 0:
+                self._buf_offset += hi - lo
+                return out
+            self._buf_offset += nl + 1 - lo
+            self._skipping_long = False
+            lo = nl + 1
+            if lo >= hi:
+                return out
         nl = data.find(b"\n", lo, hi)
         if nl < 0:
             self._buf += data[lo:hi]
@@ -98,8 +109,6 @@ class LineReader:
         self._buf = b""
         self._line_no += 1
         head_line_no = self._line_no
-        skip_head = self._skipping_long  # the tail of a junk line already reported
-        self._skipping_long = False
         body_out: list[Item] = []
         cut = data.rfind(b"\n", lo, hi)
         if cut > nl:
@@ -116,7 +125,7 @@ class LineReader:
                 self._line_no += len(lines)
                 self._decode(lines, data_offset + nl + 1, first_line_no, body_out)
         # the head after the body: it then uses the typed decoder the body taught
-        if head and not skip_head:
+        if head:
             lean = self.decoders.lines(head, 0, len(head), np.zeros(len(head), dtype=bool))
             if lean is not None:  # a training step like the body's: one column batch
                 out.extend(lean)
@@ -129,6 +138,8 @@ class LineReader:
         return out
 
     def _check_long(self, out: list[Item]) -> None:
+        """A torn line past MAX_LINE is one malformed line: reported once, and the rest
+        of it, up to its newline, dropped as it arrives (never held, never re-counted)."""
         if len(self._buf) > MAX_LINE:
             self._line_no += 1
             out.append(

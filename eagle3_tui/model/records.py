@@ -18,15 +18,19 @@ import functools
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, ClassVar, cast
+from typing import Annotated, Any, ClassVar, cast
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 SUPPORTED_SCHEMA = 1
+"""The major version of the JSON-lines schema this reader reads: a line with a higher
+``v`` is reported as malformed (upgrade eagle3-tui), never applied as version 1."""
+KINDS = frozenset(("train", "val", "hparams", "log", "lifecycle", "gpu", "io", "ckpt", "heartbeat"))
 
 Number = float | None
 
@@ -76,7 +80,7 @@ class Profile(msgspec.Struct, kw_only=True, gc=False):
 
 
 _NO_RAW = msgspec.Raw(b"")
-_STEP_NAMES = {f"{name}_f": name for name in ("seq", "step", "global_step", "epoch", "lr")}
+_STEP_NAMES = {f"{name}_f": name for name in ("seq", "step", "global_step", "epoch", "lr", "v")}
 """The lean step's float fields and their JSON names (see :class:`TrainStep`)."""
 
 
@@ -106,7 +110,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     # log
     level: str | None = None
     logger: str | None = None
-    msg: str | None = None
+    msg: str | dict[str, Any] | None = None
+    """The message of a ``log`` record; a dict in a line of a user's own JSON handler
+    (``{"t", "logger", "level", "msg": {speculators metrics}}``), unwrapped on decode."""
+    t: float | str | None = None
+    """The time of such a handler's line (epoch seconds or ISO 8601): no ``ts`` there."""
     # lifecycle and ckpt
     event: str | None = None
     pid: int | None = None
@@ -163,12 +171,54 @@ _line_decoder = _decoder
 
 
 def infer_kind(rec: Record) -> str:
-    """The kind of a line written without our envelope (a plain speculators dict)."""
+    """The kind of a line written without our envelope: a plain speculators dict
+    (``train`` or ``val``), or a message line of a user's JSON handler (``logger``
+    and a text ``msg``); ``unknown`` otherwise (not applied: counted as malformed)."""
     if rec.train is not None:
         return "train"
     if rec.val is not None:
         return "val"
+    if isinstance(rec.msg, str) and rec.logger is not None:
+        return "log"
     return "unknown"
+
+
+def _time_of(t: float | str | None) -> float:
+    """Epoch seconds from a handler's ``t`` (a number or ISO 8601 text); 0.0 if neither."""
+    if isinstance(t, (int, float)) and math.isfinite(t):
+        return float(t)
+    if isinstance(t, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(t.replace(",", ".")).timestamp()
+    return 0.0
+
+
+def _plain(rec: Record) -> Record:
+    """A line without ``kind``: its kind inferred, a handler-wrapped speculators dict
+    (``msg`` an object) unwrapped, a handler's ``t`` as ``ts``."""
+    if isinstance(rec.msg, dict):
+        inner = rec.msg
+        if isinstance(inner.get("train"), dict) or isinstance(inner.get("val"), dict):
+            rec = _coerce({k: v for k, v in inner.items() if k != "t"} | {"t": rec.t})
+    if not rec.kind:
+        rec.kind = infer_kind(rec)
+    if not rec.ts and rec.t is not None:
+        rec.ts = _time_of(rec.t)
+    return rec
+
+
+def _no_kind(line: bytes, line_no: int, offset: int) -> Malformed:
+    """A JSON object that is not a record of ours: say what it looks like."""
+    try:
+        keys = ", ".join(list(json.loads(line))[:8])
+    except (ValueError, RecursionError, TypeError):
+        keys = "?"
+    return Malformed(
+        line_no,
+        offset,
+        f"a JSON object without 'kind' (keys: {keys}): not eagle3-tui's schema"[:200],
+        _excerpt(line),
+    )
 
 
 def to_float(v: Any) -> float | None:
@@ -188,9 +238,17 @@ def decode_line(line: bytes, line_no: int = 0, offset: int = 0) -> Record | Malf
     try:
         rec = _decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return _slow_path(line, line_no, offset)
-    if not rec.kind:
-        rec.kind = infer_kind(rec)
+        rec_or_bad = _slow_path(line, line_no, offset)
+        if isinstance(rec_or_bad, Malformed):
+            return rec_or_bad
+        rec = rec_or_bad
+    if not rec.kind or rec.kind == "unknown":
+        try:
+            rec = _plain(rec)
+        except (msgspec.ValidationError, ValueError, TypeError) as e:
+            return Malformed(line_no, offset, f"unexpected field type: {e}"[:200], _excerpt(line))
+        if rec.kind == "unknown":
+            return _no_kind(line, line_no, offset)
     return rec
 
 
@@ -215,8 +273,42 @@ def _slow_path(line: bytes, line_no: int, offset: int) -> Record | Malformed:
         return Malformed(line_no, offset, f"unexpected field type: {e}"[:200], _excerpt(line))
 
 
+_ENVELOPE_TYPES: dict[str, tuple[type, ...]] = {
+    "kind": (str,),
+    "seq": (int,),
+    "w": (str,),
+    "ts": (int, float),
+    "v": (int,),
+    "step": (int,),
+    "global_step": (int,),
+}
+"""Fields a line is judged by: a wrong type makes the line malformed, never dropped."""
+
+
+def _envelope_problem(obj: dict[str, Any]) -> str | None:
+    for name, types in _ENVELOPE_TYPES.items():
+        value = obj.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and int in types and value.is_integer():
+            continue  # 3.0 written by another tool: an integer
+        if isinstance(value, bool) or not isinstance(value, types):
+            want = "an integer" if int in types and float not in types else types[0].__name__
+            if types == (int, float):
+                want = "a number"
+            return f"'{name}' is {value!r:.40}, not {want}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"'{name}' is {value}, not a finite number"
+    return None
+
+
 def _coerce(obj: dict[str, Any]) -> Record:
-    """Build a Record from a generic dict, dropping fields of the wrong type."""
+    """Build a Record from a generic dict. A wrong type in the envelope (``seq``,
+    ``w``, ``ts``, ``v``, ``kind``, ``step``) makes it malformed (ValueError); other
+    fields of the wrong type are dropped."""
+    problem = _envelope_problem(obj)
+    if problem is not None:
+        raise ValueError(problem)
     known = {k: v for k, v in obj.items() if k in _FIELDS}
     for numeric_map in ("train", "val"):
         m = known.get(numeric_map)
@@ -248,8 +340,6 @@ def _coerce(obj: dict[str, Any]) -> Record:
         if "kind" in known and "kind" not in usable:
             raise ValueError("'kind' is not a string") from None
         rec = msgspec.convert(usable, Record, strict=False)
-    if not rec.kind:
-        rec.kind = infer_kind(rec)
     return rec
 
 
@@ -424,6 +514,9 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
 
     # in the order the writer writes them: msgspec then finds each key at first try
     # (~4 % faster decoding than another order)
+    v_f: Annotated[float, msgspec.Meta(ge=1, le=SUPPORTED_SCHEMA)] | None = None
+    """The schema version: a newer one fails the lean decode (the line is then judged,
+    and reported, by :func:`record_problem`), so it is never read as this version."""
     seq_f: float | None = None
     w: str = ""
     ts: float = 0.0
@@ -440,6 +533,11 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
     def seq(self) -> int:
         seq = _as_int(self.seq_f)
         return -1 if seq is None else seq
+
+    @property
+    def v(self) -> int:
+        """The schema version (0: a line without our envelope)."""
+        return 0 if self.v_f is None else int(self.v_f)
 
     @property
     def step(self) -> int | None:
@@ -462,6 +560,82 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
     def lr(self) -> float | dict[str, Number] | None:
         lr = self.lr_f
         return train_items(lr) if isinstance(lr, TrainMetrics) else lr
+
+
+def _integral(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x == int(x)
+
+
+def record_problem(rec: Record | TrainStep) -> str | None:
+    """Why a decoded line must not move the state (None: it may).
+
+    Every line: a known ``kind`` (a JSON object without one, and without a
+    ``train``/``val`` object, is not a record), a schema version ``v`` this reader
+    reads. A line of our writer (``v`` present) has the whole envelope: an integer
+    ``seq``, a writer ``w``, a finite ``ts``. Each kind has what it is applied by:
+    ``train`` a metrics object and an integral step, ``val`` its values, ``log`` a
+    text message, ``lifecycle``/``ckpt`` an event, ``hparams`` its object.
+    """
+    if isinstance(rec, TrainStep):
+        return _step_problem(rec)
+    v = rec.v
+    if v > SUPPORTED_SCHEMA:
+        return (
+            f"schema version {v}: this eagle3-tui reads version {SUPPORTED_SCHEMA} "
+            "(upgrade eagle3-tui to read it)"
+        )
+    if v < 0:
+        return f"'v' is {v}, not a schema version"
+    kind = rec.kind
+    if kind not in KINDS:
+        if kind in ("", "unknown"):
+            return "a JSON object without 'kind': not eagle3-tui's schema"
+        return f"unknown kind {kind[:40]!r}"
+    if v:
+        if rec.seq < 0:
+            return f"a {kind} record without 'seq'"
+        if not rec.w:
+            return f"a {kind} record without 'w' (writer)"
+        if not (rec.ts > 0 and math.isfinite(rec.ts)):
+            return f"a {kind} record without a valid 'ts'"
+    if kind == "train":
+        if not isinstance(rec.train, (dict, TrainMetrics)):
+            return "a train record without its 'train' metrics"
+        step = rec.step_or_global
+        if step is None or step < 0:
+            return "a train record without 'step' or 'global_step'"
+    elif kind == "val" and rec.val is None:
+        return "a val record without its 'val' values"
+    elif kind == "log" and not isinstance(rec.msg, str):
+        return "a log record without a text 'msg'"
+    elif kind in ("lifecycle", "ckpt") and not rec.event:
+        return f"a {kind} record without 'event'"
+    elif kind == "hparams" and rec.hparams is None:
+        return "an hparams record without 'hparams'"
+    return None
+
+
+def _step_problem(rec: TrainStep) -> str | None:
+    """:func:`record_problem` for a lean training step (its numbers are floats)."""
+    if rec.kind != "train":
+        return f"unknown kind {rec.kind[:40]!r}" if rec.kind else "a JSON object without 'kind'"
+    if rec.v_f is not None:
+        if not (_integral(rec.seq_f) and cast("float", rec.seq_f) >= 0):
+            return "a train record without an integral 'seq'"
+        if not rec.w:
+            return "a train record without 'w' (writer)"
+        if not (rec.ts > 0 and math.isfinite(rec.ts)):
+            return "a train record without a valid 'ts'"
+    elif rec.seq_f is not None and not _integral(rec.seq_f):
+        return "'seq' is not an integer"
+    if rec.train is None:
+        return "a train record without its 'train' metrics"
+    step = rec.step_f if rec.step_f is not None else rec.global_step_f
+    if not (_integral(step) and cast("float", step) >= 0):
+        return "a train record without an integral 'step' or 'global_step'"
+    if rec.epoch_f is not None and not _integral(rec.epoch_f):
+        return "'epoch' is not an integer"
+    return None
 
 
 class Deferred(msgspec.Struct, gc=False):
@@ -562,9 +736,8 @@ class Decoders:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass
             else:
-                if not rec.kind:
-                    rec.kind = infer_kind(rec)
-                return rec
+                if rec.kind:
+                    return rec
         return decode_line(line, line_no, offset)
 
     def batch(self, lines: list[bytes]) -> list[AnyRecord] | None:
@@ -625,9 +798,12 @@ class Decoders:
         if len(recs) != int(np.count_nonzero(newlines)) + 1:  # e.g. two values on a line
             return None
         if "" in map(_KIND, recs):
-            for rec in recs:
-                if not rec.kind:
-                    rec.kind = infer_kind(rec)
+            try:
+                recs = [rec if rec.kind else _plain(rec) for rec in recs]
+            except (msgspec.ValidationError, ValueError, TypeError):
+                return None  # line by line: the bad one becomes Malformed with its reason
+            if "unknown" in map(_KIND, recs):
+                return None  # line by line: each object without kind is reported as such
         return recs  # type: ignore[return-value]
 
     @staticmethod

@@ -39,6 +39,18 @@ class Run:
             n += len(items)
         return n
 
+    def set_link(self, up: bool, at: float, detail: str = "") -> None:
+        """Whether data can reach the client (see :meth:`RunState.set_link`); cheap, no
+        settling of queued samples."""
+        self._state.set_link(up, at, detail)
+
+    def set_host_clock(self, host_now: float, client_now: float) -> None:
+        self._state.set_host_clock(host_now, client_now)
+
+    @property
+    def link_down_since(self) -> float | None:
+        return self._state.link_down_since
+
     @property
     def resume_offset(self) -> int:
         """Offset just past the last complete line: where a broken stream resumes."""

@@ -18,17 +18,20 @@ import numpy as np
 import numpy.typing as npt
 
 from eagle3_tui.model.derived import (
+    epoch_number,
     eta,
+    io_rates,
     mean_tail,
-    rates,
+    run_pace,
     smoothed,
+    steps_done,
     steps_per_epoch,
     tau_from_cond,
     tau_of,
 )
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
-from eagle3_tui.model.state import CkptEvent, Event, LogLine, Redo, RunState
+from eagle3_tui.model.state import CkptEvent, Event, Leftover, LogLine, Redo, RunState
 
 F64 = npt.NDArray[np.float64]
 
@@ -100,8 +103,13 @@ class IoView:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
+    """Where the run is and how fast it goes: every view shows these figures as they are
+    (numbering and pace are defined once, in :mod:`~eagle3_tui.model.derived`)."""
+
     step: int | None
+    """The step shown as "step N": 1-based, = steps done (:func:`~derived.steps_done`)."""
     epoch: int | None
+    """The epoch shown as "epoch E": 1-based (:func:`~derived.epoch_number`)."""
     epochs_total: int | None
     steps_per_epoch: int | None
     total_steps: int | None
@@ -112,6 +120,8 @@ class Progress:
     fetch_frac: float | None
     """Mean share of step time spent waiting for data (data starvation)."""
     elapsed_s: float | None
+    global_step: int | None = None
+    """speculators' 0-based step counter of the last logged step (the plots' x axis)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +160,8 @@ class Snapshot:
     duplicates: int = 0
     restarts: int = 0
     dropped_by_writer: int = 0
+    leftovers: tuple[Leftover, ...] = ()
+    """Processes of the run that outlived its trainer (from the host's probe)."""
 
     @property
     def health(self) -> Health:
@@ -157,14 +169,14 @@ class Snapshot:
 
     @property
     def global_step(self) -> int | None:
-        return self.progress.step
+        return self.progress.global_step
 
     @property
     def epoch(self) -> int | None:
         return self.progress.epoch
 
 
-EMPTY_PROGRESS = Progress(None, None, None, None, None, None, None, None, None, None, None)
+EMPTY_PROGRESS = Progress(None, None, None, None, None, None, None, None, None, None, None, None)
 EMPTY = Snapshot(
     now=0.0,
     diagnosis=Diagnosis(Health.WAITING, "Waiting for the first record."),
@@ -284,15 +296,7 @@ def _column(state: RunState, key: str, tail: int | None = None) -> F64 | None:
 def _progress(state: RunState, now: float) -> Progress:
     table = state.table
     steps = np.frombuffer(table.steps, dtype=np.int64)  # a view: read under the model's lock
-    ts = np.frombuffer(table.ts, dtype=np.float64)
-    n_tail = min(len(steps), 5000)  # rates look at the last minute only
-    tail = slice(len(steps) - n_tail, None)
-    steps_per_s, tokens_per_s = rates(
-        steps[tail],
-        ts[tail],
-        _column(state, "profile/tokens_per_s", n_tail),
-        _column(state, "profile/step_ms", n_tail),
-    )
+    pace = run_pace(state)
     manifest = state.manifest
     spe = manifest.get("steps_per_epoch")
     if not isinstance(spe, int) or spe <= 0:
@@ -303,21 +307,22 @@ def _progress(state: RunState, now: float) -> Progress:
     if not isinstance(total, int) or total <= 0:
         total = spe * state.epochs_total if spe and state.epochs_total else None
     step = state.global_step
-    eta_epoch, eta_run = eta(step, state.epoch, spe, total, steps_per_s)
+    eta_epoch, eta_run = eta(step, state.epoch, spe, total, pace.steps_per_s)
     started = manifest.get("started_at")
     start = started if isinstance(started, float | int) else state.first_ts
     return Progress(
-        step=step,
-        epoch=state.epoch,
+        step=steps_done(state),
+        epoch=epoch_number(state.epoch),
         epochs_total=state.epochs_total,
         steps_per_epoch=spe,
         total_steps=total,
-        steps_per_s=steps_per_s,
-        tokens_per_s=tokens_per_s,
+        steps_per_s=pace.steps_per_s,
+        tokens_per_s=pace.tokens_per_s,
         eta_epoch_s=eta_epoch,
         eta_run_s=eta_run,
         fetch_frac=mean_tail(_column(state, "profile/fetch_frac", 50)),
         elapsed_s=(now - start) if start else None,
+        global_step=step,
     )
 
 
@@ -357,8 +362,11 @@ def _io(state: RunState, view: ViewParams) -> IoView | None:
     recent = hist[-5:]
     span = (recent[-1].ts - recent[0].ts) if len(recent) > 1 else 0.0
     interval = span / (len(recent) - 1) if len(recent) > 1 else 1.0
-    bps = sum(p.bytes for p in recent) / (interval * len(recent)) if interval > 0 else None
-    fps = sum(p.files_read for p in recent) / (interval * len(recent)) if interval > 0 else None
+    bps, fps = io_rates(
+        np.array([p.ts for p in recent]),
+        np.array([p.bytes for p in recent]),
+        np.array([p.files_read for p in recent], dtype=np.float64),
+    )
     workers = tuple(
         WorkerView(
             w.pid,
@@ -379,7 +387,7 @@ def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) 
     view = view or ViewParams()
     state.settle()
     diagnosis = diagnose(state, now)
-    progress = _progress(state, now)
+    progress = _progress(state, state.host_time(now))
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):
         progress = replace(progress, eta_epoch_s=None, eta_run_s=None)
     loss, acc, tau_line = _plot_lines(state, view)
@@ -425,4 +433,5 @@ def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) 
         duplicates=state.duplicate_records,
         restarts=len(state.restarts),
         dropped_by_writer=(hb.dropped or 0) if hb is not None else 0,
+        leftovers=state.leftovers,
     )

@@ -15,7 +15,7 @@ import math
 import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ import numpy.typing as npt
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
     PROFILE_FIELDS,
+    SUPPORTED_SCHEMA,
     AnyRecord,
     Deferred,
     GpuDevice,
@@ -36,6 +37,7 @@ from eagle3_tui.model.records import (
     TrainStep,
     gpu_devices,
     io_workers,
+    record_problem,
     struct_columns,
     train_items,
 )
@@ -57,6 +59,9 @@ _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
 _SAVE_START_RE = re.compile(r"^Saving checkpoint to (.+)$")
 _SAVE_DONE_RE = re.compile(r"^Checkpoint saved to (.+)$")
+_SIGNAL_RE = re.compile(r"^Received (SIG\w+) .* interrupting")
+"""speculators' graceful-shutdown handler: the process was told to stop and saves
+``interrupted/`` (a ``finish`` written after it does not make the run finished)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,44 @@ class WriterSeq:
     next_seq: int = 0
     lost: int = 0
     duplicates: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """A process of the run still alive after its trainer is gone (a probe's finding)."""
+
+    pid: int
+    comm: str
+    rss_bytes: int | None
+    gpu_bytes: int | None
+    """GPU memory it holds, summed over devices (None: NVML cannot say)."""
+    gpus: tuple[int, ...] = ()
+
+
+def leftovers_of(items: object) -> tuple[Leftover, ...]:
+    """The leftovers a host's ``status`` reports (``[{pid, comm, rss_bytes, gpu_bytes,
+    gpus}]``); entries that are not such are skipped."""
+    out: list[Leftover] = []
+    if not isinstance(items, list):
+        return ()
+
+    def num(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    for item in items:
+        if not isinstance(item, dict) or num(item.get("pid")) is None:
+            continue
+        gpus = item.get("gpus")
+        out.append(
+            Leftover(
+                int(item["pid"]),
+                str(item.get("comm") or "?")[:32],
+                num(item.get("rss_bytes")),
+                num(item.get("gpu_bytes")),
+                tuple(g for g in gpus if isinstance(g, int)) if isinstance(gpus, list) else (),
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -175,6 +218,25 @@ class RunState:
     # evidence from outside the file (a probe of the process)
     process_alive: bool | None = None
     process_checked_at: float | None = None
+    leftovers: tuple[Leftover, ...] = ()
+    """Processes of the run alive after its trainer (dataloader workers...): from a probe."""
+    # process starts: the start-up of each, learned for the next
+    startups: list[float] = field(default_factory=list)
+    """Seconds from each earlier process start (start, resume) to its first logged step."""
+    _starting: Event | None = field(default=None, repr=False)
+    signalled: str | None = None
+    """The signal speculators said it received in the current process (SIGTERM...)."""
+    # records not in our schema that were read nonetheless
+    plain_records: int = 0
+    """Records without our envelope (plain speculators dicts): no sequence numbers."""
+    wrapped_records: int = 0
+    """Of those, lines of a user's own JSON handler (the dict under ``msg``)."""
+    # the clocks and the link: when evidence can reach the client
+    clock_offset: float = 0.0
+    """The host's clock minus the client's (records carry the host's ``ts``)."""
+    link_down_since: float | None = None
+    """Client time since which no data can arrive (None: the link is up, data current)."""
+    link_detail: str = ""
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
@@ -186,8 +248,7 @@ class RunState:
 
     def apply(self, item: Item) -> None:
         if isinstance(item, Malformed):
-            self.malformed_count += 1
-            self.malformed.append(item)
+            self._malformed(item)
         elif isinstance(item, Restarted):
             self.restarts.append(item)
         elif isinstance(item, Deferred):
@@ -199,12 +260,47 @@ class RunState:
                 return
             full = item.resolve()
             if isinstance(full, Malformed):
-                self.malformed_count += 1
-                self.malformed.append(full)
-            elif self._check_seq(full):
+                self._malformed(full)
+            elif self._valid(full, item.start) and self._check_seq(full):
                 self._apply_record(full)
-        elif self._check_seq(item):
+        elif self._valid(item) and self._check_seq(item):
             self._apply_record(item)
+
+    def _malformed(self, bad: Malformed) -> None:
+        self.malformed_count += 1
+        self.malformed.append(bad)
+
+    def _valid(self, rec: Record | TrainStep, offset: int = -1) -> bool:
+        """Whether a decoded line may move the state; if not, it is counted as malformed
+        with its reason (:func:`~eagle3_tui.model.records.record_problem`)."""
+        problem = record_problem(rec)
+        if problem is None:
+            if rec.v == 0:  # no envelope: a plain speculators dict
+                self.plain_records += 1
+                if isinstance(rec, Record) and rec.t is not None:
+                    self.wrapped_records += 1
+            return True
+        seq = f" seq {rec.seq}" if rec.seq >= 0 else ""
+        self._malformed(Malformed(0, offset, f"{rec.kind or 'line'}{seq}: {problem}"[:200], ""))
+        return False
+
+    def set_host_clock(self, host_now: float, client_now: float) -> None:
+        """The host's clock read at ``client_now``: records' ``ts`` are in its time."""
+        self.clock_offset = host_now - client_now
+
+    def host_time(self, client_now: float) -> float:
+        return client_now + self.clock_offset
+
+    def set_link(self, up: bool, at: float, detail: str = "") -> None:
+        """Whether data can reach the client (client clock ``at``). Up means current:
+        everything the host wrote until the reconnection has been read."""
+        if up:
+            self.link_down_since = None
+            self.link_detail = ""
+        else:
+            if self.link_down_since is None:
+                self.link_down_since = at
+            self.link_detail = detail
 
     def set_manifest(self, manifest: dict[str, Any]) -> None:
         self.manifest = dict(manifest)
@@ -212,9 +308,12 @@ class RunState:
         if isinstance(epochs, int) and epochs > 0:
             self.epochs_total = epochs
 
-    def set_process(self, alive: bool | None, checked_at: float) -> None:
+    def set_process(
+        self, alive: bool | None, checked_at: float, leftovers: Iterable[Leftover] = ()
+    ) -> None:
         self.process_alive = alive
         self.process_checked_at = checked_at
+        self.leftovers = tuple(leftovers)
 
     def settle(self) -> None:
         """Apply the queued sampler records (only the newest ones a history keeps).
@@ -232,9 +331,8 @@ class RunState:
                 item = queue.popleft()
                 rec = item.resolve() if isinstance(item, Deferred) else item
                 if isinstance(rec, Malformed):
-                    self.malformed_count += 1
-                    self.malformed.append(rec)
-                elif isinstance(rec, Record):
+                    self._malformed(rec)
+                elif isinstance(rec, Record) and self._valid(rec):
                     if kind == "gpu":
                         self._apply_gpu(rec)
                     elif kind == "io":
@@ -313,12 +411,20 @@ class RunState:
         if self.activity is not None and self.activity.what in kinds and self.activity.since <= ts:
             self.activity = None
 
-    def _note_train(self, rec: Record | TrainStep) -> None:
-        """A training step was logged: whatever long activity began before it is over."""
+    def _note_train(self, rec: Record | TrainStep, first_ts: float | None = None) -> None:
+        """A training step was logged: whatever long activity began before it is over,
+        and a process that was starting has started (``first_ts``: the earliest step of
+        a batch, when this is its last one)."""
         if rec.epoch is not None and isinstance(rec.epoch, int):
             self.epoch = rec.epoch
         self.last_train_ts = rec.ts or self.last_train_ts
         self._close(_ACTIVITIES, rec.ts)
+        starting = self._starting
+        if starting is not None:
+            first = rec.ts if first_ts is None else first_ts
+            if first and first >= starting.ts:
+                self.startups.append(first - starting.ts)
+                self._starting = None
 
     def _apply_train(self, rec: Record | TrainStep) -> None:
         step = rec.step_or_global
@@ -425,9 +531,18 @@ class RunState:
         ts = cols["ts"]
         if n > 1 and not bool((np.diff(steps) > 0).all()):
             return False
+        # what record_problem asks of each line, for the whole batch at once: our
+        # writer's lines (v) carry a writer and a time; a step is never negative
+        enveloped = "v" in cols
+        if enveloped and ("" in unique or not bool((ts > 0).all()) or not np.isfinite(ts).all()):
+            return False
+        if int(steps[0]) < 0:
+            return False
         keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
         # From here on the batch is applied. Sampler records only queue (settle()
         # applies the ones the bounded histories keep); the rest apply in order.
+        starts = [self._starting] if self._starting is not None else []
+        events_before = len(self.events)
         if n != len(recs):
             applied = kind_arr == "train"
             for kind, queue in self._pending.items():
@@ -447,12 +562,12 @@ class RunState:
                 if isinstance(r, Deferred):
                     full = r.resolve()
                     if isinstance(full, Malformed):
-                        self.malformed_count += 1
-                        self.malformed.append(full)
-                    else:
+                        self._malformed(full)
+                    elif self._valid(full, r.start):
                         self._apply_record(full)
-                else:
+                elif self._valid(r):  # type: ignore[arg-type]
                     self._apply_record(r)  # type: ignore[arg-type]
+        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
         for writer, (first, last_seq) in spans.items():
             ws = self.writers.get(writer)
             if ws is None:
@@ -475,10 +590,30 @@ class RunState:
         self._touch(float(ts.min()))
         self._touch(float(ts.max()))
         self._note_ttt(keys)
-        self._note_train(cast("TrainStep", trains[-1]))
+        first_ts = self._batch_startups(ts, starts)
+        if not enveloped:
+            self.plain_records += n
+        self._note_train(cast("TrainStep", trains[-1]), first_ts)
         return True
 
     # ---- other kinds ----------------------------------------------------------
+    def _batch_startups(self, ts: npt.NDArray[np.float64], starts: list[Event]) -> float | None:
+        """The start-ups a batch's steps end: each process start (before or in the
+        batch) up to its first step in it. Returns the first step's time of the process
+        still starting, for :meth:`_note_train`."""
+        if not starts:
+            return None
+        for event, following in zip(starts, [*starts[1:], None], strict=True):
+            mine = ts >= event.ts
+            if following is not None:
+                mine &= ts < following.ts
+            if bool(mine.any()):
+                first = float(ts[mine].min())
+                if following is None:
+                    return first  # _note_train records it
+                self.startups.append(first - event.ts)
+        return None
+
     def _apply_val(self, rec: Record) -> None:
         if not rec.val:
             return
@@ -489,7 +624,7 @@ class RunState:
         self._close(("validating",), rec.ts)
 
     def _apply_log(self, rec: Record) -> None:
-        msg = rec.msg or ""
+        msg = rec.msg if isinstance(rec.msg, str) else ""
         level = rec.level or "INFO"
         self.logs.append(LogLine(rec.ts, level, rec.logger or "", msg))
         if level in ("WARNING", "ERROR", "CRITICAL"):
@@ -502,6 +637,8 @@ class RunState:
                 self.activity = Activity("validating", rec.ts, f"epoch {m.group(1)}/{m.group(2)}")
             else:
                 self._close(("validating",), rec.ts)
+        elif (m := _SIGNAL_RE.match(msg)) is not None:
+            self.signalled = m.group(1)
         elif (m := _SAVE_START_RE.match(msg)) is not None:
             self.activity = Activity("saving", rec.ts, m.group(1))
         elif _SAVE_DONE_RE.match(msg) is not None:
@@ -570,11 +707,12 @@ class RunState:
             self._close(("saving",), rec.ts)
 
     def _apply_lifecycle(self, rec: Record) -> None:
-        self.events.append(
-            Event(rec.ts, rec.event or "", rec.step_or_global, rec.w, rec.pid, rec.error)
-        )
+        event = Event(rec.ts, rec.event or "", rec.step_or_global, rec.w, rec.pid, rec.error)
+        self.events.append(event)
         if rec.event in ("start", "resume"):
             self._close(_ACTIVITIES, rec.ts)
+            self._starting = event  # until its first step: a start-up, not a silence
+            self.signalled = None
 
     # ---- queries ------------------------------------------------------------
     @property
@@ -599,11 +737,47 @@ class RunState:
     def last_event(self) -> Event | None:
         return self.events[-1] if self.events else None
 
+    @property
+    def starting(self) -> Event | None:
+        """The start or resume event of a process that has not logged a step yet."""
+        return self._starting
+
+    def process_start(self) -> Event | None:
+        """The start or resume event of the current process (None: none was written)."""
+        for event in reversed(self.events):
+            if event.event in ("start", "resume"):
+                return event
+        return None
+
+    def ending(self) -> Event | None:
+        """How the current process ended: its ``finish``, ``interrupt`` or ``crash``
+        event (None while it runs). An interrupt is never overwritten: a ``finish``
+        after an ``interrupt`` — or after speculators said it received a signal —
+        of the same process (the README's one-liner calls ``finish()`` after
+        ``run_training()`` returns from a SIGTERM) ends it as interrupted."""
+        interrupted: Event | None = None
+        for event in reversed(self.events):
+            if event.event in ("start", "resume"):
+                break
+            if event.event == "interrupt":
+                interrupted = event
+        last = self.last_event()
+        if last is None or last.event not in ("finish", "interrupt", "crash"):
+            return None
+        if last.event == "finish":
+            if interrupted is not None:
+                step = last.step if last.step is not None else interrupted.step
+                return replace(interrupted, step=step)
+            if self.signalled is not None:
+                return replace(last, event="interrupt")
+        return last
+
     def checkpoints(self) -> list[CkptEvent]:
         return list(self.ckpt_events)
 
 
 _W = attrgetter("w")
+_V = attrgetter("v")
 _SEQ = attrgetter("seq")
 _SEQ_F = attrgetter("seq_f")
 _KIND = attrgetter("kind")
@@ -637,6 +811,8 @@ def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]]
         cols["lr"] = lr
     else:
         return None
+    if "v_f" in cols:  # our envelope (its version checked by the decoder)
+        cols["v"] = cols["v_f"]
     seq, step, epoch, ts = (a.astype(np.float64) for a in (seq, step, epoch, cols["ts"]))
     ints = np.concatenate((seq, step, epoch))
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, which is not 0
@@ -669,6 +845,13 @@ def _record_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64
     try:
         for name, get in _ENVELOPE:
             cols[name] = np.fromiter(map(get, trains), dtype=np.float64, count=n)
+        versions = np.fromiter(map(_V, trains), dtype=np.float64, count=n)
     except (TypeError, ValueError):
+        return None
+    if bool(versions.all()):  # our envelope on every line, a version this reader reads
+        if bool((versions > SUPPORTED_SCHEMA).any()):
+            return None
+        cols["v"] = versions
+    elif bool(versions.any()):  # a mix of plain dicts and enveloped lines
         return None
     return cols

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eagle3_tui.model.derived import epoch_number
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.state import RunState
 
@@ -19,8 +20,9 @@ EXIT_BY_HEALTH = {
     "silent": 3,
     "stalled": 4,
     "dead": 5,
-    "diverged": 6,
+    "diverged": 6,  # also a run that finished or was stopped after its loss diverged
     "stopped": 7,
+    "unreadable": 10,  # no valid record in the file, only malformed lines
 }
 
 
@@ -35,7 +37,13 @@ def _num(x: float | None) -> float | str | None:
 def summarize(state: RunState, now: float) -> dict[str, Any]:
     """Everything a script needs, JSON-ready (non-finite floats as strings)."""
     snap = build_snapshot(state, now, ViewParams(columns=1, smoothing=0.0))
-    return summary_of(snap)
+    out = summary_of(snap)
+    if state.plain_records:
+        out["format"] = {
+            "plain_records": state.plain_records,
+            "handler_lines": state.wrapped_records,
+        }
+    return out
 
 
 def summary_of(snap: Snapshot) -> dict[str, Any]:
@@ -52,7 +60,8 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
     return {
         "health": snap.health.value,
         "reason": snap.diagnosis.reason,
-        "global_step": p.step,
+        "step": p.step,
+        "global_step": p.global_step,
         "epoch": p.epoch,
         "epochs": p.epochs_total,
         "total_steps": p.total_steps,
@@ -66,7 +75,11 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "fetch_frac": _num(p.fetch_frac),
         "metrics": {k: _num(v) for k, v in sorted(snap.latest.items())},
         "validation": [
-            {"epoch": r.epoch, "step": r.step, **{k: _num(v) for k, v in r.values.items()}}
+            {
+                "epoch": epoch_number(r.epoch),
+                "global_step": r.step,
+                **{k: _num(v) for k, v in r.values.items()},
+            }
             for r in snap.val_rows
         ],
         "gpus": {
@@ -96,6 +109,10 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "lost_records": snap.lost,
         "duplicate_records": snap.duplicates,
         "redone_steps": [{"first": r.first, "last": r.last} for r in snap.redos],
+        "leftovers": [
+            {"pid": x.pid, "comm": x.comm, "rss_bytes": x.rss_bytes, "gpu_bytes": x.gpu_bytes}
+            for x in snap.leftovers
+        ],
     }
 
 
@@ -117,12 +134,11 @@ def format_text(summary: dict[str, Any]) -> str:
         return "–" if x is None else str(x)
 
     epochs = f"/{summary['epochs']}" if summary.get("epochs") else ""
-    epoch = summary["epoch"]
     lines = [
         f"health   {summary['health']}: {summary['reason']}",
-        f"step     {f(summary['global_step'])}"
+        f"step     {f(summary['step'])}"
         + (f"/{summary['total_steps']}" if summary.get("total_steps") else "")
-        + f"   epoch {f(epoch + 1 if isinstance(epoch, int) else None)}{epochs}",
+        + f"   epoch {f(summary['epoch'])}{epochs}",
         f"loss     {f(summary['loss'])}   τ {f(summary['tau'], 3)}",
     ]
     for t in summary["ttt"]:
@@ -146,4 +162,15 @@ def format_text(summary: dict[str, Any]) -> str:
         f"records  {summary['records']}   malformed lines {summary['malformed_lines']}"
         f"   lost records {summary['lost_records']}"
     )
+    fmt = summary.get("format")
+    if fmt:
+        how = (
+            f"{fmt['handler_lines']} lines of a custom JSON handler (speculators dicts under 'msg')"
+            if fmt["handler_lines"]
+            else f"{fmt['plain_records']} plain speculators dicts"
+        )
+        lines.append(
+            f"format   not eagle3-tui's schema: {how}, read as such; no sequence numbers, "
+            "so lost lines cannot be counted"
+        )
     return "\n".join(lines)

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import logging.config
 import os
+import signal
 import sys
 import threading
 import time
@@ -114,6 +115,7 @@ class Telemetry:
         self.reattached = 0
         self.interrupted = False
         self._finished = False
+        self._stop_pid: int | None = None
         self._closed = False
         self._lock = threading.Lock()
         self._prev_excepthook: Callable[..., Any] | None = None
@@ -284,13 +286,20 @@ class Telemetry:
             self._send({"op": "ckpt_dir", "path": fields["checkpoint_dir"]})
 
     # ---- end ---------------------------------------------------------------------
-    def finish(self, status: str = "finish", **fields: object) -> None:
+    def finish(self, status: str | None = None, **fields: object) -> None:
         """Write the final lifecycle event (``finish``, ``interrupt`` or ``crash``) and
-        the manifest status. Idempotent: the first call wins."""
+        the manifest status. Idempotent: the first call wins.
+
+        Without ``status`` it is decided as at exit (:meth:`final_status`). An interrupt
+        is never overwritten: speculators returns normally from ``run_training()`` after
+        a SIGTERM/SIGINT (it saved ``interrupted/``), so a ``finish`` asked for after the
+        handler saw "Received SIGTERM — interrupting" is written as ``interrupt``."""
         if self._finished:
             return
         self._finished = True
-        event = _EVENT_ALIASES.get(status, status)
+        event = _EVENT_ALIASES.get(status, status) if status else self._auto_status()
+        if event == "finish" and self.interrupted:
+            event = "interrupt"
         if "step" not in fields:
             step = getattr(self.trainer, "global_step", None)
             if isinstance(step, int):
@@ -363,6 +372,29 @@ class Telemetry:
             return
         self.finish(self._auto_status())
         self.close(timeout=3.0)
+
+    def _install_stop_handler(self) -> None:
+        """SIGTERM before speculators installs its graceful-shutdown handler (in
+        ``run_training``: while the model loads, the workers spawn) or after it removed
+        it ends the process at once, nothing saved, and without a word it would read as
+        a crash. This handler says it first — an ``interrupt`` that names the signal and
+        that nothing was saved — then lets the signal end the process as before. Only
+        where nothing else handles SIGTERM; speculators' handler replaces it while
+        training and puts it back after."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._stop_pid = os.getpid()
+            signal.signal(signal.SIGTERM, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        if os.getpid() == self._stop_pid and not self._finished:
+            name = signal.Signals(signum).name
+            self.interrupted = True
+            self.finish("interrupt", error=f"{name} outside the training loop: nothing saved")
+            self.close(timeout=2.0)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 # ---- surviving dictConfig ------------------------------------------------------------------
@@ -558,4 +590,6 @@ def attach(
     telemetry._prev_excepthook = sys.excepthook
     sys.excepthook = telemetry._excepthook
     atexit.register(telemetry._at_exit)
+    if rank == 0:
+        telemetry._install_stop_handler()
     return telemetry

@@ -30,6 +30,11 @@ class LinkChanged:
     link: Link
     detail: str = ""
     retry_in: float | None = None
+    size: int | None = None
+    """CONNECTED: the file's size when the host opened it (what was written while the
+    link was down is read once the stream has delivered up to here)."""
+    host_time: float | None = None
+    """CONNECTED: the host's clock then (the records' ``ts`` are in its time)."""
 
 
 @dataclass(frozen=True, slots=True)

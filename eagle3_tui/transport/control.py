@@ -168,9 +168,30 @@ def format_kill(result: dict[str, Any]) -> str:
     ckpt = result.get("checkpoints") or {}
     if ckpt:
         lines.append("checkpoints:")
-        lines.append(_checkpoint_line("interrupted", ckpt.get("interrupted")))
+        lines.append(_interrupted_line(ckpt.get("interrupted"), result))
         lines.append(_checkpoint_line("resume from", ckpt.get("latest")))
     return "\n".join(lines)
+
+
+def _interrupted_line(info: dict[str, Any] | None, result: dict[str, Any]) -> str:
+    """What this kill saved: an ``interrupted/`` it did not write is not its result."""
+    if info is not None and info.get("new", True):
+        return _checkpoint_line("interrupted", info)
+    why = (
+        "the trainer exited without saving (it was still starting, or its save failed)"
+        if result.get("signalled_trainer")
+        else "no trainer was running to save it"
+    )
+    line = f"  interrupted: nothing written by this kill: {why}"
+    if info is not None:
+        when = info.get("written_at")
+        at = (
+            time.strftime(" from %Y-%m-%d %H:%M:%S", time.localtime(float(when)))
+            if isinstance(when, int | float)
+            else ""
+        )
+        line += f"; {printable(str(info.get('path')))}{at} is an earlier stop's"
+    return line
 
 
 def format_resume(result: dict[str, Any]) -> str:

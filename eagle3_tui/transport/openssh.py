@@ -9,18 +9,34 @@ policy and its messages, authentication, finding the run) stays as it is, and
 ``ssh`` runs with ``BatchMode=yes`` and the same ``StrictHostKeyChecking``: it
 never asks, and it accepts no key that known_hosts does not hold.
 
+Both read the same configuration: asyncssh reads ``-F FILE`` or ``$HOME/.ssh/config``
+(never ``/etc/ssh/ssh_config``), while ``ssh`` would read the home directory of the
+password database and the system file; so ``ssh`` is given that same file (``-F``,
+``-F none`` when there is none) and the known_hosts files the asyncssh connection
+checked the host key against. When ``ssh`` fails, its own message is shown (``Could
+not resolve hostname …``) and the stream retries, unless it was a refusal that no
+retry can change (authentication, host key, a bad configuration).
+
 No textual, no asyncssh here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.transport.channel import AGENT_TAG, CONTROL_OPS, LocalChannel, agent_payload
+from eagle3_tui.transport.channel import (
+    AGENT_TAG,
+    CONTROL_OPS,
+    AgentFailedError,
+    LocalChannel,
+    agent_payload,
+)
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEEPALIVE_COUNT_MAX,
@@ -37,6 +53,9 @@ REFUSALS = (
     "No such file or directory",
     "Bad configuration option",
 )
+"""ssh's messages for what a retry cannot change: authentication, the host key, a
+missing or bad configuration file. Anything else (a name that does not resolve, a
+refused or timed-out connection) is retried as after any disconnect."""
 
 
 def find_ssh() -> str | None:
@@ -56,13 +75,24 @@ def remote_command(python: str) -> str:
     return f"exec {shlex.quote(python)} -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
 
 
-def ssh_argv(target: SshTarget, ssh: str = "ssh") -> list[str]:
-    """``ssh`` with this target's options, batch mode, and the agent's command line."""
+def config_file(config: Sequence[str]) -> str:
+    """The configuration asyncssh reads for these options: ``-F FILE``, else
+    ``$HOME/.ssh/config`` when readable, else none (``ssh -F none``)."""
+    if config:
+        return config[0]
+    default = os.path.expanduser(os.path.join("~", ".ssh", "config"))
+    return default if os.access(default, os.R_OK) else "none"
+
+
+def ssh_argv(
+    target: SshTarget, ssh: str = "ssh", known_hosts: Sequence[str] | None = None
+) -> list[str]:
+    """``ssh`` with this target's options, batch mode, and the agent's command line;
+    ``known_hosts``: the files the asyncssh connection checked the host key against."""
     o = target.options
     argv = [ssh, "-T", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
     argv += ["-o", f"StrictHostKeyChecking={o.strict_host_key_checking}"]
-    if o.config:
-        argv += ["-F", o.config[0]]
+    argv += ["-F", config_file(o.config)]
     if o.port is not None:
         argv += ["-p", str(o.port)]
     user = target.user or o.user
@@ -72,8 +102,9 @@ def ssh_argv(target: SshTarget, ssh: str = "ssh") -> list[str]:
         argv += ["-i", key]
     if o.jump:
         argv += ["-J", o.jump]
-    if o.known_hosts is not None:
-        argv += ["-o", f"UserKnownHostsFile={_quoted_paths(o.known_hosts) or 'none'}"]
+    files = o.known_hosts if o.known_hosts is not None else known_hosts
+    if files is not None:
+        argv += ["-o", f"UserKnownHostsFile={_quoted_paths(tuple(files)) or 'none'}"]
     argv += ["-o", f"ConnectTimeout={_seconds(o.connect_timeout or DEFAULT_CONNECT_TIMEOUT)}"]
     interval = o.keepalive_interval or DEFAULT_KEEPALIVE_INTERVAL
     argv += ["-o", f"ServerAliveInterval={_seconds(interval)}"]
@@ -84,31 +115,43 @@ def ssh_argv(target: SshTarget, ssh: str = "ssh") -> list[str]:
 class OpenSshHost(TargetNames):
     """An SSH host reached through the ``ssh`` binary; one process per agent call."""
 
-    def __init__(self, target: SshTarget, ssh: str = "ssh") -> None:
+    def __init__(
+        self, target: SshTarget, ssh: str = "ssh", known_hosts: Sequence[str] | None = None
+    ) -> None:
         self.target = target
         self.ssh = ssh
+        self.known_hosts = known_hosts
+        """The known_hosts files of the asyncssh connection (None: the options' or ssh's)."""
 
     async def start_agent(self, request: dict[str, Any]) -> LocalChannel:
-        proc = await asyncio.create_subprocess_exec(
-            *ssh_argv(self.target, self.ssh),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # no terminal: ssh never prompts
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *ssh_argv(self.target, self.ssh, self.known_hosts),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # no terminal: ssh never prompts
+            )
+        except OSError as e:
+            raise AgentFailedError(f"{self.label}: cannot run {self.ssh}: {e.strerror or e}") from e
         assert proc.stdin is not None
-        proc.stdin.write(agent_payload(request))
-        await proc.stdin.drain()
+        try:
+            proc.stdin.write(agent_payload(request))
+            await proc.stdin.drain()
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # ssh exited at once (a name that does not resolve...): its status says why
         if request.get("op") != "follow":
             proc.stdin.close()
         return LocalChannel(proc, finish_alone=request.get("op") in CONTROL_OPS)
 
     def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
-        """For an ssh that failed: (retrying cannot help, one line); None if it did not."""
+        """For an ssh that failed: (retrying cannot help, ssh's own message on one line);
+        None if it did not."""
         if status != SSH_FAILED:
             return None
         lines = [x.strip() for x in stderr.strip().splitlines() if x.strip()]
-        last = lines[-1] if lines else "ssh failed"
+        last = lines[-1] if lines else "ssh failed (exit status 255)"
+        last = last.removeprefix("ssh: ")
         refused = any(r in stderr for r in REFUSALS)
         return refused, f"{self.label}: ssh: {last}"
 

@@ -284,11 +284,15 @@ def _jump_hops(spec: str, options: SshOptions) -> list[SshTarget]:
 
 
 async def _connect_one(
-    target: SshTarget, tunnel: asyncssh.SSHClientConnection | None, jump: bool = False
+    target: SshTarget,
+    tunnel: asyncssh.SSHClientConnection | None,
+    jump: bool = False,
+    known_hosts: list[str] | None = None,
 ) -> tuple[asyncssh.SSHClientConnection, list[asyncssh.SSHClientConnection]]:
     """The connection to ``target`` (through ``tunnel`` or its jump hosts), and the hops.
 
-    ``jump``: ``target`` is itself a jump host (for the messages)."""
+    ``jump``: ``target`` is itself a jump host (for the messages); ``known_hosts``
+    receives the files its host key was checked against."""
     o = target.options
     config: Any = list(o.config) if o.config else ()
     base: dict[str, Any] = {}
@@ -306,6 +310,8 @@ async def _connect_one(
         check = HostKeyCheck(
             _known_hosts_files(o, probe.known_hosts), o.strict_host_key_checking, target.destination
         )
+        if known_hosts is not None:
+            known_hosts[:] = [str(f) for f in check.files]
         the_check = check
         kwargs: dict[str, Any] = dict(base)
         kwargs["config"] = config
@@ -378,13 +384,18 @@ class SshHost(TargetNames):
         self._conn: asyncssh.SSHClientConnection | None = None
         self._hops: list[asyncssh.SSHClientConnection] = []
         self._lock = asyncio.Lock()
+        self.known_hosts: list[str] | None = None
+        """The known_hosts files the host key was checked against (once connected): the
+        ``ssh`` binary that carries the stream is given the same ones."""
 
     async def connect(self) -> asyncssh.SSHClientConnection:
         async with self._lock:
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
             self.drop()
-            self._conn, self._hops = await _connect_one(self.target, None)
+            files: list[str] = []
+            self._conn, self._hops = await _connect_one(self.target, None, known_hosts=files)
+            self.known_hosts = files
             return self._conn
 
     def drop(self) -> None:
@@ -496,7 +507,13 @@ class SshTransport:
                     elif frame.event == "opened":
                         identity = str(frame.get("identity"))
                         attempt = 0
-                        yield LinkChanged(Link.CONNECTED, self.label)
+                        size, now = frame.get("size"), frame.get("now")
+                        yield LinkChanged(
+                            Link.CONNECTED,
+                            self.label,
+                            size=size if isinstance(size, int) else None,
+                            host_time=float(now) if isinstance(now, int | float) else None,
+                        )
                     elif frame.event == "restarted":
                         complete = 0
                     elif frame.event == "error":

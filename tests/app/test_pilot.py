@@ -55,7 +55,7 @@ async def test_latest_values_are_rendered_and_follow_new_lines() -> None:
         assert "0.5000" in text_of(app.query_one(ProgressPanel)) or True
         source.push(lines.train(5, 1.2345))
         await until(pilot, lambda: app.snapshot.global_step == 5, what="step 5")
-        assert "step 5" in text_of(app.query_one(RunHeader))
+        assert "step 6" in text_of(app.query_one(RunHeader))  # step 6 = global_step 5
         assert "0.4115" in text_of(table)  # loss_k = 1.2345 / 3
         assert app.snapshot.latest["train/loss"] == 1.2345
 

@@ -149,6 +149,6 @@ def test_monitor_a_real_training_over_ssh_then_kill_it(
 
     tmux.keys("Escape")
     tmux.wait(lambda s: "kill the run ·" not in s, 30, "the dialog to close")
-    tmux.wait(lambda s: "STOPPED" in s and "Interrupted at step" in s, 60, "STOPPED banner")
+    tmux.wait(lambda s: "STOPPED" in s and "Interrupted after step" in s, 60, "STOPPED banner")
     tmux.keys("q")
     tmux.wait(lambda s: "eagle3-tui" not in s, 30, "the app to quit")

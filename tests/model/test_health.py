@@ -228,4 +228,5 @@ def test_a_trainer_stuck_holding_the_gil_is_named() -> None:
 
 def test_a_file_of_garbage_says_so() -> None:
     d = diagnose(state_of(b"\x00\xffnot json\n{also not\n"), T0)
-    assert d.health == Health.WAITING and "2 malformed lines" in d.reason
+    assert d.health == Health.UNREADABLE and "2 malformed lines" in d.reason
+    assert "not an eagle3-tui metrics file" in d.reason

@@ -53,7 +53,8 @@ def test_progress_pace_eta_and_samplers() -> None:
     run = sample_run()
     snap = build_snapshot(run.state, T0 + 1000, ViewParams())
     p = snap.progress
-    assert p.step == 1999 and p.epoch == 3 and p.epochs_total == 8
+    # shown 1-based (step 2000 = 2000 steps done; epoch 4 of 8); speculators' counters 0-based
+    assert p.step == 2000 and p.global_step == 1999 and p.epoch == 4 and p.epochs_total == 8
     assert p.steps_per_epoch == 500 and p.total_steps == 4000
     assert p.steps_per_s is not None and math.isclose(p.steps_per_s, 2.0, rel_tol=1e-6)
     assert p.eta_run_s is not None and math.isclose(p.eta_run_s, (4000 - 2000) / 2.0, rel_tol=1e-6)

@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from eagle3_tui.app.control import RunControl
-from eagle3_tui.app.text import duration, inert
+from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
 
@@ -39,10 +39,29 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     lines: list[Text] = []
     if not status.get("alive"):
         why = status.get("problem") or "its trainer is not running"
-        lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f", wrap=True))
+        left = [x for x in status.get("leftovers") or [] if isinstance(x, dict)]
+        if not left:
+            lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f", wrap=True))
+            lines.append(
+                Text(
+                    "Kill still looks for leftover processes of the run (its marker) and ends them."
+                )
+            )
+            return Group(*lines)
         lines.append(
-            Text("Kill still looks for leftover processes of the run (its marker) and ends them.")
+            inert(
+                f"The trainer is gone ({why}), but {len(left)} process(es) of the run remain: "
+                "SIGTERM, then SIGKILL after 3 s:",
+                style="bold #d7af5f",
+                wrap=True,
+            )
         )
+        for x in left[:12]:
+            rss = x.get("rss_bytes")
+            gpu = x.get("gpu_bytes")
+            mem = f"  {size(rss)} RAM" if isinstance(rss, int) else ""
+            mem += f"  {size(gpu)} GPU" if isinstance(gpu, int) and gpu else ""
+            lines.append(inert(f"  pid {x.get('pid')}  {x.get('comm')}{mem}"))
         return Group(*lines)
     pid, pgid = m.get("pid"), m.get("pgid")
     launcher = m.get("launcher_pid")

@@ -15,6 +15,7 @@ from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
 
 HEALTH_STYLE = {
+    Health.UNREADABLE: "bold #ffffff on #d70000",
     Health.WAITING: "bold #d0d0d0 on #3a3a3a",
     Health.RUNNING: "bold #101010 on #5fd75f",
     Health.FINISHED: "bold #101010 on #5fafd7",
@@ -26,6 +27,7 @@ HEALTH_STYLE = {
 }
 CALM = frozenset({Health.WAITING, Health.STOPPED})
 QUIET = frozenset({Health.RUNNING, Health.FINISHED})
+LINK_DOWN_STYLE = "bold #101010 on #ffd75f"
 
 
 def link_text(link: LinkChanged) -> Text:
@@ -65,7 +67,13 @@ class RunHeader(Static):
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" eagle3-tui ", style="bold reverse")
         text.append(" ")
-        text.append(f" {snap.health.value.upper()} ", style=HEALTH_STYLE[snap.health])
+        d = snap.diagnosis
+        label = d.label
+        text.append(
+            f" {label} ", style=LINK_DOWN_STYLE if label == "LINK DOWN" else HEALTH_STYLE[d.health]
+        )
+        if d.link_down_since is not None:  # the last verdict that reached us
+            text.append(f" last {d.health.value}", style="dim")
         text.append(" ")
         text.append_text(link_text(self.link))
         text.append(" ")
@@ -80,7 +88,7 @@ class RunHeader(Static):
                 text.append(f"/{p.total_steps:,}")
         if p.epoch is not None:
             total = f"/{p.epochs_total}" if p.epochs_total else ""
-            text.append(f" · epoch {p.epoch + 1}{total}")
+            text.append(f" · epoch {p.epoch}{total}")
         text.append("  ")
         text.append_text(inert(self.target, style="dim"))
         return text
@@ -99,7 +107,11 @@ class HealthBanner(Static):
         """(label, sentence, CSS class) of what the banner says, or None."""
         if self.link.link == Link.REFUSED:
             return "REFUSED", self.link.detail or "the host refused the connection", "-alarm"
-        health = self.snapshot.health
+        d = self.snapshot.diagnosis
+        health = d.health
+        if d.link_down_since is not None:  # judged on what arrived before the link went down
+            cls = "-calm" if health in CALM or health in QUIET else "-alarm"
+            return d.label, d.reason, cls
         if health in QUIET:
             return None
         if self.link.link == Link.WAITING and health == Health.WAITING:

@@ -132,7 +132,7 @@ class ProgressPanel(Panel):
         p = snap.progress
         lines: list[Text] = []
         head = Text(no_wrap=True, overflow="ellipsis")
-        epoch = "–" if p.epoch is None else str(p.epoch + 1)
+        epoch = "–" if p.epoch is None else str(p.epoch)
         head.append("epoch ", style="dim")
         head.append(f"{epoch}/{p.epochs_total or '?'}", style="bold")
         head.append("  step ", style="dim")
@@ -141,7 +141,7 @@ class ProgressPanel(Panel):
             head.append(f"/{p.total_steps:,}")
         frac = None
         if p.step is not None and p.total_steps:
-            frac = (p.step + 1) / p.total_steps
+            frac = p.step / p.total_steps
         width = max(4, min(30, self.cols - head.cell_len - 6))
         head.append(f" {bar(frac, width)}", style="#5fafd7")
         head.append("" if frac is None else f" {frac:.0%}")

@@ -1,0 +1,38 @@
+"""While the link is down, the header and the banner say so, with the last known health
+and step, and no alarm comes from the client's clock alone (issue 13, item 1)."""
+
+from __future__ import annotations
+
+from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
+from eagle3_tui.model.health import Health
+from eagle3_tui.transport.base import Link, LinkChanged
+from tests.app.conftest import text_of, training
+from tests.app.test_pilot import app_with
+from tests.conftest import until
+
+
+async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
+    lines, data = training(steps=120)
+    now = [lines.ts + 1.0]
+    app, source = app_with(data, now=now)
+    async with app.run_test(size=(120, 40)) as pilot:
+        header, banner = app.query_one(RunHeader), app.query_one(HealthBanner)
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        source.push(LinkChanged(Link.RECONNECTING, "gpu-box: connection refused", retry_in=4.0))
+        await until(pilot, lambda: app.pipeline.run.link_down_since is not None, what="down")
+        now[0] += 45.0  # 45 s without data: the run would look hung on the client's clock
+        await until(pilot, lambda: "LINK DOWN" in text_of(header), what="link down")
+        assert "STALLED" not in text_of(header) and "DEAD" not in text_of(header)
+        assert "last running" in text_of(header) and "step 120" in text_of(header)
+        await until(pilot, lambda: banner.display, what="the banner")
+        shown = text_of(banner)
+        assert "LINK DOWN" in shown and "link to the host is down" in shown
+        assert "connection refused" in shown and "Last known: running at step 120" in shown
+        # back, and what was written meanwhile read: judged again
+        more = b"".join(lines.train(s, 0.5) for s in range(120, 130))
+        sent = len(data)
+        source.push(LinkChanged(Link.CONNECTED, "gpu-box", size=sent + len(more)))
+        source.push(more)
+        now[0] = lines.ts + 1.0
+        await until(pilot, lambda: "RUNNING" in text_of(header), what="running again")
+        assert "step 130" in text_of(header) and not banner.display

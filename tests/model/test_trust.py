@@ -1,0 +1,423 @@
+"""Health you can trust (issue 13): no false alarm, no wrong label, one figure everywhere.
+
+Each test is one case of the issue, on recorded streams with a frozen clock; each
+failed on the code before the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+
+import pytest
+
+from eagle3_tui.app.pipeline import Pipeline
+from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.reader import MAX_LINE
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+from eagle3_tui.transport.base import Link, LinkChanged
+from eagle3_tui.transport.replay import ReplayTransport
+from tests.model.test_health import T0, Scenario, state_of
+from tests.records import Lines
+
+ALARMS = {Health.SILENT, Health.STALLED, Health.DEAD, Health.DIVERGED}
+
+
+# ---- 1. a broken link is not a hung trainer ----------------------------------------------
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _settled(pipeline: Pipeline) -> None:
+    """Let the pump and ingest tasks move what was pushed into the model."""
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+
+
+async def test_a_link_outage_is_not_a_hung_trainer() -> None:
+    """sshd gone for 45 s while the run trains on: no STALLED; link down since T, the last
+    known health and step; once the link is back and what was written meanwhile is read,
+    running again."""
+    clock = Clock(T0)
+    sc = Scenario(step_s=1.0)
+    sc.train(60)
+    replay = ReplayTransport([b"".join(sc.parts)])
+    sent = len(b"".join(sc.parts))
+    pipeline = Pipeline(clock)
+    pump = asyncio.ensure_future(pipeline.pump(replay, lambda _e: None))
+    ingest = asyncio.ensure_future(pipeline.ingest())
+    try:
+        await _settled(pipeline)
+        clock.t = sc.t
+        snap, _ = await pipeline.snapshot(clock(), ViewParams())
+        assert snap.health == Health.RUNNING
+        down_at = clock.t
+        replay.push(LinkChanged(Link.RECONNECTING, "gpu-box: connection lost", retry_in=1.0))
+        await _settled(pipeline)
+        sc.parts.clear()
+        sc.train(45)  # the run trains on; nothing reaches the client
+        for wait in (10.0, 31.0, 45.0):
+            clock.t = down_at + wait
+            snap, _ = await pipeline.snapshot(clock(), ViewParams())
+            d = snap.diagnosis
+            assert d.health not in ALARMS, (wait, d)
+            assert d.label == "LINK DOWN" and d.link_down_since == down_at
+            assert "link to the host is down" in d.reason and "connection lost" in d.reason
+            assert "Last known: running at step 60" in d.reason
+        # back: the agent reopens the file (its size then) and sends what was written
+        written = b"".join(sc.parts)
+        replay.push(LinkChanged(Link.CONNECTED, "gpu-box", size=sent + len(written)))
+        await _settled(pipeline)
+        snap, _ = await pipeline.snapshot(clock(), ViewParams())
+        assert snap.diagnosis.label == "LINK DOWN"  # not read yet: not judged on the clock
+        replay.push(written)
+        await _settled(pipeline)
+        snap, _ = await pipeline.snapshot(clock(), ViewParams())
+        assert snap.health == Health.RUNNING and snap.diagnosis.link_down_since is None
+        assert snap.progress.step == 105
+    finally:
+        pump.cancel()
+        ingest.cancel()
+
+
+async def test_a_trainer_that_hung_during_the_outage_is_stalled_once_the_link_is_back() -> None:
+    clock = Clock(T0)
+    sc = Scenario(step_s=1.0)
+    sc.train(60)
+    data = b"".join(sc.parts)
+    replay = ReplayTransport([data])
+    pipeline = Pipeline(clock)
+    tasks = [
+        asyncio.ensure_future(pipeline.pump(replay, lambda _e: None)),
+        asyncio.ensure_future(pipeline.ingest()),
+    ]
+    try:
+        await _settled(pipeline)
+        replay.push(LinkChanged(Link.RECONNECTING, "lost", retry_in=1.0))
+        await _settled(pipeline)
+        sc.parts.clear()
+        sc.idle(60, util=0.0, reads=0.0)  # hung: only the samplers write
+        clock.t = sc.t
+        written = b"".join(sc.parts)
+        replay.push(LinkChanged(Link.CONNECTED, "gpu-box", size=len(data) + len(written)))
+        replay.push(written)
+        await _settled(pipeline)
+        snap, _ = await pipeline.snapshot(clock(), ViewParams())
+        assert snap.health == Health.STALLED and snap.diagnosis.link_down_since is None
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def test_the_quiet_clock_runs_on_the_hosts_clock() -> None:
+    """The client's clock 2 minutes ahead of the host's: no false alarm, once the host
+    has said its time (status ``now``, the stream's ``opened``)."""
+    sc = Scenario(step_s=1.0)
+    sc.train(60)
+    state = sc.state()
+    client_now = sc.t + 120.0
+    state.set_host_clock(sc.t, client_now)
+    assert diagnose(state, client_now).health == Health.RUNNING
+    assert diagnose(state, client_now + 90).health in ALARMS  # a real stop still is one
+
+
+# ---- 2. a resume's start-up is not silence ---------------------------------------------
+
+
+def _resumed(startup_s: float = 12.0) -> Scenario:
+    """A run that started (taking ``startup_s`` to its first step), trained, was
+    interrupted, and was resumed: the new process is loading and reading data."""
+    sc = Scenario(step_s=1.0)
+    sc.parts.append(sc.rank0.at(sc.t).event("start", pid=1, global_step=0))
+    sc.idle(startup_s, util=0.0, reads=2e6)
+    sc.train(60)
+    sc.parts.append(sc.rank0.at(sc.t).event("interrupt", step=60))
+    sc.idle(5, util=0.0, reads=0.0)
+    sc.parts.append(sc.rank0.at(sc.t).event("resume", pid=2, global_step=50))
+    return sc
+
+
+def test_a_resume_still_starting_is_not_silent() -> None:
+    sc = _resumed()
+    sc.idle(18, util=0.0, reads=5e6)  # the new process loads its checkpoint, reads data
+    d = diagnose(sc.state(), sc.t)
+    assert d.health == Health.WAITING, d
+    assert "since the resume" in d.reason and "earlier starts took up to 12 s" in d.reason
+
+
+def test_the_start_up_allowance_is_learned_from_the_runs_own_starts() -> None:
+    sc = _resumed(startup_s=100.0)  # a slow starter: 100 s to its first step
+    sc.idle(200, util=0.0, reads=5e6)
+    assert diagnose(sc.state(), sc.t).health == Health.WAITING  # within 3 x 100 s
+    sc.idle(110, util=0.0, reads=5e6)
+    d = diagnose(sc.state(), sc.t)
+    assert d.health == Health.SILENT and "although data files are being read" in d.reason
+
+
+def test_the_quiet_clock_restarts_at_the_resumed_process_first_step() -> None:
+    sc = _resumed()
+    sc.idle(20, util=0.0, reads=5e6)
+    sc.train(10)
+    state = sc.state()
+    assert diagnose(state, sc.t).health == Health.RUNNING
+    assert state.startups == [pytest.approx(12.0), pytest.approx(20.0)]
+    # the pace is the resumed process's, not one spanning the downtime
+    sps = build_snapshot(state, sc.t, ViewParams()).progress.steps_per_s
+    assert sps is not None and sps == pytest.approx(1.0, rel=0.05)
+
+
+# ---- 3. an interrupt is never overwritten by finish -----------------------------------------
+
+
+def test_finish_after_the_signal_stays_an_interrupt() -> None:
+    lines = Lines(t0=T0)
+    base = lines.event("start", pid=1, global_step=0)
+    base += b"".join(lines.train(s, 1.0) for s in range(10))
+    signal = lines.log(
+        "Received SIGTERM — interrupting training to save checkpoint. "
+        "Send again to force immediate exit.",
+        level="WARNING",
+    )
+    # the README's one-liner on the old telemetry: finish() after run_training() returned
+    d = diagnose(state_of(base + signal + lines.event("finish", step=10)), lines.ts)
+    assert d.health == Health.STOPPED and "Interrupted after step 10" in d.reason
+    both = base + lines.event("interrupt", step=10) + lines.event("finish", step=10)
+    assert diagnose(state_of(both), lines.ts).health == Health.STOPPED
+    # a later process that finishes is finished
+    again = both + lines.event("resume", pid=2) + lines.train(10, 1.0) + lines.event("finish")
+    assert diagnose(state_of(again), lines.ts).health == Health.FINISHED
+
+
+# ---- 4. diverged stays visible after the end -------------------------------------------------
+
+
+def test_a_run_that_diverged_and_ran_on_ends_diverged() -> None:
+    lines = Lines(t0=T0)
+    data = b"".join(lines.train(s, 2.0) for s in range(100))
+    for s in range(100, 140):
+        data += lines.make("train", step=s, global_step=s, epoch=0, lr=1e-3, train={"loss": "NaN"})
+    data += lines.event("finish", step=140)
+    state = state_of(data)
+    d = diagnose(state, lines.ts)
+    assert d.health == Health.DIVERGED
+    assert "finished after 140 steps" in d.reason and "since step 101" in d.reason
+    assert EXIT_BY_HEALTH[summarize(state, lines.ts)["health"]] == 6
+
+
+# ---- 7. a line that is not a valid record never moves the state --------------------------------
+
+BAD_TRAIN = b'{"kind": "train", "v": 1, "seq": "NaN", "train": {"loss": NaN}}\n'
+
+
+@pytest.mark.parametrize("steps", [5, 200])  # record by record, and the column path
+def test_an_invalid_train_line_is_malformed_and_moves_nothing(steps: int) -> None:
+    lines = Lines(t0=T0)
+    good = b"".join(lines.train(s, 1.5) for s in range(steps))
+    after = lines.train(steps, 1.4)
+    state = state_of(good + BAD_TRAIN + after)
+    assert state.global_step == steps and state.latest("train/loss") == pytest.approx(1.4)
+    assert state.latest("train/full_acc_0") is not None
+    assert state.malformed_count == 1 and "seq" in state.malformed[-1].reason
+    only_bad = state_of(good + BAD_TRAIN)
+    assert only_bad.global_step == steps - 1 and only_bad.latest("train/loss") == pytest.approx(1.5)
+    assert only_bad.latest("train/full_acc_0") is not None
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"train":{"loss":1.0}}', "step"),
+        (b'{"kind":"train","v":1,"w":"w1","ts":5.0,"step":3,"train":{"loss":1.0}}', "seq"),
+        (b'{"kind":"train","v":1,"seq":7,"ts":5.0,"step":3,"train":{"loss":1.0}}', "'w'"),
+        (b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":"x","step":3,"train":{"loss":1.0}}', "ts"),
+        (b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":2.5,"train":{"loss":1}}', "step"),
+        (b'{"kind":"lifecycle","v":1,"seq":7,"w":"w1","ts":5.0}', "event"),
+        (b'{"kind":"log","v":1,"seq":7,"w":"w1","ts":5.0}', "msg"),
+        (b'{"kind":"val","v":1,"seq":7,"w":"w1","ts":5.0,"epoch":0}', "val"),
+        (b'{"kind":"bogus","v":1,"seq":7,"w":"w1","ts":5.0}', "unknown kind"),
+        (b'{"hello": "world", "n": 3}', "without 'kind'"),
+    ],
+)
+def test_each_kind_needs_its_fields(line: bytes, why: str) -> None:
+    lines = Lines(t0=T0)
+    good = b"".join(lines.train(s, 1.5) for s in range(3))
+    state = state_of(good + line + b"\n")
+    assert state.malformed_count == 1, state.malformed
+    assert why in state.malformed[-1].reason
+    assert state.global_step == 2 and state.records == 3
+    assert not state.events and not state.logs and not state.val_by_epoch
+
+
+@pytest.mark.parametrize("steps", [3, 300])
+def test_a_newer_schema_version_is_reported_never_misread(steps: int) -> None:
+    lines = Lines(t0=T0)
+    v1 = b"".join(lines.train(s, 1.5) for s in range(3))
+    v2 = b"".join(lines.train(s, 9.0) for s in range(3, 3 + steps)).replace(b'"v": 1', b'"v": 2')
+    state = state_of(v1 + v2)
+    assert state.global_step == 2 and state.latest("train/loss") == pytest.approx(1.5)
+    assert state.malformed_count == steps
+    assert "schema version 2" in state.malformed[-1].reason
+    assert "upgrade eagle3-tui" in state.malformed[-1].reason
+
+
+# ---- 8. a file of a user's own JSON handler ------------------------------------------------
+
+
+def _handler_line(t: float, msg: object, logger: str = "speculators.metrics") -> bytes:
+    return (json.dumps({"t": t, "logger": logger, "level": "INFO", "msg": msg}) + "\n").encode()
+
+
+def test_a_custom_handlers_file_is_read_as_speculators_dicts() -> None:
+    out = [_handler_line(T0, "Training epoch 1/2 started", logger="speculators")]
+    for s in range(80):
+        train = {"loss": 2.0 - s / 100, "full_acc_0": 0.5, "cond_acc_0": 0.5, "loss_0": 2.0}
+        profile = {"step_ms": 500.0, "tokens_per_s": 4000.0, "fetch_frac": 0.01}
+        msg = {"train": train, "profile": profile, "epoch": 0, "lr": 1e-3, "global_step": s}
+        out.append(_handler_line(T0 + 0.5 * s, msg))
+    out.append(_handler_line(T0 + 40, {"val": {"loss_epoch": 1.7}, "epoch": 0}))
+    state = state_of(b"".join(out))
+    assert state.global_step == 79 and state.malformed_count == 0
+    assert state.latest("train/loss") == pytest.approx(2.0 - 0.79)
+    assert state.val_by_epoch[0]["loss_epoch"] == pytest.approx(1.7)
+    assert state.epochs_total == 2 and state.last_train_ts == pytest.approx(T0 + 39.5)
+    summary = summarize(state, T0 + 41)
+    assert summary["health"] == "running" and summary["format"]["handler_lines"] == 82
+    assert "not eagle3-tui's schema" in format_text(summary)
+
+
+def test_json_objects_of_another_shape_say_what_they_look_like() -> None:
+    data = b"".join(
+        (json.dumps({"time": T0 + i, "event": "tick", "value": i}) + "\n").encode()
+        for i in range(50)
+    )
+    state = state_of(data)
+    assert state.records == 0 and state.malformed_count == 50
+    d = diagnose(state, T0 + 60)
+    assert d.health == Health.UNREADABLE
+    assert "without 'kind' (keys: time, event, value)" in d.reason
+
+
+# ---- 9. a file of garbage -----------------------------------------------------------------------
+
+
+def test_a_file_of_random_bytes_is_unreadable() -> None:
+    run = Run()
+    run.feed(0, os.urandom(5 * 1024 * 1024))
+    state = run.state
+    assert state.records == 0 and state.malformed_count > 1000
+    assert diagnose(state, T0).health == Health.UNREADABLE
+    assert EXIT_BY_HEALTH["unreadable"] not in (0, 2)
+
+
+def test_a_long_line_is_one_malformed_line() -> None:
+    lines = Lines(t0=T0)
+    run = Run()
+    data = lines.train(0, 1.0) + b"x" * (MAX_LINE * 3 + 12345) + b"\n" + lines.train(1, 0.9)
+    run.feed(0, data)
+    state = run.state
+    assert state.malformed_count == 1 and "longer than" in state.malformed[-1].reason
+    assert state.global_step == 1 and state.records == 2
+
+
+def test_a_long_line_split_over_many_reads_is_one_malformed_line() -> None:
+    run = Run()
+    offset = 0
+    for chunk in [b"{" + b"y" * (1 << 20)] * 50 + [b"\n"]:
+        run.feed(offset, chunk)
+        offset += len(chunk)
+    assert run.state.malformed_count == 1
+    assert diagnose(run.state, T0).health == Health.UNREADABLE
+
+
+# ---- 10. one definition per figure -------------------------------------------------------------
+
+
+def _bursty() -> Scenario:
+    """Data-bound steps: 4 quick steps (0.05 s apart), then a 1.85 s wait for data."""
+    sc = Scenario()
+    t = sc.t
+    for s in range(240):
+        sc.parts.append(sc.rank0.at(t).train(s, 1.0))
+        t += 0.05 if s % 4 != 3 else 1.85
+    sc.t = t
+    return sc
+
+
+def test_steps_per_second_is_one_figure_in_the_sentence_the_panel_and_json() -> None:
+    sc = _bursty()
+    state = sc.state()
+    snap = build_snapshot(state, sc.t - 1.0, ViewParams())
+    sps = snap.progress.steps_per_s
+    assert sps is not None and sps == pytest.approx(2.0, rel=0.05)  # 4 steps per 2 s
+    m = re.search(r"([\d.]+) steps/s", snap.diagnosis.reason)
+    assert m is not None and float(m.group(1)) == pytest.approx(sps, abs=0.005)
+    summary = summarize(state, sc.t - 1.0)
+    assert summary["steps_per_s"] == pytest.approx(sps)
+    assert f"{sps:.2f} steps/s" in format_text(summary)
+
+
+def test_a_step_usually_takes_the_mean_step_time() -> None:
+    sc = _bursty()
+    sc.idle(120, util=0.0, reads=0.0)
+    d = diagnose(sc.state(), sc.t)
+    assert d.health == Health.STALLED and "a step usually takes 0.5 s" in d.reason
+
+
+def test_files_per_second_counts_only_files_read() -> None:
+    sc = Scenario(step_s=1.0)
+    sc.train(30)
+    for _ in range(10):  # hung: the worker holds its file open, reads nothing (as the
+        # sampler writes it: files_read counts the files the worker has open or mapped)
+        workers = [{"pid": 200, "role": "worker", "read_bytes": 0, "files": ["hs_7.safetensors"]}]
+        sc.parts.append(
+            sc.sampler.at(sc.t).make("io", interval_s=1.0, workers=workers, bytes=0, files_read=1)
+        )
+        sc.t += 1.0
+    snap = build_snapshot(sc.state(), sc.t, ViewParams())
+    assert snap.io is not None and snap.io.bytes_per_s == 0.0 and snap.io.files_per_s == 0.0
+
+
+def test_steps_and_epochs_are_numbered_alike_everywhere() -> None:
+    lines = Lines(t0=T0)
+    data = lines.event("start", pid=1, global_step=0) + lines.log("Training epoch 1/6 started")
+    data += b"".join(lines.train(s, 1.0, epoch=s // 24) for s in range(76))
+    data += lines.event("interrupt", step=76)
+    state = state_of(data)
+    state.set_manifest({"pid": 1, "total_steps": 144, "epochs": 6})
+    snap = build_snapshot(state, lines.ts, ViewParams())
+    summary = summarize(state, lines.ts)
+    assert snap.progress.step == 76 and summary["step"] == 76  # step 76/144: 76 steps done
+    assert "Interrupted after step 76" in snap.diagnosis.reason
+    assert snap.progress.epoch == 4 and summary["epoch"] == 4  # epoch 4/6 (speculators: 3)
+    assert "step     76/144   epoch 4/6" in format_text(summary)
+    assert summary["global_step"] == 75  # speculators' own 0-based counter
+
+
+def test_the_pace_after_a_resume_is_the_resumed_process() -> None:
+    sc = _resumed()
+    sc.idle(20, util=0.0, reads=5e6)
+    t = sc.t
+    for s in range(50, 70):
+        sc.parts.append(sc.rank0.at(t).train(s, 1.0))
+        t += 0.5
+    sc.t = t
+    state = sc.state()
+    state.set_manifest({"pid": 2, "total_steps": 1000})
+    snap = build_snapshot(state, sc.t, ViewParams())
+    p = snap.progress
+    assert p.steps_per_s == pytest.approx(2.0, rel=0.05)
+    assert p.eta_run_s == pytest.approx((1000 - 70) / 2.0, rel=0.05)
+    m = re.search(r"([\d.]+) steps/s", snap.diagnosis.reason)
+    assert m is not None and float(m.group(1)) == pytest.approx(p.steps_per_s, abs=0.005)
+    assert not math.isnan(p.eta_run_s or math.nan)
