@@ -28,6 +28,7 @@ from eagle3_tui.model.derived import (
 )
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
+from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.state import CkptEvent, Event, LogLine, Redo, RunState
 
 F64 = npt.NDArray[np.float64]
@@ -115,6 +116,21 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class ObservedView:
+    """A run without telemetry, watched from outside: what the panels say about it."""
+
+    pid: int
+    alive: bool
+    command: tuple[str, ...]
+    cwd: str | None
+    user: str | None
+    log_file: str | None
+    checkpoint_dir: str | None
+    cpu_pct: float | None
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the panels show, frozen at ``now``."""
 
@@ -150,6 +166,8 @@ class Snapshot:
     duplicates: int = 0
     restarts: int = 0
     dropped_by_writer: int = 0
+    observed: ObservedView | None = None
+    """Set for a run without telemetry: per-step metrics are not available."""
 
     @property
     def health(self) -> Health:
@@ -303,12 +321,24 @@ def _progress(state: RunState, now: float) -> Progress:
     if not isinstance(total, int) or total <= 0:
         total = spe * state.epochs_total if spe and state.epochs_total else None
     step = state.global_step
-    eta_epoch, eta_run = eta(step, state.epoch, spe, total, steps_per_s)
+    epoch = state.epoch
+    bars = bar_progress(state) if step is None and state.observed is not None else None
+    if bars is not None:  # no metric: the output's epoch bars say how far it is
+        step, epoch, spe, steps_per_s = (
+            bars.step,
+            bars.epoch,
+            bars.steps_per_epoch,
+            bars.steps_per_s,
+        )
+        total = spe * state.epochs_total if state.epochs_total else None
+    eta_epoch, eta_run = eta(step, epoch, spe, total, steps_per_s)
     started = manifest.get("started_at")
+    if not isinstance(started, float | int) and state.observed is not None:
+        started = state.observed.info.started
     start = started if isinstance(started, float | int) else state.first_ts
     return Progress(
         step=step,
-        epoch=state.epoch,
+        epoch=epoch,
         epochs_total=state.epochs_total,
         steps_per_epoch=spe,
         total_steps=total,
@@ -425,4 +455,23 @@ def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) 
         duplicates=state.duplicate_records,
         restarts=len(state.restarts),
         dropped_by_writer=(hb.dropped or 0) if hb is not None else 0,
+        observed=_observed(state),
+    )
+
+
+def _observed(state: RunState) -> ObservedView | None:
+    obs = state.observed
+    if obs is None:
+        return None
+    info = obs.info
+    return ObservedView(
+        pid=info.pid,
+        alive=obs.alive,
+        command=tuple(info.command),
+        cwd=info.cwd,
+        user=info.user,
+        log_file=info.log_file,
+        checkpoint_dir=info.checkpoint_dir,
+        cpu_pct=info.cpu_pct,
+        members=obs.members,
     )

@@ -20,7 +20,13 @@ import shutil
 from typing import Any
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.transport.channel import AGENT_TAG, CONTROL_OPS, LocalChannel, agent_payload
+from eagle3_tui.transport.channel import (
+    AGENT_TAG,
+    CONTROL_OPS,
+    LocalChannel,
+    agent_payload,
+    keeps_stdin,
+)
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEEPALIVE_COUNT_MAX,
@@ -99,7 +105,7 @@ class OpenSshHost(TargetNames):
         assert proc.stdin is not None
         proc.stdin.write(agent_payload(request))
         await proc.stdin.drain()
-        if request.get("op") != "follow":
+        if not keeps_stdin(request):
             proc.stdin.close()
         return LocalChannel(proc, finish_alone=request.get("op") in CONTROL_OPS)
 

@@ -56,9 +56,11 @@ class RunHeader(Static):
     view: reactive[ViewState] = reactive(ViewState())
     """Window, smoothing, log scale, pause."""
 
-    def __init__(self, target: str, **kwargs: object) -> None:
+    def __init__(self, target: str, note: str = "", **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.target = target
+        self.note = note
+        """Why this run is shown (the host's live training, its latest run...)."""
 
     def render(self) -> Text:
         snap, view = self.snapshot, self.view
@@ -83,6 +85,9 @@ class RunHeader(Static):
             text.append(f" · epoch {p.epoch + 1}{total}")
         text.append("  ")
         text.append_text(inert(self.target, style="dim"))
+        if self.note:
+            text.append(" · ", style="dim")
+            text.append_text(inert(self.note, style="italic"))
         return text
 
 
