@@ -158,18 +158,29 @@ def source_files(argv: list[str], cwd: str | None) -> list[str]:
     return out
 
 
+def _regular(target: str) -> str | None:
+    if target.endswith(" (deleted)") or not target.startswith("/") or target.startswith("/dev/"):
+        return None
+    return target if os.path.isfile(target) else None
+
+
 def stdout_file(pid: int, fds: dict[int, str] | None, pgrp: int) -> str | None:
-    """The regular file the process's stdout (or stderr) goes to: directly, or through a
+    """The regular file the process's stdout (else stderr) goes to: directly, or through a
     pipe into a ``tee FILE`` of the same process group."""
     if not fds:
         return None
     for fd in (1, 2):
         target = fds.get(fd, "")
-        if target.startswith("/") and not target.startswith("/dev/"):
-            return target[: -len(" (deleted)")] if target.endswith(" (deleted)") else target
-    pipe = fds.get(1, "")
-    if not pipe.startswith("pipe:"):
-        return None
+        found = _regular(target) or (
+            _tee_file(pid, target, pgrp) if target.startswith("pipe:") else None
+        )
+        if found:
+            return found
+    return None
+
+
+def _tee_file(pid: int, pipe: str, pgrp: int) -> str | None:
+    """The file written by the process that reads ``pipe`` (``| tee train.log``)."""
     for other in procs.all_stats().values():
         if other.pgrp != pgrp or other.pid == pid:
             continue
@@ -177,12 +188,7 @@ def stdout_file(pid: int, fds: dict[int, str] | None, pgrp: int) -> str | None:
         if theirs.get(0) != pipe:
             continue
         for fd, target in sorted(theirs.items()):
-            if (
-                fd > 2
-                and target.startswith("/")
-                and not target.startswith("/dev/")
-                and procs.fd_writable(other.pid, fd)
-            ):
+            if fd > 2 and _regular(target) and procs.fd_writable(other.pid, fd):
                 return target
     return None
 
@@ -290,22 +296,13 @@ class Seen:
 
 
 def own_family(table: dict[int, procs.ProcStat]) -> set[int]:
-    """This agent, what started it (the SSH session, a shell) and what it started."""
+    """This agent and what started it (the SSH session, a shell, the client)."""
     me = os.getpid()
     out = {me}
     pid = me
     while pid in table and pid > 1:
         pid = table[pid].ppid
         out.add(pid)
-    kids: dict[int, list[int]] = {}
-    for p in table.values():
-        kids.setdefault(p.ppid, []).append(p.pid)
-    todo = [me]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
     return out
 
 
@@ -526,20 +523,30 @@ def scan() -> tuple[list[Training], dict[int, Seen]]:
         return s.torch is None and ("speculators" in joined or is_torchrun(s.argv))
 
     cands = {pid for pid, s in seen.items() if candidate(s)}
-    found: list[Training] = []
-    for pid in cands:
+
+    def nearest_candidate(pid: int) -> int | None:
         up = table[pid].ppid
-        nested = False
         while up in table and up > 1:
             if up in cands:
-                nested = True
-                break
+                return up
             up = table[up].ppid
-        if nested:
-            continue
+        return None
+
+    # A candidate under another one belongs to its training (a rank, a worker)... unless
+    # the one above is no training itself (a notebook kernel with torch that launched it).
+    parent = {pid: nearest_candidate(pid) for pid in cands}
+    below: dict[int | None, list[int]] = {}
+    for pid, up in parent.items():
+        below.setdefault(up, []).append(pid)
+    found: list[Training] = []
+    todo = sorted(below.get(None, []))
+    while todo:
+        pid = todo.pop()
         t = Training(seen[pid], table, kids, seen)
         if t.speculators:
             found.append(t)
+        else:
+            todo.extend(below.get(pid, []))
     found.sort(key=lambda t: -t.trainer.st.start_ticks)
     return found, seen
 

@@ -132,7 +132,7 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     st = step_time(state)
     if st:
         pace = f" (a step takes {_ago(st)})"
-    if (ev.strong and age >= limit) or (ev.weak and age >= SILENT_FROM_START_S):
+    if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "
