@@ -47,8 +47,11 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         epilog=(
             "commands:\n"
             "  eagle3-tui RUN_DIR                  monitor a run directory on this machine\n"
-            "  eagle3-tui [USER@]HOST[:RUN_DIR]    monitor a run over SSH (default: latest run)\n"
-            "  eagle3-tui runs [HOST]              list the runs registered on a host\n"
+            "  eagle3-tui [USER@]HOST[:DIR]        monitor over SSH (HOST alone: your live\n"
+            "                                      training there, else its latest run)\n"
+            "  eagle3-tui [TARGET] --pid PID       monitor a training process (no telemetry\n"
+            "                                      needed: watched from outside)\n"
+            "  eagle3-tui runs [HOST]              live trainings and registered runs\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
