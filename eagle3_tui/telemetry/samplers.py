@@ -19,13 +19,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import DeviceReading, Nvml, NvmlUnavailable
 from eagle3_tui.telemetry.reads import ReadsReceiver
 from eagle3_tui.telemetry.schema import Kind
-from eagle3_tui.telemetry.writer import JsonlWriter
+
+if TYPE_CHECKING:  # (the agent imports the samplers: standard library only at run time)
+    from eagle3_tui.telemetry.writer import JsonlWriter
 
 SAMPLERS = ("gpu", "io", "ckpt", "heartbeat")
 MAX_FILES_PER_WORKER = 20
