@@ -236,7 +236,9 @@ def runs_json(host: Sshd, *extra: str) -> dict[str, Any]:
 def live_row(host: Sshd, t: Training, until: Any, timeout: float, what: str) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        rows = [r for r in runs_json(host)["live"] if r.get("cwd") == str(t.work)]
+        rows: list[dict[str, Any]] = [
+            r for r in runs_json(host)["live"] if r.get("cwd") == str(t.work)
+        ]
         if rows and until(rows[0]):
             return rows[0]
         assert time.monotonic() < deadline, f"timed out waiting for {what}: {rows}\n{t.log()}"
@@ -412,7 +414,9 @@ def test_bad_process_targets_are_one_line_with_their_own_status(
 def live_row_in(host: Sshd, work: Path, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        rows = [r for r in runs_json(host)["live"] if r.get("cwd") == str(work)]
+        rows: list[dict[str, Any]] = [
+            r for r in runs_json(host)["live"] if r.get("cwd") == str(work)
+        ]
         if rows:
             return rows[0]
         assert time.monotonic() < deadline, f"no live training in {work}"
