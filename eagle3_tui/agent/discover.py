@@ -355,8 +355,10 @@ class Training:
                 role = "rank"
             elif s is not None and s.helper:
                 role = "helper"
-            elif st.comm == "pt_data_worker" or (s is not None and s.worker):
+            elif st.comm == "pt_data_worker":  # torch names its dataloader workers so
                 role = "worker"
+            elif s is not None and s.worker:
+                role = "spawned"  # a multiprocessing child: a worker still starting, or other
             else:
                 role = "child"
             self.members.append({"pid": pid, "role": role, "comm": st.comm})

@@ -241,6 +241,7 @@ class Observer:
             self.sink,
             trainer_pid=self.pid,
             receiver=None,
+            # reads by dataloader workers only (a worker importing modules reads too)
             exclude=lambda: {p for p, r in self.members.items() if r != "worker"},
         )
         self._roles: dict[tuple[int, int], str] = {}
@@ -265,15 +266,17 @@ class Observer:
                 role = "launcher"
             elif any(h in joined for h in _HELPERS):
                 role = "helper"
-            elif st.comm == "pt_data_worker" or any(m in joined for m in _WORKER_MARKS):
+            elif st.comm == "pt_data_worker":
                 role = "worker"
+            elif any(m in joined for m in _WORKER_MARKS):
+                role = "spawned"  # a dataloader worker still starting (importing), or other
             elif st.ppid == self.root and self.root != self.pid:
                 role = "rank"
             else:
                 role = "child"
             self._roles[key] = role
-        if role == "child" and st.comm == "pt_data_worker":  # renamed after it started
-            role = self._roles[key] = "worker"
+        if role in ("child", "spawned") and st.comm == "pt_data_worker":
+            role = self._roles[key] = "worker"  # torch names it when its loop starts
         return role
 
     def tree(self) -> list[dict[str, Any]]:

@@ -412,3 +412,21 @@ async def test_a_run_without_telemetry_says_silent_and_what_is_not_available() -
         loss = app.query_one(LossPlot)
         await until(pilot, lambda: loss.is_current, what="the loss plot")
         assert "not available without telemetry" in str(loss.plt.build())
+
+
+async def test_several_live_trainings_are_picked_before_the_monitor() -> None:
+    from eagle3_tui.app.chooser import LiveChooser
+
+    rows = [
+        {"pid": 11, "started": T0, "health": "silent", "cwd": "/work/a", "command": ["py", "a.py"]},
+        {"pid": 22, "started": T0, "health": "running", "run_dir": "/runs/b", "telemetry": True,
+         "command": ["py", "b.py"]},
+    ]  # fmt: skip
+    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    async with chooser.run_test(size=(100, 20)) as pilot:
+        await pilot.press("down", "enter")
+    assert chooser.return_value == rows[1]
+    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    async with chooser.run_test(size=(100, 20)) as pilot:
+        await pilot.press("q")
+    assert chooser.return_value is None

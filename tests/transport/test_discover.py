@@ -144,19 +144,26 @@ def test_agent_modules_parse_as_python_3_8() -> None:
 
 TRAINING = textwrap.dedent(
     """
-    import multiprocessing as mp, sys, time
+    import sys, time
     import torch  # libtorch in the maps
 
-    def work():
-        time.sleep(120)
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10**6
+
+        def __getitem__(self, i):
+            time.sleep(0.05)
+            return i
 
     def train():
         import speculators  # (the real work would start here)
 
     if __name__ == "__main__":
-        mp.set_start_method("spawn")
-        worker = mp.Process(target=work)  # like a dataloader worker (spawn)
-        worker.start()
+        loader = torch.utils.data.DataLoader(
+            Slow(), num_workers=1, multiprocessing_context="spawn"
+        )
+        batches = iter(loader)  # a dataloader worker (spawned, then named pt_data_worker)
+        next(batches)
         print("Epoch 0 100% ━━━━ 3/3 [ 0:00:01 < 0:00:00 , 3 it/s ]", flush=True)
         open(sys.argv[1], "w").write("ready")
         time.sleep(120)
@@ -291,3 +298,72 @@ def test_observe_stream_survives_nothing_but_reports_the_end(
     finally:
         proc.kill()
         proc.wait()
+
+
+TORCHRUN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+
+    def train():
+        import speculators  # (the real work would start here)
+
+    open(sys.argv[1] + os.environ["RANK"], "w").write("ready")
+    time.sleep(120)
+    """
+)
+
+
+def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agent(
+    tmp_path: Path,
+) -> None:
+    need_training()
+    (tmp_path / "dist.py").write_text(TORCHRUN_SCRIPT)
+    ready = tmp_path / "ready-"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "0",
+            "dist.py",
+            str(ready),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{ready}{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "torchrun failed"
+            time.sleep(0.2)
+        found = [t for t in discover.scan()[0] if t.cwd == str(tmp_path)]
+        assert len(found) == 1, [t.trainer.pid for t in found]  # one training, not three
+        row = discover._rows(found)[0]
+        assert row["launcher_pid"] == launcher.pid
+        assert [r["rank"] for r in row["ranks"]] == ["0", "1"]
+        assert row["pid"] == next(r["pid"] for r in row["ranks"] if r["rank"] == "0")
+        roles = sorted(m["role"] for m in row["members"])
+        assert roles.count("launcher") == 1 and roles.count("trainer") == 1
+        assert roles.count("rank") == 1
+        assert any("torchrun agent" in e for e in row["evidence"])
+        assert discover.describe(row["ranks"][1]["pid"])["pid"] == row["pid"]  # a rank: its run
+        from eagle3_tui.transport.control import kill_run
+
+        report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=row))
+        assert report["status"] == "stopped", report
+        signalled = [p for p in report["processes"] if p["signals"]]
+        assert signalled[0]["pid"] == launcher.pid and signalled[0]["role"] == "launcher"
+        assert launcher.wait(30) is not None
+        for m in row["members"]:
+            st = discover.procs.stat(m["pid"])
+            assert st is None or st.zombie, f"{m} remains"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()

@@ -276,6 +276,9 @@ def test_summary_of_the_host_picks_it_and_says_silent_within_the_bound(
     assert "speculators.metrics logger has no handler, or its level is above INFO" in out["reason"]
     assert out["loss"] is None and out["ttt"] == []  # not available without telemetry
     # flagged within max(30 s, 5 x step time) of the evidence
+    if not training.seen:  # a busy CPU alone: called silent 90 s after the start
+        assert end - training.launched >= 90.0, (end - training.launched, out["reason"])
+        return
     evidence = min(training.seen.values())
     steps_per_s = out["steps_per_s"]
     bound = max(30.0, 5.0 / steps_per_s) if isinstance(steps_per_s, float) else 30.0
