@@ -49,12 +49,13 @@ def _refused(e: BaseException) -> bool:
     return ssh is not None and isinstance(e, ssh.HostRefusedError)
 
 
-def describe_row(row: dict[str, Any]) -> str:
-    """``pid 4242 train.py in /work/exp7`` for labels and messages."""
+def describe_row(row: dict[str, Any], middle: str = "") -> str:
+    """``pid 4242 train.py in /work/exp7`` for labels and messages (``middle`` before
+    the directory, which may be long)."""
     command = [str(a) for a in row.get("command") or []]
     script = next((a for a in command[1:] if not a.startswith("-")), command[0] if command else "")
     where = f" in {row['cwd']}" if row.get("cwd") else ""
-    return f"pid {row.get('pid')} {script.rsplit('/', 1)[-1]}{where}"
+    return f"pid {row.get('pid')} {script.rsplit('/', 1)[-1]}{middle}{where}"
 
 
 class ObservedTransport:
@@ -80,7 +81,7 @@ class ObservedTransport:
     @property
     def label(self) -> str:
         prefix = getattr(self.host, "prefix", "")
-        return f"{prefix}{describe_row(self.row)} · no telemetry"
+        return f"{prefix}{describe_row(self.row, ' (no telemetry)')}"
 
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
         position = offset  # where the next byte goes in the stream the model reads

@@ -357,7 +357,8 @@ def test_the_monitor_shows_silent_the_log_and_the_checkpoints(
             lambda s: "SILENT" in s and "checkpoints/0" in s and "val loss" in s, 120, "SILENT"
         )
         assert "speculators.metrics logger has no handler" in shown
-        assert "no telemetry" in shown and "the live training" in shown  # header, note
+        header = shown.splitlines()[0]
+        assert "the live training of root: " in header and "(no telemetry)" in header
         assert "not available without telemetry" in shown  # loss, acceptance
         assert "UserWarning" in shown or "Epoch " in shown  # the log's tail
         assert "val loss" in shown  # the last validation, from the checkpoints

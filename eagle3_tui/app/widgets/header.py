@@ -84,10 +84,10 @@ class RunHeader(Static):
             total = f"/{p.epochs_total}" if p.epochs_total else ""
             text.append(f" · epoch {p.epoch + 1}{total}")
         text.append("  ")
-        text.append_text(inert(self.target, style="dim"))
-        if self.note:
-            text.append(" · ", style="dim")
+        if self.note:  # why this run (before the target, which may be long)
             text.append_text(inert(self.note, style="italic"))
+            text.append(": ", style="dim")
+        text.append_text(inert(self.target, style="dim"))
         return text
 
 
