@@ -47,8 +47,11 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         epilog=(
             "commands:\n"
             "  eagle3-tui RUN_DIR                  monitor a run directory on this machine\n"
-            "  eagle3-tui [USER@]HOST[:RUN_DIR]    monitor a run over SSH (default: latest run)\n"
-            "  eagle3-tui runs [HOST]              list the runs registered on a host\n"
+            "  eagle3-tui [USER@]HOST[:DIR]        monitor over SSH (HOST alone: your live\n"
+            "                                      training there, else its latest run)\n"
+            "  eagle3-tui [TARGET] --pid PID       monitor a training process (no telemetry\n"
+            "                                      needed: watched from outside)\n"
+            "  eagle3-tui runs [HOST]              live trainings and registered runs\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
@@ -60,8 +63,13 @@ def build_monitor_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=_version())
     p.add_argument(
-        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="a local run or work directory, or [USER@]HOST[:DIR] (HOST alone: your live "
+        "training there, else its latest run)",
     )
+    add_pid_option(p)
     p.add_argument(
         "--compare",
         metavar="RUN",
@@ -77,6 +85,16 @@ def build_monitor_parser() -> argparse.ArgumentParser:
         "latency), or asyncssh in-process",
     )
     return p
+
+
+def add_pid_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pid",
+        type=int,
+        metavar="PID",
+        help="the training process PID on the target's host (a trainer, its torchrun agent, "
+        "a rank or a worker: its training); without TARGET, on this machine",
+    )
 
 
 def add_ssh_options(p: argparse.ArgumentParser) -> None:
@@ -131,8 +149,15 @@ def ssh_options(ns: argparse.Namespace) -> SshOptions:
 
 
 def cli_target(ns: argparse.Namespace) -> Target:
-    from eagle3_tui.transport.target import parse_target
+    """The command's TARGET; with --pid and no TARGET, this machine."""
+    from eagle3_tui.transport.target import LocalTarget, parse_target
 
+    if ns.target is None:
+        if getattr(ns, "pid", None) is None:
+            raise TargetError(
+                "a TARGET is needed (a run directory, or [USER@]HOST[:DIR]), or --pid PID"
+            )
+        return LocalTarget(Path("."))  # --pid decides: see choose()
     return parse_target(ns.target, ssh_options(ns))
 
 
@@ -144,12 +169,16 @@ def build_kill_parser() -> argparse.ArgumentParser:
             "torchrun agent) after checking its PID is still the run's, wait for the save, "
             "then make sure every process of the run is gone (SIGKILL after the grace "
             "period). Exit status: 0 nothing of the run remains, 8 processes remain, "
-            "9 refused (nothing signalled), 2 error."
+            "9 refused (nothing signalled), 2 error; 20-23 for a process target (see summary)."
         ),
     )
     p.add_argument(
-        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="a local run or work directory, or [USER@]HOST[:DIR]",
     )
+    add_pid_option(p)
     p.add_argument(
         "--grace",
         type=float,
@@ -192,8 +221,9 @@ def build_resume_parser() -> argparse.ArgumentParser:
 def build_runs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui runs",
-        description="List the runs registered on a host (this machine without HOST), newest "
-        "first. Exit status: 0 listed, 2 none registered or error.",
+        description="List the live trainings on a host (this machine without HOST), with "
+        "or without telemetry, then the registered runs, newest first. Exit status: 0 "
+        "listed, 2 none found or error.",
     )
     p.add_argument("target", metavar="HOST", nargs="?", help="[USER@]HOST (default: this machine)")
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -234,13 +264,21 @@ def build_demo_parser() -> argparse.ArgumentParser:
 def build_summary_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui summary",
-        description="Print the state of a run. Exit status: 0 running/finished/waiting, "
+        description="Print the state of a run, or of a training without telemetry (watched "
+        "from outside for a few seconds). Exit status: 0 running/finished/waiting, "
         "3 silent, 4 stalled, 5 dead, 6 diverged (also after the end), 7 stopped "
-        "(interrupted), 10 unreadable (no valid record, only malformed lines), 2 error.",
+        "(interrupted), 10 unreadable (no valid record, only malformed lines), 2 error; "
+        "20 the PID is not a training, 21 another user's process, 22 it exited, "
+        "23 several live trainings (choose with --pid).",
     )
     p.add_argument(
-        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="a local run or work directory, or [USER@]HOST[:DIR] (HOST alone: your live "
+        "training there, else its latest run)",
     )
+    add_pid_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
     add_ssh_options(p)
     return p
@@ -264,8 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
         from eagle3_tui.transport.base import printable
+        from eagle3_tui.transport.control import exit_status_of
 
         print(f"eagle3-tui: {printable(str(e))}", file=sys.stderr)
+        status = exit_status_of(e)
+        if status is not None:
+            return status
         return EXIT_REFUSED if type(e).__name__ == "AgentRefusedError" else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
@@ -367,10 +409,82 @@ def load_target(target: Target, label: str) -> tuple[Run, float]:
     return run, now
 
 
+def needs_choice(target: Target, pid: int | None) -> bool:
+    """Whether the host's agent must say what the target means (a process, a work
+    directory, a host's live training) before it is read: all but a local run directory."""
+    from eagle3_tui.transport.target import LocalTarget
+
+    if pid is not None:
+        return True
+    if isinstance(target, LocalTarget):
+        d = target.run_dir
+        return d.is_dir() and not (d / "metrics.jsonl").exists() and not (d / "run.json").exists()
+    return True
+
+
+def say(note: object) -> None:
+    """What was chosen, on stderr (headless commands)."""
+    from eagle3_tui.transport.base import printable
+
+    if note:
+        print(f"eagle3-tui: {printable(str(note))}", file=sys.stderr)
+
+
+async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run, float]:
+    """What the target means, read on its host over one connection: a run's
+    metrics.jsonl (and manifest), or a few seconds' observation of a training without
+    telemetry."""
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.channel import Host
+
+    async def go(host: Host) -> tuple[Run, float]:
+        chosen = await control.choose(host, control.run_dir_of(target), pid)
+        if chosen.get("choice") == "several":
+            raise control.several_error(chosen, label)
+        say(chosen.get("note"))
+        run = Run()
+        if chosen.get("choice") == "run":
+            run_dir = str(chosen["run_dir"])
+            eof = await control.read_file(host, run_dir, lambda f: run.feed(f.offset, f.data))
+            now = float(eof.get("now") or time.time())
+            try:
+                status = await control.run_status(host, run_dir)
+            except TargetError:
+                status = {}  # no manifest (a user's own writer): judge from the records
+            manifest = status.get("manifest")
+            if isinstance(manifest, dict) and manifest:
+                run.state.set_manifest(manifest)
+                alive = status.get("alive")
+                run.state.set_process(alive if isinstance(alive, bool) else None, now)
+            return run, now
+        end = await control.observe_once(
+            host, chosen["row"], lambda f: run.feed(f.offset, f.data), OBSERVE_S
+        )
+        return run, float(end.get("now") or time.time())
+
+    return await control.on_host(target, go)
+
+
+OBSERVE_S = 2.5
+"""How long ``summary`` watches a training without telemetry (CPU and reads need two
+samples; the log and checkpoints are read back at once)."""
+
+
 def cmd_summary(ns: argparse.Namespace) -> int:
+    import asyncio
+
     from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
 
-    run, now = load_target(cli_target(ns), ns.target)
+    target = cli_target(ns)
+    label = ns.target or f"pid {ns.pid}"
+    if needs_choice(target, ns.pid):
+        run, now = asyncio.run(load_chosen(target, ns.pid, label))
+        state = run.state
+        if state.records == 0 and state.malformed_count == 0 and state.observed is None:
+            raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
+    else:
+        run, now = load_target(target, label)
     summary = summarize(run.state, now)
     if ns.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
@@ -454,62 +568,96 @@ def open_run_for(target: Target, host: Any = None) -> Any:
     return lambda run_dir: SshTransport(host, run_dir)
 
 
-async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -> int:
-    """Connect and find the run first (errors as one line, before any UI), then monitor it:
-    the live stream through the ``ssh`` binary where there is one (``--ssh-client``),
-    control over the asyncssh connection."""
-    from eagle3_tui.transport.control import open_host, resolve
-    from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
-    from eagle3_tui.transport.ssh import SshHost, SshTransport, StreamHost
+async def monitor(target: Target, ns: argparse.Namespace) -> int:
+    """Find what the target means first (errors as one line, before any UI; a picker when
+    the host has several live trainings), then monitor it: a run's metrics.jsonl, or a
+    training without telemetry watched from outside. Over SSH the live stream goes through
+    the ``ssh`` binary where there is one (``--ssh-client``), control over asyncssh."""
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.local import LocalTransport, check_run_dir
+    from eagle3_tui.transport.target import LocalTarget
 
-    host = open_host(target)
-    assert isinstance(host, SshHost)
+    pid = getattr(ns, "pid", None)
+    host = control.open_host(target)
     try:
-        info = await resolve(host, target.run_dir)
-        run_dir = str(info["run_dir"])  # pinned: a newer run does not take over the view
         from eagle3_tui.app.app import make_app
         from eagle3_tui.app.control import RunControl
 
-        pinned = target.with_run_dir(run_dir)
-        client = getattr(ns, "ssh_client", "auto")
-        ssh = find_ssh() if client != "asyncssh" else None
-        if client == "openssh" and ssh is None:
-            raise TargetError("--ssh-client openssh: no ssh on PATH")
-        # the stream's ssh reads the configuration and known_hosts the connection did
-        stream_host: StreamHost = OpenSshHost(pinned, ssh, host.known_hosts) if ssh else host
-        app = make_app(
-            SshTransport(stream_host, run_dir),
-            control=RunControl.for_target(pinned, host),
-            compare=compare_source(ns, pinned, host) if ns is not None else None,
-            open_run=open_run_for(pinned, host),
-        )
-        await app.run_async()
+        if isinstance(target, LocalTarget) and not needs_choice(target, pid):
+            check_run_dir(target.run_dir)
+            await make_app(
+                LocalTransport(target.run_dir),
+                control=RunControl.for_target(target),
+                compare=compare_source(ns, target),
+                open_run=open_run_for(target),
+            ).run_async()
+            return EXIT_OK
+        chosen = await control.choose(host, control.run_dir_of(target), pid)
+        note, short = str(chosen.get("note") or ""), str(chosen.get("short") or "")
+        row = chosen.get("row")
+        if chosen.get("choice") == "several":
+            from eagle3_tui.app.chooser import choose_live
+
+            row = await choose_live(chosen)
+            if row is None:
+                return EXIT_OK
+            note = f"picked among {note}"
+        if row is not None and not row.get("run_dir"):  # a training without telemetry
+            from eagle3_tui.transport.observed import ObservedTransport
+
+            source: Any = ObservedTransport(stream_host(target, host, ns), row)
+            app_control = RunControl.for_process(target, host, row)
+            compare, open_run = compare_source(ns, target, host), open_run_for(target, host)
+        else:
+            run_dir = str(row["run_dir"]) if row is not None else str(chosen["run_dir"])
+            if isinstance(target, LocalTarget):
+                pinned_local = LocalTarget(Path(run_dir))
+                check_run_dir(pinned_local.run_dir)
+                source = LocalTransport(pinned_local.run_dir)
+                app_control = RunControl.for_target(pinned_local)
+                compare, open_run = compare_source(ns, pinned_local), open_run_for(pinned_local)
+            else:
+                from eagle3_tui.transport.ssh import SshTransport
+
+                pinned = target.with_run_dir(run_dir)  # a newer run does not take over
+                source = SshTransport(stream_host(pinned, host, ns), run_dir)
+                app_control = RunControl.for_target(pinned, host)
+                compare = compare_source(ns, pinned, host)
+                open_run = open_run_for(pinned, host)
+        await make_app(
+            source,
+            control=app_control,
+            compare=compare,
+            open_run=open_run,
+            note=note,
+            chosen=short,
+        ).run_async()
     finally:
         await host.close()
     return EXIT_OK
 
 
+def stream_host(target: Target, host: Any, ns: argparse.Namespace) -> Any:
+    """What carries a live stream: the ``ssh`` binary where installed (``--ssh-client``),
+    else the asyncssh connection; this machine's agent for a local target."""
+    from eagle3_tui.transport.target import LocalTarget
+
+    if isinstance(target, LocalTarget):
+        return host
+    from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
+
+    client = getattr(ns, "ssh_client", "auto")
+    ssh = find_ssh() if client != "asyncssh" else None
+    if client == "openssh" and ssh is None:
+        raise TargetError("--ssh-client openssh: no ssh on PATH")
+    # the stream's ssh reads the configuration and known_hosts the connection did
+    return OpenSshHost(target, ssh, getattr(host, "known_hosts", None)) if ssh else host
+
+
 def cmd_monitor(ns: argparse.Namespace) -> int:
     import asyncio
 
-    from eagle3_tui.transport.local import LocalTransport, check_run_dir
-    from eagle3_tui.transport.target import LocalTarget
-
-    target = cli_target(ns)
-    if not isinstance(target, LocalTarget):
-        return asyncio.run(monitor_ssh(target, ns))
-    run_dir = target.run_dir
-    check_run_dir(run_dir)
-    from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.control import RunControl
-
-    make_app(
-        LocalTransport(run_dir),
-        control=RunControl.for_target(target),
-        compare=compare_source(ns, target),
-        open_run=open_run_for(target),
-    ).run()
-    return EXIT_OK
+    return asyncio.run(monitor(cli_target(ns), ns))
 
 
 # ---- kill, resume, runs -------------------------------------------------------
@@ -527,15 +675,26 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
+    from eagle3_tui.transport.channel import Host
 
     target = cli_target(ns)
+    label = ns.target or f"pid {ns.pid}"
 
-    run_dir = control.run_dir_of(target)
-    result = asyncio.run(
-        control.on_host(
-            target, lambda h: control.kill_run(h, run_dir, ns.grace, on_progress=_print_progress)
-        )
-    )
+    async def go(host: Host) -> dict[str, Any]:
+        run_dir = control.run_dir_of(target)
+        if needs_choice(target, ns.pid):
+            chosen = await control.choose(host, run_dir, ns.pid)
+            if chosen.get("choice") == "several":
+                raise control.several_error(chosen, label)
+            say(chosen.get("note"))
+            if chosen.get("choice") == "process":
+                return await control.kill_run(
+                    host, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
+                )
+            run_dir = str(chosen["run_dir"])
+        return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
+
+    result = asyncio.run(control.on_host(target, go))
     print(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
@@ -566,10 +725,10 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         if isinstance(target, LocalTarget):
             target = parse_host(ns.target, opts)
 
-    result = asyncio.run(control.on_host(target, control.list_runs))
-    if not result.get("runs"):
+    result = asyncio.run(control.on_host(target, control.discover))
+    if not result.get("runs") and not result.get("live"):
         raise control.no_runs_error(result, ns.target or "this machine")
-    print(json.dumps(result) if ns.json else control.format_runs(result))
+    print(json.dumps(result) if ns.json else control.format_discovered(result))
     return EXIT_OK
 
 

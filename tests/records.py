@@ -100,6 +100,42 @@ class Lines:
     def heartbeat(self, written: int = 0, dropped: int = 0) -> bytes:
         return self.make("heartbeat", written=written, dropped=dropped, bytes=0)
 
+    def proc(
+        self,
+        alive: bool = True,
+        cpu_pct: float | None = 100.0,
+        log_grew: float = 0.0,
+        started: float = 1_000_000.0,
+        pid: int = 4242,
+        **info: Any,
+    ) -> bytes:
+        """What the agent writes about a training observed without telemetry."""
+        process = {
+            "pid": pid,
+            "started": started,
+            "telemetry": False,
+            "command": ["python", "train.py"],
+            "cwd": "/work/exp7",
+            "user": "alice",
+            "log_file": "/work/exp7/train.log",
+            "log_bytes": 1000.0,
+            "log_grew": log_grew,
+            "checkpoint_dir": "/work/exp7/checkpoints",
+            "cpu_pct": cpu_pct,
+            **info,
+        }
+        members = [
+            {"pid": pid, "role": "trainer", "comm": "python", "state": "R", "cpu_pct": cpu_pct},
+            {"pid": pid + 1, "role": "worker", "comm": "pt_data_worker", "state": "S"},
+        ]
+        return self.make("proc", alive=alive, process=process, processes=members)
+
+    def bar(self, epoch: int, n: int, total: int, elapsed_s: float, phase: str = "train") -> bytes:
+        """An epoch progress bar of the trainer's output."""
+        bar = {"epoch": epoch, "phase": phase, "n": n, "total": total, "done": n >= total}
+        bar |= {"elapsed_s": elapsed_s, "remaining_s": 0.0, "rate": n / elapsed_s}
+        return self.make("progress", bar=bar)
+
     def at(self, ts: float) -> Lines:
         """Set the timestamp of the next line."""
         self.ts = ts

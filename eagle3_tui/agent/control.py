@@ -19,8 +19,9 @@ from eagle3_tui.agent.checkpoints import (
     interrupted_dir,
     latest_numbered,
 )
+from eagle3_tui.agent.discover import describe, manifest_of
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.names import ERR_GONE, MANIFEST
 from eagle3_tui.agent.processes import (
     find_members,
     settle,
@@ -46,11 +47,15 @@ def op_kill(req: dict[str, Any]) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     grace = float(req.get("grace_s", 130.0))
     linger = float(req.get("linger_s", 3.0))
-    run_dir = resolve_run_dir(req.get("run_dir"))
-    emit("resolved", run_dir=str(run_dir))
-    m = read_manifest(run_dir)
+    if isinstance(req.get("pid"), int):  # a training found on the host, no manifest
+        m, run_dir = discovered_manifest(req)
+        base: dict[str, Any] = {"pid": m["pid"], "run_dir": None, "run_id": None}
+    else:
+        run_dir = resolve_run_dir(req.get("run_dir"))
+        emit("resolved", run_dir=str(run_dir))
+        m = read_manifest(run_dir)
+        base = {"run_dir": str(run_dir), "run_id": m.get("run_id")}
     trainer, problem = verify_trainer(m)
-    base: dict[str, Any] = {"run_dir": str(run_dir), "run_id": m.get("run_id")}
     if trainer is not None and problem is not None:  # the PID was reused
         others = find_members(m, None)
         emit(
@@ -123,6 +128,33 @@ def op_kill(req: dict[str, Any]) -> int:
     return 0
 
 
+def discovered_manifest(req: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """A manifest-like identity of a process named by PID (a training without telemetry):
+    the PID with the start time and boot id the client saw (checked again before any
+    signal), the torchrun agent, the checkpoint directory; and the directory that
+    relative paths are read from (its working directory)."""
+    pid = int(req["pid"])
+    start = req.get("start_ticks")
+    if not isinstance(start, int):
+        row = describe(pid)  # gone / permission / not a training: one-line errors
+        start = row["start_ticks"]
+    else:
+        row = {}
+        try:
+            row = describe(pid, start)
+        except AgentError as e:
+            if e.kind != ERR_GONE:
+                raise
+    if row:  # (a worker's or rank's PID names its training: the trainer is signalled)
+        m = manifest_of(row, os.uname().nodename)
+    else:  # gone, or its PID reused: verify_trainer says which, nothing is signalled
+        m = {"pid": pid, "start_ticks": start, "observed": True}
+    if req.get("boot_id"):
+        m["boot_id"] = req["boot_id"]
+    emit("resolved", pid=pid)
+    return m, Path(m.get("cwd") or "/")
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         with open(path, "rb") as f:
@@ -137,6 +169,13 @@ def op_resume(req: dict[str, Any]) -> int:
     """Relaunch the manifest's resume command, detached, from a complete checkpoint."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
     wait_s = float(req.get("wait_s", 30.0))
+    if isinstance(req.get("pid"), int):
+        raise AgentError(
+            "refused",
+            "this training was started without eagle3-tui: there is no resume command to "
+            "rerun; start your script again (speculators resumes from the last numbered "
+            "checkpoint), with telemetry attached",
+        )
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit("resolved", run_dir=str(run_dir))
     m = read_manifest(run_dir)

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from typing import IO, Any, NoReturn
 
 from eagle3_tui.agent.control import op_kill, op_resume
+from eagle3_tui.agent.discover import op_choose, op_describe, op_discover
 from eagle3_tui.agent.follow import op_follow, op_read
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import ERR_INVALID, EV_ERROR, PROTOCOL
+from eagle3_tui.agent.observe import op_observe
 from eagle3_tui.agent.runs import op_resolve, op_runs, op_status
 
 OPS: dict[str, Callable[[dict[str, Any]], int]] = {
@@ -21,6 +23,10 @@ OPS: dict[str, Callable[[dict[str, Any]], int]] = {
     "kill": op_kill,
     "resume": op_resume,
     "status": op_status,
+    "discover": op_discover,
+    "choose": op_choose,
+    "describe": op_describe,
+    "observe": op_observe,
 }
 
 

@@ -16,6 +16,10 @@ OP_RUNS = "runs"
 OP_KILL = "kill"
 OP_RESUME = "resume"
 OP_STATUS = "status"
+OP_DISCOVER = "discover"  # live trainings on the host, with or without telemetry
+OP_CHOOSE = "choose"  # which run or process a target means
+OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identity
+OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
 
 # Events (a J frame's "event").
 EV_RESOLVED = "resolved"
@@ -26,8 +30,15 @@ EV_PROGRESS = "progress"
 EV_RESULT = "result"
 EV_EOF = "eof"
 EV_ERROR = "error"
+EV_OBSERVED = "observed"  # observe: the process being observed (once, first)
+EV_CURSOR = "cursor"  # observe: where a reconnect resumes (after each data frame)
+EV_ENDED = "ended"  # observe: the trainer exited; nothing more will come
 
 # Error kinds (an error event's "kind").
 ERR_INVALID = "invalid"  # a request the agent does not understand
 ERR_MISSING = "missing"  # no such run, file or manifest
 ERR_REFUSED = "refused"  # understood, and refused (resume a running run...)
+# A process named as a target (--pid, a work directory, a host's live run):
+ERR_NOT_TRAINING = "not_training"  # it exists, but is not a speculators training
+ERR_PERMISSION = "permission"  # another user's process, unreadable to this one
+ERR_GONE = "gone"  # no such process (it exited, or its PID is another process now)

@@ -6,82 +6,31 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
+from eagle3_tui.telemetry import procs
+
+# /proc is read in one place (telemetry/procs.py); these are its names here.
+Proc = procs.ProcStat
+proc_stat = procs.stat
+boot_id = procs.boot_id
+has_marker = procs.has_env
+all_procs = procs.all_stats
 
 
-class Proc:
-    """One line of ``/proc/PID/stat``: what identifies and relates a process."""
-
-    __slots__ = ("comm", "pgrp", "pid", "ppid", "start", "state")
-
-    def __init__(self, pid: int, comm: str, state: str, ppid: int, pgrp: int, start: int) -> None:
-        self.pid = pid
-        self.comm = comm
-        self.state = state
-        self.ppid = ppid
-        self.pgrp = pgrp
-        self.start = start
-
-    @property
-    def zombie(self) -> bool:
-        return self.state in ("Z", "X")
-
-
-def proc_stat(pid: int) -> Proc | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    close = raw.rfind(")")
-    comm = raw[raw.find("(") + 1 : close]
-    fields = raw[close + 2 :].split()
-    try:
-        return Proc(pid, comm, fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
-    except (IndexError, ValueError):
-        return None
-
-
-def boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def all_procs() -> dict[int, Proc]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            p = proc_stat(int(entry))
-            if p is not None:
-                out[p.pid] = p
-    return out
-
-
-def ancestors(pid: int, procs: dict[int, Proc]) -> set[int]:
+def ancestors(pid: int, table: dict[int, Proc]) -> set[int]:
     seen = set()
-    while pid in procs and pid not in seen and pid > 1:
+    while pid in table and pid not in seen and pid > 1:
         seen.add(pid)
-        pid = procs[pid].ppid
+        pid = table[pid].ppid
     return seen
 
 
-def descendants(root: int, procs: dict[int, Proc]) -> set[int]:
+def descendants(root: int, table: dict[int, Proc]) -> set[int]:
     kids: dict[int, list[int]] = {}
-    for p in procs.values():
+    for p in table.values():
         kids.setdefault(p.ppid, []).append(p.pid)
     out: set[int] = set()
     todo = [root]
@@ -180,12 +129,12 @@ def verify_trainer(m: dict[str, Any]) -> tuple[Proc | None, str | None]:
 def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
     """Every live process of the run: the trainer and launcher, their descendants,
     and anything carrying the run's marker in its environment (escaped workers)."""
-    procs = all_procs()
-    mine = ancestors(os.getpid(), procs)
+    table = all_procs()
+    mine = ancestors(os.getpid(), table)
     out: dict[int, Member] = {}
 
     def add(pid: int, role: str) -> None:
-        p = procs.get(pid)
+        p = table.get(pid)
         if p is not None and not p.zombie and pid not in mine and pid not in out:
             out[pid] = Member(p, role)
 
@@ -195,15 +144,15 @@ def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
         launcher = m.get("launcher_pid")
         if isinstance(launcher, int) and trainer.ppid == launcher:
             add(launcher, "launcher")
-            for pid in sorted(descendants(launcher, procs)):
+            for pid in sorted(descendants(launcher, table)):
                 add(pid, "child")
-        for pid in sorted(descendants(trainer.pid, procs)):
+        for pid in sorted(descendants(trainer.pid, table)):
             add(pid, "child")
     run_id = m.get("run_id")
     if run_id and same_boot:
         marker = f"{RUN_ID_ENV}={run_id}".encode()
         since = m.get("start_ticks")
-        for pid, p in sorted(procs.items()):
+        for pid, p in sorted(table.items()):
             if pid in out or pid in mine or p.zombie:
                 continue
             if isinstance(since, int) and p.start < since:

@@ -88,7 +88,7 @@ def op_resolve(req: dict[str, Any]) -> int:
     return 0
 
 
-def op_runs(req: dict[str, Any]) -> int:
+def registered_rows() -> list[dict[str, Any]]:
     """The runs registered on this host, newest first, with their state."""
     seen: dict[str, dict[str, Any]] = {}
     for entry in read_index():
@@ -116,6 +116,12 @@ def op_runs(req: dict[str, Any]) -> int:
                 row["pid"] = m.get("pid")
                 row["alive"] = trainer is not None and problem is None
         runs.append(row)
+    return runs
+
+
+def op_runs(req: dict[str, Any]) -> int:
+    """The runs registered on this host, newest first, with their state."""
+    runs = registered_rows()
     emit("result", op="runs", runs=runs, index=str(index_path()), host=os.uname().nodename)
     return 0
 

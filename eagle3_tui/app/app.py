@@ -84,9 +84,15 @@ class MonitorApp(App[None]):
         export_dir: Path | None = None,
         compare: Source | None = None,
         open_run: Callable[[str], Source] | None = None,
+        note: str = "",
+        chosen: str = "",
     ) -> None:
         super().__init__()
         self.source = source
+        self.note = note
+        """What was chosen and why (a host's live training, its latest run): said at start."""
+        self.chosen = chosen
+        """The same in a few words, for the header."""
         self.control = control
         self.clock = clock
         self.refresh_interval = refresh_interval
@@ -108,7 +114,8 @@ class MonitorApp(App[None]):
     # ---- layout -----------------------------------------------------------------
     def compose(self) -> ComposeResult:
         bound = (MonitorApp.snapshot,)
-        yield RunHeader(self.source.label).data_bind(*bound, MonitorApp.link, MonitorApp.view)
+        header = RunHeader(self.source.label, self.chosen)
+        yield header.data_bind(*bound, MonitorApp.link, MonitorApp.view)
         yield HealthBanner().data_bind(*bound, MonitorApp.link)
         with Horizontal(id="plots"):
             yield self._loss_plot.data_bind(*bound, MonitorApp.view)
@@ -140,7 +147,9 @@ class MonitorApp(App[None]):
         self.set_interval(self.refresh_interval, self._tick, name="refresh")
         if self.compare_source is not None:
             self._start_compare(self.compare_source)
-        if self.control is not None:
+        if self.note:
+            self.notify(clean(self.note), title="chosen", timeout=20)
+        if self.control is not None and not self.control.observed:
             self.probe()
             self.set_interval(self.status_interval, self.probe, name="status")
 
@@ -394,12 +403,16 @@ def make_app(
     export_dir: Path | None = None,
     compare: Source | None = None,
     open_run: Callable[[str], Source] | None = None,
+    note: str = "",
+    chosen: str = "",
 ) -> MonitorApp:
     """The one way to build the monitor: the CLI and the tests both come through here.
 
     ``source`` streams the run; ``control`` acts on its host (kill, resume, probes,
     the runs there); ``compare`` streams a previous run to compare with, and
-    ``open_run`` opens one picked on the host by its directory.
+    ``open_run`` opens one picked on the host by its directory; ``note`` says what was
+    chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
+    for the header.
     """
     return MonitorApp(
         source,
@@ -410,4 +423,6 @@ def make_app(
         export_dir=export_dir,
         compare=compare,
         open_run=open_run,
+        note=note,
+        chosen=chosen,
     )

@@ -25,6 +25,9 @@ class RunControl:
     """``host:run_dir`` (or the local path), for dialogs."""
     kill_grace_s: float = 130.0
     resume_wait_s: float = 30.0
+    process: dict[str, Any] | None = None
+    """A training without telemetry (its discovery row): acted on by PID, start time and
+    boot id instead of a manifest."""
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
@@ -33,15 +36,34 @@ class RunControl:
             host = LocalHost() if isinstance(target, LocalTarget) else control.open_host(target)
         return cls(host, run_dir, control.where(target, run_dir))
 
+    @classmethod
+    def for_process(cls, target: Target, host: Host, row: dict[str, Any]) -> RunControl:
+        from eagle3_tui.transport.observed import describe_row
+
+        prefix = getattr(host, "prefix", "")
+        return cls(host, None, f"{prefix}{describe_row(row)}", process=row)
+
+    @property
+    def observed(self) -> bool:
+        """A run without telemetry: its records say whether it lives (no probes needed)."""
+        return self.process is not None
+
     async def status(self) -> dict[str, Any]:
-        """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status)."""
+        """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status;
+        for a process, control.describe)."""
+        if self.process is not None:
+            return await control.describe(self.host, self.process)
         return await control.run_status(self.host, self.run_dir)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return await control.kill_run(self.host, self.run_dir, self.kill_grace_s, on_progress)
+        return await control.kill_run(
+            self.host, self.run_dir, self.kill_grace_s, on_progress, process=self.process
+        )
 
     async def resume(self) -> dict[str, Any]:
-        return await control.resume_run(self.host, self.run_dir, self.resume_wait_s)
+        return await control.resume_run(
+            self.host, self.run_dir, self.resume_wait_s, process=self.process
+        )
 
     async def runs(self) -> dict[str, Any]:
         return await control.list_runs(self.host)

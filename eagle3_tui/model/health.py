@@ -243,6 +243,12 @@ def judge(state: RunState, now: float) -> Diagnosis:
         return Diagnosis(Health.STOPPED, stopped)
     if diverged is not None:
         return Diagnosis(Health.DIVERGED, diverged)
+    if state.observed is not None:  # no telemetry: judged from outside (issue 11)
+        from eagle3_tui.model.observed_health import diagnose_observed
+
+        observed = diagnose_observed(state, now)
+        if observed is not None:
+            return observed
 
     alive = state.process_alive
     hb = state.heartbeat

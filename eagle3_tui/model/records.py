@@ -143,6 +143,15 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """How old the trainer's own figures are: grows while its interpreter is stuck."""
     trainer: dict[str, Any] | None = None
     """The sidecar's look at the trainer process: ``pid``, ``alive``, ``state``, ``cpu_s``."""
+    # proc / progress: written by the agent observing a run without telemetry
+    alive: bool | None = None
+    """``proc``: whether the trainer still runs."""
+    process: dict[str, Any] | None = None
+    """``proc``: the trainer (see ``model/observed.py``: ``ProcessInfo``)."""
+    processes: msgspec.Raw = _NO_RAW
+    """``proc``: its process tree, decoded when applied (``observed.decode_members``)."""
+    bar: dict[str, Any] | None = None
+    """``progress``: an epoch progress bar of its output (``observed.Bar``)."""
 
     @property
     def step_or_global(self) -> int | None:
@@ -316,7 +325,7 @@ def _coerce(obj: dict[str, Any]) -> Record:
             if not isinstance(m, dict):
                 raise ValueError(f"'{numeric_map}' is not an object")
             known[numeric_map] = {str(k): to_float(v) for k, v in m.items()}
-    for raw_field in ("devices", "workers"):
+    for raw_field in ("devices", "workers", "processes"):
         if raw_field in known:
             known[raw_field] = msgspec.Raw(msgspec.json.encode(known[raw_field]))
     prof = known.get("profile")

@@ -24,6 +24,7 @@ from eagle3_tui.model.derived import (
     mean_tail,
     run_pace,
     smoothed,
+    step_number,
     steps_done,
     steps_per_epoch,
     tau_from_cond,
@@ -31,6 +32,7 @@ from eagle3_tui.model.derived import (
 )
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
+from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.state import CkptEvent, Event, Leftover, LogLine, Redo, RunState
 
 F64 = npt.NDArray[np.float64]
@@ -125,6 +127,21 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class ObservedView:
+    """A run without telemetry, watched from outside: what the panels say about it."""
+
+    pid: int
+    alive: bool
+    command: tuple[str, ...]
+    cwd: str | None
+    user: str | None
+    log_file: str | None
+    checkpoint_dir: str | None
+    cpu_pct: float | None
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the panels show, frozen at ``now``."""
 
@@ -162,6 +179,8 @@ class Snapshot:
     dropped_by_writer: int = 0
     leftovers: tuple[Leftover, ...] = ()
     """Processes of the run that outlived its trainer (from the host's probe)."""
+    observed: ObservedView | None = None
+    """Set for a run without telemetry: per-step metrics are not available."""
 
     @property
     def health(self) -> Health:
@@ -307,16 +326,31 @@ def _progress(state: RunState, now: float) -> Progress:
     if not isinstance(total, int) or total <= 0:
         total = spe * state.epochs_total if spe and state.epochs_total else None
     step = state.global_step
-    eta_epoch, eta_run = eta(step, state.epoch, spe, total, pace.steps_per_s)
+    epoch = state.epoch
+    steps_per_s = pace.steps_per_s
+    shown = steps_done(state)
+    bars = bar_progress(state) if step is None and state.observed is not None else None
+    if bars is not None:  # no metric: the output's epoch bars say how far it is
+        step, epoch, spe, steps_per_s = (
+            bars.step,
+            bars.epoch,
+            bars.steps_per_epoch,
+            bars.steps_per_s,
+        )
+        total = spe * state.epochs_total if state.epochs_total else None
+        shown = step_number(step)
+    eta_epoch, eta_run = eta(step, epoch, spe, total, steps_per_s)
     started = manifest.get("started_at")
+    if not isinstance(started, float | int) and state.observed is not None:
+        started = state.observed.info.started
     start = started if isinstance(started, float | int) else state.first_ts
     return Progress(
-        step=steps_done(state),
-        epoch=epoch_number(state.epoch),
+        step=shown,
+        epoch=epoch_number(epoch),
         epochs_total=state.epochs_total,
         steps_per_epoch=spe,
         total_steps=total,
-        steps_per_s=pace.steps_per_s,
+        steps_per_s=steps_per_s,
         tokens_per_s=pace.tokens_per_s,
         eta_epoch_s=eta_epoch,
         eta_run_s=eta_run,
@@ -434,4 +468,23 @@ def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) 
         restarts=len(state.restarts),
         dropped_by_writer=(hb.dropped or 0) if hb is not None else 0,
         leftovers=state.leftovers,
+        observed=_observed(state),
+    )
+
+
+def _observed(state: RunState) -> ObservedView | None:
+    obs = state.observed
+    if obs is None:
+        return None
+    info = obs.info
+    return ObservedView(
+        pid=info.pid,
+        alive=obs.alive,
+        command=tuple(info.command),
+        cwd=info.cwd,
+        user=info.user,
+        log_file=info.log_file,
+        checkpoint_dir=info.checkpoint_dir,
+        cpu_pct=info.cpu_pct,
+        members=obs.members,
     )

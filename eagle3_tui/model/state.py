@@ -23,6 +23,15 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.observed import HISTORY as PROC_HISTORY
+from eagle3_tui.model.observed import (
+    BarSeen,
+    Observed,
+    ProcSample,
+    decode_bar,
+    decode_members,
+    decode_process,
+)
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
     PROFILE_FIELDS,
@@ -110,6 +119,8 @@ class IoPoint:
     bytes: float
     files_read: int
     workers: int
+    worker_bytes: float = 0.0
+    """Of ``bytes``, what the dataloader workers read (not the trainer itself)."""
 
 
 @dataclass(slots=True)
@@ -237,6 +248,10 @@ class RunState:
     link_down_since: float | None = None
     """Client time since which no data can arrive (None: the link is up, data current)."""
     link_detail: str = ""
+    # a run observed without telemetry (proc / progress records: model/observed.py)
+    observed: Observed | None = None
+    proc_samples: deque[ProcSample] = field(default_factory=lambda: deque(maxlen=PROC_HISTORY))
+    bars: deque[BarSeen] = field(default_factory=lambda: deque(maxlen=200))
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
@@ -391,6 +406,10 @@ class RunState:
             self._apply_ckpt(rec)
         elif kind == "lifecycle":
             self._apply_lifecycle(rec)
+        elif kind == "proc":
+            self._apply_proc(rec)
+        elif kind == "progress":
+            self._apply_progress(rec)
         elif kind == "hparams" and rec.hparams:
             self.hparams.update(rec.hparams)
 
@@ -681,7 +700,10 @@ class RunState:
         files_read = (
             rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
         )
-        self.io_history.append(IoPoint(rec.ts, float(total), files_read, len(workers)))
+        worker_bytes = sum(w.read_bytes or 0.0 for w in workers if w.role == "worker")
+        self.io_history.append(
+            IoPoint(rec.ts, float(total), files_read, len(workers), float(worker_bytes))
+        )
         for w in workers:
             self.io_workers[w.pid] = w
             for f in w.files:
@@ -713,6 +735,33 @@ class RunState:
             self._close(_ACTIVITIES, rec.ts)
             self._starting = event  # until its first step: a start-up, not a silence
             self.signalled = None
+
+    # ---- observed runs (no telemetry) -----------------------------------------------
+    def _apply_proc(self, rec: Record) -> None:
+        """The process tree of a run observed from outside; the trainer alive or not."""
+        if not isinstance(rec.alive, bool) or rec.process is None:
+            self._bad_payload(rec, "proc: 'alive' (bool) and 'process' are required")
+            return
+        try:
+            info = decode_process(rec.process)
+            members = decode_members(rec.processes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._bad_payload(rec, f"proc: {e}")
+            return
+        self.observed = Observed(rec.ts, rec.alive, info, tuple(members))
+        self.proc_samples.append(ProcSample(rec.ts, rec.alive, info.cpu_pct, info.log_grew))
+        self.set_process(rec.alive, rec.ts)
+        if self.epochs_total is None and isinstance(info.epochs, int) and info.epochs > 0:
+            self.epochs_total = info.epochs
+
+    def _apply_progress(self, rec: Record) -> None:
+        """An epoch progress bar of the trainer's output."""
+        try:
+            bar = decode_bar(rec.bar)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._bad_payload(rec, f"progress: {e}")
+            return
+        self.bars.append(BarSeen(rec.ts, bar))
 
     # ---- queries ------------------------------------------------------------
     @property

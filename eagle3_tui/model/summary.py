@@ -113,6 +113,29 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
             {"pid": x.pid, "comm": x.comm, "rss_bytes": x.rss_bytes, "gpu_bytes": x.gpu_bytes}
             for x in snap.leftovers
         ],
+        "telemetry": snap.observed is None,
+        "observed": _observed(snap),
+    }
+
+
+def _observed(snap: Snapshot) -> dict[str, Any] | None:
+    """A run without telemetry: the process watched, and where its output goes."""
+    o = snap.observed
+    if o is None:
+        return None
+    return {
+        "pid": o.pid,
+        "alive": o.alive,
+        "user": o.user,
+        "command": list(o.command),
+        "cwd": o.cwd,
+        "log_file": o.log_file,
+        "checkpoint_dir": o.checkpoint_dir,
+        "cpu_pct": o.cpu_pct,
+        "processes": [
+            {"pid": m.pid, "role": m.role, "comm": m.comm, "cpu_pct": m.cpu_pct, "rss": m.rss}
+            for m in o.members
+        ],
     }
 
 
@@ -123,6 +146,23 @@ def _dur(s: Any) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
+    """A run without telemetry: the process, where its output and checkpoints go."""
+    if not o:
+        return []
+    workers = sum(1 for p in o["processes"] if p["role"] == "worker")
+    cmd = " ".join(o["command"])[:100]
+    lines = [
+        f"process  pid {o['pid']} ({o['user']}), no telemetry: {cmd}",
+        f"         in {o['cwd']}; {len(o['processes'])} processes ({workers} dataloader workers)",
+        f"log      {o['log_file'] or 'not a file (a terminal or a pipe)'}",
+        f"ckpts    {o['checkpoint_dir'] or 'not found yet'}",
+    ]
+    if no_metrics:
+        lines.append("metrics  per-step loss and accuracies: not available without telemetry")
+    return lines
 
 
 def format_text(summary: dict[str, Any]) -> str:
@@ -136,6 +176,7 @@ def format_text(summary: dict[str, Any]) -> str:
     epochs = f"/{summary['epochs']}" if summary.get("epochs") else ""
     lines = [
         f"health   {summary['health']}: {summary['reason']}",
+        *_observed_lines(summary.get("observed"), summary.get("loss") is None),
         f"step     {f(summary['step'])}"
         + (f"/{summary['total_steps']}" if summary.get("total_steps") else "")
         + f"   epoch {f(summary['epoch'])}{epochs}",

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"
+"""A recorded-readings file to use instead of the real NVML (tests, demos)."""
+
 
 class NvmlUnavailable(Exception):  # noqa: N818 - a state, not a bug
     """NVML cannot be used: ``kind`` is ``no_driver`` or ``error``."""
@@ -204,3 +207,9 @@ class RecordedNvml:
 
     def shutdown(self) -> None:
         pass
+
+
+def nvml_from_env() -> Nvml:
+    """The recorded readings named by ``EAGLE3_TUI_NVML_FIXTURE``, else the real NVML."""
+    fixture = os.environ.get(FIXTURE_ENV)
+    return RecordedNvml(fixture) if fixture else PynvmlApi()

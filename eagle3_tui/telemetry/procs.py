@@ -28,12 +28,24 @@ def _read(path: str) -> str | None:
 
 @dataclass(frozen=True)
 class ProcStat:
+    """One line of ``/proc/PID/stat``: what identifies, relates and times a process."""
+
     pid: int
     comm: str
     state: str
     ppid: int
     cpu_s: float
     start_ticks: int
+    pgrp: int = 0
+
+    @property
+    def start(self) -> int:
+        """The start time in clock ticks since boot (with the boot id: the process's identity)."""
+        return self.start_ticks
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
 
 
 def stat(pid: int) -> ProcStat | None:
@@ -51,8 +63,140 @@ def stat(pid: int) -> ProcStat | None:
             ppid=int(f[1]),
             cpu_s=(int(f[11]) + int(f[12])) / CLK_TCK,
             start_ticks=int(f[19]),
+            pgrp=int(f[2]),
         )
     except (ValueError, IndexError):
+        return None
+
+
+def all_stats() -> dict[int, ProcStat]:
+    """Every process this kernel shows (threads excluded), by PID."""
+    out: dict[int, ProcStat] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            st = stat(int(name))
+            if st is not None:
+                out[st.pid] = st
+    return out
+
+
+def boot_id() -> str | None:
+    """This boot's id: with ``start_ticks`` it names a process across PID reuse."""
+    raw = _read("/proc/sys/kernel/random/boot_id")
+    return raw.strip() if raw else None
+
+
+def boot_time() -> float | None:
+    """When the machine booted (seconds since the epoch, ``btime`` of ``/proc/stat``)."""
+    raw = _read("/proc/stat")
+    if raw:
+        for line in raw.splitlines():
+            if line.startswith("btime "):
+                try:
+                    return float(line.split()[1])
+                except (IndexError, ValueError):
+                    return None
+    return None
+
+
+def started_at(st: ProcStat, btime: float | None = None) -> float | None:
+    """When the process started, in seconds since the epoch."""
+    btime = boot_time() if btime is None else btime
+    return None if btime is None else btime + st.start_ticks / CLK_TCK
+
+
+def owner(pid: int) -> int | None:
+    """The process's (real) user id; None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment the process started with (``/proc/PID/environ``: changes it made
+    later with ``putenv`` are not there); None when unreadable (another user) or gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def has_env(pid: int, entry: bytes) -> bool:
+    """Whether ``KEY=VALUE`` (as bytes) is in the process's initial environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def cwd(pid: int) -> str | None:
+    """The working directory; None when unreadable or gone."""
+    return link(f"/proc/{pid}/cwd")
+
+
+def fd_targets(pid: int) -> dict[int, str] | None:
+    """What each open descriptor refers to (``/path``, ``pipe:[N]``, ``socket:[N]``...);
+    None when unreadable (another user) or gone."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    out: dict[int, str] = {}
+    for fd in fds[:4096]:
+        target = link(f"/proc/{pid}/fd/{fd}")
+        if target is not None and fd.isdigit():
+            out[int(fd)] = target
+    return out
+
+
+def fd_writable(pid: int, fd: int) -> bool:
+    """Whether descriptor ``fd`` is open for writing (``flags`` of ``fdinfo``)."""
+    raw = _read(f"/proc/{pid}/fdinfo/{fd}")
+    if raw:
+        for line in raw.splitlines():
+            if line.startswith("flags:"):
+                try:
+                    return int(line.split()[1], 8) & 0o3 in (1, 2)
+                except (IndexError, ValueError):
+                    return False
+    return False
+
+
+def maps_mention(pid: int, needle: str) -> bool | None:
+    """Whether a mapped file's path contains ``needle`` (``libtorch`` for a torch
+    process); None when the maps are unreadable (another user) or the process is gone."""
+    raw = _read(f"/proc/{pid}/maps")
+    if raw is None:
+        return None
+    return needle in raw
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory (``/proc/PID/statm``)."""
+    raw = _read(f"/proc/{pid}/statm")
+    try:
+        return int(raw.split()[1]) * os.sysconf("SC_PAGE_SIZE") if raw else None
+    except (ValueError, IndexError, OSError):
         return None
 
 

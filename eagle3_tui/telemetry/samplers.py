@@ -16,19 +16,30 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import DeviceReading, Nvml, NvmlUnavailable
 from eagle3_tui.telemetry.reads import ReadsReceiver
 from eagle3_tui.telemetry.schema import Kind
-from eagle3_tui.telemetry.writer import JsonlWriter
+
+if TYPE_CHECKING:  # (the agent imports the samplers: standard library only at run time)
+    from eagle3_tui.telemetry.writer import JsonlWriter
 
 SAMPLERS = ("gpu", "io", "ckpt", "heartbeat")
 MAX_FILES_PER_WORKER = 20
+
+
+class RecordSink(Protocol):
+    """Where a sampler's records go: a :class:`JsonlWriter` inside a run, the agent's
+    frames when it observes a run without telemetry (``agent/observe.py``)."""
+
+    def write(
+        self, kind: str, payload: Mapping[str, Any] | None = None, step: int | None = None
+    ) -> bool: ...
 
 
 @dataclass
@@ -104,7 +115,7 @@ class GpuSampler:
 
     def __init__(
         self,
-        writer: JsonlWriter,
+        writer: RecordSink,
         nvml: Nvml,
         *,
         entries: list[str] | None,
@@ -220,7 +231,7 @@ class IoSampler:
 
     def __init__(
         self,
-        writer: JsonlWriter,
+        writer: RecordSink,
         *,
         trainer_pid: int,
         receiver: ReadsReceiver | None,
@@ -395,7 +406,7 @@ class CheckpointWatcher:
 
     name = "ckpt"
 
-    def __init__(self, writer: JsonlWriter, checkpoint_dir: str | None) -> None:
+    def __init__(self, writer: RecordSink, checkpoint_dir: str | None) -> None:
         self.writer = writer
         self.root = Path(checkpoint_dir) if checkpoint_dir else None
         self._scanned = False

@@ -42,8 +42,13 @@ class Kind:
     CKPT: Final = "ckpt"
     HEARTBEAT: Final = "heartbeat"
     LIFECYCLE: Final = "lifecycle"
+    # written by the agent observing a run without telemetry (agent/observe.py)
+    PROC: Final = "proc"
+    PROGRESS: Final = "progress"
 
-    ALL: Final = frozenset({TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE})
+    ALL: Final = frozenset(
+        {TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE, PROC, PROGRESS}
+    )
 
 
 NAN: Final = "NaN"

@@ -26,8 +26,15 @@ from eagle3_tui.transport.bundle import bundle
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
 CONTROL_OPS = ("kill", "resume")  # finish on the host even when the client goes away
+STREAMING_OPS = ("follow", "observe")  # run until the client closes their stdin
 MAX_FRAME = 64 * 1024 * 1024
 READ_SIZE = 1 << 20
+
+
+def keeps_stdin(request: dict[str, Any]) -> bool:
+    """Whether the agent's stdin stays open: a stream ends when the client closes it (a
+    one-shot observation, ``until_s``, ends by itself)."""
+    return request.get("op") in STREAMING_OPS and request.get("until_s") is None
 
 
 def agent_payload(request: dict[str, Any]) -> bytes:
@@ -158,6 +165,15 @@ class AgentRefusedError(TargetError):
     """The agent refused a request it understood (resume a running run...)."""
 
 
+class AgentAnswerError(TargetError):
+    """The agent's one-line answer to a request it could not serve, with its kind
+    (``missing``, ``not_training``, ``permission``, ``gone``: see agent/names.py)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def agent_error(host: str, python: str, status: int | None, stderr: str) -> AgentFailedError:
     tail = " ".join(stderr.strip().splitlines()[-3:])[:300]
     if status == 127:
@@ -216,7 +232,7 @@ class LocalHost:
         assert proc.stdin is not None
         proc.stdin.write(agent_payload(request))
         await proc.stdin.drain()
-        if request.get("op") != "follow":
+        if not keeps_stdin(request):
             proc.stdin.close()
         return LocalChannel(proc, finish_alone=request.get("op") in CONTROL_OPS)
 
@@ -261,7 +277,7 @@ async def call_agent(
             if isinstance(frame, DataFrame):
                 if on_data is not None:
                     on_data(frame)
-            elif frame.event in ("result", "eof"):
+            elif frame.event in ("result", "eof", "ended"):
                 final = frame
             elif frame.event == "error":
                 message = str(frame.get("message", "the agent refused"))
@@ -270,7 +286,7 @@ async def call_agent(
                     message = f"{host.prefix}{sep}{message}"
                 if frame.get("kind") == "refused":
                     raise AgentRefusedError(message)
-                raise TargetError(message)
+                raise AgentAnswerError(message, str(frame.get("kind") or ""))
             elif on_progress is not None:
                 on_progress(frame)
     except ChannelLostError as e:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
+    AgentAnswerError,
     DataFrame,
     Event,
     Host,
@@ -34,6 +35,27 @@ EXIT_INCOMPLETE = 8  # done, but processes of the run remain / the resumed run d
 EXIT_REFUSED = 9  # nothing done: the PID is another process now, no complete checkpoint...
 
 KILL_EXIT = {"stopped": EXIT_OK, "not_running": EXIT_OK, "refused": EXIT_REFUSED}
+
+# Exit statuses when a target names a process (--pid, a work directory, a host's live
+# training), for every command (documented in the README).
+EXIT_NOT_TRAINING = 20  # the PID is not a speculators training
+EXIT_PERMISSION = 21  # another user's process, unreadable to the SSH user
+EXIT_GONE = 22  # no such process: it exited (meanwhile)
+EXIT_SEVERAL = 23  # several live trainings and no --pid (headless)
+EXIT_BY_KIND = {"not_training": EXIT_NOT_TRAINING, "permission": EXIT_PERMISSION, "gone": EXIT_GONE}
+
+
+def exit_status_of(error: TargetError) -> int | None:
+    """The exit status an agent's answer stands for (None: the generic error status)."""
+    if isinstance(error, SeveralRunsError):
+        return EXIT_SEVERAL
+    if isinstance(error, AgentAnswerError):
+        return EXIT_BY_KIND.get(error.kind)
+    return None
+
+
+class SeveralRunsError(TargetError):
+    """A headless command met several live trainings and was not told which (--pid)."""
 
 
 def open_host(target: Target) -> Host:
@@ -79,15 +101,31 @@ async def resolve(host: Host, run_dir: str | None) -> dict[str, Any]:
 
 
 async def kill_run(
-    host: Host, run_dir: str | None, grace_s: float, on_progress: ProgressCallback | None = None
+    host: Host,
+    run_dir: str | None,
+    grace_s: float,
+    on_progress: ProgressCallback | None = None,
+    process: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    request = {"op": "kill", "run_dir": run_dir, "grace_s": grace_s}
+    """Kill the run in ``run_dir``, or (``process``: a discovered training's row) that
+    process tree, identified by PID, start time and boot id."""
+    request: dict[str, Any] = {"op": "kill", "run_dir": run_dir, "grace_s": grace_s}
+    if process is not None:
+        request.update(
+            pid=process["pid"],
+            start_ticks=process.get("start_ticks"),
+            boot_id=process.get("boot_id"),
+        )
     ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
     return ev.fields
 
 
-async def resume_run(host: Host, run_dir: str | None, wait_s: float) -> dict[str, Any]:
-    request = {"op": "resume", "run_dir": run_dir, "wait_s": wait_s}
+async def resume_run(
+    host: Host, run_dir: str | None, wait_s: float, process: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    request: dict[str, Any] = {"op": "resume", "run_dir": run_dir, "wait_s": wait_s}
+    if process is not None:
+        request["pid"] = process["pid"]
     ev = await call_agent(host, request, python=_python(host))
     return ev.fields
 
@@ -97,6 +135,63 @@ async def run_status(host: Host, run_dir: str | None) -> dict[str, Any]:
     ``problem`` (why not, when known), ``manifest``, ``host`` and the host's clock ``now``."""
     ev = await call_agent(host, {"op": "status", "run_dir": run_dir}, python=_python(host))
     return ev.fields
+
+
+async def discover(host: Host) -> dict[str, Any]:
+    """The host's live trainings (``live``, with or without telemetry) and its registered
+    runs (``runs``)."""
+    ev = await call_agent(host, {"op": "discover"}, python=_python(host))
+    return ev.fields
+
+
+async def choose(host: Host, run_dir: str | None, pid: int | None = None) -> dict[str, Any]:
+    """What a target means: ``choice`` ``run`` (``run_dir``), ``process`` (``row``, a
+    training without telemetry) or ``several`` (``runs``), and a ``note`` saying so."""
+    request: dict[str, Any] = {"op": "choose", "run_dir": run_dir}
+    if pid is not None:
+        request["pid"] = pid
+    ev = await call_agent(host, request, python=_python(host))
+    return ev.fields
+
+
+async def describe(host: Host, process: dict[str, Any]) -> dict[str, Any]:
+    """A discovered training now: ``alive``, ``problem``, ``row``, a manifest-like
+    identity (``manifest``), ``host``, ``now`` (as ``run_status`` for a registered run)."""
+    request = {"op": "describe", "pid": process["pid"], "start_ticks": process.get("start_ticks")}
+    ev = await call_agent(host, request, python=_python(host))
+    return ev.fields
+
+
+async def observe_once(
+    host: Host,
+    process: dict[str, Any],
+    on_data: Callable[[DataFrame], object],
+    seconds: float = 2.5,
+) -> Event:
+    """A short observation of a training without telemetry (records through ``on_data``,
+    the log read back from near its end); returns the ``eof`` event (``now``: the host's
+    clock). A trainer that exits meanwhile ends it early (``ended``)."""
+    request = {
+        "op": "observe",
+        "pid": process["pid"],
+        "start_ticks": process.get("start_ticks"),
+        "until_s": seconds,
+    }
+    return await call_agent(host, request, on_data=on_data, python=_python(host))
+
+
+def several_error(result: dict[str, Any], label: str) -> SeveralRunsError:
+    rows = result.get("runs") or []
+    listed = "; ".join(describe_process(r) for r in rows[:6])
+    return SeveralRunsError(
+        f"{label}: {len(rows)} live trainings ({printable(listed)}): choose one with --pid PID"
+    )
+
+
+def describe_process(row: dict[str, Any]) -> str:
+    from eagle3_tui.transport.observed import describe_row
+
+    return describe_row(row)
 
 
 async def list_runs(host: Host) -> dict[str, Any]:
@@ -239,8 +334,50 @@ def format_runs(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _when(ts: object) -> str:
+    if not isinstance(ts, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
+
+
+def format_discovered(result: dict[str, Any]) -> str:
+    """The host's live trainings (with or without telemetry), then the registered runs
+    that are not live: one row per run."""
+    lines = [f"{'STARTED':<19}  {'HEALTH':<9} {'PID':>8}  {'USER':<10} {'TELEMETRY':<9}  WHERE"]
+    for r in result.get("live") or []:
+        where = str(r.get("run_dir") or r.get("cwd") or "?")
+        command = " ".join(
+            str(a).rsplit("/", 1)[-1] if i == 0 else str(a)
+            for i, a in enumerate(r.get("command") or [])
+        )
+        extra = f"  {command[:60]}"
+        if r.get("log") and not r.get("telemetry"):
+            extra += f"  (log {r['log']})"
+        lines.append(
+            f"{_when(r.get('started')):<19}  {r.get('health') or 'live'!s:<9} "
+            f"{r.get('pid'):>8}  {str(r.get('user'))[:10]:<10} "
+            f"{'yes' if r.get('telemetry') else 'no':<9}  {printable(where + extra)}"
+        )
+    for r in result.get("runs") or []:
+        if r.get("live_pid"):
+            continue  # shown above, as the live process it is
+        if not r.get("exists"):
+            status = "gone"
+        elif r.get("alive"):
+            status = "running"
+        elif r.get("status") == "running":
+            status = "dead"
+        else:
+            status = str(r.get("status") or "unknown")
+        lines.append(
+            f"{_when(r.get('started_at')):<19}  {status:<9} {r.get('pid') or '-':>8}  "
+            f"{'-':<10} {'yes':<9}  {printable(str(r.get('run_dir')))}"
+        )
+    return "\n".join(lines)
+
+
 def no_runs_error(result: dict[str, Any], label: str) -> TargetError:
     return TargetError(
-        f"{label}: no run registered (index {printable(str(result.get('index')))}); "
-        "attach telemetry to a training first"
+        f"{label}: no live training and no run registered "
+        f"(index {printable(str(result.get('index')))})"
     )

@@ -36,6 +36,7 @@ from eagle3_tui.transport.channel import (
     AgentFailedError,
     LocalChannel,
     agent_payload,
+    keeps_stdin,
 )
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -140,7 +141,7 @@ class OpenSshHost(TargetNames):
             await proc.stdin.drain()
         except (ConnectionResetError, BrokenPipeError):
             pass  # ssh exited at once (a name that does not resolve...): its status says why
-        if request.get("op") != "follow":
+        if not keeps_stdin(request):
             proc.stdin.close()
         return LocalChannel(proc, finish_alone=request.get("op") in CONTROL_OPS)
 

@@ -42,6 +42,7 @@ from eagle3_tui.transport.channel import (
     Frame,
     agent_error,
     agent_payload,
+    keeps_stdin,
     read_frames,
 )
 from eagle3_tui.transport.target import (
@@ -426,7 +427,7 @@ class SshHost(TargetNames):
         try:
             proc = await conn.create_process(self.command(), encoding=None)
             proc.stdin.write(agent_payload(request))
-            if request.get("op") != "follow":
+            if not keeps_stdin(request):
                 proc.stdin.write_eof()
         except (asyncssh.Error, OSError) as e:
             # other channels may share the connection: connect() remakes it once closed

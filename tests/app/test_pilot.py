@@ -375,3 +375,58 @@ async def test_a_save_in_progress_shows_its_growing_size_and_waiting_is_calm() -
         source.push(lines.ckpt("save_finished", path, bytes=2 * 2**30, duration_s=6.0))
         await until(pilot, lambda: "saving" not in text_of(progress), what="saved")
         assert "checkpoints/3  2.0 GiB in 6.0 s" in text_of(progress)
+
+
+async def test_a_run_without_telemetry_says_silent_and_what_is_not_available() -> None:
+    """What the agent writes about a training it observes from outside: the panels show
+    what exists (log, checkpoints, validation, progress from the epoch bars) and say what
+    does not (per-step loss and acceptance)."""
+    started = T0 - 600
+    obs = Lines(writer="obs", t0=started, dt=0.0)
+    log = Lines(writer="log", t0=NOW - 30, dt=0.0)
+    data = [
+        log.bar(0, 24, 24, elapsed_s=12.0),
+        log.log("/x/trainer.py:539: UserWarning: autocast", level="WARNING", logger="stdout"),
+        obs.at(NOW - 20).ckpt("save_finished", "/work/exp7/checkpoints/0", bytes=1.1e6, epoch=0),
+        obs.at(NOW - 19).make(
+            "val",
+            epoch=0,
+            step=24,
+            val={"loss_epoch": 0.03, "loss_0_epoch": 0.01, "full_acc_0_epoch": 0.25,
+                 "cond_acc_0_epoch": 0.25},
+        ),
+        *(obs.at(NOW - 10 + i).proc(started=started) for i in range(10)),
+        *(obs.at(NOW - 10 + i).io(4096.0) for i in range(10)),
+    ]  # fmt: skip
+    app, _ = app_with(data, now=[NOW])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.SILENT, what="SILENT")
+        banner = text_of(app.query_one(HealthBanner))
+        assert "speculators.metrics logger has no handler" in banner and "pid 4242" in banner
+        table = text_of(app.query_one(AcceptanceTable))
+        assert "not available without telemetry" in table and "val loss" in table
+        assert "0.250" in table  # the validation's full acceptance of TTT step 0
+        progress = text_of(app.query_one(ProgressPanel))
+        assert "step 23" in progress and "checkpoints/0" in progress
+        assert "UserWarning" in text_of(app.query_one(LogPanel))
+        loss = app.query_one(LossPlot)
+        await until(pilot, lambda: loss.is_current, what="the loss plot")
+        assert "not available without telemetry" in str(loss.plt.build())
+
+
+async def test_several_live_trainings_are_picked_before_the_monitor() -> None:
+    from eagle3_tui.app.chooser import LiveChooser
+
+    rows = [
+        {"pid": 11, "started": T0, "health": "silent", "cwd": "/work/a", "command": ["py", "a.py"]},
+        {"pid": 22, "started": T0, "health": "running", "run_dir": "/runs/b", "telemetry": True,
+         "command": ["py", "b.py"]},
+    ]  # fmt: skip
+    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    async with chooser.run_test(size=(100, 20)) as pilot:
+        await pilot.press("down", "enter")
+    assert chooser.return_value == rows[1]
+    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    async with chooser.run_test(size=(100, 20)) as pilot:
+        await pilot.press("q")
+    assert chooser.return_value is None

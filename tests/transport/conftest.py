@@ -12,7 +12,7 @@ import pytest
 
 from eagle3_tui.transport.target import SshOptions, SshTarget
 from tests.conftest import need
-from tests.transport.sshd import ALIAS, Sshd, have_sshd
+from tests.transport.sshd import ALIAS, Sshd, have_pid_namespaces, have_sshd
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +21,20 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     need(have_sshd(), "OpenSSH sshd is not installed (apt-get install openssh-server)")
     need(os.geteuid() == 0, "the sshd fixture runs as root (privilege separation)")
     server = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def private_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A host of its own: a real sshd in new PID and mount namespaces, whose sessions see
+    only the processes started through it. What depends on the host's live trainings
+    ("HOST" alone picks the user's live training) is tested here: other tests and other
+    users' trainings run on this machine at the same time, but not on this host."""
+    need(have_sshd(), "OpenSSH sshd is not installed (apt-get install openssh-server)")
+    need(os.geteuid() == 0, "the sshd fixture runs as root (privilege separation)")
+    need(have_pid_namespaces(), "unshare --pid --mount-proc is not permitted here")
+    server = Sshd(tmp_path_factory.mktemp("private-sshd"), private=True).start()
     yield server
     server.stop()
 

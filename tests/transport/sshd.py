@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,38 @@ ALIAS = "e3-test"
 
 def have_sshd() -> bool:
     return shutil.which(SSHD) is not None
+
+
+def have_pid_namespaces() -> bool:
+    """Whether ``unshare --pid --fork --mount-proc`` works here (root, no seccomp ban)."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        proc = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+INIT = """
+import os, signal, subprocess, sys
+# PID 1 of a private host: starts sshd, reaps every orphan (a nohup'd training whose
+# shell exited), forwards SIGTERM, ends when sshd does; the kernel then ends the rest.
+child = subprocess.Popen(sys.argv[1:])
+signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        sys.exit(0)
+    if pid == child.pid:
+        sys.exit(0)
+"""
 
 
 def free_port() -> int:
@@ -77,6 +110,12 @@ class Sshd:
     host_public: str = ""
     login_shell_rc: bool = False
     """Let bash read ~/.bashrc on each exec (slow here: pyenv init), as a real login would."""
+    private: bool = False
+    """A host of its own: sshd in new PID and mount namespaces, so its sessions see only
+    the processes started through it (a test's trainings, not other tests')."""
+    public_keys: Path | None = None
+    """Where to put ``authorized_keys`` so that users other than root can log in too (sshd
+    reads it as the user: a directory they can traverse)."""
     state_home: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +136,11 @@ class Sshd:
     @property
     def host_key(self) -> Path:
         return self.root / "host_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        base = self.public_keys if self.public_keys is not None else self.root
+        return base / "authorized_keys"
 
     def args(self) -> list[str]:
         """Client options that reach this sshd through the alias :data:`ALIAS`."""
@@ -122,16 +166,24 @@ class Sshd:
             client_public = _keypair(self.client_key)
             (self.root / "authorized_keys").write_text(client_public + "\n")
         self.host_public = self.host_key.with_suffix(".pub").read_text().strip()
+        if self.public_keys is not None:
+            self.public_keys.mkdir(parents=True, exist_ok=True)
+            self.public_keys.chmod(0o755)
+            shutil.copyfile(self.root / "authorized_keys", self.authorized_keys)
+            self.authorized_keys.chmod(0o644)
         for _attempt in range(5):
             self.port = free_port()
             self._write_configs()
             log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - owned by the child
-            self.proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
+            command = [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")]
+            if self.private:
+                init = self.root / "init.py"
+                init.write_text(INIT)
+                command = [
+                    *("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"),
+                    *(sys.executable, str(init), *command),
+                ]
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             log.close()
             if self._wait_banner():
                 return self
@@ -143,7 +195,7 @@ class Sshd:
             f"Port {self.port}\n"
             "ListenAddress 127.0.0.1\n"
             f"HostKey {self.host_key}\n"
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}\n"
+            f"AuthorizedKeysFile {self.authorized_keys}\n"
             f"PidFile {self.root / 'sshd.pid'}\n"
             "UsePAM no\n"
             "StrictModes no\n"
@@ -215,8 +267,28 @@ class Sshd:
                 os.kill(pid, signal.SIGSTOP)
         return pids
 
+    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``command`` run on the host by the ``ssh`` binary, as a user types it."""
+        return subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", ALIAS, command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+
     def stop(self) -> None:
         if self.proc is None:
+            return
+        if self.private:  # the namespace's PID 1 dies with unshare: everything in it too
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
             return
         self.kill_sessions()
         self.proc.terminate()

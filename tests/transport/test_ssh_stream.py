@@ -256,7 +256,10 @@ async def test_a_missing_run_directory_is_refused_in_the_stream(
     assert "no such run directory" in events[-1].detail
 
 
-def test_summary_and_runs_of_the_latest_run_on_the_host(sshd: Sshd, tmp_path: Path) -> None:
+def test_summary_and_runs_of_the_latest_run_on_the_host(private_sshd: Sshd, tmp_path: Path) -> None:
+    """No live training of the SSH user on the host: HOST alone means its latest run (a
+    private host: the shared machine has other tests' live trainings)."""
+    sshd = private_sshd
     run_dir = tmp_path / "latest"
     run_dir.mkdir()
     lines = Lines()

@@ -58,9 +58,11 @@ class RunHeader(Static):
     view: reactive[ViewState] = reactive(ViewState())
     """Window, smoothing, log scale, pause."""
 
-    def __init__(self, target: str, **kwargs: object) -> None:
+    def __init__(self, target: str, note: str = "", **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.target = target
+        self.note = note
+        """Why this run is shown (the host's live training, its latest run...)."""
 
     def render(self) -> Text:
         snap, view = self.snapshot, self.view
@@ -90,6 +92,9 @@ class RunHeader(Static):
             total = f"/{p.epochs_total}" if p.epochs_total else ""
             text.append(f" · epoch {p.epoch}{total}")
         text.append("  ")
+        if self.note:  # why this run (before the target, which may be long)
+            text.append_text(inert(self.note, style="italic"))
+            text.append(": ", style="dim")
         text.append_text(inert(self.target, style="dim"))
         return text
 

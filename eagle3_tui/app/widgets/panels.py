@@ -12,6 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
+from eagle3_tui.model.derived import tau_from_full
 from eagle3_tui.model.snapshot import EMPTY, GpuView, Line, Snapshot
 from eagle3_tui.model.state import CkptEvent
 
@@ -56,6 +57,8 @@ class AcceptanceTable(Panel):
 
     def render(self) -> RenderableType:
         snap = self.snapshot
+        if snap.observed is not None and snap.ttt_steps == 0:
+            return self._validation_only(snap)
         latest = snap.latest
         table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
         table.add_column("k", style="bold", no_wrap=True)
@@ -94,6 +97,41 @@ class AcceptanceTable(Panel):
                 val.append(f" acc0 {num(acc0, 3)}")
             parts.append(val)
         return Group(*parts)
+
+    def _validation_only(self, snap: Snapshot) -> RenderableType:
+        """A run without telemetry: no per-step values; the last validation from the
+        checkpoints (``val_metrics.json``) where there is one."""
+        note = Text(
+            "per step: not available without telemetry",
+            style="bold #d7af5f",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        if not snap.val_rows:
+            return Group(note, Text("no validation saved yet", style="dim"))
+        v = snap.val_rows[-1]
+        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+        table.add_column("k", style="bold", no_wrap=True)
+        table.add_column("val loss", justify="right", no_wrap=True)
+        table.add_column("full", justify="right", no_wrap=True)
+        table.add_column("cond", justify="right", no_wrap=True)
+        k = 0
+        full: list[float | None] = []
+        while f"full_acc_{k}_epoch" in v.values and k < max(1, self.rows - 3):
+            full.append(v.values.get(f"full_acc_{k}_epoch"))
+            table.add_row(
+                str(k),
+                num(v.values.get(f"loss_{k}_epoch")),
+                num(v.values.get(f"full_acc_{k}_epoch"), 3),
+                num(v.values.get(f"cond_acc_{k}_epoch"), 3),
+            )
+            k += 1
+        tau = tau_from_full(full)
+        foot = Text(no_wrap=True, overflow="ellipsis")
+        foot.append("τ ", style="bold")
+        foot.append(num(tau, 3), style="bold #ffffff")
+        foot.append(f"  validation, epoch {v.epoch + 1}", style="dim")
+        return Group(note, table, foot)
 
 
 def _ckpt_name(path: str) -> str:

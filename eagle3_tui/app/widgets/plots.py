@@ -111,6 +111,15 @@ def legend(items: Sequence[tuple[str, RGB]]) -> Text:
     return text
 
 
+NOT_AVAILABLE = "not available without telemetry"
+"""What a chart of per-step metrics says for a run observed from outside."""
+
+
+def without_metrics(snap: Snapshot, lines: tuple[Line, ...]) -> bool:
+    """A run without telemetry whose output carries no metric: nothing per step to plot."""
+    return snap.observed is not None and not any(line.kind != "val" for line in lines)
+
+
 class MetricPlot(PlotextPlot):
     """A chart of lines from the snapshot, redrawn when they (or the view) change."""
 
@@ -186,7 +195,9 @@ class LossPlot(MetricPlot):
     """Per-step train loss, raw and smoothed, and the validation loss per epoch."""
 
     def key(self) -> object:
-        return (self.snapshot.loss_lines, self.snapshot.ttt_loss_lines, self.view.log_scale)
+        snap = self.snapshot
+        missing = without_metrics(snap, snap.loss_lines)
+        return (snap.loss_lines, snap.ttt_loss_lines, self.view.log_scale, missing)
 
     def _lines(self) -> tuple[Line, ...]:
         return self.snapshot.loss_lines
@@ -239,6 +250,8 @@ class LossPlot(MetricPlot):
             subtitle.append(" · log", style="bold")
             if dropped:
                 subtitle.append(f" ({dropped} pts ≤0 hidden)", style="bold #ffaf00")
+        if without_metrics(self.snapshot, lines):
+            plt.title(f"per-step loss: {NOT_AVAILABLE}")
         self.border_subtitle = subtitle
 
 
@@ -246,7 +259,8 @@ class AcceptancePlot(MetricPlot):
     """Full (bright) and conditional (dim) accuracy per TTT step; τ on the right axis."""
 
     def key(self) -> object:
-        return (self.snapshot.acc_lines, self.snapshot.tau_line)
+        snap = self.snapshot
+        return (snap.acc_lines, snap.tau_line, without_metrics(snap, snap.acc_lines))
 
     def _lines(self) -> tuple[Line, ...]:
         return self.snapshot.acc_lines
@@ -277,4 +291,6 @@ class AcceptancePlot(MetricPlot):
         sub = legend(items)
         if items:
             sub.append(" dim: cond", style="dim")
+        if without_metrics(self.snapshot, self.snapshot.acc_lines):
+            plt.title(f"acceptance per step: {NOT_AVAILABLE}")
         self.border_subtitle = sub

@@ -1,0 +1,909 @@
+"""Live trainings on this host, found from outside: ``discover``, ``choose``, ``describe``.
+
+A training started by a user's own script (``nohup python train.py > train.log 2>&1 &``)
+is registered nowhere and writes no metric. What tells it from ``/proc``, without its
+cooperation, for a script never seen before:
+
+* a Python process with torch loaded (``libtorch*`` in ``/proc/PID/maps``);
+* speculators: named in its argv (the library's CLI, ``-m speculators…``), imported by
+  the script its argv names (or by a module beside that script), present in its output
+  (the library's log lines, its ``Epoch N …%`` progress bars) or in a checkpoint
+  directory shaped as speculators writes one (``<epoch>/training_state.json``,
+  ``epoch<e>_end`` links);
+* eagle3-tui's telemetry: the run marker in its environment, or ``metrics.jsonl`` open.
+
+A torchrun agent (``torchrun``, ``-m torch.distributed.run``) and its ranks are one
+training (signalled through the agent); dataloader workers (``pt_data_worker``,
+multiprocessing spawn children), ``resource_tracker``, the telemetry sidecar, the log
+copier and this agent itself are never trainings of their own.
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import time
+from typing import Any
+
+from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.names import (
+    ERR_GONE,
+    ERR_MISSING,
+    ERR_NOT_TRAINING,
+    ERR_PERMISSION,
+    MANIFEST,
+    RUN_ID_ENV,
+)
+from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
+from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
+
+RUN_DIR_ENV = "EAGLE3_TUI_RUN_DIR"
+_PYTHON = re.compile(r"^python[0-9.]*$")
+_IMPORTS_SPECULATORS = re.compile(r"^\s*(?:from|import)\s+speculators\b", re.M)
+_LOCAL_IMPORTS = re.compile(
+    r"^\s*(?:from\s+([A-Za-z_]\w*)[\w.]*\s+import|import\s+([A-Za-z_]\w*))", re.M
+)
+_OUTPUT_SIGNS = re.compile(
+    r"speculators[./:]|^Epoch \d+:?\s+\d+%|Saving checkpoint to |Training epoch \d+/\d+", re.M
+)
+_SAVE_PATH_LITERAL = re.compile(
+    r"""\bsave_path\s*[=:]\s*(?:str\(\s*)?(?:Path\(\s*)?["']([^"'\n]+)["']"""
+)
+_EPOCHS_LITERAL = re.compile(r"\bnum_epochs\s*[=:]\s*(\d+)\b")
+_SAVING_MESSAGE = re.compile(r"(?:Saving checkpoint to|Checkpoint saved to) (\S+)")
+_CKPT_LINK = re.compile(r"^epoch\d+_(?:end|step\d+)$")
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_HELPERS = (
+    "eagle3_tui.telemetry.sidecar",
+    "eagle3_tui.train.tee",
+    "multiprocessing.resource_tracker",
+    "multiprocessing.semaphore_tracker",
+    "torch._inductor.compile_worker",
+    "eagle3-tui-agent",
+)
+_WORKER_MARKS = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork")
+_PY_FLAGS_WITH_VALUE = ("-X", "-W", "--check-hash-based-pycs")
+SCRIPT_BYTES = 256 * 1024
+LOG_TAIL_BYTES = 64 * 1024
+START_GRACE_S = 30.0
+"""A training younger than this is still starting (imports, data, workers)."""
+BUSY_CPU_PCT = 5.0
+
+
+# ---- one process ---------------------------------------------------------------------
+
+
+def is_python(argv: list[str], comm: str) -> bool:
+    base = os.path.basename(argv[0]) if argv else ""
+    return bool(_PYTHON.match(base) or _PYTHON.match(comm))
+
+
+def entry_point(argv: list[str]) -> tuple[str, str]:
+    """What the interpreter runs: ``("script", path)``, ``("module", name)``,
+    ``("code", text)`` or ``("", "")`` (an interactive interpreter)."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" and i + 1 < len(argv):
+            return "module", argv[i + 1]
+        if a.startswith("-m") and len(a) > 2:
+            return "module", a[2:]
+        if a == "-c" and i + 1 < len(argv):
+            return "code", argv[i + 1]
+        if a in _PY_FLAGS_WITH_VALUE:
+            i += 2
+            continue
+        if a == "-" or not a.startswith("-"):
+            return ("script", a) if a != "-" else ("", "")
+        i += 1
+    return "", ""
+
+
+def is_torchrun(argv: list[str]) -> bool:
+    kind, what = entry_point(argv)
+    if kind == "module":
+        return what in _TORCHRUN_MODULES
+    return kind == "script" and os.path.basename(what) in ("torchrun", "torch-distributed-run")
+
+
+def _read_text(path: str, limit: int = SCRIPT_BYTES) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def source_files(argv: list[str], cwd: str | None) -> list[str]:
+    """The files the interpreter runs: the script (or module) and the local modules it
+    imports (one level: ``from mylib import …`` beside the script)."""
+    kind, what = entry_point(argv)
+    base = cwd or "/"
+    first: str | None = None
+    if kind == "script":
+        first = what if os.path.isabs(what) else os.path.join(base, what)
+    elif kind == "module":
+        rel = what.replace(".", os.sep)
+        for cand in (rel + ".py", os.path.join(rel, "__main__.py")):
+            if os.path.isfile(os.path.join(base, cand)):
+                first = os.path.join(base, cand)
+                break
+    if first is None or not os.path.isfile(first):
+        return []
+    out = [first]
+    text = _read_text(first) or ""
+    here = os.path.dirname(first)
+    for m in _LOCAL_IMPORTS.finditer(text):
+        name = m.group(1) or m.group(2)
+        for cand in (name + ".py", os.path.join(name, "__init__.py")):
+            path = os.path.join(here, cand)
+            if path not in out and os.path.isfile(path):
+                out.append(path)
+        if len(out) >= 8:
+            break
+    return out
+
+
+def _regular(target: str) -> str | None:
+    if target.endswith(" (deleted)") or not target.startswith("/") or target.startswith("/dev/"):
+        return None
+    return target if os.path.isfile(target) else None
+
+
+def stdout_file(pid: int, fds: dict[int, str] | None, pgrp: int) -> str | None:
+    """The regular file the process's stdout (else stderr) goes to: directly, or through a
+    pipe into a ``tee FILE`` of the same process group."""
+    if not fds:
+        return None
+    for fd in (1, 2):
+        target = fds.get(fd, "")
+        found = _regular(target) or (
+            _tee_file(pid, target, pgrp) if target.startswith("pipe:") else None
+        )
+        if found:
+            return found
+    return None
+
+
+def _tee_file(pid: int, pipe: str, pgrp: int) -> str | None:
+    """The file written by the process that reads ``pipe`` (``| tee train.log``)."""
+    for other in procs.all_stats().values():
+        if other.pgrp != pgrp or other.pid == pid:
+            continue
+        theirs = procs.fd_targets(other.pid) or {}
+        if theirs.get(0) != pipe:
+            continue
+        for fd, target in sorted(theirs.items()):
+            if fd > 2 and _regular(target) and procs.fd_writable(other.pid, fd):
+                return target
+    return None
+
+
+def _arg_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    for i, a in enumerate(argv):
+        for name in names:
+            if a == name and i + 1 < len(argv):
+                return argv[i + 1]
+            for sep in ("=",):
+                if a.startswith(name + sep):
+                    return a[len(name) + 1 :]
+                bare = name.lstrip("-").replace("-", "_")
+                if a.startswith(bare + sep):
+                    return a[len(bare) + 1 :]
+    return None
+
+
+def speculators_layout(path: str) -> bool:
+    """Whether ``path`` looks like a speculators ``save_path``."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return False
+    for e in entries:
+        try:
+            if e.is_symlink() and _CKPT_LINK.match(e.name):
+                return True
+            if (
+                e.is_dir()
+                and e.name.isdigit()
+                and os.path.exists(os.path.join(e.path, "training_state.json"))
+            ):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def find_checkpoint_dir(cwd: str | None, limit: int = 400) -> str | None:
+    """A speculators-shaped checkpoint directory at most two levels below ``cwd``."""
+    if not cwd:
+        return None
+    seen = 0
+    todo = [(cwd, 0)]
+    while todo and seen < limit:
+        path, depth = todo.pop(0)
+        if depth and speculators_layout(path):
+            return path
+        if depth >= 2:
+            continue
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            try:
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+                    todo.append((e.path, depth + 1))
+            except OSError:
+                continue
+    return None
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+# ---- the scan ------------------------------------------------------------------------
+
+
+class Seen:
+    """A Python process as ``/proc`` shows it."""
+
+    def __init__(self, st: procs.ProcStat, argv: list[str]) -> None:
+        self.st = st
+        self.pid = st.pid
+        self.argv = argv
+        self.uid = procs.owner(st.pid)
+        self.torch = procs.maps_mention(st.pid, "libtorch")
+        self.readable = self.torch is not None
+        self._env: dict[str, str] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        if self._env is None:
+            self._env = procs.environ(self.pid) or {}
+        return self._env
+
+    @property
+    def worker(self) -> bool:
+        joined = " ".join(self.argv[:6])
+        return self.st.comm == "pt_data_worker" or any(m in joined for m in _WORKER_MARKS)
+
+    @property
+    def helper(self) -> bool:
+        joined = " ".join(self.argv[:6])
+        return any(h in joined for h in _HELPERS)
+
+
+def own_family(table: dict[int, procs.ProcStat]) -> set[int]:
+    """This agent and what started it (the SSH session, a shell, the client)."""
+    me = os.getpid()
+    out = {me}
+    pid = me
+    while pid in table and pid > 1:
+        pid = table[pid].ppid
+        out.add(pid)
+    return out
+
+
+class Training:
+    """One training found on the host: a trainer (or torchrun agent and ranks) and its
+    processes, with what was found about it."""
+
+    def __init__(
+        self,
+        root: Seen,
+        table: dict[int, procs.ProcStat],
+        kids: dict[int, list[int]],
+        seen: dict[int, Seen],
+    ) -> None:
+        self.root = root
+        self.launcher: Seen | None = root if is_torchrun(root.argv) else None
+        self.ranks: list[Seen] = []
+        if self.launcher is not None:
+            for c in sorted(kids.get(root.pid, [])):
+                s = seen.get(c)
+                if s is not None and not s.worker and not s.helper:
+                    self.ranks.append(s)
+
+            def rank_of(s: Seen) -> int:
+                try:
+                    return int(s.env.get("RANK", s.env.get("LOCAL_RANK", "999999")))
+                except ValueError:
+                    return 999999
+
+            self.ranks.sort(key=lambda s: (rank_of(s), s.pid))
+        self.trainer = self.ranks[0] if self.ranks else root
+        self.members: list[dict[str, Any]] = []
+        todo = [root.pid]
+        order: list[int] = []
+        while todo:
+            pid = todo.pop(0)
+            order.append(pid)
+            todo.extend(sorted(kids.get(pid, [])))
+        rank_pids = {s.pid for s in self.ranks}
+        for pid in order:
+            st = table.get(pid)
+            if st is None or st.zombie:
+                continue
+            s = seen.get(pid)
+            if self.launcher is not None and pid == self.launcher.pid:
+                role = "launcher"
+            elif pid == self.trainer.pid:
+                role = "trainer"
+            elif pid in rank_pids:
+                role = "rank"
+            elif s is not None and s.helper:
+                role = "helper"
+            elif st.comm == "pt_data_worker":  # torch names its dataloader workers so
+                role = "worker"
+            elif s is not None and s.worker:
+                role = "spawned"  # a multiprocessing child: a worker still starting, or other
+            else:
+                role = "child"
+            self.members.append({"pid": pid, "role": role, "comm": st.comm})
+        self.evidence: list[str] = []
+        self.cwd = procs.cwd(self.trainer.pid)
+        fds = procs.fd_targets(self.trainer.pid)
+        self.fds = fds or {}
+        self.log = stdout_file(self.trainer.pid, fds, self.trainer.st.pgrp)
+        self.sources = source_files(self.trainer.argv, self.cwd) if self.trainer.readable else []
+        self.run_dir: str | None = None
+        self.run_id: str | None = None
+        self.manifest: dict[str, Any] = {}
+        self.checkpoint_dir: str | None = None
+        self.epochs: int | None = None
+        self.speculators = False
+        self.health: tuple[str, str] | None = None
+        self.cpu_pct = 0.0
+        self._judge()
+
+    # -- what it is -------------------------------------------------------------------
+    def _judge(self) -> None:
+        t = self.trainer
+        ev = self.evidence
+        if t.torch:
+            ev.append("torch loaded (libtorch in its memory maps)")
+        joined = " ".join(t.argv)
+        if "speculators" in joined:
+            self.speculators = True
+            ev.append("speculators in its command line")
+        texts = []
+        for path in self.sources:
+            text = _read_text(path) or ""
+            texts.append(text)
+            if _IMPORTS_SPECULATORS.search(text):
+                self.speculators = True
+                ev.append(f"{path} imports speculators")
+                break
+        env = {} if not t.readable else t.env
+        marker_dir = env.get(RUN_DIR_ENV) if env.get(RUN_ID_ENV) else None
+        metrics_open = [
+            p for p in self.fds.values() if p.endswith("/metrics.jsonl") and p.startswith("/")
+        ]
+        run_dir = marker_dir or (os.path.dirname(metrics_open[0]) if metrics_open else None)
+        if run_dir:
+            self.run_dir = run_dir
+            self.speculators = True
+            ev.append(
+                "eagle3-tui telemetry: "
+                + ("the run marker in its environment" if marker_dir else "metrics.jsonl open")
+            )
+            self._read_manifest(run_dir)
+        if self.launcher is not None:
+            ev.append(f"torchrun agent pid {self.launcher.pid} with {len(self.ranks)} rank(s)")
+        workers = [m for m in self.members if m["role"] == "worker"]
+        if workers:
+            ev.append(f"{len(workers)} dataloader worker(s)")
+        log_tail = _tail(self.log) if self.log else ""
+        if self.log and _OUTPUT_SIGNS.search(log_tail):
+            self.speculators = True
+            ev.append("its log shows speculators' output")
+        # where checkpoints go, and how many epochs
+        argv = t.argv
+        save = _arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
+        epochs = _arg_value(argv, ("--epochs", "--num-epochs", "--num_epochs"))
+        for text in texts:
+            if save is None:
+                m = _SAVE_PATH_LITERAL.search(text)
+                save = m.group(1) if m else None
+            if epochs is None:
+                m = _EPOCHS_LITERAL.search(text)
+                epochs = m.group(1) if m else None
+        if save is None:
+            found = [m.group(1) for m in _SAVING_MESSAGE.finditer(log_tail)]
+            if found:
+                save = os.path.dirname(found[-1].rstrip("/"))
+        if save is None and self.manifest.get("checkpoint_dir"):
+            save = str(self.manifest["checkpoint_dir"])
+        if save is not None:
+            self.checkpoint_dir = os.path.normpath(os.path.join(self.cwd or "/", save))
+        else:
+            self.checkpoint_dir = find_checkpoint_dir(self.cwd)
+        if self.checkpoint_dir and speculators_layout(self.checkpoint_dir):
+            self.speculators = True
+            ev.append("speculators checkpoints in " + self.checkpoint_dir)
+        try:
+            self.epochs = int(epochs) if epochs is not None else None
+        except ValueError:
+            self.epochs = None
+        if self.epochs is None and isinstance(self.manifest.get("epochs"), int):
+            self.epochs = self.manifest["epochs"]
+
+    def _read_manifest(self, run_dir: str) -> None:
+        try:
+            with open(os.path.join(run_dir, MANIFEST)) as f:
+                m = json.load(f)
+        except (OSError, ValueError):
+            return
+        if isinstance(m, dict) and m.get("pid") == self.trainer.pid:
+            self.manifest = m
+            self.run_id = m.get("run_id") if isinstance(m.get("run_id"), str) else None
+            if not self.log and m.get("log_file"):
+                self.log = os.path.join(run_dir, str(m["log_file"]))
+
+    # -- what a client sees -------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        return [m["pid"] for m in self.members]
+
+    def row(self, btime: float | None, boot: str | None) -> dict[str, Any]:
+        t = self.trainer
+        uid = t.uid
+        return {
+            "pid": t.pid,
+            "start_ticks": t.st.start_ticks,
+            "boot_id": boot,
+            "pgid": t.st.pgrp,
+            "launcher_pid": self.launcher.pid if self.launcher is not None else None,
+            "uid": uid,
+            "user": user_name(uid),
+            "mine": uid == os.geteuid(),
+            "readable": t.readable,
+            "started": procs.started_at(t.st, btime),
+            "command": (self.launcher or t).argv,
+            "cwd": self.cwd,
+            "log": self.log,
+            "telemetry": self.run_dir is not None,
+            "run_dir": self.run_dir,
+            "run_id": self.run_id,
+            "checkpoint_dir": self.checkpoint_dir,
+            "epochs": self.epochs,
+            "ranks": [
+                {"pid": s.pid, "rank": s.env.get("RANK"), "local_rank": s.env.get("LOCAL_RANK")}
+                for s in self.ranks
+            ],
+            "workers": [m["pid"] for m in self.members if m["role"] == "worker"],
+            "members": self.members,
+            "evidence": self.evidence,
+        }
+
+
+def scan() -> tuple[list[Training], dict[int, Seen]]:
+    """Every speculators training on this host (newest first), and every Python process
+    seen (to explain why a PID is not one)."""
+    table = procs.all_stats()
+    family = own_family(table)
+    seen: dict[int, Seen] = {}
+    for pid, st in table.items():
+        if st.zombie or pid in family or st.ppid == 2 or pid <= 2:
+            continue
+        argv = procs.cmdline(pid)
+        if not argv or not is_python(argv, st.comm):
+            continue
+        seen[pid] = Seen(st, argv)
+    kids: dict[int, list[int]] = {}
+    for p in table.values():
+        kids.setdefault(p.ppid, []).append(p.pid)
+
+    def candidate(s: Seen) -> bool:
+        if s.worker or s.helper:
+            return False
+        if s.torch:
+            return True
+        joined = " ".join(s.argv)
+        return s.torch is None and ("speculators" in joined or is_torchrun(s.argv))
+
+    cands = {pid for pid, s in seen.items() if candidate(s)}
+
+    def nearest_candidate(pid: int) -> int | None:
+        up = table[pid].ppid
+        while up in table and up > 1:
+            if up in cands:
+                return up
+            up = table[up].ppid
+        return None
+
+    # A candidate under another one belongs to its training (a rank, a worker)... unless
+    # the one above is no training itself (a notebook kernel with torch that launched it).
+    parent = {pid: nearest_candidate(pid) for pid in cands}
+    below: dict[int | None, list[int]] = {}
+    for pid, up in parent.items():
+        below.setdefault(up, []).append(pid)
+    found: list[Training] = []
+    todo = sorted(below.get(None, []))
+    while todo:
+        pid = todo.pop()
+        t = Training(seen[pid], table, kids, seen)
+        if t.speculators:
+            found.append(t)
+        else:
+            todo.extend(below.get(pid, []))
+    found.sort(key=lambda t: -t.trainer.st.start_ticks)
+    return found, seen
+
+
+# ---- a quick look at each training's health ---------------------------------------------
+
+
+def quick_health(trainings: list[Training], now: float, btime: float | None) -> None:
+    """A first verdict per training from one short look (0.5 s of CPU time, the log's
+    age, the GPU): ``summary`` (or the monitor) judges it fully."""
+    before = {pid: procs.stat(pid) for t in trainings for pid in t.pids}
+    time.sleep(0.5)
+    for t in trainings:
+        cpu = 0.0
+        for pid in t.pids:
+            a, b = before.get(pid), procs.stat(pid)
+            if a is not None and b is not None and a.start_ticks == b.start_ticks:
+                cpu += max(0.0, b.cpu_s - a.cpu_s) / 0.5 * 100.0
+        started = procs.started_at(t.trainer.st, btime) or now
+        age = now - started
+        try:
+            log_age = now - os.stat(t.log).st_mtime if t.log else None
+        except OSError:
+            log_age = None
+        t.cpu_pct = cpu
+        if t.run_dir is not None:
+            health, why = "running", "telemetry attached: see summary for its metrics"
+        elif age < START_GRACE_S:
+            health, why = "waiting", f"started {age:.0f} s ago"
+        elif cpu >= BUSY_CPU_PCT or (log_age is not None and log_age < START_GRACE_S):
+            health, why = (
+                "silent",
+                f"busy ({cpu:.0f}% CPU), no metric logged: no handler on speculators.metrics",
+            )
+        else:
+            health, why = "stalled", f"no CPU ({cpu:.0f}%) and no output for a while"
+        t.health = (health, why)
+
+
+def _rows(trainings: list[Training]) -> list[dict[str, Any]]:
+    btime, boot = procs.boot_time(), procs.boot_id()
+    out = []
+    for t in trainings:
+        row = t.row(btime, boot)
+        if t.health is not None:
+            row["health"], row["health_reason"] = t.health
+            row["cpu_pct"] = round(t.cpu_pct, 1)
+        out.append(row)
+    return out
+
+
+def gpu_users(pids: list[int]) -> dict[int, list[int]]:
+    """Which of ``pids`` use which GPU (NVML's per-device process lists; the recorded
+    fixture of ``EAGLE3_TUI_NVML_FIXTURE`` in tests)."""
+    out: dict[int, list[int]] = {}
+    try:
+        nvml = nvml_from_env()
+        nvml.init()
+    except (NvmlUnavailable, OSError, ValueError):
+        return out
+    try:
+        wanted = set(pids)
+        for i in range(nvml.device_count()):
+            try:
+                reading = nvml.read(i)
+            except Exception:  # a lost device: the others still count
+                continue
+            users = sorted(p.pid for p in reading.processes if p.pid in wanted)
+            if users:
+                out[i] = users
+    finally:
+        nvml.shutdown()
+    return out
+
+
+def live_rows(health: bool = True) -> list[dict[str, Any]]:
+    trainings, _ = scan()
+    now = time.time()
+    if health and trainings:
+        quick_health(trainings, now, procs.boot_time())
+    rows = _rows(trainings)
+    users = gpu_users([p for r in rows for p in (m["pid"] for m in r["members"])])
+    for r in rows:
+        mine = {m["pid"] for m in r["members"]}
+        r["gpus"] = [
+            {"index": i, "pids": [p for p in ps if p in mine]}
+            for i, ps in sorted(users.items())
+            if any(p in mine for p in ps)
+        ]
+        if r["gpus"]:
+            r["evidence"].append("uses GPU " + ",".join(str(g["index"]) for g in r["gpus"]))
+    return rows
+
+
+# ---- one PID ---------------------------------------------------------------------------
+
+
+def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
+    """The training ``pid`` belongs to (a worker or rank names its training), or an
+    :class:`AgentError`: ``gone``, ``permission`` or ``not_training``."""
+    st = procs.stat(pid)
+    if st is None or st.zombie:
+        raise AgentError(ERR_GONE, f"pid {pid}: no such process (it has exited)")
+    if start_ticks is not None and st.start_ticks != start_ticks:
+        raise AgentError(
+            ERR_GONE, f"pid {pid} has exited (the PID now belongs to another process: {st.comm})"
+        )
+    argv = procs.cmdline(pid)
+    uid = procs.owner(pid)
+    me = os.geteuid()
+    if uid is not None and uid != me and me != 0 and procs.environ(pid) is None:
+        cmd = " ".join(argv)[:80] or st.comm
+        who = user_name(uid)
+        connect = who if uid == 0 else f"{who}, or as root"
+        raise AgentError(
+            ERR_PERMISSION,
+            f"pid {pid} ({cmd}) belongs to user {who}: eagle3-tui runs as "
+            f"{user_name(me)} and cannot read it (connect as {connect})",
+        )
+    trainings, seen = scan()
+    for t in trainings:
+        if pid in t.pids:
+            row = _rows([t])[0]
+            role = next(m["role"] for m in t.members if m["pid"] == pid)
+            if pid != t.trainer.pid:
+                row["named_pid"] = {"pid": pid, "role": role}
+            return row
+    if not argv or not is_python(argv, st.comm):
+        raise AgentError(
+            ERR_NOT_TRAINING, f"pid {pid} ({st.comm}) is not a Python process, not a training"
+        )
+    s = seen.get(pid)
+    if s is not None and s.torch is False:
+        why = "torch is not loaded in it"
+    else:
+        why = (
+            "torch is loaded, but nothing says it trains with speculators (its command line, "
+            "script, output and checkpoints)"
+        )
+    raise AgentError(
+        ERR_NOT_TRAINING,
+        f"pid {pid} ({' '.join(argv)[:80]}) is not a speculators training: {why}",
+    )
+
+
+def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
+    """A manifest-like identity of a discovered training, for ``kill``: the trainer's PID,
+    start time and boot id (checked again before any signal), the torchrun agent."""
+    return {
+        "pid": row["pid"],
+        "pgid": row.get("pgid"),
+        "start_ticks": row["start_ticks"],
+        "boot_id": row.get("boot_id"),
+        "launcher_pid": row.get("launcher_pid"),
+        "started_at": row.get("started"),
+        "host": host,
+        "cwd": row.get("cwd"),
+        "argv": row.get("command"),
+        "checkpoint_dir": row.get("checkpoint_dir"),
+        "log_file": row.get("log"),
+        "run_id": row.get("run_id"),
+        "run_dir": row.get("run_dir"),
+        "observed": True,
+    }
+
+
+# ---- operations ------------------------------------------------------------------------
+
+
+def _under(path: str | None, root: str) -> bool:
+    if not path:
+        return False
+    path = os.path.realpath(path)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def works_in(row: dict[str, Any], directory: str) -> bool:
+    """Whether a training works in ``directory``: its working directory, log, checkpoint
+    directory or run directory is there or below."""
+    root = os.path.realpath(directory)
+    return any(_under(row.get(k), root) for k in ("cwd", "log", "checkpoint_dir", "run_dir"))
+
+
+def op_discover(req: dict[str, Any]) -> int:
+    """The live trainings (with or without telemetry) and the registered runs."""
+    live = live_rows()
+    registered = registered_rows()
+    for r in registered:
+        if r.get("alive"):
+            match = [x for x in live if x["pid"] == r.get("pid")]
+            r["live_pid"] = match[0]["pid"] if match else None
+            if match and not match[0].get("run_dir"):
+                match[0]["run_dir"] = r["run_dir"]
+                match[0]["run_id"] = r.get("run_id")
+    emit(
+        "result",
+        op="discover",
+        live=live,
+        runs=registered,
+        index=str(index_path()),
+        host=os.uname().nodename,
+        user=user_name(os.geteuid()),
+        uid=os.geteuid(),
+        now=time.time(),
+    )
+    return 0
+
+
+def _describe_choice(row: dict[str, Any]) -> str:
+    cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(row["command"]))
+    where = f" in {row['cwd']}" if row.get("cwd") else ""
+    tel = "telemetry attached" if row.get("telemetry") else "no telemetry"
+    return f"pid {row['pid']} ({cmd[:60]}){where}, {tel}"
+
+
+def op_choose(req: dict[str, Any]) -> int:
+    """Which run or process a target means.
+
+    ``pid``: that process's training. ``run_dir``: the run there (it has metrics.jsonl
+    or run.json), else the live training that works in that directory. Neither: the
+    SSH user's live training; when there is none, the latest registered run. A finished
+    run or another user's never pre-empts a live one of this user. The answer says what
+    was chosen and what was not (``note``); several candidates come back as a list.
+    """
+    host = os.uname().nodename
+    me = user_name(os.geteuid())
+    pid = req.get("pid")
+    base: dict[str, Any] = {"op": "choose", "host": host, "user": me}
+    if isinstance(pid, int):
+        row = describe(pid, req.get("start_ticks"))
+        named = row.get("named_pid")
+        note = f"pid {pid} is the {named['role']} of " if named else ""
+        emit(
+            "result",
+            choice="process",
+            row=row,
+            note=note + _describe_choice(row),
+            short=f"pid {pid}",
+            **base,
+        )
+        return 0
+    run_dir = req.get("run_dir")
+    if run_dir:
+        path = os.path.expanduser(str(run_dir))
+        if not os.path.exists(path):
+            raise AgentError(ERR_MISSING, f"{path}: no such run directory")
+        if not os.path.isdir(path):
+            raise AgentError(ERR_MISSING, f"{path}: not a directory")
+        if os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.exists(
+            os.path.join(path, MANIFEST)
+        ):
+            emit("result", choice="run", run_dir=path, note="", short="", **base)
+            return 0
+        rows = [r for r in live_rows(health=False) if works_in(r, path)]
+        scope = f"in {path}"
+    else:
+        path = ""
+        rows = live_rows(health=False)
+        scope = f"of {me} on {host}"
+    mine = [r for r in rows if r["mine"]]
+    others = [r for r in rows if not r["mine"]]
+    skipped = f"; {len(others)} live training(s) of other users not shown" if others else ""
+    if len(mine) > 1:
+        emit(
+            "result",
+            choice="several",
+            runs=mine,
+            note=f"{len(mine)} live trainings {scope}{skipped}",
+            short=f"one of {len(mine)} live trainings",
+            **base,
+        )
+        return 0
+    if len(mine) == 1:
+        row = mine[0]
+        note = f"the live training {scope}: {_describe_choice(row)}{skipped}"
+        short = f"the live training of {me}"
+        if row.get("run_dir"):
+            emit(
+                "result",
+                choice="run",
+                run_dir=row["run_dir"],
+                row=row,
+                note=note,
+                short=short,
+                **base,
+            )
+        else:
+            emit("result", choice="process", row=row, note=note, short=short, **base)
+        return 0
+    if path:
+        if others:
+            who = ", ".join(sorted({str(r["user"]) for r in others}))
+            raise AgentError(
+                ERR_PERMISSION,
+                f"{path}: no metrics.jsonl here; the live training working here belongs to "
+                f"{who}, not to {me} (connect as that user)",
+            )
+        raise AgentError(
+            ERR_MISSING,
+            f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
+            "live training works in this directory",
+        )
+    try:
+        latest = resolve_run_dir(None)
+    except AgentError:
+        raise AgentError(
+            ERR_MISSING, f"no live training of {me} and no run registered on {host}{skipped}"
+        ) from None
+    status = "?"
+    try:
+        with open(latest / MANIFEST) as f:
+            status = str(json.load(f).get("status") or "?")
+    except (OSError, ValueError, AttributeError):
+        pass
+    emit(
+        "result",
+        choice="run",
+        run_dir=str(latest),
+        note=f"no live training of {me} on {host}: the latest registered run, {latest} "
+        f"({status}){skipped}",
+        short=f"no live training of {me}: the latest run ({status})",
+        **base,
+    )
+    return 0
+
+
+def op_describe(req: dict[str, Any]) -> int:
+    """One discovered training: its row, whether it is alive, and a manifest-like
+    identity (what ``k`` will signal), as ``status`` answers for a registered run."""
+    pid = int(req["pid"])
+    start = req.get("start_ticks")
+    host = os.uname().nodename
+    try:
+        row = describe(pid, start if isinstance(start, int) else None)
+    except AgentError as e:
+        if e.kind != ERR_GONE:
+            raise
+        emit(
+            "result",
+            op="describe",
+            alive=False,
+            problem=str(e),
+            manifest={"pid": pid, "start_ticks": start, "observed": True},
+            host=host,
+            now=time.time(),
+        )
+        return 0
+    emit(
+        "result",
+        op="describe",
+        alive=True,
+        problem=None,
+        row=row,
+        manifest=manifest_of(row, host),
+        host=host,
+        now=time.time(),
+    )
+    return 0

@@ -1,0 +1,241 @@
+"""What a training's own output says, line by line, as records of the JSON-lines schema.
+
+A speculators training with no handler on ``speculators.metrics`` still prints: its
+progress bar per epoch (rich, without a terminal only when a bar ends:
+``Epoch 0 100% ━━━ 24/24  [ 0:00:33 < 0:00:00 , 2 it/s ]``; tqdm's classic
+``Epoch 0: 100%|███| 24/24 [00:33<00:00, 1.38it/s]``), Python warnings, tracebacks,
+the library's loguru lines, transformers' ``Writing model shards`` bars. With a
+handler that prints to stdout (a user's ``logging.basicConfig``), the metric dicts
+themselves. Each line becomes:
+
+* a ``train`` or ``val`` record when it carries a speculators metric dict (as
+  ``repr`` or JSON, bare or in a JSON log line's ``msg``);
+* a ``progress`` record for an ``Epoch N`` bar (``phase`` train for the first bar of an
+  epoch, val for the second), besides its ``log`` record;
+* a ``log`` record otherwise: level read from the line (loguru, logging, warnings,
+  tracebacks), message as printed (ANSI escapes removed, the last ``\\r`` segment).
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (not evaluated: Python 3.8 has no tuple[...] at run time)
+    Parsed = tuple[str, dict[str, Any], float | None]
+    """(kind, payload, timestamp read from the line or None)."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_RICH_BAR = re.compile(
+    r"^(?P<desc>.+?)\s+(?P<pct>\d{1,3})%\s+\S*\s*(?P<n>\d+)/(?P<total>\d+)\s+"
+    r"\[\s*(?P<elapsed>[\d:]+)\s*<\s*(?P<remaining>[-\d:?]+)\s*,\s*(?P<rate>[\d.]+|\?)\s*"
+    r"(?P<unit>it/s|s/it)\s*\]"
+)
+_TQDM_BAR = re.compile(
+    r"^(?P<desc>.+?):\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*"
+    r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>it/s|s/it))?"
+)
+_EPOCH_DESC = re.compile(r"^Epoch (\d+)$")
+_LOGURU = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)\s*\|\s*(?P<level>[A-Z]+)\s*\|\s*"
+    r"(?P<logger>[\w.]+)[:\w]*\s+-\s+(?P<msg>.*)$"
+)
+_STAMPED = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\S*\s+(?:-\s+)?"
+    r"(?:(?P<logger>[\w.]+)\s+-\s+)?"
+    r"(?:\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]?)\s*[-:|]?\s*(?P<msg>.*)$"
+)
+_BASIC = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<logger>[\w.]*):(?P<msg>.*)$"
+)
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+_ERROR = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)|Killed|Segmentation fault)\b(?::|$)")
+_NONFINITE = re.compile(r"(?<![\w'\".])(-?)(nan|inf)(?![\w'\"])")
+_LEVELS = {"WARN": "WARNING", "SUCCESS": "INFO", "TRACE": "DEBUG"}
+
+
+def clean(raw: str) -> str:
+    """The line as a terminal would end up showing it: the last ``\\r`` segment, no ANSI."""
+    text = raw.rstrip("\r\n")
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    return _ANSI.sub("", text).rstrip()
+
+
+def _clock(text: str) -> float | None:
+    """``H:MM:SS`` or ``MM:SS`` as seconds."""
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    total = 0
+    for p in parts:
+        total = total * 60 + p
+    return float(total)
+
+
+def _stamp(text: str) -> float | None:
+    """``YYYY-MM-DD HH:MM:SS[.,fff]`` in local time as seconds since the epoch."""
+    try:
+        head, _, frac = text.replace(",", ".").replace("T", " ").partition(".")
+        t = time.mktime(time.strptime(head, "%Y-%m-%d %H:%M:%S"))
+        return t + (float("0." + frac) if frac.isdigit() else 0.0)
+    except (ValueError, OverflowError):
+        return None
+
+
+def bar(line: str) -> dict[str, Any] | None:
+    """A progress bar's figures: ``desc``, ``n``, ``total``, ``elapsed_s``,
+    ``remaining_s``, ``rate`` (items per second), or None."""
+    m = _RICH_BAR.match(line) or _TQDM_BAR.match(line)
+    if m is None:
+        return None
+    n, total = int(m.group("n")), int(m.group("total"))
+    rate_text, unit = m.group("rate"), m.group("unit")
+    rate: float | None = None
+    if rate_text and rate_text != "?":
+        value = float(rate_text)
+        rate = (1.0 / value if value > 0 else None) if unit == "s/it" else value
+    elapsed = _clock(m.group("elapsed"))
+    if elapsed and n:
+        rate = n / elapsed  # more digits than the printed rate ("2 it/s")
+    return {
+        "desc": m.group("desc").strip(),
+        "n": n,
+        "total": total,
+        "elapsed_s": elapsed,
+        "remaining_s": _clock(m.group("remaining")),
+        "rate": rate,
+    }
+
+
+def _literal(text: str) -> Any:
+    """A Python literal or JSON value; ``nan``/``inf`` (a dict's ``repr``) read as the
+    schema's ``"NaN"``/``"Infinity"`` strings. Never evaluates code."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    fixed = _NONFINITE.sub(
+        lambda m: '"NaN"' if m.group(2) == "nan" else f'"{m.group(1)}Infinity"', text
+    )
+    try:
+        return ast.literal_eval(fixed)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return None
+
+
+def metric_dict(line: str) -> dict[str, Any] | None:
+    """The speculators metric dict a line carries, if any (``{"train": …}``, ``{"val": …}``,
+    or a JSON log line whose ``msg`` is one)."""
+    if "train" not in line and "val" not in line:
+        return None
+    start = line.find("{")
+    if start < 0:
+        return None
+    end = line.rfind("}")
+    value = _literal(line[start : end + 1]) if end > start else None
+    if isinstance(value, dict) and isinstance(value.get("msg"), dict):
+        value = value["msg"]
+    if not isinstance(value, dict):
+        return None
+    if isinstance(value.get("train"), dict) or isinstance(value.get("val"), dict):
+        return value
+    return None
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, dict):
+        return {str(k): _finite(x) for k, x in v.items()}
+    return v
+
+
+def level_of(line: str) -> tuple[str, str, str, float | None]:
+    """(level, logger, message, timestamp) of one line of output."""
+    m = _LOGURU.match(line)
+    if m:
+        level = _LEVELS.get(m.group("level"), m.group("level"))
+        return level, m.group("logger"), m.group("msg"), _stamp(m.group("ts"))
+    m = _BASIC.match(line)
+    if m:
+        return m.group("level"), m.group("logger") or "root", m.group("msg"), None
+    m = _STAMPED.match(line)
+    if m:
+        level = _LEVELS.get(m.group("level"), m.group("level"))
+        return level, m.group("logger") or "stdout", m.group("msg"), _stamp(m.group("ts"))
+    if _WARNING.match(line) or "Received SIGTERM" in line:
+        return "WARNING", "stdout", line, None
+    if line.startswith("Traceback (most recent call last)") or _ERROR.match(line):
+        return "ERROR", "stdout", line, None
+    return "INFO", "stdout", line, None
+
+
+class LineParser:
+    """Turns a training's output into records, line by line. Its only state (which
+    ``Epoch N`` bars were seen) travels in the observe cursor, so a reconnect resumes
+    with the same answers."""
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        bars = (state or {}).get("bars") or {}
+        self.bars: dict[str, int] = {str(k): int(v) for k, v in bars.items()}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"bars": dict(self.bars)}
+
+    def parse(self, raw: str) -> list[Parsed]:
+        line = clean(raw)
+        if not line.strip():
+            return []
+        metrics = metric_dict(line)
+        if metrics is not None:
+            return [self._metrics(metrics, line)]
+        out: list[Parsed] = []
+        figures = bar(line)
+        if figures is not None:
+            m = _EPOCH_DESC.match(figures["desc"])
+            if m is not None:
+                epoch = m.group(1)
+                seen = self.bars.get(epoch, 0)
+                done = figures["n"] >= figures["total"] > 0
+                # the first bar of an epoch is its training loop, the next its validation
+                phase = "train" if seen == 0 else "val"
+                if done:
+                    self.bars[epoch] = seen + 1
+                    if len(self.bars) > 64:
+                        self.bars.pop(min(self.bars, key=int))
+                figures.pop("desc")
+                figures.update(epoch=int(epoch), phase=phase, done=done)
+                out.append(("progress", {"bar": figures}, None))
+        level, logger, msg, ts = level_of(line)
+        out.append(("log", {"level": level, "logger": logger, "msg": msg[:2000]}, ts))
+        return out
+
+    @staticmethod
+    def _metrics(d: dict[str, Any], line: str) -> Parsed:
+        _, _, _, ts = level_of(line)
+        step = d.get("global_step")
+        epoch = d.get("epoch")
+        if isinstance(d.get("train"), dict):
+            payload: dict[str, Any] = {"train": _finite(d["train"])}
+            for key in ("profile", "lr", "epoch", "global_step"):
+                if key in d:
+                    payload[key] = _finite(d[key])
+            if isinstance(step, int):
+                payload["step"] = step
+            return ("train", payload, ts)
+        payload = {"val": _finite(d["val"])}
+        if isinstance(epoch, int):
+            payload["epoch"] = epoch
+        if isinstance(step, int):
+            payload["step"] = step
+        return ("val", payload, ts)

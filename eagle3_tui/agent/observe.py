@@ -1,0 +1,510 @@
+"""Observing a training that has no telemetry, from outside: ``observe``.
+
+Nothing touches the process. Every interval the agent reads what the host shows and
+writes records of the JSON-lines schema (``docs/ARCHITECTURE.md``), so the client's
+model and panels work as for an instrumented run wherever the data exists:
+
+* ``proc``: the process tree (torchrun agent, ranks, trainer, dataloader workers,
+  helpers) with CPU and memory, whether the trainer lives, its log's size and growth;
+* ``gpu``: the telemetry GPU sampler (NVML seam) with this training's PIDs;
+* ``io``: the telemetry read sampler on the trainer and its workers (``/proc``);
+* ``ckpt``: the telemetry checkpoint watcher on the checkpoint directory found by
+  discovery (or later, once one appears), plus the checkpoints already there with
+  their sizes and times, and ``val`` records from each epoch's ``val_metrics.json``;
+* ``log``, ``progress``, ``train``, ``val``: the trainer's stdout/stderr log, line by
+  line (:mod:`eagle3_tui.agent.logparse`).
+
+Records come in data frames (offsets count from 0 per call: the client keeps its
+own); after each, a ``cursor`` event says where a reconnect resumes: the log's
+offset and identity, the log records' writer sequence and the parser's state. Log
+records of a resumed call carry the same writer id and sequence numbers, so any
+repeated after a cut are dropped by the reader as duplicates.
+
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.discover import (
+    _HELPERS,
+    _WORKER_MARKS,
+    describe,
+    find_checkpoint_dir,
+    user_name,
+)
+from eagle3_tui.agent.frames import client_gone, emit, emit_data
+from eagle3_tui.agent.logparse import LineParser
+from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.nvml import nvml_from_env
+from eagle3_tui.telemetry.samplers import (
+    CheckpointWatcher,
+    GpuSampler,
+    IoSampler,
+    dir_contents,
+    epoch_of,
+    is_complete,
+)
+from eagle3_tui.telemetry.schema import SCHEMA_VERSION, Kind, to_jsonable
+
+INTERVAL_S = 1.0
+CATCH_UP_BYTES = 4 << 20
+"""A log's first read starts at most this far from its end (its last lines matter)."""
+READ_BYTES = 1 << 20
+MAX_ROUND_BYTES = 8 << 20
+"""Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
+FIND_CKPT_EVERY = 5
+"""Rounds between looks for a checkpoint directory while none is known."""
+
+
+class FrameSink:
+    """Records in the JSON-lines schema, collected for the next data frame: what the
+    telemetry samplers write to (``write(kind, payload)``, as a JsonlWriter)."""
+
+    def __init__(self, writer: str, out: list[bytes], seq: int = 0) -> None:
+        self.w = writer
+        self.out = out
+        self.seq = seq
+
+    def write(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ts: float | None = None,
+    ) -> bool:
+        rec: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "seq": self.seq,
+            "w": self.w,
+            "ts": round(time.time() if ts is None else ts, 6),
+            "kind": kind,
+            "rank": 0,
+        }
+        if payload:
+            rec.update(payload)
+        if step is not None:
+            rec["step"] = step
+        self.seq += 1
+        line = json.dumps(to_jsonable(rec), separators=(",", ":"), allow_nan=False)
+        self.out.append(line.encode() + b"\n")
+        return True
+
+
+class _WithoutInventory:
+    """The checkpoint watcher's records but its ``inventory``: the observer writes each
+    checkpoint already there as a ``save_finished`` with its real time instead."""
+
+    def __init__(self, sink: FrameSink) -> None:
+        self.sink = sink
+
+    def write(
+        self, kind: str, payload: Mapping[str, Any] | None = None, step: int | None = None
+    ) -> bool:
+        if kind == Kind.CKPT and isinstance(payload, dict) and payload.get("event") == "inventory":
+            return True
+        return self.sink.write(kind, payload, step)
+
+
+class LogFollower:
+    """The trainer's log from an offset: whole lines only, a truncated or replaced file
+    restarts at 0, a first look starts near the end of a long file."""
+
+    def __init__(
+        self,
+        path: str,
+        sink: FrameSink,
+        parser: LineParser,
+        offset: int = 0,
+        identity: str | None = None,
+        on_message: Any = None,
+    ) -> None:
+        self.path = path
+        self.sink = sink
+        self.parser = parser
+        self.offset = offset
+        self.identity = identity
+        self.on_message = on_message
+        self.size = 0
+        self.grew = 0
+        self._catch_up_to = -1
+        self._catch_up_ts = 0.0
+
+    def poll(self, now: float) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self.grew = 0
+            return
+        ident = f"{st.st_dev}:{st.st_ino}"
+        fresh = self.identity is None
+        if (self.identity is not None and ident != self.identity) or st.st_size < self.offset:
+            self.offset = 0  # replaced or truncated: its new content from the start
+            fresh = True
+        self.grew = max(0, st.st_size - self.size) if self.size else 0
+        self.size = st.st_size
+        self.identity = ident
+        if fresh:
+            self._catch_up_to = st.st_size  # lines already there: stamped with the mtime
+            self._catch_up_ts = st.st_mtime
+            if st.st_size - self.offset > CATCH_UP_BYTES:
+                self.offset = self._line_start(st.st_size - CATCH_UP_BYTES)
+        read = 0
+        try:
+            with open(self.path, "rb") as f:
+                while self.offset < st.st_size and read < MAX_ROUND_BYTES:
+                    f.seek(self.offset)
+                    data = f.read(min(READ_BYTES, st.st_size - self.offset))
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        if len(data) >= READ_BYTES:  # a line of over 1 MiB: skip it
+                            self.offset += len(data)
+                            continue
+                        break
+                    self._lines(data[: cut + 1], now)
+                    self.offset += cut + 1
+                    read += cut + 1
+        except OSError:
+            return
+
+    def _line_start(self, at: int) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(at)
+                chunk = f.read(READ_BYTES)
+        except OSError:
+            return at
+        nl = chunk.find(b"\n")
+        return at + nl + 1 if nl >= 0 else at
+
+    def _lines(self, data: bytes, now: float) -> None:
+        pos = self.offset
+        for raw in data.split(b"\n")[:-1]:
+            pos += len(raw) + 1
+            stamp = self._catch_up_ts if pos <= self._catch_up_to else now
+            for kind, payload, ts in self.parser.parse(raw.decode("utf-8", "replace")):
+                when = ts if ts is not None else stamp
+                self.sink.write(kind, payload, ts=when)
+                if kind == Kind.LOG and self.on_message is not None:
+                    self.on_message(str(payload.get("msg", "")), when)
+
+
+class Observer:
+    """One observed training: its samplers, its log, its checkpoints; one round per
+    interval."""
+
+    def __init__(self, row: dict[str, Any], cursor: dict[str, Any], interval: float) -> None:
+        self.row = row
+        self.pid = int(row["pid"])
+        self.start = int(row["start_ticks"])
+        launcher = row.get("launcher_pid")
+        self.root = launcher if isinstance(launcher, int) else self.pid
+        self.interval = interval
+        self.out: list[bytes] = []
+        self.sink = FrameSink(f"obs-{self.pid}-{uuid.uuid4().hex[:6]}", self.out)
+        seq = int(cursor.get("seq") or 0)
+        self.log_sink = FrameSink(f"log-{self.pid}-{self.start}", self.out, seq)
+        self.parser = LineParser(cursor.get("parser"))
+        self.watcher = CheckpointWatcher(_WithoutInventory(self.sink), None)
+        self.ckpt_dir: str | None = None
+        self.inventoried = False
+        log = row.get("log")
+        same_log = cursor.get("log") == log
+        self.log = (
+            LogFollower(
+                str(log),
+                self.log_sink,
+                self.parser,
+                int(cursor.get("log_offset") or 0) if same_log else 0,
+                cursor.get("log_identity") if same_log else None,
+                on_message=self.watcher.on_message,
+            )
+            if log
+            else None
+        )
+        self.members: dict[int, str] = {}
+        self.gpu = GpuSampler(
+            self.sink,
+            nvml_from_env(),
+            entries=None,
+            run_pids=lambda: set(self.members),
+        )
+        self.io = IoSampler(
+            self.sink,
+            trainer_pid=self.pid,
+            receiver=None,
+            # reads by dataloader workers only (a worker importing modules reads too)
+            exclude=lambda: {p for p, r in self.members.items() if r != "worker"},
+        )
+        self._roles: dict[tuple[int, int], str] = {}
+        self._cpu: dict[int, tuple[int, float]] = {}
+        self._last = time.monotonic()
+        self._vals: dict[str, float] = {}
+        self.rounds = 0
+        self.alive = True
+        self.cwd = row.get("cwd")
+        self.started = row.get("started")
+        self.set_checkpoint_dir(row.get("checkpoint_dir"))
+
+    # -- the tree ------------------------------------------------------------------------
+    def _role(self, st: procs.ProcStat) -> str:
+        key = (st.pid, st.start_ticks)
+        role = self._roles.get(key)
+        if role is None:
+            joined = " ".join(procs.cmdline(st.pid)[:6])
+            if st.pid == self.pid:
+                role = "trainer"
+            elif st.pid == self.root:
+                role = "launcher"
+            elif any(h in joined for h in _HELPERS):
+                role = "helper"
+            elif st.comm == "pt_data_worker":
+                role = "worker"
+            elif any(m in joined for m in _WORKER_MARKS):
+                role = "spawned"  # a dataloader worker still starting (importing), or other
+            elif st.ppid == self.root and self.root != self.pid:
+                role = "rank"
+            else:
+                role = "child"
+            self._roles[key] = role
+        if role in ("child", "spawned") and st.comm == "pt_data_worker":
+            role = self._roles[key] = "worker"  # torch names it when its loop starts
+        return role
+
+    def tree(self) -> list[dict[str, Any]]:
+        mono = time.monotonic()
+        wall = max(1e-3, mono - self._last)
+        self._last = mono
+        out = []
+        members: dict[int, str] = {}
+        cpu: dict[int, tuple[int, float]] = {}
+        for pid in [self.root, *procs.descendants(self.root)]:
+            st = procs.stat(pid)
+            if st is None or st.zombie:
+                continue
+            role = self._role(st)
+            members[pid] = role
+            prev = self._cpu.get(pid)
+            pct = None
+            if prev is not None and prev[0] == st.start_ticks:
+                pct = round(max(0.0, st.cpu_s - prev[1]) / wall * 100.0, 1)
+            cpu[pid] = (st.start_ticks, st.cpu_s)
+            out.append(
+                {
+                    "pid": pid,
+                    "role": role,
+                    "comm": st.comm,
+                    "state": st.state,
+                    "cpu_pct": pct,
+                    "rss": procs.rss_bytes(pid),
+                }
+            )
+        self.members = members
+        self._cpu = cpu
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def set_checkpoint_dir(self, path: str | None) -> None:
+        if path and path != self.ckpt_dir:
+            self.ckpt_dir = path
+            self.inventoried = False
+            self.watcher.set_dir(path)
+
+    def _find_checkpoint_dir(self) -> None:
+        fds = procs.fd_targets(self.pid) or {}
+        for target in fds.values():
+            if os.path.basename(target) in ("model.safetensors", "optimizer_state_dict.pt"):
+                self.set_checkpoint_dir(os.path.dirname(os.path.dirname(target)))
+                return
+        found = find_checkpoint_dir(self.cwd)
+        if found:
+            self.set_checkpoint_dir(found)
+
+    def _inventory(self, root: Path) -> None:
+        """The checkpoints already there, each as a finished save at its files' time."""
+        found = []
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            return
+        self.inventoried = True
+        for e in entries:
+            try:
+                if e.is_symlink() or not e.is_dir():
+                    continue
+            except OSError:
+                continue
+            if not (e.name.isdigit() or e.name == "interrupted"):
+                continue
+            path = Path(e.path)
+            nbytes, files = dir_contents(path)
+            times = []
+            for name in files:
+                try:
+                    times.append(os.stat(path / name).st_mtime)
+                except OSError:
+                    continue
+            found.append((max(times) if times else 0.0, path, nbytes, files))
+        for ts, path, nbytes, files in sorted(found, key=lambda f: f[0]):
+            payload: dict[str, Any] = {
+                "event": "save_finished",
+                "path": str(path),
+                "epoch": epoch_of(path.name),
+                "bytes": nbytes,
+                "duration_s": None,
+                "complete": is_complete(path.name, files),
+                "files": files,
+                "inferred": True,
+            }
+            if path.name == "interrupted":
+                payload["label"] = "interrupted"
+            self.sink.write(Kind.CKPT, payload, ts=ts)
+        best = root / "checkpoint_best"
+        if best.is_symlink():
+            try:
+                target = (root / os.readlink(best)).resolve()
+            except OSError:
+                return
+            self.sink.write(
+                Kind.CKPT, {"event": "best", "path": str(target), "epoch": epoch_of(target.name)}
+            )
+
+    def _validations(self, root: Path) -> None:
+        """``val`` records from each epoch's ``val_metrics.json`` (new or rewritten)."""
+        try:
+            entries = [e for e in os.scandir(root) if e.name.isdigit()]
+        except OSError:
+            return
+        for e in sorted(entries, key=lambda e: int(e.name)):
+            path = Path(e.path) / "val_metrics.json"
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if self._vals.get(e.name) == mtime:
+                continue
+            try:
+                values = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            self._vals[e.name] = mtime
+            if not isinstance(values, dict):
+                continue
+            payload: dict[str, Any] = {"epoch": int(e.name), "val": values, "source": str(path)}
+            try:
+                state = json.loads((Path(e.path) / "training_state.json").read_text())
+                if isinstance(state.get("global_step"), int):
+                    payload["step"] = state["global_step"]
+            except (OSError, ValueError, AttributeError):
+                pass
+            self.sink.write(Kind.VAL, payload, ts=mtime)
+
+    # -- one round -----------------------------------------------------------------------
+    def round(self, now: float) -> None:
+        self.rounds += 1
+        self.alive = procs.alive(self.pid, self.start)
+        members = self.tree() if self.alive else []
+        if self.log is not None:
+            self.log.poll(now)
+        if self.ckpt_dir is None and self.rounds % FIND_CKPT_EVERY == 1:
+            self._find_checkpoint_dir()
+        if self.ckpt_dir is not None:
+            root = Path(self.ckpt_dir)
+            if not self.inventoried:
+                self._inventory(root)
+            self.watcher.sample(now)
+            self._validations(root)
+        if self.alive:
+            self.gpu.sample(now)
+            self.io.sample(now)
+        cpu = sum(m["cpu_pct"] or 0.0 for m in members)
+        process = {
+            "pid": self.pid,
+            "started": self.started,
+            "telemetry": False,
+            "command": self.row.get("command"),
+            "cwd": self.cwd,
+            "user": self.row.get("user") or user_name(procs.owner(self.pid)),
+            "log_file": self.row.get("log"),
+            "log_bytes": self.log.size if self.log is not None else None,
+            "log_grew": self.log.grew if self.log is not None else None,
+            "checkpoint_dir": self.ckpt_dir,
+            "epochs": self.row.get("epochs"),
+            "cpu_pct": round(cpu, 1) if self.rounds > 1 else None,
+            "launcher_pid": self.row.get("launcher_pid"),
+        }
+        self.sink.write(Kind.PROC, {"alive": self.alive, "process": process, "processes": members})
+
+    def cursor(self) -> dict[str, Any]:
+        return {
+            "seq": self.log_sink.seq,
+            "log": self.row.get("log"),
+            "log_offset": self.log.offset if self.log is not None else 0,
+            "log_identity": self.log.identity if self.log is not None else None,
+            "parser": self.parser.state,
+        }
+
+    def close(self) -> None:
+        self.gpu.close()
+        self.io.close()
+
+
+def _stdin_closed(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the client; True once it has gone (stdin closed)."""
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    if poller.poll(int(timeout_s * 1000)):
+        try:
+            return not os.read(0, 65536)
+        except OSError:
+            return True
+    return False
+
+
+def op_observe(req: dict[str, Any]) -> int:
+    """Observe a training without telemetry: records every ``interval_s`` until the
+    trainer exits (``ended``), the client goes away, or ``until_s`` passed (``eof``: a
+    one-shot look for ``summary``)."""
+    pid = int(req["pid"])
+    start = req.get("start_ticks")
+    row = describe(pid, start if isinstance(start, int) else None)
+    interval = max(0.1, float(req.get("interval_s") or INTERVAL_S))
+    until = req.get("until_s")
+    cursor = req.get("cursor") if isinstance(req.get("cursor"), dict) else {}
+    emit("observed", row=row, host=os.uname().nodename, now=time.time())
+    obs = Observer(row, cursor or {}, interval)
+    offset = 0
+    t0 = time.monotonic()
+    try:
+        while True:
+            round_start = time.monotonic()
+            obs.round(time.time())
+            if obs.out:
+                data = b"".join(obs.out)
+                obs.out.clear()
+                emit_data(offset, data)
+                offset += len(data)
+                emit("cursor", **obs.cursor())
+            if not obs.alive:
+                emit("ended", pid=obs.pid, now=time.time(), size=offset)
+                return 0
+            if until is not None and time.monotonic() - t0 >= float(until):
+                emit("eof", now=time.time(), size=offset)
+                return 0
+            if client_gone():
+                return 0
+            wait = max(0.0, interval - (time.monotonic() - round_start))
+            if until is not None:
+                time.sleep(wait)
+            elif _stdin_closed(wait):
+                return 0
+    finally:
+        obs.close()

@@ -1,0 +1,82 @@
+"""Several live trainings on the host and no ``--pid``: pick one before the monitor opens."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
+
+from eagle3_tui.app.text import inert
+
+
+def live_row(r: dict[str, Any]) -> Text:
+    """One live training: start, health, PID, telemetry, where, what."""
+    started = r.get("started")
+    when = (
+        time.strftime("%m-%d %H:%M", time.localtime(float(started)))
+        if isinstance(started, int | float)
+        else "?"
+    )
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{when}  ", style="dim")
+    t.append(f"{r.get('health') or 'live'!s:<8} ", style="bold")
+    t.append(f"pid {r.get('pid'):<8} ")
+    t.append("telemetry " if r.get("telemetry") else "no telemetry ", style="dim")
+    t.append_text(inert(str(r.get("run_dir") or r.get("cwd") or "?")))
+    command = " ".join(str(a) for a in (r.get("command") or [])[1:])
+    t.append("  ")
+    t.append_text(inert(command, style="dim"))
+    return t
+
+
+class LiveChooser(App[dict[str, Any] | None]):
+    """Lists the live trainings; Enter opens one, Escape or q quits."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "quit_chooser", "Quit"),
+    ]
+    CSS = """
+    #chooser { padding: 1 2; }
+    #chooser-note { margin-bottom: 1; }
+    """
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__()
+        self.rows: list[dict[str, Any]] = list(result.get("runs") or [])
+        self.host = str(result.get("host") or "the host")
+        self.note_text = str(result.get("note") or "")
+
+    def compose(self) -> ComposeResult:
+        box = Vertical(id="chooser")
+        box.border_title = f"live trainings on {self.host}"
+        with box:
+            yield Static(
+                inert(f"{self.note_text}: Enter opens one (or run with --pid PID)"),
+                id="chooser-note",
+            )
+            yield OptionList(*(Option(live_row(r)) for r in self.rows), id="live")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        options.highlighted = 0
+        options.focus()
+
+    @on(OptionList.OptionSelected)
+    def picked(self, event: OptionList.OptionSelected) -> None:
+        self.exit(self.rows[event.option_index])
+
+    def action_quit_chooser(self) -> None:
+        self.exit(None)
+
+
+async def choose_live(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The training picked among ``result["runs"]``, or None when the user quit."""
+    return await LiveChooser(result).run_async()

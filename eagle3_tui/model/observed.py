@@ -1,0 +1,152 @@
+"""A run observed from outside (no telemetry): its records, its progress, its health.
+
+The host's agent (``agent/observe.py``) writes ``proc`` records (the process tree, the
+trainer alive or not, its log's growth) and ``progress`` records (speculators' epoch
+progress bars in its output) besides the usual ``gpu``, ``io``, ``ckpt``, ``log`` and
+``val``. :class:`~eagle3_tui.model.state.RunState` keeps them; this module decodes
+and checks their payloads and derives progress (step, epoch, pace) from the bars.
+``observed_health.py`` judges such a run.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from eagle3_tui.model.state import RunState
+
+HISTORY = 600
+"""``proc`` samples kept (10 min at 1 s)."""
+
+
+class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
+    """``process`` of a ``proc`` record: the trainer and what was found about it."""
+
+    pid: int
+    started: float | None = None
+    telemetry: bool = False
+    command: list[str] = []
+    cwd: str | None = None
+    user: str | None = None
+    log_file: str | None = None
+    log_bytes: float | None = None
+    log_grew: float | None = None
+    checkpoint_dir: str | None = None
+    epochs: int | None = None
+    cpu_pct: float | None = None
+    launcher_pid: int | None = None
+
+
+class Member(msgspec.Struct, kw_only=True, gc=False):
+    """One process of the observed run (``processes`` of a ``proc`` record)."""
+
+    pid: int
+    role: str = ""
+    comm: str = ""
+    state: str = ""
+    cpu_pct: float | None = None
+    rss: float | None = None
+
+
+class Bar(msgspec.Struct, kw_only=True, gc=False):
+    """``bar`` of a ``progress`` record: one ``Epoch N`` progress bar of the output."""
+
+    epoch: int
+    phase: str = "train"
+    n: int
+    total: int
+    done: bool = False
+    elapsed_s: float | None = None
+    remaining_s: float | None = None
+    rate: float | None = None
+
+
+_members = msgspec.json.Decoder(list[Member], strict=False)
+
+
+def decode_process(raw: object) -> ProcessInfo:
+    """Raises msgspec.ValidationError for a payload that is not one."""
+    return msgspec.convert(raw, ProcessInfo, strict=False)
+
+
+def decode_members(raw: bytes) -> list[Member]:
+    return _members.decode(raw) if raw else []
+
+
+def decode_bar(raw: object) -> Bar:
+    bar = msgspec.convert(raw, Bar, strict=False)
+    if bar.n < 0 or bar.total < 0 or bar.epoch < 0:
+        raise msgspec.ValidationError("negative count")
+    return bar
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The latest ``proc`` record: the process and its tree."""
+
+    ts: float
+    alive: bool
+    info: ProcessInfo
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSample:
+    ts: float
+    alive: bool
+    cpu_pct: float | None
+    log_grew: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BarSeen:
+    ts: float
+    bar: Bar
+
+
+# ---- progress ---------------------------------------------------------------------------
+
+
+def last_train_bar(state: RunState) -> BarSeen | None:
+    for seen in reversed(state.bars):
+        if seen.bar.phase == "train" and seen.bar.n > 0:
+            return seen
+    return None
+
+
+def step_time(state: RunState) -> float | None:
+    """Seconds per training step from the latest epoch bar that says (elapsed / steps)."""
+    seen = last_train_bar(state)
+    if seen is None:
+        return None
+    b = seen.bar
+    if b.elapsed_s and b.n:
+        return b.elapsed_s / b.n
+    if b.rate:
+        return 1.0 / b.rate
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BarProgress:
+    step: int
+    epoch: int
+    steps_per_epoch: int
+    steps_per_s: float | None
+
+
+def bar_progress(state: RunState) -> BarProgress | None:
+    """Step (0-based, the last one done), epoch (the one under way), steps per epoch and
+    pace from the bars: a training without telemetry prints them as epochs end."""
+    seen = last_train_bar(state)
+    if seen is None:
+        return None
+    b = seen.bar
+    st = step_time(state)
+    epoch = b.epoch + 1 if b.done else b.epoch
+    return BarProgress(b.epoch * b.total + b.n - 1, epoch, b.total, 1.0 / st if st else None)

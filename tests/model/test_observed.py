@@ -1,0 +1,172 @@
+"""A run observed without telemetry: its records, its progress and its health, on
+recorded scenarios with a frozen clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.snapshot import build_snapshot
+from eagle3_tui.model.summary import summarize
+from tests.records import Lines
+
+T0 = 1_800_000_000.0
+HANDLER = "the speculators.metrics logger has no handler, or its level is above INFO"
+
+
+class Observed:
+    """What the agent writes, second by second, about a training without telemetry."""
+
+    def __init__(self, started: float = T0) -> None:
+        self.obs = Lines(writer="obs", t0=started, dt=0.0)
+        self.log = Lines(writer="log", t0=started, dt=0.0)
+        self.started = started
+        self.t = started
+        self.run = Run()
+        self.offset = 0
+
+    def feed(self, data: bytes) -> None:
+        self.run.feed(self.offset, data)
+        self.offset += len(data)
+
+    def second(self, cpu: float = 100.0, reads: float = 0.0, log_grew: float = 0.0) -> None:
+        self.feed(self.obs.at(self.t).proc(cpu_pct=cpu, log_grew=log_grew, started=self.started))
+        if reads:
+            self.feed(self.obs.at(self.t).io(reads))
+        self.t += 1.0
+
+    def bar(self, epoch: int, n: int, total: int, elapsed_s: float) -> None:
+        self.feed(self.log.at(self.t).bar(epoch, n, total, elapsed_s))
+
+    def health(self) -> Health:
+        return diagnose(self.run.state, self.t).health
+
+
+def test_startup_then_worker_reads_is_silent_within_30_s_of_the_evidence() -> None:
+    o = Observed()
+    for _ in range(20):  # imports, data: busy CPU, nothing else
+        o.second(cpu=100.0)
+        assert o.health() == Health.WAITING
+    evidence = o.t
+    verdicts = []
+    while o.t < evidence + 40:
+        o.second(cpu=100.0, reads=4096.0)  # dataloader workers read: the loop runs
+        verdicts.append((o.t - evidence, o.health()))
+    assert all(h in (Health.WAITING, Health.SILENT) for _, h in verdicts)
+    first = next(dt for dt, h in verdicts if h == Health.SILENT)
+    assert first <= 30.0  # max(30 s, 5 x step time): no bar yet, so 30 s
+    assert all(h == Health.SILENT for dt, h in verdicts if dt >= first)  # it stays so
+    reason = diagnose(o.run.state, o.t).reason
+    assert HANDLER in reason and "pid 4242" in reason and "dataloader workers read" in reason
+    assert "Attach live" in reason and "restart it with telemetry" in reason
+
+
+@pytest.mark.parametrize("step_s", [2.0, 10.0, 20.0])
+def test_the_bound_grows_with_the_step_time_the_bars_give(step_s: float) -> None:
+    """Evidence at an epoch's end (a bar and the reads); flagged within max(30, 5 x step)."""
+    o = Observed()
+    bound = max(30.0, 5.0 * step_s)
+    o.second(cpu=100.0)
+    o.bar(0, 10, 10, elapsed_s=10 * step_s)
+    evidence = o.t
+    first = None
+    while o.t < evidence + bound + 10:
+        o.second(cpu=100.0, reads=2048.0)
+        h = o.health()
+        if h == Health.SILENT and first is None:
+            first = o.t - evidence
+        assert h in (Health.WAITING, Health.SILENT)
+        if o.t - o.started < bound:
+            assert h == Health.WAITING, (o.t - o.started, bound)  # no alarm before the bound
+    assert first is not None and first <= bound
+
+
+def test_a_busy_cpu_alone_is_silent_only_after_the_start_up_allowance() -> None:
+    o = Observed()
+    while o.t < T0 + 89:
+        o.second(cpu=150.0, log_grew=100.0)
+        assert o.health() == Health.WAITING
+    o.second(cpu=150.0)
+    o.second(cpu=150.0)
+    assert o.health() == Health.SILENT
+    assert "its CPU is busy" in diagnose(o.run.state, o.t).reason
+
+
+def test_nothing_moving_is_stalled_and_a_gone_trainer_is_dead() -> None:
+    o = Observed(started=T0 - 600)
+    for _ in range(40):
+        o.second(cpu=0.0)
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.STALLED and "no CPU" in d.reason
+    o.feed(o.obs.at(o.t).proc(alive=False, cpu_pct=None, started=o.started))
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.DEAD and "exit status is unknown" in d.reason
+
+
+def test_how_an_observed_trainer_ended() -> None:
+    o = Observed()
+    o.second()
+    o.feed(o.log.at(o.t).log("RuntimeError: CUDA out of memory", level="ERROR", logger="stdout"))
+    o.feed(o.obs.at(o.t).proc(alive=False, started=o.started))
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.DEAD and "RuntimeError: CUDA out of memory" in d.reason
+    o = Observed()
+    o.second()
+    o.feed(o.obs.at(o.t + 1).ckpt("save_finished", "/work/exp7/checkpoints/interrupted"))
+    o.feed(o.obs.at(o.t + 2).proc(alive=False, started=o.started))
+    d = diagnose(o.run.state, o.t + 2)
+    assert d.health == Health.STOPPED and "interrupted" in d.reason
+    o = Observed()
+    o.feed(o.obs.at(o.t).proc(started=o.started, epochs=2))
+    o.bar(1, 10, 10, 5.0)
+    o.feed(o.obs.at(o.t + 1).proc(alive=False, started=o.started, epochs=2))
+    assert diagnose(o.run.state, o.t + 1).health == Health.FINISHED
+
+
+def test_metric_dicts_in_its_output_are_a_running_run() -> None:
+    o = Observed()
+    for step in range(10):
+        o.second(cpu=100.0, reads=1024.0)
+        o.feed(o.log.at(o.t).train(step, 2.0 - 0.1 * step))
+    assert o.health() == Health.RUNNING
+    snap = build_snapshot(o.run.state, o.t)
+    assert snap.global_step == 9 and snap.observed is not None
+
+
+def test_progress_and_summary_of_an_observed_run() -> None:
+    o = Observed()
+    o.feed(o.obs.at(o.t).proc(started=o.started, epochs=5))
+    o.bar(0, 24, 24, elapsed_s=12.0)
+    o.feed(o.log.at(o.t).bar(0, 6, 6, elapsed_s=3.0, phase="val"))
+    o.bar(1, 24, 24, elapsed_s=6.0)
+    o.t += 60
+    o.second()
+    s = summarize(o.run.state, o.t)
+    assert s["global_step"] == 47  # two epochs of 24 steps, 0-based
+    assert s["epoch"] == 2 and s["epochs"] == 5 and s["total_steps"] == 120
+    assert s["steps_per_s"] == pytest.approx(4.0)  # 24 steps in 6 s
+    assert s["eta_run_s"] == pytest.approx(72 / 4.0)
+    assert s["telemetry"] is False and s["loss"] is None
+    assert s["observed"]["pid"] == 4242 and s["observed"]["log_file"] == "/work/exp7/train.log"
+    assert [p["role"] for p in s["observed"]["processes"]] == ["trainer", "worker"]
+    json.dumps(s)  # JSON-ready
+
+
+def test_malformed_observed_records_are_counted_and_move_nothing() -> None:
+    o = Observed()
+    bad = [
+        {"kind": "proc", "v": 1, "seq": 0, "w": "x", "ts": T0, "process": {"pid": 1}},
+        {"kind": "proc", "v": 1, "seq": 1, "w": "x", "ts": T0, "alive": True, "process": {}},
+        {"kind": "proc", "v": 1, "seq": 2, "w": "x", "ts": T0, "alive": True,
+         "process": {"pid": 1}, "processes": [{"role": "worker"}]},
+        {"kind": "progress", "v": 1, "seq": 3, "w": "x", "ts": T0, "bar": {"epoch": 0}},
+        {"kind": "progress", "v": 1, "seq": 4, "w": "x", "ts": T0,
+         "bar": {"epoch": 0, "n": -1, "total": 3}},
+    ]  # fmt: skip
+    o.feed(b"".join(json.dumps(x).encode() + b"\n" for x in bad))
+    state = o.run.state
+    assert state.malformed_count == len(bad)
+    assert state.observed is None and not state.bars and state.process_alive is None

@@ -1,0 +1,369 @@
+"""The agent's view of trainings without telemetry, on this machine: the output parser,
+the observe cursor, and discovery against real processes (a torch process whose
+script imports speculators, its spawn child, a pipe into ``tee``)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eagle3_tui
+from eagle3_tui.agent import discover, logparse, observe
+from eagle3_tui.model.run import Run
+from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
+from eagle3_tui.transport.control import EXIT_BY_KIND, choose, describe, observe_once
+from tests.conftest import need_training
+
+RICH = "Epoch 3 100% ━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 24/24  [ 0:00:33 < 0:00:00 , 2 it/s ]"
+
+
+# ---- the output parser ---------------------------------------------------------------------
+
+
+def test_epoch_bars_of_both_progress_libraries() -> None:
+    p = logparse.LineParser()
+    (kind, payload, _), log = p.parse(RICH)
+    assert kind == "progress" and log[0] == "log"
+    assert payload["bar"] == {
+        "n": 24,
+        "total": 24,
+        "elapsed_s": 33.0,
+        "remaining_s": 0.0,
+        "rate": pytest.approx(24 / 33),
+        "epoch": 3,
+        "phase": "train",
+        "done": True,
+    }
+    assert p.parse(RICH.replace("24/24", "6/6"))[0][1]["bar"]["phase"] == "val"  # the second
+    tqdm = "\r\x1b[2KEpoch 7:  40%|████      | 4/10 [00:08<00:12,  2.00s/it]"
+    bar = p.parse(tqdm)[0][1]["bar"]
+    assert (bar["epoch"], bar["n"], bar["total"], bar["done"]) == (7, 4, 10, False)
+    assert bar["elapsed_s"] == 8.0 and bar["rate"] == pytest.approx(0.5)
+    assert p.parse("Writing model shards: 100%|███| 1/1 [00:00<00:00, 9.1it/s]")[0][0] == "log"
+
+
+def test_metric_dicts_printed_by_a_handler_become_records() -> None:
+    p = logparse.LineParser()
+    line = (
+        "INFO:speculators.metrics:{'train': {'loss': nan, 'full_acc_0': 0.5, 'loss_0': inf}, "
+        "'profile': {'step_ms': 81.0}, 'epoch': 1, 'lr': 0.001, 'global_step': 41}"
+    )
+    [(kind, payload, _)] = p.parse(line)
+    assert kind == "train" and payload["step"] == 41 and payload["epoch"] == 1
+    assert payload["train"] == {"loss": "NaN", "full_acc_0": 0.5, "loss_0": "Infinity"}
+    as_json = json.dumps(
+        {"t": 1.0, "logger": "speculators.metrics", "msg": {"val": {"loss_epoch": 1.5}, "epoch": 2}}
+    )
+    [(kind, payload, _)] = p.parse(as_json)
+    assert kind == "val" and payload == {"val": {"loss_epoch": 1.5}, "epoch": 2}
+    # never code: a dict-looking line that is not a literal stays a log line
+    assert p.parse("{'train': __import__('os').system('x')}")[0][0] == "log"
+
+
+def test_levels_and_times_read_from_the_lines() -> None:
+    level = logparse.level_of
+    loguru = "2026-12-01 05:02:24.187 | WARNING  | speculators.utils.loading:f:115 - no index"
+    lv, logger, msg, ts = level(loguru)
+    assert (lv, logger, msg) == ("WARNING", "speculators.utils.loading", "no index") and ts
+    assert level("/x/dataloader.py:1102: UserWarning: pin_memory")[0] == "WARNING"
+    assert level("Traceback (most recent call last):")[0] == "ERROR"
+    assert level("torch.OutOfMemoryError: CUDA out of memory")[0] == "ERROR"
+    assert level("WARNING:root:low disk")[:2] == ("WARNING", "root")
+    assert level("plain text")[0] == "INFO"
+
+
+def test_the_log_resumes_at_the_cursor_without_loss_or_duplicates(tmp_path: Path) -> None:
+    """A reconnect passes back the last cursor; a cut before the cursor arrived repeats
+    records with the same writer sequence, which the reader drops."""
+    log = tmp_path / "train.log"
+    lines = [f"line {i}" if i % 7 else RICH.replace("Epoch 3", f"Epoch {i}") for i in range(60)]
+    log.write_text("\n".join(lines[:30]) + "\n")
+
+    def session(cursor: dict[str, Any]) -> tuple[bytes, dict[str, Any], observe.LogFollower]:
+        out: list[bytes] = []
+        sink = observe.FrameSink("log-1-2", out, int(cursor.get("seq") or 0))
+        parser = logparse.LineParser(cursor.get("parser"))
+        f = observe.LogFollower(
+            str(log), sink, parser, cursor.get("log_offset", 0), cursor.get("log_identity")
+        )
+        f.poll(time.time())
+        return (
+            b"".join(out),
+            {
+                "seq": sink.seq,
+                "log_offset": f.offset,
+                "log_identity": f.identity,
+                "parser": parser.state,
+            },
+            f,
+        )
+
+    first, cursor, _ = session({})
+    with open(log, "a") as out:
+        out.write("\n".join(lines[30:45]) + "\n" + "torn li")  # a line being written
+    second, cursor2, follower = session(cursor)
+    assert follower.offset == log.stat().st_size - len("torn li")
+    with open(log, "a") as out:
+        out.write("ne\n" + "\n".join(lines[45:]) + "\n")
+    third, _, _ = session(cursor2)
+    again, _, _ = session(cursor)  # a reconnect with a lagging cursor: repeats 30..44
+    run = Run()
+    offset = 0
+    for chunk in (first, second, again, third):
+        run.feed(offset, chunk)
+        offset += len(chunk)
+    state = run.state
+    msgs = [line.msg for line in state.logs]
+    assert msgs == [*lines[:45], "torn line", *lines[45:]]
+    assert state.duplicate_records > 0 and state.lost_records == 0
+    assert [b.bar.epoch for b in state.bars] == [i for i in range(60) if i % 7 == 0]
+
+
+def test_agent_modules_parse_as_python_3_8() -> None:
+    """The agent runs on whatever python3 the host has (3.8 and later)."""
+    root = Path(eagle3_tui.__file__).parent
+    for path in [
+        *sorted((root / "agent").glob("*.py")),
+        *sorted((root / "telemetry").glob("*.py")),
+    ]:
+        ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+
+
+# ---- discovery against real processes ------------------------------------------------------
+
+TRAINING = textwrap.dedent(
+    """
+    import sys, time
+    import torch  # libtorch in the maps
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10**6
+
+        def __getitem__(self, i):
+            time.sleep(0.05)
+            return i
+
+    def train():
+        import speculators  # (the real work would start here)
+
+    if __name__ == "__main__":
+        loader = torch.utils.data.DataLoader(
+            Slow(), num_workers=1, multiprocessing_context="spawn"
+        )
+        batches = iter(loader)  # a dataloader worker (spawned, then named pt_data_worker)
+        next(batches)
+        print("Epoch 0 100% ━━━━ 3/3 [ 0:00:01 < 0:00:00 , 3 it/s ]", flush=True)
+        open(sys.argv[1], "w").write("ready")
+        time.sleep(120)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def fake_training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A torch process whose script imports speculators, a spawn child, its output piped
+    into ``tee train.log``, and a speculators-shaped checkpoint directory."""
+    need_training()
+    work = tmp_path_factory.mktemp("work")
+    (work / "my_train.py").write_text(TRAINING)
+    ckpt = work / "out" / "checkpoints" / "0"
+    ckpt.mkdir(parents=True)
+    (ckpt / "training_state.json").write_text('{"global_step": 3}')
+    ready = work / "ready"
+    shell = subprocess.Popen(
+        f"{sys.executable} my_train.py {ready} | tee train.log > /dev/null",
+        shell=True,
+        cwd=work,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert time.monotonic() < deadline and shell.poll() is None, "the fake did not start"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    trainer = next(
+        t for t in discover.scan()[0] if t.cwd == str(work)
+    )  # (found by its directory: other tests' trainings run here too)
+    yield {"work": work, "trainer": trainer, "shell": shell}
+    os.killpg(shell.pid, 9)
+    shell.wait()
+
+
+def test_a_training_is_found_from_outside(fake_training: dict[str, Any]) -> None:
+    work = fake_training["work"]
+    t: discover.Training = fake_training["trainer"]
+    row = discover.describe(t.trainer.pid)
+    assert row["pid"] == t.trainer.pid and row["telemetry"] is False
+    assert row["log"] == str(work / "train.log")  # through the pipe into tee
+    assert row["checkpoint_dir"] == str(work / "out" / "checkpoints")  # found below the cwd
+    roles = sorted(m["role"] for m in row["members"])
+    assert roles.count("trainer") == 1 and "worker" in roles
+    evidence = " | ".join(row["evidence"])
+    assert "torch loaded" in evidence and "my_train.py imports speculators" in evidence
+    assert "speculators' output" in evidence
+    worker = next(m["pid"] for m in row["members"] if m["role"] == "worker")
+    named = discover.describe(worker)  # a worker's PID names its training
+    assert named["pid"] == row["pid"] and named["named_pid"] == {"pid": worker, "role": "worker"}
+    assert discover.works_in(row, str(work)) and not discover.works_in(row, "/usr")
+
+
+def test_what_is_not_a_training(tmp_path: Path) -> None:
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        with pytest.raises(discover.AgentError) as e:
+            discover.describe(plain.pid)
+        assert e.value.kind == "not_training" and "torch is not loaded" in str(e.value)
+        sleeper = subprocess.Popen(["sleep", "60"])
+        with pytest.raises(discover.AgentError) as e:
+            discover.describe(sleeper.pid)
+        assert e.value.kind == "not_training" and "not a Python process" in str(e.value)
+        sleeper.kill()
+        sleeper.wait()
+        with pytest.raises(discover.AgentError) as e:
+            discover.describe(sleeper.pid)
+        assert e.value.kind == "gone"
+        start = discover.procs.stat(plain.pid).start_ticks  # type: ignore[union-attr]
+        with pytest.raises(discover.AgentError) as e:
+            discover.describe(plain.pid, start + 1)  # the PID is another process now
+        assert e.value.kind == "gone"
+    finally:
+        plain.kill()
+        plain.wait()
+
+
+async def test_choose_describe_and_observe_through_the_agent(
+    fake_training: dict[str, Any],
+) -> None:
+    work = fake_training["work"]
+    pid = fake_training["trainer"].trainer.pid
+    host = LocalHost()
+    chosen = await choose(host, str(work), None)  # a work directory: its live training
+    assert chosen["choice"] == "process" and chosen["row"]["pid"] == pid
+    assert f"pid {pid}" in chosen["note"]
+    chosen = await choose(host, None, pid)
+    assert chosen["choice"] == "process" and chosen["short"] == f"pid {pid}"
+    status = await describe(host, chosen["row"])
+    assert (
+        status["alive"] is True
+        and status["manifest"]["start_ticks"] == chosen["row"]["start_ticks"]
+    )
+    run = Run()
+    end = await observe_once(host, chosen["row"], lambda f: run.feed(f.offset, f.data), 1.5)
+    assert end.event == "eof"
+    state = run.state
+    assert state.observed is not None and state.observed.alive
+    assert [m.role for m in state.observed.members].count("worker") == 1
+    assert any("Epoch 0 100%" in line.msg for line in state.logs)
+    assert [b.bar.epoch for b in state.bars] == [0]
+    assert state.malformed_count == 0
+    with pytest.raises(AgentAnswerError) as e:
+        await choose(host, None, 999_999_999)
+    assert e.value.kind == "gone" and EXIT_BY_KIND[e.value.kind] == 22
+
+
+def test_observe_stream_survives_nothing_but_reports_the_end(
+    fake_training: dict[str, Any], tmp_path: Path
+) -> None:
+    """The observed stream ends (``ended``) when the trainer exits."""
+    script = tmp_path / "short.py"
+    script.write_text("import sys, time\nimport torch\nimport speculators.version\ntime.sleep(4)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    try:
+        row = None
+        deadline = time.monotonic() + 60
+        while row is None:
+            assert time.monotonic() < deadline
+            found = [t for t in discover.scan()[0] if t.trainer.pid == proc.pid]
+            row = discover._rows(found)[0] if found else None
+            time.sleep(0.2)
+        run = Run()
+        end = asyncio.run(
+            observe_once(LocalHost(), row, lambda f: run.feed(f.offset, f.data), 30.0)
+        )
+        assert end.event == "ended"
+        assert run.state.observed is not None and run.state.observed.alive is False
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+TORCHRUN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+
+    def train():
+        import speculators  # (the real work would start here)
+
+    open(sys.argv[1] + os.environ["RANK"], "w").write("ready")
+    time.sleep(120)
+    """
+)
+
+
+def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agent(
+    tmp_path: Path,
+) -> None:
+    need_training()
+    (tmp_path / "dist.py").write_text(TORCHRUN_SCRIPT)
+    ready = tmp_path / "ready-"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "0",
+            "dist.py",
+            str(ready),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{ready}{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "torchrun failed"
+            time.sleep(0.2)
+        found = [t for t in discover.scan()[0] if t.cwd == str(tmp_path)]
+        assert len(found) == 1, [t.trainer.pid for t in found]  # one training, not three
+        row = discover._rows(found)[0]
+        assert row["launcher_pid"] == launcher.pid
+        assert [r["rank"] for r in row["ranks"]] == ["0", "1"]
+        assert row["pid"] == next(r["pid"] for r in row["ranks"] if r["rank"] == "0")
+        roles = sorted(m["role"] for m in row["members"])
+        assert roles.count("launcher") == 1 and roles.count("trainer") == 1
+        assert roles.count("rank") == 1
+        assert any("torchrun agent" in e for e in row["evidence"])
+        assert discover.describe(row["ranks"][1]["pid"])["pid"] == row["pid"]  # a rank: its run
+        from eagle3_tui.transport.control import kill_run
+
+        report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=row))
+        assert report["status"] == "stopped", report
+        signalled = [p for p in report["processes"] if p["signals"]]
+        assert signalled[0]["pid"] == launcher.pid and signalled[0]["role"] == "launcher"
+        assert launcher.wait(30) is not None
+        for m in row["members"]:
+            st = discover.procs.stat(m["pid"])
+            assert st is None or st.zombie, f"{m} remains"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()
