@@ -27,10 +27,13 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.telemetry.schema import Kind
+
 SUPPORTED_SCHEMA = 1
 """The major version of the JSON-lines schema this reader reads: a line with a higher
 ``v`` is reported as malformed (upgrade eagle3-tui), never applied as version 1."""
-KINDS = frozenset(("train", "val", "hparams", "log", "lifecycle", "gpu", "io", "ckpt", "heartbeat"))
+KINDS = Kind.ALL
+"""Every kind of record (one list, the writer's: ``telemetry/schema.py``)."""
 
 Number = float | None
 

@@ -407,7 +407,7 @@ async def test_a_run_without_telemetry_says_silent_and_what_is_not_available() -
         assert "not available without telemetry" in table and "val loss" in table
         assert "0.250" in table  # the validation's full acceptance of TTT step 0
         progress = text_of(app.query_one(ProgressPanel))
-        assert "step 23" in progress and "checkpoints/0" in progress
+        assert "step 24" in progress and "checkpoints/0" in progress  # 24 steps done
         assert "UserWarning" in text_of(app.query_one(LogPanel))
         loss = app.query_one(LossPlot)
         await until(pilot, lambda: loss.is_current, what="the loss plot")

@@ -146,7 +146,8 @@ def test_progress_and_summary_of_an_observed_run() -> None:
     o.second()
     s = summarize(o.run.state, o.t)
     assert s["global_step"] == 47  # two epochs of 24 steps, 0-based
-    assert s["epoch"] == 2 and s["epochs"] == 5 and s["total_steps"] == 120
+    assert s["step"] == 48  # steps done: the 1-based number every view shows
+    assert s["epoch"] == 3 and s["epochs"] == 5 and s["total_steps"] == 120  # the third runs
     assert s["steps_per_s"] == pytest.approx(4.0)  # 24 steps in 6 s
     assert s["eta_run_s"] == pytest.approx(72 / 4.0)
     assert s["telemetry"] is False and s["loss"] is None
