@@ -13,6 +13,14 @@ from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import ERR_INVALID, EV_ERROR, PROTOCOL
 from eagle3_tui.agent.runs import op_resolve, op_runs, op_status
 
+
+def op_attach(req: dict[str, Any]) -> int:
+    """Imported when used: a follow does not compile gdb and /proc inspection code."""
+    from eagle3_tui.agent.attach import op_attach as attach
+
+    return attach(req)
+
+
 OPS: dict[str, Callable[[dict[str, Any]], int]] = {
     "follow": op_follow,
     "resolve": op_resolve,
@@ -21,6 +29,7 @@ OPS: dict[str, Callable[[dict[str, Any]], int]] = {
     "kill": op_kill,
     "resume": op_resume,
     "status": op_status,
+    "attach": op_attach,
 }
 
 

@@ -15,6 +15,7 @@ OP_RUNS = "runs"
 OP_KILL = "kill"
 OP_RESUME = "resume"
 OP_STATUS = "status"
+OP_ATTACH = "attach"
 
 # Events (a J frame's "event").
 EV_RESOLVED = "resolved"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import RunState
 
 MIN_QUIET_S = 30.0
@@ -248,13 +249,32 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
         pace = f" (a step usually takes {_ago(med)})" if med else ""
         return Diagnosis(
             Health.STALLED,
-            f"No metric for {_ago(quiet_for)}{pace}, {idle}: {_stall_hint(state)}",
+            f"No metric for {_ago(quiet_for)}{pace}, {idle}{_stuck_clause(state)}: "
+            f"{_stall_hint(state)}",
         )
     return Diagnosis(
         Health.STALLED,
         f"No record of any kind for {_ago(quiet_for)} and no process evidence: "
         "the run may have stopped or the file is no longer written.",
     )
+
+
+# ---- where it is stuck (issue 12: a `stack` record from telemetry) --------------------
+
+
+def stuck_at(state: RunState) -> StackSample | None:
+    """The main thread's stack taken since the last training step, if telemetry took one."""
+    sample = state.stack
+    if sample is None:
+        return None
+    if state.last_train_ts is not None and sample.ts < state.last_train_ts:
+        return None  # taken in an earlier quiet spell
+    return sample
+
+
+def _stuck_clause(state: RunState) -> str:
+    sample = stuck_at(state)
+    return f"; stuck in {describe(sample)}" if sample is not None else ""
 
 
 def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:

@@ -135,6 +135,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """How old the trainer's own figures are: grows while its interpreter is stuck."""
     trainer: dict[str, Any] | None = None
     """The sidecar's look at the trainer process: ``pid``, ``alive``, ``state``, ``cpu_s``."""
+    # stack
+    thread: str | None = None
+    frames: msgspec.Raw = _NO_RAW
+    """A ``stack`` record's frames as raw JSON (see ``model/stack.py``)."""
+    quiet_s: Number = None
 
     @property
     def step_or_global(self) -> int | None:
@@ -224,7 +229,7 @@ def _coerce(obj: dict[str, Any]) -> Record:
             if not isinstance(m, dict):
                 raise ValueError(f"'{numeric_map}' is not an object")
             known[numeric_map] = {str(k): to_float(v) for k, v in m.items()}
-    for raw_field in ("devices", "workers"):
+    for raw_field in ("devices", "workers", "frames"):
         if raw_field in known:
             known[raw_field] = msgspec.Raw(msgspec.json.encode(known[raw_field]))
     prof = known.get("profile")

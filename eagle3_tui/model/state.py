@@ -39,6 +39,7 @@ from eagle3_tui.model.records import (
     struct_columns,
     train_items,
 )
+from eagle3_tui.model.stack import StackSample, stack_sample
 from eagle3_tui.model.table import StepTable
 
 BATCH_MIN = 16
@@ -168,6 +169,8 @@ class RunState:
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
     activity: Activity | None = None
+    stack: StackSample | None = None
+    """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
     _pending: dict[str, deque[Record | Deferred]] = field(
         default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
     )
@@ -293,6 +296,8 @@ class RunState:
             self._apply_ckpt(rec)
         elif kind == "lifecycle":
             self._apply_lifecycle(rec)
+        elif kind == "stack":
+            self.stack = stack_sample(rec) or self.stack
         elif kind == "hparams" and rec.hparams:
             self.hparams.update(rec.hparams)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
+from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
 
 # Exit statuses of `eagle3-tui summary` by health (README documents them).
@@ -35,7 +37,10 @@ def _num(x: float | None) -> float | str | None:
 def summarize(state: RunState, now: float) -> dict[str, Any]:
     """Everything a script needs, JSON-ready (non-finite floats as strings)."""
     snap = build_snapshot(state, now, ViewParams(columns=1, smoothing=0.0))
-    return summary_of(snap)
+    out = summary_of(snap)
+    stuck = stuck_at(state)
+    out["stuck"] = stuck_json(stuck) if stuck is not None else None
+    return out
 
 
 def summary_of(snap: Snapshot) -> dict[str, Any]:
@@ -142,6 +147,8 @@ def format_text(summary: dict[str, Any]) -> str:
         lines.append(f"gpus     {utils}")
     if summary["checkpoint"]:
         lines.append(f"ckpt     {summary['checkpoint']['path']}")
+    if summary.get("stuck"):
+        lines.append(f"stuck    {summary['stuck']['where']}")
     lines.append(
         f"records  {summary['records']}   malformed lines {summary['malformed_lines']}"
         f"   lost records {summary['lost_records']}"

@@ -42,8 +42,9 @@ class Kind:
     CKPT: Final = "ckpt"
     HEARTBEAT: Final = "heartbeat"
     LIFECYCLE: Final = "lifecycle"
+    STACK: Final = "stack"
 
-    ALL: Final = frozenset({TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE})
+    ALL: Final = frozenset({TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE, STACK})
 
 
 NAN: Final = "NaN"
