@@ -28,9 +28,9 @@ from eagle3_tui.model.records import Record
 class StackFrame(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One frame of a ``stack`` record."""
 
-    func: str = "?"
-    file: str = "?"
-    line: int = 0
+    func: str
+    file: str
+    line: int
     origin: str = "user"
 
 

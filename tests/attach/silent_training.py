@@ -3,11 +3,13 @@ CPU configuration of ``train/tiny.py`` rebuilt from the library's pieces, with n
 handler on ``speculators.metrics`` and no import of eagle3_tui. The attach tests
 launch it detached (``nohup``-style, output to a log) and add telemetry to it live.
 
-    python silent_training.py --out DIR [--epochs 3] [--step-delay 0.1]
-                              [--hang-at-step N]
+    python silent_training.py --out DIR [--data DIR] [--epochs 3] [--step-delay 0.1]
+                              [--hang-when FILE] [--prepare-only]
 
-``--hang-at-step N``: the training step N blocks for good inside
-:func:`wait_for_a_lost_rank` (as a collective waits for a rank that died).
+``--hang-when FILE``: the first training step after FILE appears blocks for good
+inside :func:`wait_for_a_lost_rank` (as a collective waits for a rank that died).
+``--data``: where the tiny verifier and dataset are (made there once; default
+OUT/tiny); ``--prepare-only`` makes them and exits.
 Prints ``training started`` when the Trainer is built and about to train, and
 ``done global_step=N`` at the end.
 """
@@ -109,7 +111,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--step-delay", type=float, default=0.1)
-    p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--data", type=Path)
+    p.add_argument("--hang-when", type=Path)
+    p.add_argument("--prepare-only", action="store_true")
     a = p.parse_args()
     import torch
     from datasets import load_from_disk
@@ -120,7 +124,9 @@ def main() -> int:
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from transformers import AutoConfig
 
-    verifier_dir, data_dir = make_data(a.out / "tiny")
+    verifier_dir, data_dir = make_data(a.data or a.out / "tiny")
+    if a.prepare_only:
+        return 0
     torch.manual_seed(0)
     counts: dict[int, int] = {}
     for ids in load_from_disk(str(data_dir)).with_format(None)["input_ids"]:
@@ -143,7 +149,7 @@ def main() -> int:
     def pace(module: Any, *_: Any) -> None:
         if not module.training:
             return
-        if calls[0] == a.hang_at_step:
+        if a.hang_when is not None and a.hang_when.exists():
             print(f"step {calls[0]} hangs now", flush=True)
             wait_for_a_lost_rank()
         calls[0] += 1
