@@ -310,7 +310,7 @@ def format_attach_plan(plan: dict[str, Any]) -> str:
     py = plan.get("python") or {}
     how = (
         "gdb: Py_AddPendingCall, at the next safe point of its main thread (the process is "
-        "stopped for a few ms while gdb attaches)"
+        "stopped while gdb is attached: a few hundred ms)"
         if plan.get("mechanism") == "gdb"
         else "sys.remote_exec (PEP 768), at the next safe point of its main thread"
     )

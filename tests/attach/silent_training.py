@@ -4,12 +4,14 @@ handler on ``speculators.metrics`` and no import of eagle3_tui. The attach tests
 launch it detached (``nohup``-style, output to a log) and add telemetry to it live.
 
     python silent_training.py --out DIR [--data DIR] [--epochs 3] [--step-delay 0.1]
-                              [--hang-when FILE] [--prepare-only]
+                              [--hang-when FILE] [--prepare-only] [--step-times FILE]
 
 ``--hang-when FILE``: the first training step after FILE appears blocks for good
 inside :func:`wait_for_a_lost_rank` (as a collective waits for a rank that died).
 ``--data``: where the tiny verifier and dataset are (made there once; default
-OUT/tiny); ``--prepare-only`` makes them and exits.
+OUT/tiny); ``--prepare-only`` makes them and exits. ``--step-times FILE``: the wall
+time of each training step's start, one per line (the attach benchmark reads the
+pause it caused from the gaps).
 Prints ``training started`` when the Trainer is built and about to train, and
 ``done global_step=N`` at the end.
 """
@@ -114,6 +116,7 @@ def main() -> int:
     p.add_argument("--data", type=Path)
     p.add_argument("--hang-when", type=Path)
     p.add_argument("--prepare-only", action="store_true")
+    p.add_argument("--step-times", type=Path)
     a = p.parse_args()
     import torch
     from datasets import load_from_disk
@@ -145,10 +148,13 @@ def main() -> int:
         draft_attn_impl="sdpa",
     )
     calls = [0]
+    times = open(a.step_times, "a", buffering=1) if a.step_times else None  # noqa: SIM115
 
     def pace(module: Any, *_: Any) -> None:
         if not module.training:
             return
+        if times is not None:
+            times.write(f"{time.time()}\n")
         if a.hang_when is not None and a.hang_when.exists():
             print(f"step {calls[0]} hangs now", flush=True)
             wait_for_a_lost_rank()

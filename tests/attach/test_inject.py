@@ -33,11 +33,12 @@ pytestmark = pytest.mark.slow
 LOOP = "import time\nticks = 0\nwhile True:\n    ticks += 1\n    time.sleep(0.01)\n"
 
 
-def interpreters() -> list[str]:
-    """One CPython binary per minor version 3.8-3.13 found here (PATH, pyenv), and ours."""
-    found: dict[str, str] = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
+def interpreters(minors: range = range(8, 14)) -> list[str]:
+    """One CPython binary per minor version (3.8-3.13) found here (PATH, pyenv), and ours."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found: dict[str, str] = {ours: sys.executable} if sys.version_info[1] in minors else {}
     roots = [os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")]
-    for minor in range(8, 14):
+    for minor in minors:
         v = f"3.{minor}"
         if v in found:
             continue
@@ -89,7 +90,11 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 # ---- the mechanism, per version ----------------------------------------------------
 
 
-@pytest.mark.parametrize("exe", interpreters(), ids=lambda e: os.path.basename(e))
+def version_id(exe: str) -> str:
+    return "3.11-ours" if exe == sys.executable else os.path.basename(exe)
+
+
+@pytest.mark.parametrize("exe", interpreters(), ids=version_id)
 def test_gdb_queues_python_into_a_live_interpreter(
     exe: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -167,7 +172,7 @@ t.close()
 """
 
 
-@pytest.mark.parametrize("exe", interpreters(), ids=lambda e: os.path.basename(e))
+@pytest.mark.parametrize("exe", interpreters(), ids=version_id)
 def test_telemetry_runs_on_every_supported_interpreter(exe: str, tmp_path: Path) -> None:
     lib = at.write_lib(tmp_path / "cache", __import__(
         "eagle3_tui.transport.bundle", fromlist=["telemetry_library"]
@@ -199,6 +204,20 @@ def test_refused_for_a_process_that_is_not_python(
     wait_for(lambda: "sleep" in (pyprocess.exe_path(proc.pid) or ""), 10, "sleep")
     rc, out = attach_cli("--pid", str(proc.pid))
     assert rc == 14 and out["reason"] == "not_python" and "sleep" in out["message"]
+
+
+def test_refused_for_a_python_older_than_3_8(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    old = interpreters(range(6, 8))
+    if not old:
+        pytest.skip("no CPython 3.6 or 3.7 here")
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([old[-1], "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    rc, out = attach_cli("--pid", str(proc.pid))
+    assert rc == 14 and out["reason"] == "unsupported" and "3.8 or later" in out["message"]
 
 
 def test_refused_for_an_exited_process(tmp_path: Path) -> None:

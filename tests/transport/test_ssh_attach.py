@@ -287,3 +287,54 @@ async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> N
         assert where in text_of(banner, width=400).replace("\n", "")
     proc = cli("kill", *sshd.args(), target, "--grace", "3", "--json", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+async def test_the_a_key_attaches_and_the_waiting_view_comes_alive(sshd: Sshd, launch: Any) -> None:
+    """The monitor opened over SSH on a directory with no metrics yet (waiting); ``a``,
+    the host's training picked, ``y``: the metrics arrive in the same view."""
+    from eagle3_tui.app.app import make_app
+    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.app.screens.attach import AttachDialog
+    from eagle3_tui.transport.base import Link
+    from eagle3_tui.transport.ssh import SshHost, SshTransport
+    from tests.conftest import until
+    from tests.transport.conftest import ssh_target
+
+    run = launch("viewed", "--epochs", "30", "--step-delay", "0.1")
+    run.started()
+    run.run_dir.mkdir()
+    target = ssh_target(sshd, run.run_dir)
+    host = SshHost(target)
+    app = make_app(
+        SshTransport(host, str(run.run_dir)),
+        control=RunControl.for_target(target, host),
+        refresh_interval=0.1,
+    )
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.link.link == Link.WAITING, 60, "waiting for metrics")
+            await pilot.press("a")
+            await until(pilot, lambda: isinstance(app.screen, AttachDialog), 10, "the dialog")
+            dialog = app.screen
+            assert isinstance(dialog, AttachDialog)
+            await until(
+                pilot, lambda: dialog.state in ("choosing", "ready", "failed"), 60, "the plan"
+            )
+            if dialog.state == "choosing":  # other trainings run on this machine
+                pids = [c["pid"] for c in dialog.choices]
+                if run.pid not in pids:
+                    pytest.skip("more than 9 trainings run here: ours is not offered")
+                await pilot.press(str(pids.index(run.pid) + 1))
+                await until(pilot, lambda: dialog.state in ("ready", "failed"), 60, "the plan")
+            assert dialog.state == "ready" and dialog.plan["pid"] == run.pid, dialog.plan
+            await pilot.press("y")
+            await until(pilot, lambda: dialog.state in ("done", "failed"), 120, "the attach")
+            assert dialog.state == "done"
+            await pilot.press("escape")
+            await until(
+                pilot, lambda: app.snapshot.global_step is not None, 120, "metrics in the view"
+            )
+            assert app.link.link == Link.CONNECTED
+    finally:
+        await host.close()
+    assert json.loads((run.run_dir / "run.json").read_text())["pid"] == run.pid
