@@ -36,8 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle3_tui.agent import attach as at
-from eagle3_tui.agent import pyprocess
+from eagle3_tui.agent import debugger, pyprocess
 from eagle3_tui.transport.channel import Host, LocalHost
 from eagle3_tui.transport.control import attach_plan, attach_run
 from tests.transport.sshd import ALIAS, Sshd
@@ -133,7 +132,7 @@ def pause_trials(root: Path, trials: int) -> tuple[list[float], list[float]]:
             time.sleep(1.5)
             plain.append(stops(log, t0, time.time()))
             t0 = time.time()
-            at.inject_gdb(gdb, proc.pid, str(noop), py.libpython)
+            debugger.inject_gdb(gdb, proc.pid, str(noop), py.libpython)
             time.sleep(1.5)
             ours.append(stops(log, t0, time.time()))
     finally:

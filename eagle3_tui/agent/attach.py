@@ -42,21 +42,16 @@ root attaches to another user's process): they run in that process.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.agent.debugger import inject_gdb, inject_remote_exec
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import MANIFEST, OP_ATTACH, RUN_ID_ENV
 from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
@@ -64,7 +59,6 @@ from eagle3_tui.agent.pyprocess import (
     PythonInfo,
     build_allows_remote_debug,
     cmdline,
-    container_hint,
     environ,
     exe_path,
     mapped_files,
@@ -75,12 +69,20 @@ from eagle3_tui.agent.pyprocess import (
     training_evidence,
     user_name,
 )
-from eagle3_tui.telemetry.inject import ENTRY_NAME, entry_source
+from eagle3_tui.agent.userfiles import (
+    as_user,
+    attach_key,
+    attach_state,
+    cache_dir,
+    lib_name,
+    mark_injected,
+    prepare,
+    read_json_file,
+)
 from eagle3_tui.telemetry.rerun import resume_command
 
 MIN_VERSION = (3, 8)
 REMOTE_EXEC_VERSION = (3, 14)
-GDB_TIMEOUT_S = 60.0
 RESULT_WAIT_S = 10.0
 METRIC_WAIT_S = 15.0
 DEFAULT_RUNS = "eagle3-runs"
@@ -163,135 +165,6 @@ def choose_pid() -> int:
     raise RefusedError(
         CHOOSE, f"{len(found)} trainings here, choose one with --pid: {listed}", candidates=found
     )
-
-
-# ---- where files go -----------------------------------------------------------------
-
-
-def cache_dir(uid: int) -> Path:
-    """``${XDG_CACHE_HOME:-~/.cache}/eagle3-tui`` of the user ``uid`` (this process's
-    environment when it is ``uid``, else that user's home)."""
-    if uid == os.geteuid():
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    else:
-        import pwd
-
-        base = os.path.join(pwd.getpwuid(uid).pw_dir, ".cache")
-    return Path(base) / "eagle3-tui"
-
-
-def attach_key(pid: int, start: int, boot: str | None) -> str:
-    return f"{(boot or 'noboot')[:8]}-{pid}-{start}"
-
-
-def lib_name(sources: dict[str, str]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(sources):
-        digest.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
-    version = "0"
-    init = sources.get("eagle3_tui/__init__.py", "")
-    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", init)
-    if found:
-        version = found.group(1)
-    return f"{version}-{digest.hexdigest()[:16]}"
-
-
-def write_lib(root: Path, sources: dict[str, str]) -> str:
-    """The package in ``root/lib/<version>-<hash>/`` (0700), written once, atomically:
-    files go to a temporary directory renamed into place."""
-    lib = root / "lib"
-    lib.mkdir(mode=0o700, parents=True, exist_ok=True)
-    final = lib / lib_name(sources)
-    if (final / ".complete").is_file():
-        return str(final)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=lib))
-    for name, text in sources.items():
-        if name.startswith("/") or ".." in Path(name).parts or not name.endswith(".py"):
-            raise ValueError(f"bad file name in the package: {name!r}")
-        path = tmp / name
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    (tmp / ".complete").write_text("ok\n")
-    try:
-        os.rename(tmp, final)
-    except OSError:  # written meanwhile by another attach: theirs is the same
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (final / ".complete").is_file():
-            raise
-    return str(final)
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def read_json_file(path: str) -> dict[str, Any] | None:
-    """A small JSON file, never following a link or opening a FIFO; None if absent."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def as_user(uid: int, gid: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` as the user ``uid`` (a forked child drops to it when we are not it),
-    so that root writes another user's files as that user. Its result travels as JSON;
-    its exception as an OSError."""
-    if uid == os.geteuid():
-        return fn(*args)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child
-        try:
-            os.close(read_end)
-            import pwd
-
-            entry = pwd.getpwuid(uid)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.environ["HOME"] = entry.pw_dir
-            os.environ.pop("XDG_CACHE_HOME", None)
-            out = {"ok": fn(*args)}
-        except BaseException as e:
-            out = {"error": f"{type(e).__name__}: {e}"}
-        try:
-            os.write(write_end, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    chunks = []
-    while True:
-        data = os.read(read_end, 65536)
-        if not data:
-            break
-        chunks.append(data)
-    os.close(read_end)
-    os.waitpid(child, 0)
-    try:
-        out = json.loads(b"".join(chunks))
-    except ValueError:
-        raise OSError("the helper running as the trainer's user failed") from None
-    if "error" in out:
-        raise OSError(out["error"])
-    return out["ok"]
 
 
 # ---- the checks ---------------------------------------------------------------------
@@ -409,6 +282,8 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     exe = exe_path(pid) or "?"
     if py is None or py.implementation != "cpython" or py.version is None:
         what = "PyPy: only CPython can be attached to" if py is not None else f"runs {exe}"
+        if py is None and exe == "?":
+            what = f"/proc/{pid}/exe cannot be read"
         raise RefusedError(
             NOT_PYTHON, f"pid {pid} ({p.comm}) is not a CPython process: {what}", pid=pid
         )
@@ -508,238 +383,11 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def attach_state(root: str, key: str) -> str | None:
-    """``attached`` or ``queued`` when an attach of this process ran or waits to run."""
-    where = os.path.join(root, "attach", key)
-    result = read_json_file(os.path.join(where, "result.json"))
-    if result is not None:
-        return "attached" if result.get("status") in ("attached", "already") else None
-    return "queued" if os.path.exists(os.path.join(where, "injected")) else None
-
-
 def _runnable_exe(pid: int, py: PythonInfo) -> str:
     return py.exe if os.path.exists(py.exe) else f"/proc/{pid}/exe"
 
 
 # ---- the injection ------------------------------------------------------------------
-
-
-def _prepare(
-    root: str, key: str, sources: dict[str, str], request: dict[str, Any]
-) -> dict[str, str]:
-    """As the trainer's user: the package, and this attach's directory with the
-    request and the entry file. Refuses when an attach of this process is queued or
-    done (a failed one is cleared for the new try)."""
-    for folder in (Path(root), Path(root) / "attach"):
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    lib = write_lib(Path(root), sources)
-    forget_gone(Path(root) / "attach")
-    where = Path(root) / "attach" / key
-    where.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(where, 0o700)
-    result = where / "result.json"
-    previous = read_json_file(str(result))
-    if previous is not None and previous.get("status") in ("attached", "already"):
-        return {"state": "already", "result": str(result)}
-    if previous is None and (where / "injected").exists():
-        return {"state": "queued", "result": str(result)}
-    for name in ("result.json", "injected"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(where / name)
-    request = dict(request, result=str(result))
-    _write_private(where / "request.json", json.dumps(request))
-    entry = where / "entry.py"
-    _write_private(entry, entry_source(lib, str(where / "request.json"), str(result)))
-    return {
-        "state": "ready",
-        "lib": lib,
-        "entry": str(entry),
-        "result": str(result),
-        "dir": str(where),
-    }
-
-
-def forget_gone(folder: Path) -> None:
-    """Remove the attach directories of processes that are gone (same boot, PID free or
-    reused; any other boot): one small directory per attached process otherwise stays."""
-    here = (boot_id() or "noboot")[:8]
-    for entry in os.scandir(folder):
-        parts = entry.name.split("-")
-        if len(parts) != 3 or not entry.is_dir(follow_symlinks=False):
-            continue
-        boot, pid, start = parts
-        if boot == here and pid.isdigit() and start.isdigit():
-            p = proc_stat(int(pid))
-            if p is not None and p.start == int(start) and not p.zombie:
-                continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _mark_injected(where: str) -> None:
-    _write_private(Path(where) / "injected", f"{time.time()}\n")
-
-
-def python_line(entry: str) -> str:
-    """The Python that ``PyRun_SimpleString`` runs: the entry file, with every exception
-    stopped here (one escaping would come out of the trainer's current bytecode as a
-    SystemError, a SystemExit would end the process); a Ctrl+C that lands meanwhile
-    is given back to the main thread."""
-    return (
-        "try:\n"
-        f" __import__('runpy').run_path({entry!r}, run_name={ENTRY_NAME!r})\n"
-        "except KeyboardInterrupt:\n"
-        " __import__('_thread').interrupt_main()\n"
-        "except BaseException:\n"
-        " pass\n"
-    )
-
-
-_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-:,()=[]'")
-
-
-def c_string(text: str) -> str:
-    """``text`` as a C string literal for gdb: anything but plain characters as octal."""
-    return '"' + "".join(chr(b) if b in _SAFE else f"\\{b:03o}" for b in text.encode()) + '"'
-
-
-def gdb_script(pid: int, line: str, libpython: str | None) -> str:
-    """Attach, load only libpython's and libc's symbols (a PyTorch process has hundreds
-    of MB of others that gdb would read with the trainer stopped), queue the line,
-    detach. An error in a command file stops it there; a signal inside a called
-    function unwinds it (``unwindonsignal``); a failed mmap stops before the copy."""
-    size = (len(line.encode()) // 4096 + 1) * 4096
-    lines = [
-        "set confirm off",
-        "set pagination off",
-        "set width 0",
-        "set auto-solib-add off",
-        "set unwindonsignal on",
-        "shell date +EAGLE3_T0=%s.%N",
-        f"attach {pid}",
-    ]
-    if libpython:
-        lines.append(f"sharedlibrary {re.escape(os.path.basename(libpython))}")
-    lines += [
-        "sharedlibrary libc[.-]",
-        f"set $buf = (char *) mmap(0, {size}, 3, 0x22, -1, 0)",
-        "if (long) $buf == -1 || (long) $buf == 0",
-        "  echo EAGLE3_MMAP_FAILED\\n",
-        "else",
-        f"  call (void) strcpy($buf, {c_string(line)})",
-        "  print (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, $buf)",
-        "end",
-        "detach",
-        "shell date +EAGLE3_T1=%s.%N",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def gdb_command(gdb: str, script: str) -> list[str]:
-    return [
-        gdb,
-        "-nx",
-        "-batch",
-        "-iex",
-        "set debuginfod enabled off",
-        "-iex",
-        "set auto-load off",
-        "-x",
-        script,
-    ]
-
-
-def parse_gdb(output: str) -> dict[str, Any]:
-    """What gdb's output says: queued (``$1 = 0``), the stop time, or the problem."""
-    out: dict[str, Any] = {"queued": False}
-    t0 = re.search(r"EAGLE3_T0=(\d+\.\d+)", output)
-    t1 = re.search(r"EAGLE3_T1=(\d+\.\d+)", output)
-    if t0 and t1:
-        out["stopped_ms"] = round((float(t1.group(1)) - float(t0.group(1))) * 1000.0, 1)
-    value = re.search(r"^\$\d+ = (-?\d+)\s*$", output, re.M)
-    if value is not None and value.group(1) == "0":
-        out["queued"] = True
-        return out
-    if "Operation not permitted" in output and "ptrace" in output:
-        out["reason"] = PERMISSION
-        out["problem"] = "ptrace was refused (Operation not permitted)" + container_hint()
-    elif "EAGLE3_MMAP_FAILED" in output:
-        out["problem"] = "mmap failed in the trainer: nothing was queued"
-    elif "No symbol" in output and "Py_AddPendingCall" in output:
-        out["problem"] = "the interpreter does not export Py_AddPendingCall (a stripped build?)"
-    elif value is not None:
-        out["problem"] = f"Py_AddPendingCall returned {value.group(1)} (its queue is full?)"
-    else:
-        tail = " | ".join(ln for ln in output.strip().splitlines()[-4:] if ln.strip())
-        out["problem"] = f"gdb did not queue the call: {tail[-400:]}"
-    return out
-
-
-def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
-    fd, script = tempfile.mkstemp(prefix="eagle3-tui-attach-", suffix=".gdb")
-    try:
-        os.write(fd, gdb_script(pid, python_line(entry), libpython).encode())
-        os.close(fd)
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(
-                gdb_command(gdb, script),
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=GDB_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as e:
-            return {
-                "queued": False,
-                "problem": f"gdb did not finish in {GDB_TIMEOUT_S:.0f} s (it was stopped)",
-                "output": str(e.output or "")[-2000:],
-            }
-        out = parse_gdb(proc.stdout + proc.stderr)
-        out["gdb_s"] = round(time.monotonic() - t0, 3)
-        out["output"] = (proc.stdout + proc.stderr)[-2000:]
-        return out
-    finally:
-        os.unlink(script)
-
-
-def remote_exec_command(exe: str, pid: int, entry: str) -> list[str]:
-    """``sys.remote_exec`` run by the target's own interpreter binary (PEP 768 needs
-    the same version on both sides); -I -S: nothing of the caller's environment."""
-    return [
-        exe,
-        "-I",
-        "-S",
-        "-c",
-        "import sys;sys.remote_exec(int(sys.argv[1]), sys.argv[2])",
-        str(pid),
-        entry,
-    ]
-
-
-def inject_remote_exec(exe: str, pid: int, entry: str) -> dict[str, Any]:
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            remote_exec_command(exe, pid, entry),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=GDB_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"queued": False, "problem": f"sys.remote_exec did not run: {e}"}
-    out: dict[str, Any] = {"queued": proc.returncode == 0, "gdb_s": round(time.monotonic() - t0, 3)}
-    if proc.returncode != 0:
-        err = " ".join(proc.stderr.strip().splitlines()[-2:])[-400:]
-        if "PermissionError" in err or "Operation not permitted" in err:
-            out["reason"] = PERMISSION
-            err += container_hint()
-        out["problem"] = f"sys.remote_exec failed: {err}"
-    return out
 
 
 def first_metric(run_dir: str, since: float, timeout: float) -> dict[str, Any] | None:
@@ -797,7 +445,7 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     }
     uid, gid = int(info["uid"]), int(info["gid"])
     try:
-        ready = as_user(uid, gid, _prepare, root, info["key"], sources, request)
+        ready = as_user(uid, gid, prepare, root, info["key"], sources, request)
     except (OSError, ValueError) as e:
         raise RefusedError(
             FAILED, f"cannot write the telemetry files under {root}: {e}", status=FAILED
@@ -832,7 +480,7 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
             output=done.get("output"),
             **base,
         )
-    as_user(uid, gid, _mark_injected, ready["dir"])
+    as_user(uid, gid, mark_injected, ready["dir"])
     deadline = time.monotonic() + float(req.get("wait_s", RESULT_WAIT_S))
     result = None
     while result is None and time.monotonic() < deadline:

@@ -2,7 +2,8 @@
 
 A hung training says nothing about where it hangs. When the training step has
 not advanced for ``max(STACK_MIN_QUIET_S, STACK_QUIET_STEPS × median step time)``,
-the writer thread's periodic tick reads every thread's current frame
+(once the training made a step since telemetry began) the writer thread's
+periodic tick reads every thread's current frame
 (``sys._current_frames()``, no signal, no cooperation from the main thread:
 that works while it is blocked in C code that released the GIL, which is where
 a training hangs — a collective, a dataloader queue, a lock) and writes one
@@ -140,6 +141,9 @@ class StallWatch:
         self._paces: deque[float] = deque(maxlen=50)
         self._looked_at: float | None = None
         self._written: tuple[tuple[str, int], ...] | None = None
+        self._moved = False
+        """Whether a step was made since the watch began: before that, a long start-up
+        (imports, loading a model) is not a stall."""
         self.records = 0
 
     def limit(self) -> float:
@@ -158,6 +162,9 @@ class StallWatch:
             self._last_step, self._since = step, now
             self._looked_at = None
             self._written = None
+            self._moved = True
+            return False
+        if not self._moved:
             return False
         quiet = now - self._since
         if quiet < self.limit():

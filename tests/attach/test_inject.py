@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_tui.agent import BOOTSTRAP, pyprocess
-from eagle3_tui.agent import attach as at
+from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
 from tests.conftest import need
@@ -116,9 +115,9 @@ def test_gdb_queues_python_into_a_live_interpreter(
     bad = tmp_path / "raises.py"
     bad.write_text("raise RuntimeError('an error inside the injected code')\n")
     # an exception in the injected code stays there: the trainer's loop goes on
-    done = at.inject_gdb(gdb, proc.pid, str(bad), py.libpython)
+    done = debugger.inject_gdb(gdb, proc.pid, str(bad), py.libpython)
     assert done["queued"], done.get("output")
-    done = at.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
+    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
     assert done["queued"], done.get("output")
     assert 0 < done["stopped_ms"] < 30_000
     wait_for(out.exists, 20, "the injected code to run")
@@ -148,7 +147,7 @@ def test_a_call_waits_while_the_main_thread_is_in_c(
     entry.write_text(f"import time\nopen({str(out)!r}, 'w').write(repr(time.time()))\n")
     py = pyprocess.python_of(proc.pid)
     assert py is not None
-    done = at.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
+    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
     assert done["queued"]
     time.sleep(0.5)
     assert not out.exists()  # queued: time.sleep is C code
@@ -174,7 +173,7 @@ t.close()
 
 @pytest.mark.parametrize("exe", interpreters(), ids=version_id)
 def test_telemetry_runs_on_every_supported_interpreter(exe: str, tmp_path: Path) -> None:
-    lib = at.write_lib(tmp_path / "cache", __import__(
+    lib = userfiles.write_lib(tmp_path / "cache", __import__(
         "eagle3_tui.transport.bundle", fromlist=["telemetry_library"]
     ).telemetry_library())  # fmt: skip
     env = dict(os.environ, PYTHONPATH=lib, XDG_STATE_HOME=str(tmp_path / "state"))
@@ -365,7 +364,8 @@ def test_another_users_process_is_refused_and_root_may(
     assert pid is not None
     plan = asyncio.run(attach_plan(LocalHost(), None, pid))
     assert plan["reason"] == "not_trainer", plan  # past the permission and Python checks
-    written = at.as_user(uid, gid, lambda: str(at.cache_dir(uid)))
+    written = userfiles.as_user(uid, gid, lambda: str(userfiles.cache_dir(uid)))
     assert written == str(home / ".cache" / "eagle3-tui")
-    lib = at.as_user(uid, gid, at.write_lib, Path(written), {"eagle3_tui/__init__.py": "x = 1\n"})
+    package = {"eagle3_tui/__init__.py": "x = 1\n"}
+    lib = userfiles.as_user(uid, gid, userfiles.write_lib, Path(written), package)
     assert os.stat(lib).st_uid == uid and os.stat(Path(lib).parent).st_uid == uid

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import attach as at
-from eagle3_tui.agent import pyprocess
+from eagle3_tui.agent import debugger, pyprocess, userfiles
 from eagle3_tui.model.health import Health, diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
@@ -79,20 +79,20 @@ def test_the_resume_command_wraps_the_same_command_line() -> None:
 
 def test_the_python_line_is_valid_and_survives_the_c_string() -> None:
     entry = "/home/a b/.cache/eagle3-tui/attach/x-1-2/entry.py"
-    line = at.python_line(entry)
+    line = debugger.python_line(entry)
     compile(line, "<attach>", "exec")
-    literal = at.c_string(line)
+    literal = debugger.c_string(line)
     assert literal.startswith('"') and "\n" not in literal and '"' not in literal[1:-1]
     # gdb reads octal escapes as C does: the same bytes come out
     assert literal[1:-1].encode().decode("unicode_escape").encode("latin-1") == line.encode()
     weird = "/tmp/é\"'\\$(x)\n.py"
-    assert at.c_string(weird)[1:-1].encode().decode("unicode_escape").encode(
+    assert debugger.c_string(weird)[1:-1].encode().decode("unicode_escape").encode(
         "latin-1"
     ) == weird.encode("utf-8")
 
 
 def test_the_gdb_script_loads_two_libraries_and_guards_the_page() -> None:
-    script = at.gdb_script(4242, "pass\n", "/usr/lib/libpython3.11.so.1.0")
+    script = debugger.gdb_script(4242, "pass\n", "/usr/lib/libpython3.11.so.1.0")
     lines = script.splitlines()
     assert lines.index("set auto-solib-add off") < lines.index("attach 4242")
     assert "sharedlibrary libpython3\\.11\\.so\\.1\\.0" in lines
@@ -100,8 +100,8 @@ def test_the_gdb_script_loads_two_libraries_and_guards_the_page() -> None:
     guard = lines.index("if (long) $buf == -1 || (long) $buf == 0")
     assert lines[guard + 3].strip().startswith("call (void) strcpy($buf, ")
     assert lines[-2] == "detach"
-    assert "sharedlibrary libpython" not in at.gdb_script(1, "pass\n", None)  # a static build
-    cmd = at.gdb_command("/usr/bin/gdb", "/tmp/s.gdb")
+    assert "sharedlibrary libpython" not in debugger.gdb_script(1, "pass\n", None)  # a static build
+    cmd = debugger.gdb_command("/usr/bin/gdb", "/tmp/s.gdb")
     assert cmd[:3] == ["/usr/bin/gdb", "-nx", "-batch"] and cmd[-2:] == ["-x", "/tmp/s.gdb"]
     assert "set auto-load off" in cmd and "set debuginfod enabled off" in cmd
 
@@ -118,7 +118,7 @@ def test_the_gdb_script_loads_two_libraries_and_guards_the_page() -> None:
     ],
 )
 def test_gdb_answers(output: str, queued: bool, reason: str | None, problem: str | None) -> None:
-    out = at.parse_gdb(output)
+    out = debugger.parse_gdb(output)
     assert out["queued"] is queued
     assert out.get("reason") == reason
     if problem is not None:
@@ -131,7 +131,7 @@ def test_gdb_answers(output: str, queued: bool, reason: str | None, problem: str
 
 
 def test_remote_exec_is_run_by_the_targets_interpreter() -> None:
-    cmd = at.remote_exec_command("/opt/py314/bin/python3.14", 77, "/c/entry.py")
+    cmd = debugger.remote_exec_command("/opt/py314/bin/python3.14", 77, "/c/entry.py")
     assert cmd[:3] == ["/opt/py314/bin/python3.14", "-I", "-S"]
     assert cmd[-2:] == ["77", "/c/entry.py"]
     assert "sys.remote_exec(int(sys.argv[1]), sys.argv[2])" in cmd[4]
@@ -253,14 +253,14 @@ def test_the_package_is_written_once_privately_and_imports(tmp_path: Path) -> No
     assert "attach" in sources["eagle3_tui/telemetry/__init__.py"]  # the real one, not empty
     assert "eagle3_tui/telemetry/inject.py" in sources
     assert not any("agent" in name or "model" in name for name in sources)
-    lib = Path(at.write_lib(tmp_path, sources))
+    lib = Path(userfiles.write_lib(tmp_path, sources))
     assert stat.S_IMODE(lib.stat().st_mode) == 0o700
-    assert at.write_lib(tmp_path, sources) == str(lib)  # same content: same directory
+    assert userfiles.write_lib(tmp_path, sources) == str(lib)  # same content: same directory
     assert len(list((tmp_path / "lib").iterdir())) == 1
     changed = dict(sources, **{"eagle3_tui/telemetry/extra.py": "x = 1\n"})
-    assert at.write_lib(tmp_path, changed) != str(lib)
+    assert userfiles.write_lib(tmp_path, changed) != str(lib)
     with pytest.raises(ValueError, match="bad file name"):
-        at.write_lib(tmp_path, {"../evil.py": ""})
+        userfiles.write_lib(tmp_path, {"../evil.py": ""})
     code = "from eagle3_tui.telemetry import attach, inject; print(inject.__file__)"
     out = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); {code}"],
@@ -336,6 +336,8 @@ def test_a_stack_is_written_only_when_the_steps_stop() -> None:
     step: list[int | None] = [None]
     written: list[dict[str, Any]] = []
     watch = stacks.StallWatch(lambda: step[0], written.append, clock=lambda: clock[0])
+    clock[0] = 100.0
+    assert not watch.tick() and not written  # a long start-up is not a stall
     for s in range(20):  # a step per second
         clock[0] = float(s)
         step[0] = s
