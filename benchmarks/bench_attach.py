@@ -1,6 +1,6 @@
 """Live attach: how long until metrics flow, and how long the trainer is paused.
 
-    python benchmarks/bench_attach.py [--trials 3] [--no-ssh]
+    python benchmarks/bench_attach.py [--trials 3] [--pause-trials 5] [--no-ssh]
 
 1. The pause, measured by the victim itself: a Python process with PyTorch loaded
    whose main thread ticks every millisecond and notes every gap over 20 ms. Into it,
@@ -16,8 +16,8 @@
    confirmation -> first metric (from the moment the inject request leaves until the
    first training step's record is readable in ``metrics.jsonl``); what attach reports
    (gdb's stop from attach to detach, the attach code's time in the main thread); the
-   step time the training lost (the step interval spanning the injection less the
-   median interval).
+   step time the training lost from the confirmation to its first metric (the step
+   intervals in between less as many median intervals).
 """
 
 from __future__ import annotations
@@ -64,10 +64,13 @@ def wait_steps(path: Path, n: int, proc: subprocess.Popen[bytes], timeout: float
 
 
 def observed_pause(path: Path, t0: float, t1: float) -> float:
-    """ms the training lost to what happened in [t0, t1]: the step interval(s) spanning it
-    less the median interval of the 20 steps before."""
+    """ms the training lost to what happened in [t0, t1]: the step intervals spanning it
+    less as many median intervals of the 20 steps before (intervals across an epoch's
+    end, which validate and save, are left out)."""
     times = step_times(path)
-    gaps = [(times[i], times[i + 1]) for i in range(len(times) - 1)]
+    gaps = [
+        (times[i], times[i + 1]) for i in range(len(times) - 1) if (i + 1) % STEPS_PER_EPOCH != 0
+    ]
     before = [b - a for a, b in gaps if b < t0][-20:]
     spanning = [b - a for a, b in gaps if b >= t0 and a <= t1]
     if not before or not spanning:
@@ -207,8 +210,8 @@ async def one_trial(host: Host, root: Path, data: Path, label: str) -> dict[str,
         seen = await asyncio.to_thread(first_metric_seen, run_dir)
         result = await task
         assert result.get("status") == "attached", result
-        wait_steps(times, 5, proc)
-        attach_seen = observed_pause(times, confirmed, time.time())
+        wait_steps(times, 2, proc)  # the interval that ends after the first metric
+        attach_seen = observed_pause(times, confirmed, seen)
         return {
             "first_metric_s": seen - confirmed,
             "stopped_ms": float(result.get("stopped_ms") or "nan"),
@@ -230,10 +233,10 @@ async def main_async(args: argparse.Namespace) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-attach-") as tmp:
         root = Path(tmp)
-        plain, ours = await asyncio.to_thread(pause_trials, root, args.trials)
+        plain, ours = await asyncio.to_thread(pause_trials, root, args.pause_trials)
         print(
             f"queuing a no-op into a PyTorch process, its main thread stopped (median of "
-            f"{args.trials}): notes' recipe {statistics.median(plain):.0f} ms "
+            f"{args.pause_trials}): notes' recipe {statistics.median(plain):.0f} ms "
             f"{[round(x) for x in plain]}, eagle3-tui {statistics.median(ours):.0f} ms "
             f"{[round(x) for x in ours]}: "
             f"{statistics.median(plain) / max(1.0, statistics.median(ours)):.1f}x shorter",
@@ -283,7 +286,8 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--trials", type=int, default=3, help="trainings attached to, per host")
+    p.add_argument("--pause-trials", type=int, default=5, help="no-op injections of each kind")
     p.add_argument("--no-ssh", action="store_true", help="only this machine's agent")
     return asyncio.run(main_async(p.parse_args()))
 
