@@ -1,5 +1,5 @@
 """Command line: ``eagle3-tui TARGET``, ``demo``, ``summary``, ``compare``, ``kill``,
-``resume``, ``runs``.
+``resume``, ``runs``, ``attach``.
 
 A TARGET is a local run directory or ``[USER@]HOST[:RUN_DIR]`` reached over SSH
 with ssh's own options (``-p``, ``-i``, ``-J``, ``-F``, ``-o``) and files
@@ -54,6 +54,7 @@ def build_monitor_parser() -> argparse.ArgumentParser:
             "  eagle3-tui runs [HOST]              live trainings and registered runs\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
+            "  eagle3-tui attach [TARGET] --pid N  add telemetry to a live training, no restart\n"
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
             "  eagle3-tui summary RUN_DIR [--json] print the run's state (exit status = health)\n"
             "  eagle3-tui compare A B [--json]     this run against a previous one, same step\n"
@@ -297,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_resume(build_resume_parser().parse_args(args[1:]))
         if args and args[0] == "runs":
             return cmd_runs(build_runs_parser().parse_args(args[1:]))
+        if args and args[0] == "attach":
+            return cmd_attach(build_attach_parser().parse_args(args[1:]))
         if args and args[0] == "compare":
             return cmd_compare(build_compare_parser().parse_args(args[1:]))
         return cmd_monitor(build_monitor_parser().parse_args(args))
@@ -730,6 +733,85 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         raise control.no_runs_error(result, ns.target or "this machine")
     print(json.dumps(result) if ns.json else control.format_discovered(result))
     return EXIT_OK
+
+
+# ---- attach -------------------------------------------------------------------
+
+
+def build_attach_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-tui attach",
+        description=(
+            "Add eagle3-tui telemetry to a speculators training that runs without it, "
+            "without restarting it: shows what will be done, asks, then has the trainer's "
+            "own interpreter attach it at a safe point of its main thread (gdb for CPython "
+            "3.8-3.13, sys.remote_exec for 3.14+). Exit status: 0 attached, 1 not "
+            "confirmed, 10 attached already, 11 queued (the main thread is in C code), "
+            "12 no such process, 13 no permission, 14 not a CPython speculators training, "
+            "15 gdb missing or remote debugging disabled, 16 failed, 17 which process "
+            "(give --pid), 2 error."
+        ),
+    )
+    p.add_argument(
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="[USER@]HOST[:RUN_DIR], or a local RUN_DIR: where the attached run's metrics "
+        "and manifest go (default: the trainer's working directory/eagle3-runs/attached-PID; "
+        "no TARGET: this machine)",
+    )
+    p.add_argument("--pid", type=int, help="the trainer's PID (default: the host's only training)")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the attach to run in the trainer before reporting it "
+        "queued (default 10)",
+    )
+    p.add_argument("--json", action="store_true", help="the result as one JSON object")
+    add_ssh_options(p)
+    return p
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise TargetError(f"{question.rstrip('? ')}: not confirmed (no terminal): add --yes")
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_attach(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.target import LocalTarget
+
+    target: Target = cli_target(ns) if ns.target is not None else LocalTarget(Path("."))
+    run_dir = control.run_dir_of(target) if ns.target is not None else None
+
+    async def attach(host: Host) -> dict[str, Any]:
+        plan = await control.attach_plan(host, run_dir, ns.pid)
+        if plan.get("status") != "plan":
+            return plan
+        print(control.format_attach_plan(plan), file=sys.stderr, flush=True)
+        if not ns.yes:
+            ok = await asyncio.to_thread(_confirm, "attach? [y/N] ")
+            if not ok:
+                return {"status": "declined", "message": "not confirmed: nothing done"}
+        return await control.attach_run(host, plan, wait_s=ns.wait)
+
+    result = asyncio.run(control.on_host(target, attach))
+    if result.get("status") == "declined":
+        print(f"eagle3-tui: {result['message']}", file=sys.stderr)
+        return control.EXIT_DECLINED
+    print(json.dumps(result) if ns.json else control.format_attach(result))
+    return control.attach_exit_status(result)
 
 
 # ---- demo ---------------------------------------------------------------------

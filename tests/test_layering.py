@@ -21,6 +21,10 @@ print(','.join(bad))
         ("eagle3_tui.model.snapshot", {"textual", "asyncssh", "rich", "textual_plotext"}),
         ("eagle3_tui.model.summary", {"textual", "asyncssh", "rich", "textual_plotext"}),
         ("eagle3_tui.telemetry", {"textual", "asyncssh", "rich", "msgspec", "numpy", "torch"}),
+        # imported into a live trainer by `attach`, and by the agent on the host
+        ("eagle3_tui.telemetry.inject", {"textual", "asyncssh", "rich", "msgspec", "numpy"}),
+        ("eagle3_tui.telemetry.rerun", {"textual", "asyncssh", "rich", "msgspec", "numpy"}),
+        ("eagle3_tui.agent.attach", {"textual", "asyncssh", "rich", "msgspec", "numpy", "torch"}),
         ("eagle3_tui.transport.local", {"textual", "rich", "textual_plotext"}),
         ("eagle3_tui.cli", {"textual", "asyncssh", "torch", "numpy"}),
     ],

@@ -165,6 +165,20 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+def _saved_environment(run_dir: Path, m: dict[str, Any]) -> dict[str, str] | None:
+    """The trainer's own environment that ``attach`` saved (``resume_env_file``), if any."""
+    name = m.get("resume_env_file")
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        env = json.loads((run_dir / name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(env, dict):
+        return None
+    return {str(k): str(v) for k, v in env.items()}
+
+
 def op_resume(req: dict[str, Any]) -> int:
     """Relaunch the manifest's resume command, detached, from a complete checkpoint."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
@@ -217,6 +231,9 @@ def op_resume(req: dict[str, Any]) -> int:
     if not os.path.isdir(cwd):
         raise AgentError("refused", f"{cwd}: the run's working directory is gone")
     env = dict(os.environ)
+    saved = _saved_environment(run_dir, m)
+    if saved is not None:  # a run attached to live: the environment it was started with
+        env = saved
     for key, value in (m.get("env") or {}).items():
         env[str(key)] = str(value)
     log = run_dir / str(m.get("log_file") or "train.log")

@@ -15,6 +15,14 @@ from eagle3_tui.agent.names import ERR_INVALID, EV_ERROR, PROTOCOL
 from eagle3_tui.agent.observe import op_observe
 from eagle3_tui.agent.runs import op_resolve, op_runs, op_status
 
+
+def op_attach(req: dict[str, Any]) -> int:
+    """Imported when used: a follow does not compile gdb and /proc inspection code."""
+    from eagle3_tui.agent.attach import op_attach as attach
+
+    return attach(req)
+
+
 OPS: dict[str, Callable[[dict[str, Any]], int]] = {
     "follow": op_follow,
     "resolve": op_resolve,
@@ -27,6 +35,7 @@ OPS: dict[str, Callable[[dict[str, Any]], int]] = {
     "choose": op_choose,
     "describe": op_describe,
     "observe": op_observe,
+    "attach": op_attach,
 }
 
 

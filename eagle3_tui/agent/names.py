@@ -20,6 +20,7 @@ OP_DISCOVER = "discover"  # live trainings on the host, with or without telemetr
 OP_CHOOSE = "choose"  # which run or process a target means
 OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identity
 OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
+OP_ATTACH = "attach"
 
 # Events (a J frame's "event").
 EV_RESOLVED = "resolved"

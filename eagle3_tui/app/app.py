@@ -26,6 +26,7 @@ from textual.worker import Worker, WorkerState
 
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.pipeline import Pipeline, Source, compare_runs, export_name, short_label
+from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
@@ -54,6 +55,7 @@ class MonitorApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "Kill"),
         Binding("r", "resume", "Resume"),
+        Binding("a", "attach", "Attach", show=False),  # in help and ctrl+p: it is situational
         Binding("c", "compare", "Comp"),
         Binding("l", "log_scale", "Log"),
         Binding("s", "smoothing", "Smooth"),
@@ -271,7 +273,8 @@ class MonitorApp(App[None]):
         await self.pipeline.set_status(status, self.clock())
 
     @on(ControlDialog.Finished)
-    def _control_finished(self, event: ControlDialog.Finished) -> None:
+    @on(AttachDialog.Finished)
+    def _control_finished(self, event: ControlDialog.Finished | AttachDialog.Finished) -> None:
         self._probe_ok = True
         self.probe()
 
@@ -325,6 +328,12 @@ class MonitorApp(App[None]):
         control = self._need_control("resume")
         if control is not None:
             self.push_screen(ControlDialog("resume", control))
+
+    def action_attach(self) -> None:
+        """Telemetry into a live training of the host, written into this run directory."""
+        control = self._need_control("attach")
+        if control is not None:
+            self.push_screen(AttachDialog(control))
 
     def action_compare(self) -> None:
         """The comparison with the run given by --compare, or one picked on the host."""

@@ -67,3 +67,11 @@ class RunControl:
 
     async def runs(self) -> dict[str, Any]:
         return await control.list_runs(self.host)
+
+    async def attach_plan(self, pid: int | None) -> dict[str, Any]:
+        """What attaching ``pid`` (None: the host's only training) would do, metrics
+        written into this run directory (see control.attach_plan)."""
+        return await control.attach_plan(self.host, self.run_dir, pid)
+
+    async def attach(self, plan: dict[str, Any]) -> dict[str, Any]:
+        return await control.attach_run(self.host, plan)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
+from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import RunState
 
 MIN_QUIET_S = 30.0
@@ -312,7 +313,8 @@ def judge(state: RunState, now: float) -> Diagnosis:
         usual = f" (a step usually takes {_ago(pace.step_s)})" if pace.step_s else ""
         return Diagnosis(
             Health.STALLED,
-            f"No metric for {_ago(quiet_for)}{usual}, {idle}: {_stall_hint(state)}",
+            f"No metric for {_ago(quiet_for)}{usual}, {idle}{_stuck_clause(state)}: "
+            f"{_stall_hint(state)}",
         )
     return Diagnosis(
         Health.STALLED,
@@ -383,6 +385,24 @@ def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: floa
         ),
         link_down_since=down,
     )
+
+
+# ---- where it is stuck (issue 12: a `stack` record from telemetry) --------------------
+
+
+def stuck_at(state: RunState) -> StackSample | None:
+    """The main thread's stack taken since the last training step, if telemetry took one."""
+    sample = state.stack
+    if sample is None:
+        return None
+    if state.last_train_ts is not None and sample.ts < state.last_train_ts:
+        return None  # taken in an earlier quiet spell
+    return sample
+
+
+def _stuck_clause(state: RunState) -> str:
+    sample = stuck_at(state)
+    return f"; stuck in {describe(sample)}" if sample is not None else ""
 
 
 def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:

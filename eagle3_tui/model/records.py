@@ -155,6 +155,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """``proc``: its process tree, decoded when applied (``observed.decode_members``)."""
     bar: dict[str, Any] | None = None
     """``progress``: an epoch progress bar of its output (``observed.Bar``)."""
+    # stack
+    thread: str | None = None
+    frames: msgspec.Raw = _NO_RAW
+    """A ``stack`` record's frames as raw JSON (see ``model/stack.py``)."""
+    quiet_s: Number = None
 
     @property
     def step_or_global(self) -> int | None:
@@ -328,7 +333,7 @@ def _coerce(obj: dict[str, Any]) -> Record:
             if not isinstance(m, dict):
                 raise ValueError(f"'{numeric_map}' is not an object")
             known[numeric_map] = {str(k): to_float(v) for k, v in m.items()}
-    for raw_field in ("devices", "workers", "processes"):
+    for raw_field in ("devices", "workers", "processes", "frames"):
         if raw_field in known:
             known[raw_field] = msgspec.Raw(msgspec.json.encode(known[raw_field]))
     prof = known.get("profile")

@@ -50,6 +50,7 @@ from eagle3_tui.model.records import (
     struct_columns,
     train_items,
 )
+from eagle3_tui.model.stack import StackSample, stack_sample
 from eagle3_tui.model.table import StepTable
 
 BATCH_MIN = 16
@@ -222,6 +223,8 @@ class RunState:
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
     activity: Activity | None = None
+    stack: StackSample | None = None
+    """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
     _pending: dict[str, deque[Record | Deferred]] = field(
         default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
     )
@@ -410,6 +413,8 @@ class RunState:
             self._apply_proc(rec)
         elif kind == "progress":
             self._apply_progress(rec)
+        elif kind == "stack":
+            self.stack = stack_sample(rec) or self.stack
         elif kind == "hparams" and rec.hparams:
             self.hparams.update(rec.hparams)
 

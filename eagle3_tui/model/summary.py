@@ -9,7 +9,9 @@ import math
 from typing import Any
 
 from eagle3_tui.model.derived import epoch_number
+from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
+from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
 
 # Exit statuses of `eagle3-tui summary` by health (README documents them).
@@ -43,6 +45,8 @@ def summarize(state: RunState, now: float) -> dict[str, Any]:
             "plain_records": state.plain_records,
             "handler_lines": state.wrapped_records,
         }
+    stuck = stuck_at(state)
+    out["stuck"] = stuck_json(stuck) if stuck is not None else None
     return out
 
 
@@ -199,6 +203,8 @@ def format_text(summary: dict[str, Any]) -> str:
         lines.append(f"gpus     {utils}")
     if summary["checkpoint"]:
         lines.append(f"ckpt     {summary['checkpoint']['path']}")
+    if summary.get("stuck"):
+        lines.append(f"stuck    {summary['stuck']['where']}")
     lines.append(
         f"records  {summary['records']}   malformed lines {summary['malformed_lines']}"
         f"   lost records {summary['lost_records']}"

@@ -13,9 +13,10 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-Bounds = Callable[[], tuple[int | None, int | None]]
+if TYPE_CHECKING:  # an alias for annotations only: the trainer's Python may be 3.8
+    Bounds = Callable[[], tuple[int | None, int | None]]
 
 
 def _num(v: Any) -> float | None:

@@ -45,9 +45,11 @@ class Kind:
     # written by the agent observing a run without telemetry (agent/observe.py)
     PROC: Final = "proc"
     PROGRESS: Final = "progress"
+    # where a quiet trainer's threads are (telemetry/stacks.py)
+    STACK: Final = "stack"
 
     ALL: Final = frozenset(
-        {TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE, PROC, PROGRESS}
+        {TRAIN, VAL, HPARAMS, LOG, GPU, IO, CKPT, HEARTBEAT, LIFECYCLE, PROC, PROGRESS, STACK}
     )
 
 

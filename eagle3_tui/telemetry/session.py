@@ -16,6 +16,8 @@ What ``attach()`` sets up, and why each part is there:
   environment, the ``start``/``resume`` lifecycle event;
 * the samplers (GPU, reads, checkpoints, heartbeat) in a sidecar process or a
   thread (see ``sidecar.py``);
+* where a quiet trainer is: when the step stops advancing, the writer thread
+  records the main thread's stack (``stacks.py``);
 * on exit: the final lifecycle event if the script did not write one
   (``crash`` for an uncaught exception), the manifest status, the writer's
   figures in the manifest, every queued line written.
@@ -47,6 +49,7 @@ from eagle3_tui.telemetry.progress import ProgressPrinter
 from eagle3_tui.telemetry.reads import READS_ENV, socket_name
 from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
 from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
+from eagle3_tui.telemetry.stacks import StallWatch
 from eagle3_tui.telemetry.writer import JsonlWriter
 
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"
@@ -120,6 +123,8 @@ class Telemetry:
         self._lock = threading.Lock()
         self._prev_excepthook: Callable[..., Any] | None = None
         handler.on_message = self._on_message
+        self.stall_watch = StallWatch(self.progress_step, self._write_stack)
+        """Records the main thread's stack when the steps stop (see ``stacks.py``)."""
 
     @property
     def last_step(self) -> int | None:
@@ -129,6 +134,15 @@ class Telemetry:
     @last_step.setter
     def last_step(self, step: int | None) -> None:
         self.handler.last_step = step
+
+    def progress_step(self) -> int | None:
+        """How far the training is: the watched Trainer's ``global_step`` (every step,
+        every rank), else the step of the last train record written."""
+        step = getattr(self.trainer, "global_step", None)
+        return step if isinstance(step, int) else self.last_step
+
+    def _write_stack(self, payload: dict[str, Any]) -> None:
+        self.writer.write(Kind.STACK, payload)
 
     # ---- logging ----------------------------------------------------------------
     def ensure_attached(self) -> bool:
@@ -198,6 +212,8 @@ class Telemetry:
         if self._closed:
             return
         self.reattach("a logging reset (found by the periodic check)")
+        if self.rank == 0 or self.trainer is not None:  # a rank > 0 logs no step of its own
+            self.stall_watch.tick()
         rank = _distributed_rank()
         if rank is not None and rank != self.rank:
             self.rank = self.writer.rank = rank
@@ -578,8 +594,9 @@ def attach(
 
     if rank != 0:
         pass  # lifecycle events of the run come from rank 0 (a crash from any rank)
-    elif previous is None:
-        telemetry.event("start", pid=os.getpid(), global_step=0, run_id=run_id)
+    elif previous is None:  # a trainer attached to while it trains starts where it is
+        step = telemetry.progress_step() if trainer is not None else 0
+        telemetry.event("start", pid=os.getpid(), global_step=step or 0, run_id=run_id)
     else:
         checkpoint, step = mf.resume_point(ckpt_dir)
         if trainer is not None and isinstance(getattr(trainer, "global_step", None), int):

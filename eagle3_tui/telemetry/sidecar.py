@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.manifest import read_manifest, update_manifest
@@ -56,7 +56,8 @@ from eagle3_tui.telemetry.samplers import (
 from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
 from eagle3_tui.telemetry.writer import JsonlWriter
 
-Op = dict[str, Any]
+if TYPE_CHECKING:  # an alias for annotations only: the trainer's Python may be 3.8
+    Op = dict[str, Any]
 
 
 def make_nvml(cfg: SamplerConfig) -> Nvml:
@@ -293,6 +294,21 @@ class ThreadSamplers:
 # ---- the sidecar process -----------------------------------------------------------------
 
 
+def package_root() -> str | None:
+    """The directory this ``eagle3_tui`` was imported from, when a fresh interpreter
+    would not find it there by itself (not in site-packages): ``eagle3-tui attach``
+    imports the telemetry into a live trainer from a private directory, and the
+    sidecar, started as ``python -m``, must find the same files."""
+    import sysconfig
+
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    paths = sysconfig.get_paths()
+    site = {os.path.realpath(p) for p in (paths.get("purelib"), paths.get("platlib")) if p}
+    if os.path.realpath(root) in site:
+        return None
+    return root
+
+
 class SidecarClient:
     """The trainer's end of the sidecar: starts it, sends it ops (never blocking)."""
 
@@ -301,6 +317,10 @@ class SidecarClient:
     def __init__(self, cfg: SamplerConfig) -> None:
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
+        where = package_root()
+        if where is not None:  # live attach: the package came from a private directory
+            paths = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = where + (os.pathsep + paths if paths else "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eagle3_tui.telemetry.sidecar", json.dumps(cfg.to_dict())],
             stdin=subprocess.PIPE,

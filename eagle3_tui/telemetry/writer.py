@@ -33,7 +33,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from eagle3_tui.telemetry.schema import SCHEMA_VERSION, scalar_or_list, to_jsonable
 
@@ -85,8 +85,9 @@ MAX_WRITE: Final = 1 << 16
 OVERHEAD_SAMPLES: Final = 2048
 
 
-_Deferred = tuple[str, dict[str, Any], "int | None", int, float, int]
-"""A record the writer thread encodes: kind, payload, step, seq, ts, accounted bytes."""
+if TYPE_CHECKING:  # an alias for annotations only: the trainer's Python may be 3.8
+    _Deferred = tuple[str, dict[str, Any], int | None, int, float, int]
+    """A record the writer thread encodes: kind, payload, step, seq, ts, accounted bytes."""
 
 
 @dataclass

@@ -81,3 +81,16 @@ def bundle() -> bytes:
     packages = ("eagle3_tui", *PACKAGES)
     program = LOADER % {"sources": sources, "packages": packages}
     return zlib.compress(program.encode("utf-8"), 6)
+
+
+@cache
+def telemetry_library() -> dict[str, str]:
+    """``{path: source}`` of what ``attach`` writes on the host for the trainer to import:
+    ``eagle3_tui/__init__.py`` and the whole (standard-library-only) telemetry package,
+    ``__init__`` included (the one-liner ``from eagle3_tui.telemetry import attach``)."""
+    root = Path(eagle3_tui.__file__).parent
+    out = {"eagle3_tui/__init__.py": (root / "__init__.py").read_text(encoding="utf-8")}
+    for name, text in package_sources("eagle3_tui.telemetry").items():
+        stem = "__init__" if name == "eagle3_tui.telemetry" else name.rsplit(".", 1)[1]
+        out[f"eagle3_tui/telemetry/{stem}.py"] = text
+    return out

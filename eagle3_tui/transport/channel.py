@@ -25,7 +25,7 @@ from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.bundle import bundle
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
-CONTROL_OPS = ("kill", "resume")  # finish on the host even when the client goes away
+CONTROL_OPS = ("kill", "resume", "attach")  # finish on the host when the client goes away
 STREAMING_OPS = ("follow", "observe")  # run until the client closes their stdin
 MAX_FRAME = 64 * 1024 * 1024
 READ_SIZE = 1 << 20

@@ -381,3 +381,148 @@ def no_runs_error(result: dict[str, Any], label: str) -> TargetError:
         f"{label}: no live training and no run registered "
         f"(index {printable(str(result.get('index')))})"
     )
+
+
+# ---- attach -----------------------------------------------------------------------
+
+# Exit statuses of `attach` (documented in the README), by the agent's status or reason.
+EXIT_DECLINED = 1  # the person answered no: nothing done
+EXIT_ALREADY = 10  # telemetry is attached already: nothing changed
+EXIT_QUEUED = 11  # injected; runs when the trainer's main thread next runs Python
+EXIT_NO_PROCESS = 12  # no such process (exited), or the PID is another process now
+EXIT_NO_PERMISSION = 13  # another user, ptrace_scope, no CAP_SYS_PTRACE
+EXIT_NOT_ATTACHABLE = 14  # not CPython 3.8+, not a training, no Trainer found inside
+EXIT_MISSING_TOOL = 15  # gdb not on PATH; remote debugging disabled (3.14+)
+EXIT_ATTACH_FAILED = 16  # the injection or the attach inside failed (traceback shown)
+EXIT_CHOOSE = 17  # no --pid, and not exactly one training on the host
+
+ATTACH_EXIT = {
+    "gone": EXIT_NO_PROCESS,
+    "reused": EXIT_NO_PROCESS,
+    "permission": EXIT_NO_PERMISSION,
+    "not_python": EXIT_NOT_ATTACHABLE,
+    "unsupported": EXIT_NOT_ATTACHABLE,
+    "not_trainer": EXIT_NOT_ATTACHABLE,
+    "no_gdb": EXIT_MISSING_TOOL,
+    "remote_debug_off": EXIT_MISSING_TOOL,
+    "already": EXIT_ALREADY,
+    "queued": EXIT_QUEUED,
+    "run_dir": EXIT_ERROR,
+    "choose": EXIT_CHOOSE,
+    "failed": EXIT_ATTACH_FAILED,
+}
+
+
+def attach_request(
+    step: str, run_dir: str | None, pid: int | None, confirmed: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The agent request of an attach step; ``inject`` names the process confirmed
+    (PID, start time, boot id) and carries the telemetry package."""
+    request: dict[str, Any] = {"op": "attach", "step": step, "run_dir": run_dir, "pid": pid}
+    if confirmed is not None:
+        request.update(
+            pid=confirmed.get("pid"),
+            start_ticks=confirmed.get("start_ticks"),
+            boot_id=confirmed.get("boot_id"),
+            run_dir=confirmed.get("run_dir"),
+        )
+    if step == "inject":
+        from eagle3_tui.transport.bundle import telemetry_library
+
+        request["lib"] = telemetry_library()
+    return request
+
+
+async def attach_plan(host: Host, run_dir: str | None, pid: int | None) -> dict[str, Any]:
+    """What attaching would do (every check done, nothing touched)."""
+    request = attach_request("plan", run_dir, pid)
+    ev = await call_agent(host, request, python=_python(host))
+    return ev.fields
+
+
+async def attach_run(
+    host: Host, plan: dict[str, Any], wait_s: float = 10.0, metric_wait_s: float = 15.0
+) -> dict[str, Any]:
+    """Attach to the process ``plan`` showed (refused if the PID is another one now)."""
+    request = attach_request("inject", None, None, plan)
+    request.update(wait_s=wait_s, metric_wait_s=metric_wait_s)
+    ev = await call_agent(host, request, python=_python(host))
+    return ev.fields
+
+
+def attach_exit_status(result: dict[str, Any]) -> int:
+    status = result.get("status")
+    if status in ("attached", "plan"):
+        return EXIT_OK
+    if status in ("already", "queued"):
+        return ATTACH_EXIT[str(status)]
+    return ATTACH_EXIT.get(str(result.get("reason")), EXIT_ATTACH_FAILED)
+
+
+def _ms(value: Any) -> str:
+    return f"{float(value):.0f} ms" if isinstance(value, int | float) else "?"
+
+
+def format_attach_plan(plan: dict[str, Any]) -> str:
+    """What attach will do, for the person who confirms it."""
+    py = plan.get("python") or {}
+    how = (
+        "gdb: Py_AddPendingCall, at the next safe point of its main thread (the process is "
+        "stopped while gdb is attached: a few hundred ms)"
+        if plan.get("mechanism") == "gdb"
+        else "sys.remote_exec (PEP 768), at the next safe point of its main thread"
+    )
+    argv = " ".join(str(a) for a in plan.get("argv") or [])
+    lines = [
+        f"attach telemetry to pid {plan.get('pid')} on {printable(str(plan.get('host')))} "
+        f"(user {printable(str(plan.get('user')))})",
+        f"  command  {printable(argv)[:300]}",
+        f"  python   {printable(str(py.get('label')))}",
+        f"  how      {how}",
+        f"  trainer  {printable(str(plan.get('evidence')))}",
+        f"  metrics  {printable(str(plan.get('run_dir')))}  (metrics.jsonl, run.json)",
+    ]
+    if plan.get("log_file"):
+        lines.append(f"  log      {printable(str(plan['log_file']))}")
+    lines.append(
+        f"  files    {printable(str(plan.get('files')))}  (the telemetry package, private to "
+        f"{printable(str(plan.get('user')))}; nothing is installed)"
+    )
+    if plan.get("torchrun"):
+        lines.append("  note     under torchrun only this rank is attached; resume relaunches")
+        lines.append("           torchrun's own command, without telemetry")
+    return "\n".join(lines)
+
+
+def format_attach(result: dict[str, Any]) -> str:
+    status = str(result.get("status"))
+    lines = [f"{status}: {printable(str(result.get('message')))}"]
+    if status == "attached":
+        run_dir = printable(str(result.get("run_dir")))
+        bounds = ""
+        if result.get("total_steps"):
+            bounds = f" of {result['total_steps']} ({result.get('epochs')} epochs)"
+        lines.append(f"  step     {result.get('global_step')}{bounds}")
+        lines.append(f"  run      {run_dir}")
+        if result.get("checkpoint_dir"):
+            lines.append(f"  ckpts    {printable(str(result['checkpoint_dir']))}")
+    pause = []
+    if result.get("stopped_ms") is not None:
+        pause.append(f"process stopped {_ms(result['stopped_ms'])} by gdb")
+    if result.get("pause_ms") is not None:
+        pause.append(f"main thread ran the attach for {_ms(result['pause_ms'])}")
+    if pause:
+        lines.append("  pause    " + "; ".join(pause))
+    if result.get("first_metric_s") is not None:
+        lines.append(
+            f"  first    metrics of step {result.get('first_step')} "
+            f"{float(result['first_metric_s']):.1f} s after the attach"
+        )
+    elif status == "attached":
+        lines.append("  first    no step logged yet (the next one brings the first metrics)")
+    if result.get("traceback"):
+        lines.append("  traceback (in the trainer, caught there):")
+        lines.extend("    " + printable(t) for t in str(result["traceback"]).splitlines()[-12:])
+    if status == "queued" and result.get("result_file"):
+        lines.append("  ask again with the same command to see when it ran")
+    return "\n".join(lines)

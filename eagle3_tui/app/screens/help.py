@@ -15,6 +15,7 @@ from textual.widgets import Static
 KEYS = (
     ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
     ("r", "resume the run from its latest complete checkpoint; shows the new PID"),
+    ("a", "attach telemetry to the host's live training, metrics into this directory"),
     ("c", "compare with a previous run on the same host"),
     ("l", "log scale for the loss (points ≤ 0 are left out and counted)"),
     ("s", "smoothing: off / 0.6 / 0.9 / 0.99 (EMA weight per step, as TensorBoard)"),

@@ -1,0 +1,159 @@
+"""``a``: add telemetry to a live training, its metrics written into this view's run
+directory, then the view comes alive.
+
+What works before the monitor can show a run without telemetry: open the monitor on
+a directory of the host (``eagle3-tui HOST:runs/new``, "waiting for metrics.jsonl"),
+press ``a``: the host's training (the only one, or one picked by its number) is
+planned, shown, confirmed with ``y``, attached; its metrics then arrive in the stream
+that was waiting. Same pattern as the kill/resume dialog: the plan, a confirmation,
+the result; refusals shown here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.text import inert
+from eagle3_tui.transport.control import format_attach, format_attach_plan
+
+MAX_CHOICES = 9
+
+
+def _lines(text: str, first_style: str) -> RenderableType:
+    first, _, rest = text.partition("\n")
+    return Group(
+        inert(first, style=first_style, wrap=True), *(inert(ln) for ln in rest.splitlines())
+    )
+
+
+class AttachDialog(ModalScreen[None]):
+    """Attach: which training, the plan, a confirmation, the result."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Confirm"),
+        Binding("escape,n", "close", "Cancel"),
+        *(Binding(str(i), f"choose({i})", show=False) for i in range(1, MAX_CHOICES + 1)),
+    ]
+
+    class Finished(Message):
+        """The attach ran to its end (whatever it found)."""
+
+        def __init__(self, result: dict[str, Any]) -> None:
+            super().__init__()
+            self.result = result
+
+    def __init__(self, control: RunControl, pid: int | None = None) -> None:
+        super().__init__()
+        self.control = control
+        self.pid = pid
+        self.state = "loading"
+        """loading, choosing, ready, working, done, failed."""
+        self.plan: dict[str, Any] = {}
+        self.choices: list[dict[str, Any]] = []
+
+    def compose(self) -> ComposeResult:
+        box = Vertical(id="attach", classes="dialog")
+        box.border_title = f"attach telemetry to a live training · {self.control.where}"
+        with box:
+            with VerticalScroll(id="control-body"):
+                yield Static(Text("Asking the host…", style="dim"), id="plan")
+                yield Static("", id="outcome")
+            with Horizontal(id="buttons"):
+                yield Button("Attach (y)", id="confirm", variant="warning", disabled=True)
+                yield Button("Cancel (esc)", id="close")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(exclusive=True, group="attach", exit_on_error=False)
+    async def load(self) -> None:
+        try:
+            plan = await self.control.attach_plan(self.pid)
+        except Exception as e:  # shown: unreachable host, refused key...
+            plan = {"status": "error", "message": f"cannot ask the host: {e}"}
+        if not self.is_attached:
+            return
+        shown = self.query_one("#plan", Static)
+        if plan.get("status") == "plan":
+            self.plan = plan
+            self.state = "ready"
+            shown.update(_lines(format_attach_plan(plan), "bold"))
+            confirm = self.query_one("#confirm", Button)
+            confirm.disabled = False
+            confirm.focus()
+            return
+        candidates = plan.get("candidates") or []
+        if plan.get("reason") == "choose" and candidates:
+            self.choices = candidates[:MAX_CHOICES]
+            self.state = "choosing"
+            rows = [Text("Several trainings on the host; press the number of one:", style="bold")]
+            for i, c in enumerate(self.choices, 1):
+                argv = " ".join(str(a) for a in c.get("argv") or [])
+                rows.append(inert(f"  {i}  pid {c.get('pid')}  {c.get('user')}  {argv}"[:200]))
+            shown.update(Group(*rows))
+            return
+        self.state = "failed"
+        status = str(plan.get("status"))
+        shown.update(_lines(f"{status}: {plan.get('message')}", "bold #d7af5f"))
+        self.query_one("#close", Button).label = "Close (esc)"
+
+    @work(exclusive=True, group="attach", exit_on_error=False)
+    async def execute(self) -> None:
+        outcome = self.query_one("#outcome", Static)
+        outcome.update(Text("Attaching…"))
+        try:
+            result = await self.control.attach(self.plan)
+        except Exception as e:  # shown: a lost link
+            self.state = "failed"
+            if self.is_attached:
+                outcome.update(inert(f"attach failed: {e}", style="bold #ff5f5f", wrap=True))
+            return
+        self.state = "done"
+        self.app.post_message(self.Finished(result))
+        if not self.is_attached:
+            return
+        ok = result.get("status") in ("attached", "queued")
+        outcome.update(_lines(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
+        close = self.query_one("#close", Button)
+        close.label = "Close (esc)"
+        close.focus()
+
+    def action_choose(self, number: int) -> None:
+        if self.state != "choosing" or not 1 <= number <= len(self.choices):
+            return
+        self.pid = int(self.choices[number - 1]["pid"])
+        self.state = "loading"
+        self.query_one("#plan", Static).update(Text("Asking the host…", style="dim"))
+        self.load()
+
+    def action_confirm(self) -> None:
+        if self.state != "ready":
+            return
+        self.state = "working"
+        self.query_one("#confirm", Button).disabled = True
+        self.execute()
+
+    def action_close(self) -> None:
+        if self.state == "working":
+            self.notify("still working: the host finishes it either way", timeout=3)
+            return
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#confirm")
+    def _confirm_pressed(self) -> None:
+        self.action_confirm()
+
+    @on(Button.Pressed, "#close")
+    def _close_pressed(self) -> None:
+        self.action_close()

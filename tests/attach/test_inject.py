@@ -1,0 +1,371 @@
+"""The injection for real, with gdb, into live interpreters of every CPython version found
+here (3.8-3.13), and every refusal this machine can produce for real: gdb absent from
+PATH, another user's process, a non-Python PID, an exited PID, a reused PID, Python that
+is not a training (no PyTorch; PyTorch but no speculators), a call queued behind a main
+thread blocked in C. No speculators training here: see test_attach_ssh.py for that."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
+from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
+from eagle3_tui.transport.control import attach_plan, attach_run
+from tests.conftest import need
+from tests.transport.conftest import cli
+
+pytestmark = pytest.mark.slow
+
+LOOP = "import time\nticks = 0\nwhile True:\n    ticks += 1\n    time.sleep(0.01)\n"
+
+
+def interpreters(minors: range = range(8, 14)) -> list[str]:
+    """One CPython binary per minor version (3.8-3.13) found here (PATH, pyenv), and ours."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found: dict[str, str] = {ours: sys.executable} if sys.version_info[1] in minors else {}
+    roots = [os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")]
+    for minor in minors:
+        v = f"3.{minor}"
+        if v in found:
+            continue
+        candidates = sorted(glob.glob(f"{roots[0]}/versions/{v}.*/bin/python{v}"))
+        on_path = shutil.which(f"python{v}")
+        if on_path and "shims" not in on_path:
+            candidates.append(on_path)
+        if candidates:
+            found[v] = candidates[-1]
+    return [found[v] for v in sorted(found, key=lambda v: int(v.split(".")[1]))]
+
+
+def need_gdb() -> str:
+    gdb = shutil.which("gdb")
+    need(gdb is not None, "gdb is not installed (apt-get install gdb)")
+    assert gdb is not None
+    return gdb
+
+
+def start(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
+    )
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def python_ready(proc: subprocess.Popen[bytes]) -> None:
+    """The interpreter is up (its libraries mapped, its main loop running)."""
+    wait_for(lambda: pyprocess.python_of(proc.pid) is not None, 20, "the interpreter")
+    time.sleep(0.3)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+# ---- the mechanism, per version ----------------------------------------------------
+
+
+def version_id(exe: str) -> str:
+    return "3.11-ours" if exe == sys.executable else os.path.basename(exe)
+
+
+@pytest.mark.parametrize("exe", interpreters(), ids=version_id)
+def test_gdb_queues_python_into_a_live_interpreter(
+    exe: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    gdb = need_gdb()
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([exe, "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    py = pyprocess.python_of(proc.pid)
+    assert py is not None and py.version is not None
+    out = tmp_path / "out.json"
+    entry = tmp_path / "entry.py"
+    entry.write_text(
+        "import json, sys, threading\n"
+        "main = sorted(vars(sys.modules['__main__']))\n"
+        "json.dump({'version': list(sys.version_info[:2]), 'main': main,\n"
+        f"           'thread': threading.current_thread().name}}, open({str(out)!r}, 'w'))\n"
+    )
+    bad = tmp_path / "raises.py"
+    bad.write_text("raise RuntimeError('an error inside the injected code')\n")
+    # an exception in the injected code stays there: the trainer's loop goes on
+    done = debugger.inject_gdb(gdb, proc.pid, str(bad), py.libpython)
+    assert done["queued"], done.get("output")
+    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
+    assert done["queued"], done.get("output")
+    assert 0 < done["stopped_ms"] < 30_000
+    wait_for(out.exists, 20, "the injected code to run")
+    time.sleep(0.1)
+    seen = json.loads(out.read_text())
+    assert tuple(seen["version"]) == py.version
+    assert seen["thread"] == "MainThread"
+    # nothing bound in the program's namespace (the loop's own names only)
+    assert not [n for n in seen["main"] if "eagle3" in n or n in ("e", "runpy", "_thread")]
+    assert proc.poll() is None
+
+
+def test_a_call_waits_while_the_main_thread_is_in_c(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    gdb = need_gdb()
+    asleep = tmp_path / "asleep"
+    (tmp_path / "block.py").write_text(
+        f"import time\nopen({str(asleep)!r}, 'w').write(repr(time.time()))\ntime.sleep(4)\n{LOOP}"
+    )
+    proc = start([sys.executable, "block.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    wait_for(lambda: asleep.exists() and asleep.read_text(), 10, "the sleep")
+    out = tmp_path / "ran"
+    entry = tmp_path / "entry.py"
+    entry.write_text(f"import time\nopen({str(out)!r}, 'w').write(repr(time.time()))\n")
+    py = pyprocess.python_of(proc.pid)
+    assert py is not None
+    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
+    assert done["queued"]
+    time.sleep(0.5)
+    assert not out.exists()  # queued: time.sleep is C code
+    wait_for(lambda: out.exists() and out.read_text(), 20, "the queued call")
+    # it ran once the main thread was back in Python, not before
+    assert float(out.read_text()) - float(asleep.read_text()) >= 3.9
+
+
+# ---- telemetry on the trainer's interpreter, whatever its version ----------------------
+
+ONE_LINER = """
+import logging, sys
+from eagle3_tui.telemetry import attach
+t = attach(sys.argv[1], samplers=["heartbeat"], sampler_host="thread")
+logging.getLogger("speculators.metrics").info(
+    {"train": {"loss": 1.5, "full_acc_0": 0.5}, "epoch": 0, "lr": 0.001, "global_step": 0},
+    extra={"step": 0},
+)
+t.finish()
+t.close()
+"""
+
+
+@pytest.mark.parametrize("exe", interpreters(), ids=version_id)
+def test_telemetry_runs_on_every_supported_interpreter(exe: str, tmp_path: Path) -> None:
+    lib = userfiles.write_lib(tmp_path / "cache", __import__(
+        "eagle3_tui.transport.bundle", fromlist=["telemetry_library"]
+    ).telemetry_library())  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=lib, XDG_STATE_HOME=str(tmp_path / "state"))
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [exe, "-c", ONE_LINER, str(run)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kinds = [json.loads(line)["kind"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "train" in kinds and kinds.count("lifecycle") == 2
+
+
+# ---- refusals, for real ----------------------------------------------------------------
+
+
+def attach_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    proc = cli("attach", *args, "--yes", "--json", env=env)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_refused_for_a_process_that_is_not_python(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = start(["sleep", "300"], tmp_path)
+    procs.append(proc)
+    wait_for(lambda: "sleep" in (pyprocess.exe_path(proc.pid) or ""), 10, "sleep")
+    rc, out = attach_cli("--pid", str(proc.pid))
+    assert rc == 14 and out["reason"] == "not_python" and "sleep" in out["message"]
+
+
+def test_refused_for_a_python_older_than_3_8(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    old = interpreters(range(6, 8))
+    if not old:
+        pytest.skip("no CPython 3.6 or 3.7 here")
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([old[-1], "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    rc, out = attach_cli("--pid", str(proc.pid))
+    assert rc == 14 and out["reason"] == "unsupported" and "3.8 or later" in out["message"]
+
+
+def test_refused_for_an_exited_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    rc, out = attach_cli("--pid", str(proc.pid))
+    assert rc == 12 and out["reason"] == "gone" and "exited" in out["message"]
+
+
+def test_refused_for_python_without_pytorch(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([sys.executable, "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    rc, out = attach_cli("--pid", str(proc.pid))
+    assert rc == 14 and out["reason"] == "not_trainer" and "no PyTorch" in out["message"]
+
+
+def test_refused_without_gdb_on_path(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([sys.executable, "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    env = dict(os.environ, PATH=str(tmp_path / "empty"))
+    rc, out = attach_cli("--pid", str(proc.pid), env=env)
+    assert rc == 15 and out["reason"] == "no_gdb" and "apt-get install gdb" in out["message"]
+
+
+async def test_refused_when_the_pid_is_another_process_now(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    (tmp_path / "loop.py").write_text(LOOP)
+    proc = start([sys.executable, "loop.py"], tmp_path)
+    procs.append(proc)
+    python_ready(proc)
+    plan = await attach_plan(LocalHost(), str(tmp_path / "run"), proc.pid)
+    assert plan["status"] == "refused"  # no PyTorch; but the identity check comes first:
+    confirmed = {"pid": proc.pid, "start_ticks": 1, "boot_id": None, "run_dir": str(tmp_path)}
+    out = await attach_run(LocalHost(), confirmed)
+    assert out["status"] == "refused" and out["reason"] == "reused"
+    assert "nothing was done" in out["message"]
+
+
+def test_torch_without_speculators_is_queued_then_not_a_trainer(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """PyTorch loaded, speculators nowhere: the attach is injected, stays queued while
+    the main thread sleeps in C, and inside finds no Trainer and changes nothing."""
+    need_gdb()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        need(False, "torch is not installed")
+    ready = tmp_path / "ready"
+    (tmp_path / "torch_sleep.py").write_text(
+        f"import time, torch\nopen({str(ready)!r}, 'w').close()\ntime.sleep(6)\n{LOOP}"
+    )
+    proc = start([sys.executable, "torch_sleep.py"], tmp_path)
+    procs.append(proc)
+    wait_for(ready.exists, 60, "torch imported")
+    run_dir = tmp_path / "run"
+    rc, out = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "0.5")
+    assert rc == 11 and out["status"] == "queued", out
+    assert "main thread next runs Python" in out["message"]
+    rc, again = attach_cli(str(run_dir), "--pid", str(proc.pid))
+    assert rc == 11 and again["reason"] == "queued"  # asking again: still queued, not re-injected
+    result = Path(out["result_file"])
+    wait_for(result.exists, 30, "the queued attach to run")
+    inside = json.loads(result.read_text())
+    assert inside["status"] == "no_trainer" and "nothing was changed" in inside["message"]
+    assert not run_dir.exists()  # nothing written
+    rc, third = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "10")
+    assert rc == 14 and third["status"] == "no_trainer"  # a new try, answered at once
+    assert third["pause_ms"] < 5000 and third["stopped_ms"] > 0
+
+
+# ---- another user --------------------------------------------------------------------
+
+
+@pytest.fixture
+def other_user() -> Iterator[tuple[str, int, int]]:
+    need(os.geteuid() == 0 and shutil.which("useradd") is not None, "root and useradd")
+    name = f"e3att{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    import pwd
+
+    entry = pwd.getpwnam(name)
+    try:
+        yield name, entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+
+
+def agent_as(
+    user: str, request: dict[str, Any], python: str = "/usr/bin/python3"
+) -> dict[str, Any]:
+    """The real agent, run by ``user`` with the system's Python (what an SSH login as
+    that user runs); its result event."""
+    proc = subprocess.run(
+        ["runuser", "-u", user, "--", python, "-c", BOOTSTRAP, AGENT_TAG],
+        input=agent_payload(request),
+        capture_output=True,
+        timeout=60,
+        cwd="/",
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(b"J "):
+            event = json.loads(line[2:])
+            if event.get("event") == "result":
+                return dict(event)
+    raise AssertionError(proc.stderr.decode(errors="replace")[-2000:])
+
+
+def test_another_users_process_is_refused_and_root_may(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], other_user: tuple[str, int, int]
+) -> None:
+    name, uid, gid = other_user
+    need(os.path.exists("/usr/bin/python3"), "a system python3 the other user may run")
+    (tmp_path / "loop.py").write_text(LOOP)
+    mine = start([sys.executable, "loop.py"], tmp_path)  # root's
+    procs.append(mine)
+    python_ready(mine)
+    out = agent_as(name, {"op": "attach", "step": "plan", "pid": mine.pid})
+    assert out["status"] == "refused" and out["reason"] == "permission", out
+    assert "attach as root" in out["message"] and name in out["message"]
+    # the other way round: root may trace the user's process, and writes as that user
+    home = Path(f"/home/{name}")
+    script = home / "loop.py"
+    script.write_text(LOOP)
+    os.chown(script, uid, gid)
+    theirs = start(["runuser", "-u", name, "--", "/usr/bin/python3", str(script)], home)
+    procs.append(theirs)
+
+    def their_python() -> int | None:
+        for line in subprocess.run(["pgrep", "-u", name, "-f", "loop.py"], capture_output=True,
+                                   text=True).stdout.split():  # fmt: skip
+            return int(line)
+        return None
+
+    wait_for(lambda: their_python() is not None, 20, "the user's python")
+    pid = their_python()
+    assert pid is not None
+    plan = asyncio.run(attach_plan(LocalHost(), None, pid))
+    assert plan["reason"] == "not_trainer", plan  # past the permission and Python checks
+    written = userfiles.as_user(uid, gid, lambda: str(userfiles.cache_dir(uid)))
+    assert written == str(home / ".cache" / "eagle3-tui")
+    package = {"eagle3_tui/__init__.py": "x = 1\n"}
+    lib = userfiles.as_user(uid, gid, userfiles.write_lib, Path(written), package)
+    assert os.stat(lib).st_uid == uid and os.stat(Path(lib).parent).st_uid == uid
