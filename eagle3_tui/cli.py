@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
 EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
+EXIT_CRASHED = 1  # the monitor stopped on an error (its traceback is printed)
 
 
 def _version() -> str:
@@ -192,10 +193,13 @@ def build_resume_parser() -> argparse.ArgumentParser:
 def build_runs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui runs",
-        description="List the runs registered on a host (this machine without HOST), newest "
+        description="List your runs registered on a host (this machine without HOST), newest "
         "first. Exit status: 0 listed, 2 none registered or error.",
     )
     p.add_argument("target", metavar="HOST", nargs="?", help="[USER@]HOST (default: this machine)")
+    p.add_argument(
+        "--all", action="store_true", help="runs of every user (default: the login user's own)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
     add_ssh_options(p)
     return p
@@ -245,8 +249,45 @@ def build_summary_parser() -> argparse.ArgumentParser:
     return p
 
 
+def say(text: str, *, err: bool = False) -> None:
+    """Print a line for a reader that may go away (``| head -1``): then the rest of
+    the output is dropped and the command still finishes, with its own exit status."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        _drop_output(stream)
+
+
+def _drop_output(stream: Any) -> None:
+    """Point the stream's descriptor at /dev/null: what is buffered and what follows
+    is discarded quietly (no ``BrokenPipeError`` again at exit)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _command(args)
+    finally:
+        for stream in (sys.stdout, sys.stderr):  # argparse's help is printed unflushed
+            try:
+                stream.flush()
+            except BrokenPipeError:
+                _drop_output(stream)
+            except (OSError, ValueError):
+                pass
+
+
+def _command(args: list[str]) -> int:
     try:
         if args and args[0] == "demo":
             return cmd_demo(build_demo_parser().parse_args(args[1:]))
@@ -264,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TargetError as e:
         from eagle3_tui.transport.base import printable
 
-        print(f"eagle3-tui: {printable(str(e))}", file=sys.stderr)
+        say(f"eagle3-tui: {printable(str(e))}", err=True)
         return EXIT_REFUSED if type(e).__name__ == "AgentRefusedError" else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
@@ -356,9 +397,9 @@ def cmd_summary(ns: argparse.Namespace) -> int:
     run, now = load_target(cli_target(ns), ns.target)
     summary = summarize(run.state, now)
     if ns.json:
-        print(json.dumps(summary, indent=None, sort_keys=False))
+        say(json.dumps(summary, indent=None, sort_keys=False))
     else:
-        print(format_text(summary))
+        say(format_text(summary))
     return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
 
 
@@ -396,9 +437,9 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     run_b, _ = load_target(parse_target(ns.b, options), ns.b)
     result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
     if ns.json:
-        print(json.dumps(comparison_json(result)))
+        say(json.dumps(comparison_json(result)))
     else:
-        print(format_comparison(result))
+        say(format_comparison(result))
     return EXIT_OK
 
 
@@ -468,7 +509,7 @@ async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -
         await app.run_async()
     finally:
         await host.close()
-    return EXIT_OK
+    return app_exit_status(app)
 
 
 def cmd_monitor(ns: argparse.Namespace) -> int:
@@ -485,24 +526,40 @@ def cmd_monitor(ns: argparse.Namespace) -> int:
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
 
-    make_app(
+    app = make_app(
         LocalTransport(run_dir),
         control=RunControl.for_target(target),
         compare=compare_source(ns, target),
         open_run=open_run_for(target),
-    ).run()
+        export_dir=local_export_dir(run_dir),
+    )
+    app.run()
+    return app_exit_status(app)
+
+
+def local_export_dir(run_dir: Path) -> Path:
+    """``e`` writes a local run's CSV next to its records, where its user looks."""
+    return run_dir / "exports"
+
+
+def app_exit_status(app: Any) -> int:
+    """0 after a quit; EXIT_CRASHED when the monitor stopped on an error (Textual has
+    printed the traceback), with one line saying so: a crash never exits 0."""
+    if app.return_code:
+        say("eagle3-tui: the monitor stopped on an error (traceback above)", err=True)
+        return EXIT_CRASHED
     return EXIT_OK
 
 
 # ---- kill, resume, runs -------------------------------------------------------
 
 
-def _print_progress(event: Any) -> None:
+def _print_progress(event: Any, prefix: str = "") -> None:
     from eagle3_tui.transport.control import format_progress
 
     line = format_progress(event)
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        say(prefix + line, err=True)
 
 
 def cmd_kill(ns: argparse.Namespace) -> int:
@@ -518,7 +575,7 @@ def cmd_kill(ns: argparse.Namespace) -> int:
             target, lambda h: control.kill_run(h, run_dir, ns.grace, on_progress=_print_progress)
         )
     )
-    print(json.dumps(result) if ns.json else control.format_kill(result))
+    say(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
 
@@ -531,7 +588,7 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
     run_dir = control.run_dir_of(target)
     result = asyncio.run(control.on_host(target, lambda h: control.resume_run(h, run_dir, ns.wait)))
-    print(json.dumps(result) if ns.json else control.format_resume(result))
+    say(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 
 
@@ -548,10 +605,10 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         if isinstance(target, LocalTarget):
             target = parse_host(ns.target, opts)
 
-    result = asyncio.run(control.on_host(target, control.list_runs))
+    result = asyncio.run(control.on_host(target, lambda h: control.list_runs(h, ns.all)))
     if not result.get("runs"):
         raise control.no_runs_error(result, ns.target or "this machine")
-    print(json.dumps(result) if ns.json else control.format_runs(result))
+    say(json.dumps(result) if ns.json else control.format_runs(result))
     return EXIT_OK
 
 
@@ -613,18 +670,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             env=env,
         )
     if ns.headless:
-        print(
-            f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})",
-            file=sys.stderr,
-        )
+        say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
         rc = proc.wait()
         if rc != 0:
-            print(
-                f"eagle3-tui demo: training exited with status {rc}; see {log_path}",
-                file=sys.stderr,
-            )
+            say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
             return rc
-        print(str(run_dir))
+        say(str(run_dir))
         return EXIT_OK
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
@@ -632,32 +683,50 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.target import LocalTarget
 
     demo_target = LocalTarget(run_dir)
+    app = make_app(
+        LocalTransport(run_dir),
+        control=RunControl.for_target(demo_target),
+        open_run=open_run_for(demo_target),
+        export_dir=local_export_dir(run_dir),
+        quit_stops_run=True,
+    )
     try:
-        make_app(
-            LocalTransport(run_dir),
-            control=RunControl.for_target(demo_target),
-            open_run=open_run_for(demo_target),
-        ).run()
+        app.run()
     finally:
         stop_demo_run(demo_target, proc)
-    print(f"eagle3-tui demo: the run is in {run_dir}", file=sys.stderr)
-    return EXIT_OK
+    say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+    return app_exit_status(app)
 
 
 def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     """The demo owns its run: on quit, stop it as `k` would (whole tree, verified) —
-    also when `r` relaunched it as another process."""
+    also when `r` relaunched it as another process. Says what it does meanwhile: the
+    trainer's graceful save and exit take seconds."""
     import asyncio
+    import subprocess
 
     from eagle3_tui.transport.control import kill_run, on_host
 
+    say("eagle3-tui demo: stopping the run (SIGTERM, checkpoint saved, then verified)…", err=True)
     try:
-        asyncio.run(on_host(target, lambda h: kill_run(h, str(target.run_dir), grace_s=60.0)))
+        result = asyncio.run(
+            on_host(
+                target,
+                lambda h: kill_run(
+                    h, str(target.run_dir), grace_s=60.0, on_progress=_demo_progress
+                ),
+            )
+        )
+        say(f"eagle3-tui demo: {result.get('status')}: {result.get('message')}", err=True)
     except (TargetError, OSError) as e:
-        print(f"eagle3-tui demo: could not stop the run cleanly: {e}", file=sys.stderr)
+        say(f"eagle3-tui demo: could not stop the run cleanly: {e}", err=True)
     if proc.poll() is None:  # the launcher itself, if the agent could not reach it
         proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+
+
+def _demo_progress(event: Any) -> None:
+    _print_progress(event, "eagle3-tui demo: ")

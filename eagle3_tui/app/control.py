@@ -33,6 +33,20 @@ class RunControl:
             host = LocalHost() if isinstance(target, LocalTarget) else control.open_host(target)
         return cls(host, run_dir, control.where(target, run_dir))
 
+    @classmethod
+    def for_source(cls, source: object) -> RunControl | None:
+        """The host of a run being streamed (the run compared with), to read its manifest:
+        a local directory, or a directory over an SSH connection; None for other sources."""
+        from eagle3_tui.transport.local import LocalTransport
+        from eagle3_tui.transport.ssh import SshHost, SshTransport
+
+        if isinstance(source, LocalTransport):
+            run_dir = str(source.run_dir)
+            return cls(LocalHost(), run_dir, run_dir)
+        if isinstance(source, SshTransport) and isinstance(source.host, SshHost):
+            return cls(source.host, source.run_dir, source.label)
+        return None
+
     async def status(self) -> dict[str, Any]:
         """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status)."""
         return await control.run_status(self.host, self.run_dir)
@@ -43,5 +57,5 @@ class RunControl:
     async def resume(self) -> dict[str, Any]:
         return await control.resume_run(self.host, self.run_dir, self.resume_wait_s)
 
-    async def runs(self) -> dict[str, Any]:
-        return await control.list_runs(self.host)
+    async def runs(self, all_users: bool = False) -> dict[str, Any]:
+        return await control.list_runs(self.host, all_users)

@@ -99,8 +99,9 @@ async def run_status(host: Host, run_dir: str | None) -> dict[str, Any]:
     return ev.fields
 
 
-async def list_runs(host: Host) -> dict[str, Any]:
-    ev = await call_agent(host, {"op": "runs"}, python=_python(host))
+async def list_runs(host: Host, all_users: bool = False) -> dict[str, Any]:
+    """The host's runs of the user we log in as (``all_users``: whoever owns them)."""
+    ev = await call_agent(host, {"op": "runs", "all": all_users}, python=_python(host))
     return ev.fields
 
 
@@ -215,10 +216,16 @@ def format_runs(result: dict[str, Any]) -> str:
         lines.append(
             f"{when:<19}  {status:<11} {r.get('pid') or '-':>8}  {printable(str(r.get('run_dir')))}"
         )
+    if result.get("others"):
+        lines.append(f"({result['others']} run(s) of other users not shown: --all)")
     return "\n".join(lines)
 
 
 def no_runs_error(result: dict[str, Any], label: str) -> TargetError:
+    if result.get("others"):
+        return TargetError(
+            f"{label}: no run of yours registered, {result['others']} of other users (--all)"
+        )
     return TargetError(
         f"{label}: no run registered (index {printable(str(result.get('index')))}); "
         "attach telemetry to a training first"

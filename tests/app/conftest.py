@@ -166,7 +166,7 @@ class FakeControl(RunControl):
             "log": "/runs/exp7/train.log",
         }
 
-    async def runs(self) -> dict[str, Any]:
+    async def runs(self, all_users: bool = False) -> dict[str, Any]:
         self.calls.append("runs")
         return {
             "host": "gpu-box",
