@@ -167,7 +167,7 @@ class FakeControl(RunControl):
         }
 
     async def runs(self, all_users: bool = False) -> dict[str, Any]:
-        self.calls.append("runs")
+        self.calls.append("runs of all users" if all_users else "runs")
         return {
             "host": "gpu-box",
             "runs": [

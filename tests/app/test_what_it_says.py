@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from eagle3_tui.app.screens.help import HelpScreen
-from eagle3_tui.app.screens.runs import run_row
+from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.telemetry import nvml
-from tests.app.conftest import T0, text_of, training
+from tests.app.conftest import T0, FakeControl, text_of, training
 from tests.app.test_pilot import app_with
 from tests.conftest import until
 from tests.records import Lines
@@ -201,11 +201,20 @@ async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legen
         assert "k=0" in legend and "k=1" in legend and "k=2" in legend and "τ" in legend
 
 
-def test_the_run_pickers_status_never_runs_into_the_path() -> None:
+async def test_the_run_picker_lists_your_runs_and_a_shows_all_users() -> None:
     row = run_row(
         {"run_dir": "/runs/exp6", "exists": True, "alive": False, "status": "interrupted"}
     )
-    assert "interrupted  /runs/exp6" in row.plain
+    assert "interrupted  /runs/exp6" in row.plain  # the status never runs into the path
+    control = FakeControl()
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
+        await until(pilot, lambda: "runs" in control.calls, what="the runs")
+        assert "runs of all users" not in control.calls
+        await pilot.press("a")
+        await until(pilot, lambda: "runs of all users" in control.calls, what="all users")
 
 
 async def test_export_is_named_after_the_run_and_never_lands_in_the_cwd(

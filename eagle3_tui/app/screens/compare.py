@@ -169,8 +169,11 @@ class CompareScreen(Screen[None]):
                 yield Static(id="cmp-sides-text")
         yield Footer(compact=True, show_command_palette=False)
 
+    def on_mount(self) -> None:
+        self.watch_comparison(self.comparison)  # one handed down before the screen mounted
+
     def watch_comparison(self, c: Comparison | None) -> None:
-        if c is None or not self.is_mounted:
+        if c is None or not self.query("#cmp-sides-text"):  # not composed yet: on_mount draws
             return
         verdict = Text(no_wrap=False)
         verdict.append(" COMPARE ", style="bold reverse")
