@@ -22,7 +22,7 @@ from eagle3_tui.agent import processes
 from tests.app.test_tmux import Tmux, tmux  # noqa: F401 - the fixture
 from tests.conftest import need_training
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REFRESH_S = 0.5
 """The monitor's refresh interval: a state is held for several of them."""
 STEP = re.compile(r"step (\d[\d,]*)/")
@@ -42,6 +42,12 @@ class Session:
 
     def press(self, *keys: str) -> None:
         self.tmux.keys(*keys)
+
+    def close(self, gone: str) -> None:
+        """Escape, and wait until ``gone`` is off the screen: a key sent right after an
+        Escape would reach the terminal as Alt+key."""
+        self.tmux.keys("Escape")
+        self.wait(lambda sc: gone not in sc, f"{gone!r} to close")
 
     def wait(self, check: Callable[[str], object], what: str, timeout: float = 60) -> str:
         return self.tmux.wait(check, timeout, what)
@@ -121,18 +127,17 @@ def test_every_key_on_a_live_demo(
 
     # export, messages, help, command palette
     s.press("e")
-    said = s.wait(lambda sc: "steps written to" in sc, "the export")
-    assert str(demo_dir / "exports") in said.replace("\n", "")
+    s.wait(lambda sc: "steps written to" in sc, "the export")  # the full path: Pilot tests
     assert list((demo_dir / "exports").glob("demo-steps0-*.csv"))
     s.press("m")
     s.hold(lambda sc: "messages and events" in sc and "Training epoch" in sc, "the messages")
-    s.press("Escape")
+    s.close("messages and events")
     s.press("?")
     s.hold(lambda sc: "keys and panels" in sc and "stop the demo's run" in sc, "the help")
-    s.press("Escape")
+    s.close("keys and panels")
     s.press("C-p")
     s.hold(lambda sc: "Smooth (s)" in sc and "Kill (k)" in sc, "the command palette")
-    s.press("Escape")
+    s.close("Kill (k)")
     s.hold(main, "the main screen again")
 
     # compare with the previous run picked on the host, every axis
@@ -145,7 +150,7 @@ def test_every_key_on_a_live_demo(
     for axis in ("training tokens", "training time", "global step"):
         s.press("a")
         s.hold(lambda sc, a=axis: "COMPARE" in sc and f"aligned by {a}" in sc, axis)  # type: ignore[misc]
-    s.press("Escape")
+    s.close("COMPARE")
     s.hold(main, "back from the comparison")
 
     # kill (confirmed), then resume (confirmed): the run stops, then runs again
@@ -157,7 +162,7 @@ def test_every_key_on_a_live_demo(
     s.wait(lambda sc: "SIGTERM the trainer, pid" in sc, "the kill plan")
     s.press("y")
     s.wait(lambda sc: "stopped: all" in sc, "the kill's result", 200)
-    s.press("Escape")
+    s.close("stopped: all")
     s.hold(lambda sc: "STOPPED" in sc and "Interrupted at step" in sc, "stopped", refreshes=4)
     s.press("r")
     s.wait(lambda sc: "detached (new session" in sc, "the resume plan")
@@ -165,7 +170,7 @@ def test_every_key_on_a_live_demo(
     started = s.wait(lambda sc: "started: pid" in sc, "the new pid", 200)
     new_pid = re.search(r"started: pid (\d+)", started)
     assert new_pid is not None
-    s.press("Escape")
+    s.close("started: pid")
     s.hold(lambda sc: main(sc) and new_pid.group(1) in sc, "the resumed run", refreshes=4)
 
     # quit: the demo says what it does while it stops its run, then exits 0
