@@ -80,9 +80,9 @@ class ComparePlot(PlotextPlot):
 
 
 def rows_table(c: Comparison, width: int = 80) -> Table:
-    """Both runs' values at the same point and the deltas; ``width`` < 60: compact
+    """Both runs' values at the same point and the deltas; ``width`` < 50: compact
     headers and bare ▲/▼ marks, so the numbers keep their digits."""
-    narrow = width < 60
+    narrow = width < 50
     table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
     table.add_column("metric", style="bold", no_wrap=True, overflow="ellipsis")
     table.add_column("this", justify="right", no_wrap=True, min_width=6)
