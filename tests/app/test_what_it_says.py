@@ -9,8 +9,10 @@ import importlib.util
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker, run_row
@@ -141,46 +143,66 @@ async def test_a_trend_over_one_step_says_step() -> None:
         assert "in 1 steps" not in text_of(table)
 
 
-def test_the_no_driver_line_names_the_cause_and_fix_on_this_machine(tmp_path: Path) -> None:
-    """The real NVML seam on this machine (no NVIDIA driver): one line, the cause first;
-    with a driver but without the binding: the binding, and how to install it."""
-    if any(Path(p).exists() for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl")):
-        pytest.skip("this machine has an NVIDIA driver")
+def on_screen(app: Any, widget: Any) -> list[str]:
+    """The rows of ``widget``'s content as the terminal shows them (not a re-render)."""
+    with open(os.devnull, "w") as sink:
+        console = Console(width=app.size.width, record=True, file=sink, color_system=None)
+        console.print(app.screen._compositor.render_update(full=True))
+    rows = console.export_text().splitlines()
+    r = widget.content_region
+    return [row[r.x : r.x + r.width].rstrip() for row in rows[r.y : r.y + r.height]]
+
+
+def have_nvidia_driver() -> bool:
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl"))
+
+
+def sampled(tmp_path: Path, api: nvml.Nvml) -> bytes:
+    """The GPU sampler's record through the real NVML seam (PynvmlApi), as written."""
     from eagle3_tui.telemetry.samplers import GpuSampler
     from eagle3_tui.telemetry.writer import JsonlWriter
 
-    def panel_line(api: nvml.Nvml) -> tuple[str, str]:
-        path = tmp_path / "metrics.jsonl"
-        path.unlink(missing_ok=True)
-        writer = JsonlWriter(path, background=False)
-        sampler = GpuSampler(writer, api, entries=None, run_pids=set)
-        sampler.sample(T0)
-        sampler.close()
-        writer.close()
-        from eagle3_tui.model.run import Run
-        from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+    path = tmp_path / "metrics.jsonl"
+    path.unlink(missing_ok=True)
+    writer = JsonlWriter(path, background=False)
+    sampler = GpuSampler(writer, api, entries=None, run_pids=set)
+    sampler.sample(T0)
+    sampler.close()
+    writer.close()
+    return path.read_bytes()
 
-        run = Run()
-        run.feed(0, path.read_bytes())
-        snap = build_snapshot(run.state, T0, ViewParams())
-        panel = GpuPanel("GPUs")
-        panel.snapshot = snap
-        return snap.gpu_status or "", text_of(panel, 70).rstrip("\n")
 
-    status, line = panel_line(nvml.PynvmlApi())
-    assert status == "no_driver" and "\n" not in line
-    assert line == "no NVIDIA driver on the training host (CPU only)"
-    assert "pynvml" not in line
+async def gpu_panel_rows(data: bytes, size: tuple[int, int]) -> list[str]:
+    app, _ = app_with(Lines(t0=T0).train(0, 2.0) + data)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.snapshot.gpu_status is not None, what="the GPU record")
+        await pilot.pause(0.1)
+        return [row for row in on_screen(app, app.query_one(GpuPanel)) if row.strip()]
+
+
+async def test_the_no_driver_line_names_the_cause_and_fix_on_this_machine(
+    tmp_path: Path,
+) -> None:
+    """The real NVML seam on this machine (no NVIDIA driver): one line on the screen,
+    the cause first; with a driver but without the binding: the binding and its fix."""
+    if have_nvidia_driver():
+        pytest.skip("this machine has an NVIDIA driver")
+    data = sampled(tmp_path, nvml.PynvmlApi())
+    assert await gpu_panel_rows(data, (120, 40)) == [
+        "no NVIDIA driver on the training host (CPU only)"
+    ]
+    narrow = await gpu_panel_rows(data, (80, 24))
+    assert len(narrow) == 1 and narrow[0].startswith("no NVIDIA driver on the training")
     if importlib.util.find_spec("pynvml") is None:  # a driver, no binding: said so, its fix
         nvml_files = nvml.DRIVER_FILES
         fake = tmp_path / "version"
         fake.write_text("NVRM version: 570.124.06\n")
         nvml.DRIVER_FILES = (str(fake),)
         try:
-            status, line = panel_line(nvml.PynvmlApi())
+            data = sampled(tmp_path, nvml.PynvmlApi())
         finally:
             nvml.DRIVER_FILES = nvml_files
-        assert status == "error" and line == nvml.NO_BINDING and "\n" not in line
+        assert await gpu_panel_rows(data, (120, 40)) == [nvml.NO_BINDING]
 
 
 async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legend() -> None:

@@ -224,9 +224,9 @@ class GpuPanel(Panel):
             why = snap.gpu_error or ""
             if "driver" not in why:  # an older writer's message, e.g. NVML's own words
                 why = "no NVIDIA driver on the training host" + (f": {why}" if why else "")
-            return inert(why, style="bold #d7af5f")
+            return Group(inert(why, style="bold #d7af5f"))  # in a Group: one line, never wrapped
         if snap.gpu_status == "error" and not snap.gpus:
-            return inert(snap.gpu_error or "GPU sampling failed", "bold red")
+            return Group(inert(snap.gpu_error or "GPU sampling failed", "bold red"))
         if not snap.gpus:
             return Text("no GPU samples yet", style="dim")
         rows = [gpu_row(g, self.cols) for g in snap.gpus]
