@@ -122,7 +122,7 @@ def side_text(c: Comparison) -> RenderableType:
             )
     if c.hparam_diff:
         parts.append(Text("what differs (this | previous):", style="bold"))
-        for key, va, vb in c.hparam_diff[:12]:
+        for key, va, vb in c.hparam_diff:  # all of it, as the CLI: the panel scrolls
             t = Text("  ", no_wrap=True, overflow="ellipsis")
             t.append_text(inert(key, style="bold"))
             t.append(": ")

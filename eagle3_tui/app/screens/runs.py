@@ -17,6 +17,9 @@ from textual.widgets.option_list import Option
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.text import inert
 
+STATUS_WIDTH = len("interrupted")
+"""The longest status a manifest has (running, finished, interrupted, crashed)."""
+
 
 def run_row(r: dict[str, Any]) -> Text:
     started = r.get("started_at")
@@ -39,10 +42,6 @@ def run_row(r: dict[str, Any]) -> Text:
     t.append("  ")  # never run into the path, whatever the status's length
     t.append_text(inert(r.get("run_dir", "?")))
     return t
-
-
-STATUS_WIDTH = len("interrupted")
-"""The longest status a manifest has (running, finished, interrupted, crashed)."""
 
 
 class RunPicker(ModalScreen[str | None]):

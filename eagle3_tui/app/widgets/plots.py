@@ -124,7 +124,8 @@ class MetricPlot(PlotextPlot):
 
     def __init__(self, title: str, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.title = title
+        self.chart_name = title
+        """What the chart shows; its title adds the view."""
         self.border_title = title
         self._drawn: object = None
         self.draws = 0
@@ -157,7 +158,7 @@ class MetricPlot(PlotextPlot):
         """The chart's name and the view it shows (window, smoothing, log): where the eye
         already is when a key changes it."""
         short = 0 < self.size.width < 50
-        return f"{self.title} · {self.view.describe(log=self.SHOWS_LOG, short=short)}"
+        return f"{self.chart_name} · {self.view.describe(log=self.SHOWS_LOG, short=short)}"
 
     def set_xticks(self, ticks: list[float], labels: list[str]) -> None:
         self.plt.xticks(ticks, labels)
