@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
 EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
+EXIT_CRASHED = 1  # the monitor stopped on an error (its traceback is printed)
 
 
 def _version() -> str:
@@ -223,10 +224,13 @@ def build_runs_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eagle3-tui runs",
         description="List the live trainings on a host (this machine without HOST), with "
-        "or without telemetry, then the registered runs, newest first. Exit status: 0 "
-        "listed, 2 none found or error.",
+        "or without telemetry, then your registered runs (--all: every user's), newest "
+        "first. Exit status: 0 listed, 2 none found or error.",
     )
     p.add_argument("target", metavar="HOST", nargs="?", help="[USER@]HOST (default: this machine)")
+    p.add_argument(
+        "--all", action="store_true", help="runs of every user (default: the login user's own)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
     add_ssh_options(p)
     return p
@@ -285,8 +289,45 @@ def build_summary_parser() -> argparse.ArgumentParser:
     return p
 
 
+def say(text: str, *, err: bool = False) -> None:
+    """Print a line for a reader that may go away (``| head -1``): then the rest of
+    the output is dropped and the command still finishes, with its own exit status."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        _drop_output(stream)
+
+
+def _drop_output(stream: Any) -> None:
+    """Point the stream's descriptor at /dev/null: what is buffered and what follows
+    is discarded quietly (no ``BrokenPipeError`` again at exit)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _command(args)
+    finally:
+        for stream in (sys.stdout, sys.stderr):  # argparse's help is printed unflushed
+            try:
+                stream.flush()
+            except BrokenPipeError:
+                _drop_output(stream)
+            except (OSError, ValueError):
+                pass
+
+
+def _command(args: list[str]) -> int:
     try:
         if args and args[0] == "demo":
             return cmd_demo(build_demo_parser().parse_args(args[1:]))
@@ -307,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from eagle3_tui.transport.base import printable
         from eagle3_tui.transport.control import exit_status_of
 
-        print(f"eagle3-tui: {printable(str(e))}", file=sys.stderr)
+        say(f"eagle3-tui: {printable(str(e))}", err=True)
         status = exit_status_of(e)
         if status is not None:
             return status
@@ -425,12 +466,12 @@ def needs_choice(target: Target, pid: int | None) -> bool:
     return True
 
 
-def say(note: object) -> None:
+def say_chosen(note: object) -> None:
     """What was chosen, on stderr (headless commands)."""
     from eagle3_tui.transport.base import printable
 
     if note:
-        print(f"eagle3-tui: {printable(str(note))}", file=sys.stderr)
+        say(f"eagle3-tui: {printable(str(note))}", err=True)
 
 
 async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run, float]:
@@ -445,7 +486,7 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
         chosen = await control.choose(host, control.run_dir_of(target), pid)
         if chosen.get("choice") == "several":
             raise control.several_error(chosen, label)
-        say(chosen.get("note"))
+        say_chosen(chosen.get("note"))
         run = Run()
         if chosen.get("choice") == "run":
             run_dir = str(chosen["run_dir"])
@@ -490,9 +531,9 @@ def cmd_summary(ns: argparse.Namespace) -> int:
         run, now = load_target(target, label)
     summary = summarize(run.state, now)
     if ns.json:
-        print(json.dumps(summary, indent=None, sort_keys=False))
+        say(json.dumps(summary, indent=None, sort_keys=False))
     else:
-        print(format_text(summary))
+        say(format_text(summary))
     return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
 
 
@@ -530,9 +571,9 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     run_b, _ = load_target(parse_target(ns.b, options), ns.b)
     result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
     if ns.json:
-        print(json.dumps(comparison_json(result)))
+        say(json.dumps(comparison_json(result)))
     else:
-        print(format_comparison(result))
+        say(format_comparison(result))
     return EXIT_OK
 
 
@@ -588,13 +629,15 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
 
         if isinstance(target, LocalTarget) and not needs_choice(target, pid):
             check_run_dir(target.run_dir)
-            await make_app(
+            app = make_app(
                 LocalTransport(target.run_dir),
                 control=RunControl.for_target(target),
                 compare=compare_source(ns, target),
                 open_run=open_run_for(target),
-            ).run_async()
-            return EXIT_OK
+                export_dir=local_export_dir(target.run_dir),
+            )
+            await app.run_async()
+            return app_exit_status(app)
         chosen = await control.choose(host, control.run_dir_of(target), pid)
         note, short = str(chosen.get("note") or ""), str(chosen.get("short") or "")
         row = chosen.get("row")
@@ -605,6 +648,7 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
             if row is None:
                 return EXIT_OK
             note = f"picked among {note}"
+        export_dir: Path | None = None
         if row is not None and not row.get("run_dir"):  # a training without telemetry
             from eagle3_tui.transport.observed import ObservedTransport
 
@@ -614,6 +658,7 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
         else:
             run_dir = str(row["run_dir"]) if row is not None else str(chosen["run_dir"])
             if isinstance(target, LocalTarget):
+                export_dir = local_export_dir(Path(run_dir))
                 pinned_local = LocalTarget(Path(run_dir))
                 check_run_dir(pinned_local.run_dir)
                 source = LocalTransport(pinned_local.run_dir)
@@ -627,17 +672,19 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
                 app_control = RunControl.for_target(pinned, host)
                 compare = compare_source(ns, pinned, host)
                 open_run = open_run_for(pinned, host)
-        await make_app(
+        app = make_app(
             source,
             control=app_control,
             compare=compare,
             open_run=open_run,
             note=note,
             chosen=short,
-        ).run_async()
+            export_dir=export_dir,
+        )
+        await app.run_async()
     finally:
         await host.close()
-    return EXIT_OK
+    return app_exit_status(app)
 
 
 def stream_host(target: Target, host: Any, ns: argparse.Namespace) -> Any:
@@ -663,15 +710,29 @@ def cmd_monitor(ns: argparse.Namespace) -> int:
     return asyncio.run(monitor(cli_target(ns), ns))
 
 
+def local_export_dir(run_dir: Path) -> Path:
+    """``e`` writes a local run's CSV next to its records, where its user looks."""
+    return run_dir / "exports"
+
+
+def app_exit_status(app: Any) -> int:
+    """0 after a quit; EXIT_CRASHED when the monitor stopped on an error (Textual has
+    printed the traceback), with one line saying so: a crash never exits 0."""
+    if app.return_code:
+        say("eagle3-tui: the monitor stopped on an error (traceback above)", err=True)
+        return EXIT_CRASHED
+    return EXIT_OK
+
+
 # ---- kill, resume, runs -------------------------------------------------------
 
 
-def _print_progress(event: Any) -> None:
+def _print_progress(event: Any, prefix: str = "") -> None:
     from eagle3_tui.transport.control import format_progress
 
     line = format_progress(event)
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        say(prefix + line, err=True)
 
 
 def cmd_kill(ns: argparse.Namespace) -> int:
@@ -689,7 +750,7 @@ def cmd_kill(ns: argparse.Namespace) -> int:
             chosen = await control.choose(host, run_dir, ns.pid)
             if chosen.get("choice") == "several":
                 raise control.several_error(chosen, label)
-            say(chosen.get("note"))
+            say_chosen(chosen.get("note"))
             if chosen.get("choice") == "process":
                 return await control.kill_run(
                     host, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
@@ -698,7 +759,7 @@ def cmd_kill(ns: argparse.Namespace) -> int:
         return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
 
     result = asyncio.run(control.on_host(target, go))
-    print(json.dumps(result) if ns.json else control.format_kill(result))
+    say(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
 
@@ -711,7 +772,7 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
     run_dir = control.run_dir_of(target)
     result = asyncio.run(control.on_host(target, lambda h: control.resume_run(h, run_dir, ns.wait)))
-    print(json.dumps(result) if ns.json else control.format_resume(result))
+    say(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 
 
@@ -728,10 +789,10 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         if isinstance(target, LocalTarget):
             target = parse_host(ns.target, opts)
 
-    result = asyncio.run(control.on_host(target, control.discover))
+    result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all)))
     if not result.get("runs") and not result.get("live"):
         raise control.no_runs_error(result, ns.target or "this machine")
-    print(json.dumps(result) if ns.json else control.format_discovered(result))
+    say(json.dumps(result) if ns.json else control.format_discovered(result))
     return EXIT_OK
 
 
@@ -799,7 +860,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         plan = await control.attach_plan(host, run_dir, ns.pid)
         if plan.get("status") != "plan":
             return plan
-        print(control.format_attach_plan(plan), file=sys.stderr, flush=True)
+        say(control.format_attach_plan(plan), err=True)
         if not ns.yes:
             ok = await asyncio.to_thread(_confirm, "attach? [y/N] ")
             if not ok:
@@ -808,9 +869,9 @@ def cmd_attach(ns: argparse.Namespace) -> int:
 
     result = asyncio.run(control.on_host(target, attach))
     if result.get("status") == "declined":
-        print(f"eagle3-tui: {result['message']}", file=sys.stderr)
+        say(f"eagle3-tui: {result['message']}", err=True)
         return control.EXIT_DECLINED
-    print(json.dumps(result) if ns.json else control.format_attach(result))
+    say(json.dumps(result) if ns.json else control.format_attach(result))
     return control.attach_exit_status(result)
 
 
@@ -872,18 +933,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             env=env,
         )
     if ns.headless:
-        print(
-            f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})",
-            file=sys.stderr,
-        )
+        say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
         rc = proc.wait()
         if rc != 0:
-            print(
-                f"eagle3-tui demo: training exited with status {rc}; see {log_path}",
-                file=sys.stderr,
-            )
+            say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
             return rc
-        print(str(run_dir))
+        say(str(run_dir))
         return EXIT_OK
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
@@ -891,32 +946,50 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.target import LocalTarget
 
     demo_target = LocalTarget(run_dir)
+    app = make_app(
+        LocalTransport(run_dir),
+        control=RunControl.for_target(demo_target),
+        open_run=open_run_for(demo_target),
+        export_dir=local_export_dir(run_dir),
+        quit_stops_run=True,
+    )
     try:
-        make_app(
-            LocalTransport(run_dir),
-            control=RunControl.for_target(demo_target),
-            open_run=open_run_for(demo_target),
-        ).run()
+        app.run()
     finally:
         stop_demo_run(demo_target, proc)
-    print(f"eagle3-tui demo: the run is in {run_dir}", file=sys.stderr)
-    return EXIT_OK
+    say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+    return app_exit_status(app)
 
 
 def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     """The demo owns its run: on quit, stop it as `k` would (whole tree, verified) —
-    also when `r` relaunched it as another process."""
+    also when `r` relaunched it as another process. Says what it does meanwhile: the
+    trainer's graceful save and exit take seconds."""
     import asyncio
+    import subprocess
 
     from eagle3_tui.transport.control import kill_run, on_host
 
+    say("eagle3-tui demo: stopping the run (SIGTERM, checkpoint saved, then verified)…", err=True)
     try:
-        asyncio.run(on_host(target, lambda h: kill_run(h, str(target.run_dir), grace_s=60.0)))
+        result = asyncio.run(
+            on_host(
+                target,
+                lambda h: kill_run(
+                    h, str(target.run_dir), grace_s=60.0, on_progress=_demo_progress
+                ),
+            )
+        )
+        say(f"eagle3-tui demo: {result.get('status')}: {result.get('message')}", err=True)
     except (TargetError, OSError) as e:
-        print(f"eagle3-tui demo: could not stop the run cleanly: {e}", file=sys.stderr)
+        say(f"eagle3-tui demo: could not stop the run cleanly: {e}", err=True)
     if proc.poll() is None:  # the launcher itself, if the agent could not reach it
         proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+
+
+def _demo_progress(event: Any) -> None:
+    _print_progress(event, "eagle3-tui demo: ")

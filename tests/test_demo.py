@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from eagle3_tui.cli import stop_demo_run
+import pytest
+
+from eagle3_tui.agent import processes
+from eagle3_tui.cli import EXIT_CRASHED, stop_demo_run
 from eagle3_tui.transport.target import LocalTarget
 from tests.conftest import need_training, read_jsonl
 
@@ -108,3 +112,50 @@ def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+# A monitor with a bug in one panel, run through the real command line: the patch is
+# made in the child process before cli.main, the app itself has no hook for it.
+CRASHING_PANEL = """
+import sys
+from eagle3_tui import cli
+from eagle3_tui.app.widgets.panels import ProgressPanel
+
+def render(self):
+    raise ZeroDivisionError("a bug in a panel")
+
+ProgressPanel.render = render
+sys.exit(cli.main(sys.argv[1:]))
+"""
+HEADLESS = {"TEXTUAL_DRIVER": "textual.drivers.headless_driver:HeadlessDriver"}
+
+
+@pytest.mark.slow
+def test_a_crash_of_the_monitor_is_its_exit_status(tiny_run: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, **HEADLESS)
+    monitor = subprocess.run(
+        [sys.executable, "-c", CRASHING_PANEL, str(tiny_run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert monitor.returncode == EXIT_CRASHED, monitor.stderr[-2000:]
+    assert "ZeroDivisionError" in monitor.stderr  # Textual's traceback
+    assert "the monitor stopped on an error" in monitor.stderr
+    need_training()
+    out = tmp_path / "demo"
+    demo = subprocess.run(
+        [sys.executable, "-c", CRASHING_PANEL, "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(env, XDG_STATE_HOME=str(tmp_path / "state")),
+        check=False,
+    )
+    assert demo.returncode == EXIT_CRASHED, demo.stderr[-2000:]
+    assert "the monitor stopped on an error" in demo.stderr
+    assert "eagle3-tui demo: stopping the run" in demo.stderr  # and then it is stopped
+    marker = f"EAGLE3_TUI_RUN_DIR={out.resolve()}".encode()  # in each of its processes
+    assert [p for p in processes.all_procs() if processes.has_marker(p, marker)] == []

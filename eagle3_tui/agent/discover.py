@@ -733,9 +733,10 @@ def works_in(row: dict[str, Any], directory: str) -> bool:
 
 
 def op_discover(req: dict[str, Any]) -> int:
-    """The live trainings (with or without telemetry) and the registered runs."""
+    """The live trainings (with or without telemetry) and the registered runs (this
+    user's; ``all``: every user's)."""
     live = live_rows()
-    registered = registered_rows()
+    registered, others = registered_rows(bool(req.get("all")))
     for r in registered:
         if r.get("alive"):
             match = [x for x in live if x["pid"] == r.get("pid")]
@@ -748,6 +749,7 @@ def op_discover(req: dict[str, Any]) -> int:
         op="discover",
         live=live,
         runs=registered,
+        others=others,
         index=str(index_path()),
         host=os.uname().nodename,
         user=user_name(os.geteuid()),

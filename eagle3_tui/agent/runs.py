@@ -88,14 +88,28 @@ def op_resolve(req: dict[str, Any]) -> int:
     return 0
 
 
-def registered_rows() -> list[dict[str, Any]]:
-    """The runs registered on this host, newest first, with their state."""
+def owned_by_me(run_dir: Path) -> bool:
+    """Whether this user owns the run directory (a gone one counts as ours: its line is)."""
+    try:
+        return run_dir.stat().st_uid == os.getuid()
+    except OSError:
+        return True
+
+
+def registered_rows(all_users: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The runs registered on this host, newest first, with their state: this user's
+    (the owner of the run directory), or every one's with ``all_users``; and how many
+    other users' runs were left out."""
     seen: dict[str, dict[str, Any]] = {}
     for entry in read_index():
         seen[str(entry.get("run_id") or entry["run_dir"])] = entry
     runs = []
+    others = 0
     for entry in reversed(list(seen.values())):
         run_dir = Path(entry["run_dir"])
+        if not all_users and not owned_by_me(run_dir):
+            others += 1
+            continue
         row: dict[str, Any] = {
             "run_id": entry.get("run_id"),
             "run_dir": str(run_dir),
@@ -116,13 +130,20 @@ def registered_rows() -> list[dict[str, Any]]:
                 row["pid"] = m.get("pid")
                 row["alive"] = trainer is not None and problem is None
         runs.append(row)
-    return runs
+    return runs, others
 
 
 def op_runs(req: dict[str, Any]) -> int:
-    """The runs registered on this host, newest first, with their state."""
-    runs = registered_rows()
-    emit("result", op="runs", runs=runs, index=str(index_path()), host=os.uname().nodename)
+    """The runs registered on this host (``all``: every user's), newest first."""
+    runs, others = registered_rows(bool(req.get("all")))
+    emit(
+        "result",
+        op="runs",
+        runs=runs,
+        others=others,
+        index=str(index_path()),
+        host=os.uname().nodename,
+    )
     return 0
 
 

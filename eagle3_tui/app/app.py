@@ -25,11 +25,19 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from eagle3_tui.app.control import RunControl
-from eagle3_tui.app.pipeline import Pipeline, Source, compare_runs, export_name, short_label
+from eagle3_tui.app.pipeline import (
+    Pipeline,
+    Source,
+    compare_runs,
+    export_dirs,
+    export_name,
+    short_label,
+)
 from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
+from eagle3_tui.app.screens.log import LogScreen
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.text import clean
 from eagle3_tui.app.view import ViewState
@@ -64,6 +72,7 @@ class MonitorApp(App[None]):
         Binding("0", "whole_run", "All"),
         Binding("p", "pause", "Pause"),
         Binding("e", "export", "CSV"),
+        Binding("m", "messages", "Msgs", show=False),  # the log panel's title says it
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
     ]
@@ -88,6 +97,7 @@ class MonitorApp(App[None]):
         open_run: Callable[[str], Source] | None = None,
         note: str = "",
         chosen: str = "",
+        quit_stops_run: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
@@ -103,6 +113,8 @@ class MonitorApp(App[None]):
         self.pipeline = Pipeline(clock)
         self.open_run = open_run
         """Opens another run of the same host by its directory (the compare picker)."""
+        self.quit_stops_run = quit_stops_run
+        """``q`` also stops the run (the demo owns its run); the help says which."""
         self.compare_source = compare
         self.compare_label = compare.label if compare is not None else ""
         self.compare_pipeline: Pipeline | None = None
@@ -128,7 +140,7 @@ class MonitorApp(App[None]):
         with Horizontal(id="bottom"):
             yield GpuPanel("GPUs", id="gpus").data_bind(*bound)
             yield DataPanel("data", id="data").data_bind(*bound)
-        yield LogPanel("log", id="log").data_bind(*bound)
+        yield LogPanel("log · m: all, whole lines", id="log").data_bind(*bound)
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
@@ -240,6 +252,24 @@ class MonitorApp(App[None]):
             exclusive=True,
             exit_on_error=False,
         )
+        control = RunControl.for_source(source)
+        if control is not None:  # its manifest: the recipe half of "what differs"
+            self.run_worker(
+                self._probe_compared(control, other),
+                name="compare-status",
+                group="compare-status",
+                exclusive=True,
+                exit_on_error=False,
+            )
+
+    async def _probe_compared(self, control: RunControl, other: Pipeline) -> None:
+        from eagle3_tui.transport.base import TargetError
+
+        try:
+            status = await control.status()
+        except TargetError:
+            return  # no manifest (a user's own writer): compared on its records alone
+        await other.set_status(status, self.clock())
 
     @property
     def is_current(self) -> bool:
@@ -314,6 +344,9 @@ class MonitorApp(App[None]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
+    def action_messages(self) -> None:
+        self.push_screen(LogScreen())
+
     def _need_control(self, what: str) -> RunControl | None:
         if self.control is None:
             self.notify(f"{what}: this view has no run host to act on", severity="warning")
@@ -366,13 +399,19 @@ class MonitorApp(App[None]):
         last = snap.global_step
         first = None if last is None else (max(0, last - window + 1) if window else 0)
         name = export_name(self.source.label, first, last)
-        path = (self.export_dir or Path.cwd()) / name
-        try:
-            path, rows = await self.pipeline.export_csv(path, window)
-        except OSError as e:
-            self.notify(clean(f"export failed: {e}"), severity="error", timeout=10)
+        failed: list[str] = []
+        for folder in export_dirs(self.export_dir):  # the run's own folder, else ours
+            try:
+                path, rows = await self.pipeline.export_csv(folder / name, window)
+            except OSError as e:
+                failed.append(f"{folder}: {e.strerror or e}")
+                continue
+            note = f" ({failed[0]})" if failed else ""
+            self.notify(
+                clean(f"{rows:,} steps written to {path}{note}"), title="export", timeout=12
+            )
             return
-        self.notify(clean(f"{rows:,} steps written to {path}"), title="export", timeout=8)
+        self.notify(clean(f"export failed: {'; '.join(failed)}"), severity="error", timeout=12)
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -397,7 +436,8 @@ _HELP = {
     "wider": "Double the step window",
     "whole_run": "Show the whole run",
     "pause": "Freeze the view (data keeps being read)",
-    "export": "Write the window's columns as CSV in the current directory",
+    "export": "Write the window's step columns as CSV (the run's exports/ folder)",
+    "messages": "Every log message and event, whole lines, scrollable",
     "help": "Keys and panels",
 }
 
@@ -414,6 +454,7 @@ def make_app(
     open_run: Callable[[str], Source] | None = None,
     note: str = "",
     chosen: str = "",
+    quit_stops_run: bool = False,
 ) -> MonitorApp:
     """The one way to build the monitor: the CLI and the tests both come through here.
 
@@ -421,7 +462,8 @@ def make_app(
     the runs there); ``compare`` streams a previous run to compare with, and
     ``open_run`` opens one picked on the host by its directory; ``note`` says what was
     chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
-    for the header.
+    for the header; ``quit_stops_run``:
+    the caller stops the run after ``q`` (the demo).
     """
     return MonitorApp(
         source,
@@ -434,4 +476,5 @@ def make_app(
         open_run=open_run,
         note=note,
         chosen=chosen,
+        quit_stops_run=quit_stops_run,
     )

@@ -48,6 +48,20 @@ class RunControl:
         """A run without telemetry: its records say whether it lives (no probes needed)."""
         return self.process is not None
 
+    @classmethod
+    def for_source(cls, source: object) -> RunControl | None:
+        """The host of a run being streamed (the run compared with), to read its manifest:
+        a local directory, or a directory over an SSH connection; None for other sources."""
+        from eagle3_tui.transport.local import LocalTransport
+        from eagle3_tui.transport.ssh import SshHost, SshTransport
+
+        if isinstance(source, LocalTransport):
+            run_dir = str(source.run_dir)
+            return cls(LocalHost(), run_dir, run_dir)
+        if isinstance(source, SshTransport) and isinstance(source.host, SshHost):
+            return cls(source.host, source.run_dir, source.label)
+        return None
+
     async def status(self) -> dict[str, Any]:
         """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status;
         for a process, control.describe)."""
@@ -65,8 +79,8 @@ class RunControl:
             self.host, self.run_dir, self.resume_wait_s, process=self.process
         )
 
-    async def runs(self) -> dict[str, Any]:
-        return await control.list_runs(self.host)
+    async def runs(self, all_users: bool = False) -> dict[str, Any]:
+        return await control.list_runs(self.host, all_users)
 
     async def attach_plan(self, pid: int | None) -> dict[str, Any]:
         """What attaching ``pid`` (None: the host's only training) would do, metrics

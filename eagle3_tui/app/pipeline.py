@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import os
 import re
 import time
 from bisect import bisect_left
@@ -186,8 +187,8 @@ class Pipeline:
             ts = np.frombuffer(table.ts, dtype=np.float64)[i:].copy()
             names = sorted(table.columns)
             cols = [np.frombuffer(table.columns[k], dtype=np.float32)[i:].copy() for k in names]
-        await asyncio.to_thread(write_csv, path, steps, ts, names, cols)
-        return path, len(steps)
+        written = await asyncio.to_thread(write_csv, path, steps, ts, names, cols)
+        return written, len(steps)
 
 
 def write_csv(
@@ -196,12 +197,15 @@ def write_csv(
     ts: np.ndarray[Any, Any],
     names: list[str],
     cols: list[np.ndarray[Any, Any]],
-) -> None:
+) -> Path:
+    """Writes the CSV (its folder made if need be); its absolute path, to be shown."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["step", "ts", *names])
         for r in range(len(steps)):
             out.writerow([int(steps[r]), f"{ts[r]:.3f}", *(f"{float(c[r]):.7g}" for c in cols)])
+    return path.absolute()
 
 
 async def compare_runs(
@@ -220,8 +224,25 @@ def short_label(label: str) -> str:
 
 
 def export_name(label: str, first: int | None, last: int | None) -> str:
-    """A file name for an export of ``label``'s steps ``first``..``last``."""
+    """A file name for an export of ``label``'s steps ``first``..``last``: the run's
+    name (its directory's), then the steps."""
     base = label.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "run"
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "run"
     span = f"-steps{first}-{last}" if first is not None and last is not None else ""
-    return f"eagle3-{base}{span}.csv"
+    return f"{base}{span}.csv"
+
+
+def default_export_dir() -> Path:
+    """Where exports of runs on other hosts go (and a local run's, when its directory is
+    not writable): ``${XDG_DATA_HOME:-~/.local/share}/eagle3-tui/exports``. Never the
+    current directory, which may be a clone under version control."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(data) / "eagle3-tui" / "exports"
+
+
+def export_dirs(preferred: Path | None) -> list[Path]:
+    """The folders to try, in order: the one given (a local run's ``exports/``), then ours."""
+    fallback = default_export_dir()
+    return [preferred, fallback] if preferred is not None and preferred != fallback else [fallback]

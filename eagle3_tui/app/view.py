@@ -49,7 +49,14 @@ class ViewState:
     def whole_run(self) -> ViewState:
         return replace(self, window=None)
 
-    def describe(self) -> str:
-        window = "all steps" if self.window is None else f"last {self.window:,} steps"
-        smooth = "off" if self.smoothing == 0 else f"{self.smoothing:g}"
-        return f"{window} · smoothing {smooth}" + (" · log" if self.log_scale else "")
+    def describe(self, log: bool = True, short: bool = False) -> str:
+        """The view in words, for the plots' titles (``log``: say the log scale too;
+        ``short``: for a narrow chart)."""
+        if short:
+            window = "all" if self.window is None else f"last {self.window:,}"
+            smooth = "raw" if self.smoothing == 0 else f"ema {self.smoothing:g}"
+        else:
+            window = "all steps" if self.window is None else f"last {self.window:,} steps"
+            smooth = "smoothing " + ("off" if self.smoothing == 0 else f"{self.smoothing:g}")
+        scale = " · log" if log and self.log_scale else ""
+        return f"{window} · {smooth}{scale}"

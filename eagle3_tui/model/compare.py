@@ -66,8 +66,17 @@ _VOLATILE = frozenset(
         "env.MASTER_PORT",
         "env.TORCHELASTIC_RUN_ID",
         "checkpoint_dir",
+        "env.EAGLE3_TUI_RUN_DIR",
+        "sampler_pid",
+        "finished_at",
+        "first_started_at",
+        "resumes",
     }
 )
+_VOLATILE_PREFIXES = ("telemetry.",)
+"""The writer's own counters at the end of a run (bytes, written, errors, …)."""
+DELTA_DIGITS = 4
+"""Deltas are shown to 4 decimals: one that rounds to ±0.0000 calls no run better."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +105,9 @@ class Row:
     @property
     def better(self) -> str | None:
         """ "a", "b" or None (equal or unknown)."""
-        if self.delta is None or self.delta == 0 or not math.isfinite(self.delta):
+        if self.delta is None or not math.isfinite(self.delta):
+            return None
+        if round(self.delta, DELTA_DIGITS) == 0:  # shown as +0.0000: even
             return None
         return "a" if (self.delta > 0) == self.higher_is_better else "b"
 
@@ -271,7 +282,11 @@ def argv_flags(argv: Sequence[str]) -> dict[str, str]:
 def recipe(state: RunState) -> dict[str, str]:
     """What describes how a run was trained: hparams records, manifest, CLI flags."""
     out = {f"hparams.{k}": v for k, v in _flatten(state.hparams).items()}
-    manifest = {k: v for k, v in _flatten(state.manifest).items() if k not in _VOLATILE}
+    manifest = {
+        k: v
+        for k, v in _flatten(state.manifest).items()
+        if k not in _VOLATILE and not k.startswith(_VOLATILE_PREFIXES)
+    }
     out.update({f"run.{k}": v for k, v in manifest.items()})
     argv = state.manifest.get("argv")
     if isinstance(argv, list):
@@ -495,7 +510,7 @@ def format_comparison(c: Comparison) -> str:
         out.append(f"  {'metric':<{width}}  {'this run':>10}  {'previous':>10}  {'Δ':>9}")
         for r in c.rows:
             mark = {"a": "  ▲ this", "b": "  ▼ prev"}.get(r.better or "", "")
-            delta = "–" if r.delta is None else f"{r.delta:+.4f}"
+            delta = "–" if r.delta is None else f"{r.delta:+.{DELTA_DIGITS}f}"
             out.append(f"  {r.metric:<{width}}  {_f(r.a):>10}  {_f(r.b):>10}  {delta:>9}{mark}")
     out.append("")
     for side, rows in ((c.a, c.val_a), (c.b, c.val_b)):

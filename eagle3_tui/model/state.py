@@ -215,6 +215,7 @@ class RunState:
     last_gpu_ts: float | None = None
     io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
     io_workers: dict[int, IoWorker] = field(default_factory=dict)
+    """The processes of the latest io sample (those alive then)."""
     recent_files: deque[tuple[float, int, str]] = field(
         default_factory=lambda: deque(maxlen=RECENT_FILES)
     )
@@ -709,8 +710,10 @@ class RunState:
         self.io_history.append(
             IoPoint(rec.ts, float(total), files_read, len(workers), float(worker_bytes))
         )
+        # the processes of the latest sample only: a worker of an earlier epoch, or the
+        # trainer before a resume, is gone (each sample lists the trainer's children now)
+        self.io_workers = {w.pid: w for w in workers}
         for w in workers:
-            self.io_workers[w.pid] = w
             for f in w.files:
                 self.recent_files.append((rec.ts, w.pid, f))
 

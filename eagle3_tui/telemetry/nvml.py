@@ -72,6 +72,16 @@ class Nvml(Protocol):
 
 # ---- the real adapter ---------------------------------------------------------------
 
+DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+"""Present when the NVIDIA kernel driver is loaded (no NVML needed to tell)."""
+NO_DRIVER = "no NVIDIA driver on the training host (CPU only)"
+NO_BINDING = "nvidia-ml-py missing on the training host: pip install nvidia-ml-py"
+
+
+def driver_loaded() -> bool:
+    return any(os.path.exists(p) for p in DRIVER_FILES)
+
+
 _NO_DRIVER_ERRORS = (
     "NVMLError_LibraryNotFound",
     "NVMLError_DriverNotLoaded",
@@ -87,19 +97,28 @@ class PynvmlApi:
         self._handles: dict[int, Any] = {}
 
     def init(self) -> None:
+        # Each message names the cause first and its fix, in one line: the monitor
+        # shows it as the GPU panel's only line.
         try:
             import pynvml
         except ImportError as e:
-            raise NvmlUnavailable(
-                "no_driver", f"pynvml is not installed (pip install nvidia-ml-py): {e}"
-            ) from e
+            if not driver_loaded():  # nothing to sample: the binding is not the cause
+                raise NvmlUnavailable("no_driver", NO_DRIVER) from e
+            raise NvmlUnavailable("error", NO_BINDING) from e
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
-            kind = "no_driver" if type(e).__name__ in _NO_DRIVER_ERRORS else "error"
-            raise NvmlUnavailable(kind, f"{type(e).__name__}: {e}") from e
+            if type(e).__name__ not in _NO_DRIVER_ERRORS:
+                raise NvmlUnavailable("error", f"NVML failed on the training host: {e}") from e
+            if not driver_loaded():
+                raise NvmlUnavailable("no_driver", NO_DRIVER) from e
+            raise NvmlUnavailable(
+                "no_driver", f"the NVIDIA driver does not answer on the training host: {e}"
+            ) from e
         except OSError as e:  # a broken library
-            raise NvmlUnavailable("no_driver", f"{type(e).__name__}: {e}") from e
+            raise NvmlUnavailable(
+                "no_driver", f"the NVIDIA driver's library is broken on the training host: {e}"
+            ) from e
         self._nv = pynvml
 
     def device_count(self) -> int:

@@ -137,10 +137,11 @@ async def run_status(host: Host, run_dir: str | None) -> dict[str, Any]:
     return ev.fields
 
 
-async def discover(host: Host) -> dict[str, Any]:
+async def discover(host: Host, all_users: bool = False) -> dict[str, Any]:
     """The host's live trainings (``live``, with or without telemetry) and its registered
-    runs (``runs``)."""
-    ev = await call_agent(host, {"op": "discover"}, python=_python(host))
+    runs (``runs``: the login user's, or whoever owns them with ``all_users``; ``others``
+    counts the ones left out)."""
+    ev = await call_agent(host, {"op": "discover", "all": all_users}, python=_python(host))
     return ev.fields
 
 
@@ -194,8 +195,9 @@ def describe_process(row: dict[str, Any]) -> str:
     return describe_row(row)
 
 
-async def list_runs(host: Host) -> dict[str, Any]:
-    ev = await call_agent(host, {"op": "runs"}, python=_python(host))
+async def list_runs(host: Host, all_users: bool = False) -> dict[str, Any]:
+    """The host's runs of the user we log in as (``all_users``: whoever owns them)."""
+    ev = await call_agent(host, {"op": "runs", "all": all_users}, python=_python(host))
     return ev.fields
 
 
@@ -310,30 +312,6 @@ def format_resume(result: dict[str, Any]) -> str:
     )
 
 
-def format_runs(result: dict[str, Any]) -> str:
-    runs = result.get("runs") or []
-    lines = [f"{'STARTED':<19}  {'STATUS':<11} {'PID':>8}  RUN_DIR"]
-    for r in runs:
-        started = r.get("started_at")
-        when = (
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(started)))
-            if isinstance(started, int | float)
-            else "?"
-        )
-        if not r.get("exists"):
-            status = "gone"
-        elif r.get("alive"):
-            status = "running"
-        elif r.get("status") == "running":
-            status = "dead"
-        else:
-            status = str(r.get("status") or "unknown")
-        lines.append(
-            f"{when:<19}  {status:<11} {r.get('pid') or '-':>8}  {printable(str(r.get('run_dir')))}"
-        )
-    return "\n".join(lines)
-
-
 def _when(ts: object) -> str:
     if not isinstance(ts, int | float):
         return "?"
@@ -373,10 +351,16 @@ def format_discovered(result: dict[str, Any]) -> str:
             f"{_when(r.get('started_at')):<19}  {status:<9} {r.get('pid') or '-':>8}  "
             f"{'-':<10} {'yes':<9}  {printable(str(r.get('run_dir')))}"
         )
+    if result.get("others"):
+        lines.append(f"({result['others']} run(s) of other users not shown: --all)")
     return "\n".join(lines)
 
 
 def no_runs_error(result: dict[str, Any], label: str) -> TargetError:
+    if result.get("others"):
+        return TargetError(
+            f"{label}: no run of yours registered, {result['others']} of other users (--all)"
+        )
     return TargetError(
         f"{label}: no live training and no run registered "
         f"(index {printable(str(result.get('index')))})"

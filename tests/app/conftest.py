@@ -166,8 +166,8 @@ class FakeControl(RunControl):
             "log": "/runs/exp7/train.log",
         }
 
-    async def runs(self) -> dict[str, Any]:
-        self.calls.append("runs")
+    async def runs(self, all_users: bool = False) -> dict[str, Any]:
+        self.calls.append("runs of all users" if all_users else "runs")
         return {
             "host": "gpu-box",
             "runs": [

@@ -262,7 +262,7 @@ async def test_export_writes_the_window_as_csv(tmp_path: Path) -> None:
         await until(pilot, lambda: app.view.window == 25, what="the window")
         await until(pilot, lambda: app.snapshot.loss_lines[0].x[0] == 75, what="redrawn")
         await pilot.press("e")
-        path = tmp_path / "eagle3-exp7-steps75-99.csv"
+        path = tmp_path / "exp7-steps75-99.csv"
         await until(pilot, path.exists, what="the CSV")
         await until(pilot, lambda: len(path.read_text().splitlines()) == 26, what="26 lines")
         rows = list(csv.reader(path.open()))
@@ -303,7 +303,7 @@ async def test_help_compare_picker_and_quit() -> None:
             what="compared at the previous run's last step",
         )
         assert "loss" in [r.metric for r in screen.comparison.rows]  # type: ignore[union-attr]
-        assert "exp6 [bold]x" in text_of(screen.query_one("#cmp-sides"))
+        assert "exp6 [bold]x" in text_of(screen.query_one("#cmp-sides-text"))
         await pilot.press("a")
         await until(pilot, lambda: screen.comparison.axis == "tokens", what="tokens axis")  # type: ignore[union-attr]
         await pilot.press("escape")

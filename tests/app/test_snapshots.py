@@ -1,7 +1,8 @@
 """Pictures of the screens at 120×40 and 80×24, with fixed data and a frozen clock.
 
-Reviewed by eye before each ``--snapshot-update`` (see the README's screenshot, made
-from the same data): a changed picture is a changed product.
+Reviewed by eye before each ``--snapshot-update``: a changed picture is a changed
+product. (The README's screenshot is drawn from a recorded real run instead:
+``scripts/screenshot.py``, checked by ``test_screenshot.py``.)
 """
 
 from __future__ import annotations
@@ -68,21 +69,30 @@ def test_kill_confirmation_80x24(snap_compare: Any) -> None:
     assert snap_compare(app, terminal_size=(80, 24), run_before=confirm)
 
 
-def test_comparison_120x40(snap_compare: Any) -> None:
+def comparison_app() -> MonitorApp:
     _, previous = training(400, worse=0.2)
     app = main_app()
     app.compare_source = ReplayTransport([previous], label="gpu-box:/runs/exp6")
+    return app
 
-    async def compare(pilot: Any) -> None:
-        await loaded(pilot)
-        await pilot.press("c")
-        await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), what="screen")
-        screen = pilot.app.screen
-        await until(
-            pilot,
-            lambda: screen.comparison is not None and screen.comparison.at_step_b == 399,
-            what="the comparison",
-        )
-        await pilot.pause()
 
-    assert snap_compare(app, terminal_size=(120, 40), run_before=compare)
+def test_comparison_120x40(snap_compare: Any) -> None:
+    assert snap_compare(comparison_app(), terminal_size=(120, 40), run_before=compared)
+
+
+def test_comparison_80x24(snap_compare: Any) -> None:
+    """Both text panels inside the screen (they scroll), compact table headers."""
+    assert snap_compare(comparison_app(), terminal_size=(80, 24), run_before=compared)
+
+
+async def compared(pilot: Any) -> None:
+    await loaded(pilot)
+    await pilot.press("c")
+    await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), what="screen")
+    screen = pilot.app.screen
+    await until(
+        pilot,
+        lambda: screen.comparison is not None and screen.comparison.at_step_b == 399,
+        what="the comparison",
+    )
+    await pilot.pause()

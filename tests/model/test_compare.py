@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from eagle3_tui.model.compare import argv_flags, compare, comparison_json
+from eagle3_tui.model.compare import argv_flags, compare, comparison_json, format_comparison
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.state import RunState
 from tests.records import Lines
@@ -150,6 +150,39 @@ def test_hparam_diff_shows_only_what_differs() -> None:
         "run.env.WORLD_SIZE": ("8", "4"),
         "hparams.optimizer.name": ("muon", "adamw"),
     }
+
+
+def test_the_runs_own_bookkeeping_is_not_a_difference() -> None:
+    """What every run's manifest has and always differs in says nothing of the recipe."""
+    a, b = make_run(100, 0.5), make_run(100, 0.5)
+    for state, n in ((a, 1), (b, 2)):
+        state.set_manifest(
+            {
+                "pid": n,
+                "sampler_pid": 100 + n,
+                "finished_at": T0 + n,
+                "first_started_at": T0 - n,
+                "resumes": n,
+                "env": {"EAGLE3_TUI_RUN_DIR": f"/runs/{n}", "WORLD_SIZE": "8"},
+                "telemetry": {"bytes": 1000 * n, "written": 10 * n, "errors": {}},
+                "epochs": 3,
+            }
+        )
+    assert compare(a, b).hparam_diff == ()
+
+
+def test_a_delta_shown_as_zero_calls_no_run_better() -> None:
+    a, b = make_run(200, 0.5), make_run(200, 0.5)
+    b.set_manifest({})
+    c = compare(a, b)
+    assert all(r.delta == 0 for r in c.rows)
+    assert all(r.better is None for r in c.rows)
+    lines = [line for line in format_comparison(c).splitlines() if "+0.0000" in line]
+    assert lines and not any("▲" in line or "▼" in line for line in lines)
+    from eagle3_tui.model.compare import Row
+
+    assert Row("loss", 1.0, 1.00002, -0.00002, False).better is None  # shows as -0.0000
+    assert Row("loss", 1.0, 1.0002, -0.0002, False).better == "a"
 
 
 def test_argv_flags() -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eagle3_tui.telemetry.nvml import NvmlUnavailable, PynvmlApi, RecordedNvml
+from eagle3_tui.telemetry.nvml import NO_DRIVER, NvmlUnavailable, PynvmlApi, RecordedNvml
 from eagle3_tui.telemetry.samplers import GpuSampler, own_device_entries
 from eagle3_tui.telemetry.writer import JsonlWriter
 from tests.conftest import read_jsonl
@@ -116,10 +115,8 @@ def test_the_real_nvml_without_a_driver(tmp_path: Path) -> None:
     recs = sample(tmp_path, PynvmlApi(), times=3)
     assert len(recs) == 1
     assert recs[0]["status"] == "no_driver" and recs[0]["devices"] == []
-    if importlib.util.find_spec("pynvml") is not None:
-        assert "NVML" in recs[0]["error"]  # the library's own words: not found / not loaded
-    else:
-        assert "pynvml is not installed" in recs[0]["error"]
+    # the cause, not the missing binding: a machine without a driver has nothing to sample
+    assert recs[0]["error"] == NO_DRIVER
 
 
 @pytest.mark.skipif(not _have_nvidia_driver(), reason="needs an NVIDIA driver")

@@ -365,3 +365,30 @@ def test_kill_after_a_reboot_signals_nothing(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_runs_lists_the_login_users_runs_unless_all(tmp_path: Path) -> None:
+    """A run directory another user owns (registered in this user's index, e.g. by a
+    run started with sudo) is not offered by default; ``--all`` lists it."""
+    state = tmp_path / "state"
+    env = dict(os.environ, XDG_STATE_HOME=str(state))
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    index = state / "eagle3-tui" / "runs.jsonl"
+    index.parent.mkdir(parents=True)
+    for n, run_dir in enumerate((mine, theirs)):
+        run_dir.mkdir()
+        entry = {"run_id": f"r{n}", "run_dir": str(run_dir), "pid": 1, "started_at": 1.0 + n}
+        with index.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+    os.chown(theirs, os.getuid() + 1 if os.getuid() else 65534, -1)
+
+    def listed(*args: str) -> tuple[list[str], str]:
+        proc = cli("runs", *args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        if "--json" in args:
+            return [r["run_dir"] for r in json.loads(proc.stdout)["runs"]], proc.stdout
+        return [], proc.stdout
+
+    assert listed("--json")[0] == [str(mine)]
+    assert listed("--all", "--json")[0] == [str(theirs), str(mine)]
+    assert "1 run(s) of other users not shown: --all" in listed()[1]

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Static
@@ -24,7 +24,7 @@ from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.text import inert, num
 from eagle3_tui.app.widgets.plots import TTT, dim, finite_points, hex_of, nice_ticks, step_label
-from eagle3_tui.model.compare import AXES, Comparison
+from eagle3_tui.model.compare import AXES, DELTA_DIGITS, Comparison
 from eagle3_tui.model.snapshot import Line
 
 A_COLOR = (95, 215, 255)
@@ -79,19 +79,26 @@ class ComparePlot(PlotextPlot):
         self.refresh()
 
 
-def rows_table(c: Comparison) -> Table:
+def rows_table(c: Comparison, width: int = 80) -> Table:
+    """Both runs' values at the same point and the deltas; ``width`` < 50: compact
+    headers and bare ▲/▼ marks, so the numbers keep their digits."""
+    narrow = width < 50
     table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-    table.add_column("metric", style="bold", no_wrap=True)
-    table.add_column("this", justify="right", no_wrap=True)
-    table.add_column("previous", justify="right", no_wrap=True)
-    table.add_column("Δ", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
+    table.add_column("metric", style="bold", no_wrap=True, overflow="ellipsis")
+    table.add_column("this", justify="right", no_wrap=True, min_width=6)
+    table.add_column("prev" if narrow else "previous", justify="right", no_wrap=True, min_width=6)
+    table.add_column("Δ", justify="right", no_wrap=True, min_width=7)
+    table.add_column("", no_wrap=True, min_width=1 if narrow else 6)
     for r in c.rows:
         better = r.better
-        mark = Text("▲ this", style="green") if better == "a" else Text("")
-        if better == "b":
-            mark = Text("▼ prev", style="red")
-        delta = "–" if r.delta is None or not math.isfinite(r.delta) else f"{r.delta:+.4f}"
+        mark = Text("")
+        if better == "a":
+            mark = Text("▲" if narrow else "▲ this", style="green")
+        elif better == "b":
+            mark = Text("▼" if narrow else "▼ prev", style="red")
+        delta = (
+            "–" if r.delta is None or not math.isfinite(r.delta) else f"{r.delta:+.{DELTA_DIGITS}f}"
+        )
         table.add_row(inert(r.metric), num(r.a), num(r.b), delta, mark)
     return table
 
@@ -115,7 +122,7 @@ def side_text(c: Comparison) -> RenderableType:
             )
     if c.hparam_diff:
         parts.append(Text("what differs (this | previous):", style="bold"))
-        for key, va, vb in c.hparam_diff[:12]:
+        for key, va, vb in c.hparam_diff:  # all of it, as the CLI: the panel scrolls
             t = Text("  ", no_wrap=True, overflow="ellipsis")
             t.append_text(inert(key, style="bold"))
             t.append(": ")
@@ -151,25 +158,33 @@ class CompareScreen(Screen[None]):
             yield ComparePlot("acceptance · τ →", "acc", id="cmp-acc").data_bind(
                 CompareScreen.comparison
             )
-        rows, sides = Static(id="cmp-rows"), Static(id="cmp-sides")
+        # both halves scroll inside the screen's lower half: a long recipe diff stays
+        # on the screen (wheel, or Tab then ↑↓) instead of running off its bottom
+        rows, sides = VerticalScroll(id="cmp-rows"), VerticalScroll(id="cmp-sides")
         rows.border_title, sides.border_title = "at the same point", "runs"
         with Horizontal(id="cmp-text"):
-            yield rows
-            yield sides
+            with rows:
+                yield Static(id="cmp-rows-text")
+            with sides:
+                yield Static(id="cmp-sides-text")
         yield Footer(compact=True, show_command_palette=False)
 
+    def on_mount(self) -> None:
+        self.watch_comparison(self.comparison)  # one handed down before the screen mounted
+
     def watch_comparison(self, c: Comparison | None) -> None:
-        if c is None or not self.is_mounted:
+        if c is None or not self.query("#cmp-sides-text"):  # not composed yet: on_mount draws
             return
         verdict = Text(no_wrap=False)
         verdict.append(" COMPARE ", style="bold reverse")
         verdict.append(" ")
         verdict.append_text(inert(c.verdict))
         self.query_one("#verdict", Static).update(verdict)
-        rows = self.query_one("#cmp-rows", Static)
-        rows.border_subtitle = f"aligned by {c.axis_label} (a: axis)"
-        rows.update(rows_table(c) if c.rows else Text("no common range yet", style="dim"))
-        self.query_one("#cmp-sides", Static).update(side_text(c))
+        self.query_one("#cmp-rows").border_subtitle = f"aligned by {c.axis_label} (a: axis)"
+        width = self.query_one("#cmp-rows").size.width or self.app.size.width // 2
+        rows = rows_table(c, width) if c.rows else Text("no common range yet", style="dim")
+        self.query_one("#cmp-rows-text", Static).update(rows)
+        self.query_one("#cmp-sides-text", Static).update(side_text(c))
 
     def action_axis(self) -> None:
         self.axis = AXES[(AXES.index(self.axis) + 1) % len(AXES)]

@@ -16,17 +16,22 @@ KEYS = (
     ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
     ("r", "resume the run from its latest complete checkpoint; shows the new PID"),
     ("a", "attach telemetry to the host's live training, metrics into this directory"),
-    ("c", "compare with a previous run on the same host"),
+    ("c", "compare with a previous run on the same host; there: a changes the axis"),
+    ("", "(step, tokens, time), c or Esc goes back"),
     ("l", "log scale for the loss (points ≤ 0 are left out and counted)"),
     ("s", "smoothing: off / 0.6 / 0.9 / 0.99 (EMA weight per step, as TensorBoard)"),
     ("[ ]", "halve / double the step window (the last N steps)"),
     ("0", "the whole run"),
+    ("", "the plots' titles show the window, the smoothing and the log scale"),
     ("p", "pause the view (data is still read; shows how far behind it is)"),
-    ("e", "export the window's columns as CSV in the current directory"),
+    ("e", "export the window's step columns as CSV: a local run's exports/ folder,"),
+    ("", "else ~/.local/share/eagle3-tui/exports; the full path is shown"),
+    ("m", "every log message and event, whole lines, scrollable"),
     ("?", "this help"),
-    ("q", "quit (the run goes on)"),
     ("ctrl+p", "command palette: every action by name"),
 )
+QUIT_KEEPS_RUN = ("q", "quit; the run goes on")
+QUIT_STOPS_RUN = ("q", "quit and stop the demo's run (checkpoint saved; takes a few seconds)")
 
 PANELS = (
     ("loss", "train loss per step, raw (grey) and smoothed; per TTT step k (dim, coloured"),
@@ -40,11 +45,12 @@ PANELS = (
 )
 
 
-def help_text() -> Table:
+def help_text(quit_stops_run: bool = False) -> Table:
+    """The keys (``q`` as it behaves in this session) and the panels."""
     table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
     table.add_column(style="bold #5fd7ff", no_wrap=True)
     table.add_column()
-    for key, what in KEYS:
+    for key, what in (*KEYS, QUIT_STOPS_RUN if quit_stops_run else QUIT_KEEPS_RUN):
         table.add_row(key, what)
     table.add_row("", "")
     for name, what in PANELS:
@@ -63,7 +69,7 @@ class HelpScreen(ModalScreen[None]):
         box = VerticalScroll(id="help")
         box.border_title = "eagle3-tui · keys and panels"
         with box:
-            yield Static(help_text())
+            yield Static(help_text(bool(getattr(self.app, "quit_stops_run", False))))
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

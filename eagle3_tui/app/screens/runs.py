@@ -17,6 +17,9 @@ from textual.widgets.option_list import Option
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.text import inert
 
+STATUS_WIDTH = len("interrupted")
+"""The longest status a manifest has (running, finished, interrupted, crashed)."""
+
 
 def run_row(r: dict[str, Any]) -> Text:
     started = r.get("started_at")
@@ -35,20 +38,27 @@ def run_row(r: dict[str, Any]) -> Text:
         status, style = str(r.get("status") or "unknown"), ""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{when}  ", style="dim")
-    t.append(f"{status:<11}", style=style)
+    t.append(f"{status:<{STATUS_WIDTH}}", style=style)
+    t.append("  ")  # never run into the path, whatever the status's length
     t.append_text(inert(r.get("run_dir", "?")))
     return t
 
 
 class RunPicker(ModalScreen[str | None]):
-    """Lists the host's runs (newest first); Enter picks one, Escape cancels."""
+    """Lists the host's runs of the login user (newest first; ``a``: every user's); Enter
+    picks one, Escape cancels."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("a", "all_users", "All users"),
+    ]
 
     def __init__(self, control: RunControl, current: str | None) -> None:
         super().__init__()
         self.control = control
         self.current = current
+        self.all_users = False
+        self._runs: list[dict[str, Any]] = []
 
     def compose(self) -> ComposeResult:
         box = Vertical(id="picker", classes="dialog")
@@ -63,7 +73,7 @@ class RunPicker(ModalScreen[str | None]):
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def load(self) -> None:
         try:
-            result = await self.control.runs()
+            result = await self.control.runs(self.all_users)
         except Exception as e:  # shown in the dialog: an unreachable host, no index...
             if not self.is_attached:
                 return
@@ -74,11 +84,16 @@ class RunPicker(ModalScreen[str | None]):
             return  # closed meanwhile
         status = self.query_one("#picker-status", Static)
         runs = [r for r in result.get("runs") or [] if r.get("run_dir") != self.current]
-        if not runs:
-            status.update(Text("No other run is registered on this host.", style="bold"))
-            return
-        status.update(Text(f"{len(runs)} run(s) on {result.get('host', 'the host')}: Enter picks"))
+        others = int(result.get("others") or 0)
+        hidden = f"; {others} of other users hidden (a: show)" if others else ""
         options = self.query_one(OptionList)
+        options.clear_options()
+        if not runs:
+            whose = "" if self.all_users else " of yours"
+            status.update(Text(f"No other run{whose} on this host{hidden}.", style="bold"))
+            return
+        where = result.get("host", "the host")
+        status.update(Text(f"{len(runs)} run(s) on {where}{hidden}: Enter picks"))
         for r in runs:
             options.add_option(Option(run_row(r), id=None))
         self._runs = runs
@@ -91,3 +106,7 @@ class RunPicker(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_all_users(self) -> None:
+        self.all_users = True
+        self.load()

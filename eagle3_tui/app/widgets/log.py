@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+import io
+
+from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from eagle3_tui.app.text import clock_time, inert
@@ -25,32 +27,52 @@ EVENT_STYLE = {
 }
 
 
-def log_lines(snap: Snapshot, n: int) -> list[Text]:
-    """The last ``n`` messages and events, oldest first, as inert text."""
-    items: list[tuple[float, int, Text]] = []
+def log_entries(snap: Snapshot, n: int) -> list[tuple[Text, Text]]:
+    """The last ``n`` messages and events, oldest first: (time and level, what), inert."""
+    items: list[tuple[float, int, Text, Text]] = []
     for i, line in enumerate(snap.logs[-n:]):
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(clock_time(line.ts) + " ", style="dim")
+        head = Text(clock_time(line.ts) + " ", style="dim")
         level = line.level.upper()
-        t.append(f"{level[:4]:<4} ", style=LEVEL_STYLE.get(level, "bold") or "dim")
-        t.append_text(inert(line.msg, style=LEVEL_STYLE.get(level, "")))
-        items.append((line.ts, i, t))
+        head.append(f"{level[:4]:<4} ", style=LEVEL_STYLE.get(level, "bold") or "dim")
+        items.append((line.ts, i, head, inert(line.msg, style=LEVEL_STYLE.get(level, ""))))
     for i, ev in enumerate(snap.events[-n:]):
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(clock_time(ev.ts) + " ", style="dim")
+        head = Text(clock_time(ev.ts) + " ", style="dim")
         style = EVENT_STYLE.get(ev.event, "bold")
-        t.append("▶ ", style=style)
-        t.append_text(inert(ev.event, style=style))
+        head.append("▶ ", style=style)
+        body = inert(ev.event, style=style)
         if ev.step is not None:
-            t.append(f" at step {ev.step:,}")
+            body.append(f" at step {ev.step:,}")
         if ev.pid is not None:
-            t.append(f" (pid {ev.pid})", style="dim")
+            body.append(f" (pid {ev.pid})", style="dim")
         if ev.error:
-            t.append(": ")
-            t.append_text(inert(ev.error.splitlines()[0] if ev.error.splitlines() else "", style))
-        items.append((ev.ts, 10_000 + i, t))
+            body.append(": ")
+            body.append_text(
+                inert(ev.error.splitlines()[0] if ev.error.splitlines() else "", style)
+            )
+        items.append((ev.ts, 10_000 + i, head, body))
     items.sort(key=lambda it: (it[0], it[1]))
-    return [t for _, _, t in items[-n:]]
+    return [(head, body) for _, _, head, body in items[-n:]]
+
+
+def wrapped(head: Text, body: Text, width: int) -> list[Text]:
+    """One entry over as many rows as it needs, continuation rows indented under its
+    text: a message is read whole, never cut with an ellipsis."""
+    indent = head.cell_len if head.cell_len < width // 2 else 2
+    room = max(8, width - indent)
+    body = body.copy()
+    body.no_wrap, body.overflow = False, "fold"
+    rows: list[Text] = []
+    for i, part in enumerate(body.wrap(_MEASURE, room, overflow="fold")):
+        part.rstrip()
+        row = head.copy() if i == 0 else Text(" " * indent)
+        row.append_text(part)
+        row.no_wrap, row.overflow = True, "crop"
+        rows.append(row)
+    return rows or [head.copy()]
+
+
+_MEASURE = Console(width=1000, file=io.StringIO(), color_system=None, legacy_windows=False)
+"""Only measures where text wraps (cell widths), never prints."""
 
 
 def counts(snap: Snapshot) -> Text:
@@ -73,14 +95,29 @@ class LogPanel(Panel):
         self.border_subtitle = counts(snap)
 
     def render(self) -> RenderableType:
+        """The newest entries, each whole (wrapped); only the oldest one shown is cut
+        (with …) when the panel has no more rows."""
         snap = self.snapshot
-        lines = log_lines(snap, self.rows)
-        if snap.malformed and snap.malformed_last and len(lines) >= self.rows:
-            lines = lines[1:]
+        rows_left = self.rows
+        bad: list[Text] = []
         if snap.malformed and snap.malformed_last:
-            bad = Text("malformed ", style="bold #ff8700", no_wrap=True, overflow="ellipsis")
-            bad.append_text(inert(snap.malformed_last, style="#ff8700"))
-            lines.append(bad)
+            line = Text("malformed ", style="bold #ff8700", no_wrap=True, overflow="ellipsis")
+            line.append_text(inert(snap.malformed_last, style="#ff8700"))
+            bad, rows_left = [line], rows_left - 1
+        shown: list[Text] = []
+        for head, body in reversed(log_entries(snap, self.rows)):
+            rows = wrapped(head, body, self.cols)
+            if len(rows) > rows_left:  # its start, cut where the room ends
+                cut = rows[: max(0, rows_left)]
+                if cut:
+                    cut[-1] = cut[-1].copy()
+                    cut[-1].truncate(max(1, self.cols - 1))
+                    cut[-1].append("…", style="dim")
+                shown = cut + shown
+                break
+            shown = rows + shown
+            rows_left -= len(rows)
+        lines = shown + bad
         if not lines:
             return Text("no messages yet", style="dim")
-        return Group(*lines)
+        return Group(*lines[: self.rows])

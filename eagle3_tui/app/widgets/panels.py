@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -86,7 +87,7 @@ class AcceptanceTable(Panel):
             if abs(delta) > 1e-3:
                 arrow, style = ("↑", "green") if delta > 0 else ("↓", "red")
             tau.append(f" {arrow} {delta:+.3f}", style=style)
-            tau.append(f" in {steps:,} steps", style="dim")
+            tau.append(f" in {steps:,} step{'' if steps == 1 else 's'}", style="dim")
         parts: list[RenderableType] = [table, tau]
         if self.rows >= snap.ttt_steps + 4 and snap.val_rows:
             v = snap.val_rows[-1]
@@ -140,12 +141,24 @@ def _ckpt_name(path: str) -> str:
 
 
 def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
-    """Newest first: one line per checkpoint saved (time, where, size, how long, marks)."""
+    """Newest first: one line per checkpoint saved (time, where, size, how long, marks).
+
+    A save on a signal is told twice (``save_finished``, then ``interrupted`` for the
+    same directory): one line, with the save's duration. A directory saved again
+    later (``interrupted/`` at each stop) is listed at its latest save."""
     best = {e.path for e in events if e.event == "best"}
     rows: list[Text] = []
-    for e in reversed(events):
-        if e.event not in ("save_finished", "interrupted"):
+    shown: set[str] = set()
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if e.event not in ("save_finished", "interrupted") or e.path in shown:
             continue
+        shown.add(e.path)
+        if e.event == "interrupted" and e.duration_s is None:  # its save_finished has it
+            saved = (p for p in reversed(events[:i]) if p.path == e.path)
+            prior = next((p for p in saved if p.event == "save_finished"), None)
+            if prior is not None:
+                e = replace(prior, event="interrupted")
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(clock_time(e.ts) + " ", style="dim")
         t.append_text(inert(_ckpt_name(e.path)))
@@ -244,11 +257,14 @@ class GpuPanel(Panel):
 
     def render(self) -> RenderableType:
         snap = self.snapshot
+        # The sampler's message names the cause and the fix (telemetry/nvml.py): one line.
         if snap.gpu_status == "no_driver":
-            why = f" ({snap.gpu_error})" if snap.gpu_error else ""
-            return inert(f"no NVIDIA driver on the training host{why}", style="bold #d7af5f")
+            why = snap.gpu_error or ""
+            if "driver" not in why:  # an older writer's message, e.g. NVML's own words
+                why = "no NVIDIA driver on the training host" + (f": {why}" if why else "")
+            return Group(inert(why, style="bold #d7af5f"))  # in a Group: one line, never wrapped
         if snap.gpu_status == "error" and not snap.gpus:
-            return inert(f"GPU sampling failed: {snap.gpu_error or 'unknown error'}", "bold red")
+            return Group(inert(snap.gpu_error or "GPU sampling failed", "bold red"))
         if not snap.gpus:
             return Text("no GPU samples yet", style="dim")
         rows = [gpu_row(g, self.cols) for g in snap.gpus]

@@ -128,8 +128,13 @@ class MetricPlot(PlotextPlot):
     view: reactive[ViewState] = reactive(ViewState())
     """Window, smoothing, log scale."""
 
+    SHOWS_LOG = False
+    """Whether the log scale applies to this chart (its title says so)."""
+
     def __init__(self, title: str, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.chart_name = title
+        """What the chart shows; its title adds the view."""
         self.border_title = title
         self._drawn: object = None
         self.draws = 0
@@ -148,13 +153,24 @@ class MetricPlot(PlotextPlot):
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.border_title = self._title()
         self.redraw()
 
     def watch_snapshot(self) -> None:
         self.redraw()
 
     def watch_view(self) -> None:
+        self.border_title = self._title()
         self.redraw()
+
+    def _title(self) -> str:
+        """The chart's name and the view it shows (window, smoothing, log): where the eye
+        already is when a key changes it."""
+        short = 0 < self.size.width < 50
+        return f"{self.chart_name} · {self.view.describe(log=self.SHOWS_LOG, short=short)}"
+
+    def set_xticks(self, ticks: list[float], labels: list[str]) -> None:
+        self.plt.xticks(ticks, labels)
 
     @property
     def is_current(self) -> bool:
@@ -162,6 +178,7 @@ class MetricPlot(PlotextPlot):
         return self._drawn == (self.key(), self.size)
 
     def on_resize(self) -> None:
+        self.border_title = self._title()
         self.redraw()
 
     def render(self) -> RenderResult:
@@ -186,13 +203,15 @@ class MetricPlot(PlotextPlot):
         xs = [x for line in self._lines() for x in (line.x[:1] + line.x[-1:])]
         if xs:
             ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
-            plt.xticks(ticks, [step_label(t) for t in ticks])
+            self.set_xticks(ticks, [step_label(t) for t in ticks])
         self.draws += 1
         self.refresh()
 
 
 class LossPlot(MetricPlot):
     """Per-step train loss, raw and smoothed, and the validation loss per epoch."""
+
+    SHOWS_LOG = True
 
     def key(self) -> object:
         snap = self.snapshot
@@ -255,8 +274,30 @@ class LossPlot(MetricPlot):
         self.border_subtitle = subtitle
 
 
+TAU_MIN_HEIGHT = 10
+"""Below this many rows the acceptance chart has no room for τ's own strip (τ stays in
+the TTT table)."""
+
+
+def acc_top(lines: Sequence[Line]) -> float:
+    """The top of the accuracy axis: a round value above the highest accuracy shown, so
+    that low early accuracies use the height instead of its bottom quarter."""
+    hi = max((y for line in lines for y in line.y if math.isfinite(y)), default=1.0)
+    for top in (0.1, 0.2, 0.4, 0.6, 0.8):
+        if hi <= top * 0.95:
+            return top
+    return 1.0
+
+
 class AcceptancePlot(MetricPlot):
-    """Full (bright) and conditional (dim) accuracy per TTT step; τ on the right axis."""
+    """Full (bright) and conditional (dim) accuracy per TTT step k, on an axis that fits
+    them; τ in its own strip underneath, with its own axis (on a shared right axis its
+    range squeezed the accuracies)."""
+
+    def __init__(self, title: str, **kwargs: object) -> None:
+        super().__init__(title, **kwargs)
+        self._tau_rows = 0
+        """Rows of τ's strip in the figure being drawn (0: no strip)."""
 
     def key(self) -> object:
         snap = self.snapshot
@@ -265,8 +306,26 @@ class AcceptancePlot(MetricPlot):
     def _lines(self) -> tuple[Line, ...]:
         return self.snapshot.acc_lines
 
+    def set_xticks(self, ticks: list[float], labels: list[str]) -> None:
+        plt = self.plt
+        if self._tau_rows:
+            plt.subplot(1, 1).xticks([], [])
+            plt.subplot(2, 1).xticks(ticks, labels)
+        else:
+            plt.xticks(ticks, labels)
+
     def draw(self) -> None:
         plt = self.plt
+        tau = self.snapshot.tau_line
+        tau_pts = finite_points(tau, False)[:2] if tau is not None else ([], [])
+        height = self.size.height
+        self._tau_rows = max(5, height * 2 // 5) if tau_pts[0] and height >= TAU_MIN_HEIGHT else 0
+        if self._tau_rows:
+            plt.subplots(2, 1)
+        acc = plt.subplot(1, 1) if self._tau_rows else plt
+        if self._tau_rows:
+            acc.plotsize(None, height - self._tau_rows)
+            acc.frame(False)
         items: list[tuple[str, RGB]] = []
         # conditional (dim) first: where it equals the full accuracy (k = 0), full shows
         lines = sorted(self.snapshot.acc_lines, key=lambda line: line.label.startswith("full"))
@@ -275,22 +334,34 @@ class AcceptancePlot(MetricPlot):
             k = int(k_text) if k_text.isdigit() else 0
             base = TTT[k % len(TTT)]
             full = name.startswith("full")
-            color = base if full else dim(base)
             xs, ys, _ = finite_points(line, False)
             if xs:
-                plt.plot(xs, ys, marker="braille", color=color)
+                acc.plot(xs, ys, marker="braille", color=base if full else dim(base))
                 if full:
-                    items.append((f"{k}", base))
-        plt.ylim(0.0, 1.0)
-        tau = self.snapshot.tau_line
-        if tau is not None:
-            xs, ys, _ = finite_points(tau, False)
-            if xs:
-                plt.plot(xs, ys, marker="braille", color=TAU, yside="right")
-                items.append(("τ→", TAU))
-        sub = legend(items)
+                    items.append((f"k={k}", base))
+        top = acc_top(self.snapshot.acc_lines)
+        acc.ylim(0.0, top)
+        ticks = [0.0, top / 2, top]
+        acc.yticks(ticks, [f"{t:.2f}" for t in ticks])
+        sub = Text(no_wrap=True, overflow="ellipsis")
         if items:
-            sub.append(" dim: cond", style="dim")
+            sub.append("full acc ", style="dim")
+            sub.append_text(legend(items))
+            sub.append(" (dim: cond)", style="dim")
+        if self._tau_rows:
+            self._draw_tau(*tau_pts)
+            sub.append(" ")
+            sub.append_text(legend([("τ", TAU)]))
         if without_metrics(self.snapshot, self.snapshot.acc_lines):
             plt.title(f"acceptance per step: {NOT_AVAILABLE}")
         self.border_subtitle = sub
+
+    def _draw_tau(self, xs: list[float], ys: list[float]) -> None:
+        strip = self.plt.subplot(2, 1)
+        strip.plotsize(None, self._tau_rows)
+        strip.frame(False)
+        strip.plot(xs, ys, marker="braille", color=TAU)
+        lo, hi = min(ys), max(ys)
+        pad = max((hi - lo) * 0.1, 0.01)
+        strip.ylim(lo - pad, hi + pad)
+        strip.yticks([lo, hi], [f"{lo:.2f}", f"{hi:.2f}"])

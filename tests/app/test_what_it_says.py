@@ -1,0 +1,268 @@
+"""What the screen says, read as a newcomer reads it: the view's state where the eye
+is, whole log lines, one checkpoint line per save, live workers only, plain grammar,
+the GPU panel's one-line cause, the acceptance chart's scales and legend, the help
+that matches what ``q`` does, and exports named after the run in a folder one finds."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from eagle3_tui.app.screens.help import HelpScreen
+from eagle3_tui.app.screens.runs import RunPicker, run_row
+from eagle3_tui.app.widgets.log import LogPanel
+from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
+from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
+from eagle3_tui.telemetry import nvml
+from tests.app.conftest import T0, FakeControl, text_of, training
+from tests.app.test_pilot import app_with
+from tests.conftest import until
+from tests.records import Lines
+
+LONG = (
+    "torch.utils.data.dataloader: This DataLoader will create 8 worker processes in total. "
+    "Our suggested max number of worker in current system is 2, which is smaller than what "
+    "this DataLoader is going to create; lower the worker number to avoid a freeze. END"
+)
+
+
+async def test_the_plot_titles_say_window_smoothing_and_log_scale() -> None:
+    _, data = training(600)
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        loss, acc = app.query_one(LossPlot), app.query_one(AcceptancePlot)
+        await until(pilot, lambda: app.snapshot.global_step == 599, what="step 599")
+        assert loss.border_title == "loss · all steps · smoothing 0.6"
+        assert acc.border_title == "acceptance · all steps · smoothing 0.6"
+        await pilot.press("s", "left_square_bracket", "l")
+        assert loss.border_title == "loss · last 300 steps · smoothing 0.9 · log"
+        assert acc.border_title == "acceptance · last 300 steps · smoothing 0.9"
+        await pilot.press("s", "s", "0", "l")
+        assert loss.border_title == "loss · all steps · smoothing off"
+    async with app_with(data)[0].run_test(size=(80, 24)) as pilot:  # a narrow chart
+        plot = pilot.app.query_one(LossPlot)
+        await until(pilot, lambda: pilot.app.snapshot.global_step == 599, what="step 599")
+        await pilot.press("s", "s", "s", "left_square_bracket", "l")
+        assert plot.border_title == "loss · last 300 · raw · log"
+        assert plot.border_title is not None and len(plot.border_title) < plot.size.width
+
+
+async def help_shown(quit_stops_run: bool) -> str:
+    app, _ = app_with()
+    app.quit_stops_run = quit_stops_run
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        return text_of(app.screen.query_one("#help").children[0], width=120)
+
+
+async def test_help_says_what_q_does_here_and_the_comparison_keys() -> None:
+    monitor, demo = await help_shown(False), await help_shown(True)
+    assert "quit; the run goes on" in monitor and "stop the demo's run" not in monitor
+    assert "quit and stop the demo's run" in demo and "the run goes on" not in demo
+    for shown in (monitor, demo):
+        assert "a changes the axis" in shown  # on the comparison screen
+        assert "plots' titles show the window" in shown
+
+
+async def test_log_lines_are_shown_whole_and_m_opens_them_all() -> None:
+    lines = Lines(t0=T0)
+    data = lines.train(0, 2.0) + lines.log(LONG, "WARNING") + lines.log("short one after")
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(LogPanel)
+        await until(pilot, lambda: "short one after" in text_of(panel, 118), what="the log")
+        shown = text_of(panel, 118)
+        assert "…" not in shown
+        assert " ".join(shown.split()).count(" ".join(LONG.split())) == 1  # wrapped, whole
+        assert "m: all" in str(panel.border_title)
+    from eagle3_tui.app.screens.log import LogScreen
+
+    app, _ = app_with(data)
+    async with app.run_test(size=(80, 24)) as pilot:  # the panel has two rows here
+        await until(pilot, lambda: app.snapshot.warnings == 1, what="the warning")
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, LogScreen), what="the messages")
+        await pilot.pause(0.2)
+        whole = text_of(app.screen.query_one("#messages-text"), 80)
+        assert " ".join(LONG.split()) in " ".join(whole.split()) and "…" not in whole
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, LogScreen), what="closed")
+
+
+async def test_a_save_on_a_signal_is_one_checkpoint_line() -> None:
+    lines, data = training(50, gpus=1)
+    path = "/runs/exp7/checkpoints/interrupted"
+    data += lines.ckpt("save_started", path, label="interrupted")
+    data += lines.ckpt("save_finished", path, bytes=2.0 * 2**30, duration_s=4.5, complete=True)
+    data += lines.ckpt("interrupted", path, bytes=2.0 * 2**30, complete=True)
+    data += lines.event("interrupt", step=49)
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        progress = app.query_one(ProgressPanel)
+        await until(pilot, lambda: "interrupted" in text_of(progress), what="the checkpoint")
+        shown = text_of(progress)
+        assert shown.count("checkpoints/interrupted") == 1
+        assert "checkpoints/interrupted  2.0 GiB in 4.5 s  interrupted" in shown
+
+
+async def test_after_a_resume_the_data_panel_shows_the_live_processes_only() -> None:
+    lines = Lines(t0=T0)
+
+    def io(*pids: int) -> bytes:
+        workers = [
+            {"pid": p, "role": "main" if i == 0 else "worker", "read_bytes": 1e5}
+            for i, p in enumerate(pids)
+        ]
+        return lines.make("io", interval_s=1.0, workers=workers, bytes=1e5 * len(pids))
+
+    data = lines.train(0, 2.0) + io(4242, 4250, 4251) + lines.event("interrupt", step=0)
+    data += lines.event("resume", pid=5151) + io(5151, 5160, 5161)
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(DataPanel)
+        await until(pilot, lambda: "5151" in text_of(panel), what="the new trainer")
+        shown = text_of(panel)
+        assert "5160" in shown and "5161" in shown
+        assert "4242" not in shown and "4250" not in shown
+
+
+async def test_a_trend_over_one_step_says_step() -> None:
+    lines = Lines(t0=T0)
+    data = b"".join(lines.train(s, 2.0, acc=(0.5 + s / 10, 0.3, 0.2)) for s in range(4))
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(AcceptanceTable)
+        await until(pilot, lambda: " in 1 step" in text_of(table), what="the τ trend")
+        assert "in 1 steps" not in text_of(table)
+
+
+def on_screen(app: Any, widget: Any) -> list[str]:
+    """The rows of ``widget``'s content as the terminal shows them (not a re-render)."""
+    with open(os.devnull, "w") as sink:
+        console = Console(width=app.size.width, record=True, file=sink, color_system=None)
+        console.print(app.screen._compositor.render_update(full=True))
+    rows = console.export_text().splitlines()
+    r = widget.content_region
+    return [row[r.x : r.x + r.width].rstrip() for row in rows[r.y : r.y + r.height]]
+
+
+def have_nvidia_driver() -> bool:
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl"))
+
+
+def sampled(tmp_path: Path, api: nvml.Nvml) -> bytes:
+    """The GPU sampler's record through the real NVML seam (PynvmlApi), as written."""
+    from eagle3_tui.telemetry.samplers import GpuSampler
+    from eagle3_tui.telemetry.writer import JsonlWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.unlink(missing_ok=True)
+    writer = JsonlWriter(path, background=False)
+    sampler = GpuSampler(writer, api, entries=None, run_pids=set)
+    sampler.sample(T0)
+    sampler.close()
+    writer.close()
+    return path.read_bytes()
+
+
+async def gpu_panel_rows(data: bytes, size: tuple[int, int]) -> list[str]:
+    app, _ = app_with(Lines(t0=T0).train(0, 2.0) + data)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.snapshot.gpu_status is not None, what="the GPU record")
+        await pilot.pause(0.1)
+        return [row for row in on_screen(app, app.query_one(GpuPanel)) if row.strip()]
+
+
+async def test_the_no_driver_line_names_the_cause_and_fix_on_this_machine(
+    tmp_path: Path,
+) -> None:
+    """The real NVML seam on this machine (no NVIDIA driver): one line on the screen,
+    the cause first; with a driver but without the binding: the binding and its fix."""
+    if have_nvidia_driver():
+        pytest.skip("this machine has an NVIDIA driver")
+    data = sampled(tmp_path, nvml.PynvmlApi())
+    assert await gpu_panel_rows(data, (120, 40)) == [
+        "no NVIDIA driver on the training host (CPU only)"
+    ]
+    narrow = await gpu_panel_rows(data, (80, 24))
+    assert len(narrow) == 1 and narrow[0].startswith("no NVIDIA driver on the training")
+    if importlib.util.find_spec("pynvml") is None:  # a driver, no binding: said so, its fix
+        nvml_files = nvml.DRIVER_FILES
+        fake = tmp_path / "version"
+        fake.write_text("NVRM version: 570.124.06\n")
+        nvml.DRIVER_FILES = (str(fake),)
+        try:
+            data = sampled(tmp_path, nvml.PynvmlApi())
+        finally:
+            nvml.DRIVER_FILES = nvml_files
+        assert await gpu_panel_rows(data, (120, 40)) == [nvml.NO_BINDING]
+
+
+async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legend() -> None:
+    lines = Lines(t0=T0)
+    data = b"".join(lines.train(s, 1.0, acc=(0.25 + 0.05 * (s % 3), 0.3, 0.3)) for s in range(60))
+    app, _ = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        plot = app.query_one(AcceptancePlot)
+        await until(pilot, lambda: app.snapshot.global_step == 59, what="step 59")
+        await until(pilot, lambda: plot.is_current, what="drawn")
+        shown = text_of(plot, 58)
+        axis = [m.group() for row in shown.splitlines() if (m := re.match(r"\d+\.\d+", row))]
+        # accuracies up to 0.35 on an axis to 0.40 (not 1.00), τ (~1.45) on its own
+        assert axis[0] == "0.40" and "1.00" not in axis
+        tau = [float(a) for a in axis if float(a) >= 1.0]
+        assert tau and all(1.3 < t < 1.6 for t in tau)
+        legend = str(plot.border_subtitle)
+        assert "k=0" in legend and "k=1" in legend and "k=2" in legend and "τ" in legend
+
+
+async def test_the_run_picker_lists_your_runs_and_a_shows_all_users() -> None:
+    row = run_row(
+        {"run_dir": "/runs/exp6", "exists": True, "alive": False, "status": "interrupted"}
+    )
+    assert "interrupted  /runs/exp6" in row.plain  # the status never runs into the path
+    control = FakeControl()
+    app, _ = app_with(control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
+        await until(pilot, lambda: "runs" in control.calls, what="the runs")
+        assert "runs of all users" not in control.calls
+        await pilot.press("a")
+        await until(pilot, lambda: "runs of all users" in control.calls, what="all users")
+
+
+async def test_export_is_named_after_the_run_and_never_lands_in_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    _, data = training(100)
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "data" / "eagle3-tui" / "exports" / "exp7-steps0-99.csv"
+    said = await export_notice(data, None, path)
+    assert f"100 steps written to {path}" in said
+    path.unlink()
+    # the run's own folder cannot be made (a file is in the way): the data folder then
+    said = await export_notice(data, tmp_path / "a-file" / "exports", path)
+    assert f"100 steps written to {path}" in said and str(tmp_path / "a-file") in said
+    assert os.listdir(clone) == []
+
+
+async def export_notice(data: bytes, export_dir: Path | None, expected: Path) -> str:
+    app, _ = app_with(data, export_dir=export_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 99, what="step 99")
+        await pilot.press("e")
+        await until(pilot, expected.exists, what="the CSV")
+        await until(pilot, lambda: bool(app._notifications), what="the notice")
+        return " ".join(str(n.message) for n in app._notifications)
