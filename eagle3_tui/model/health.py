@@ -160,6 +160,9 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     """The run's health from its records and any process probe."""
     state.settle()
     step = state.global_step
+    rank_death = _rank_death(state)  # torchrun: one rank's death ends every rank
+    if rank_death is not None:
+        return rank_death
     last = state.last_event()
     if last is not None and last.event == "finish":
         done = f"after {last.step} steps" if last.step is not None else f"at step {step}"
@@ -233,6 +236,9 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     quiet_for = now - last_metric
     if quiet_for <= limit:
         return Diagnosis(Health.RUNNING, _running_sentence(state))
+    rank_stall = _rank_stall(state, now, quiet_for)  # before "GPU busy": NCCL waits spin at 100 %
+    if rank_stall is not None:
+        return rank_stall
     ev = evidence(state, now, limit)
     if ev.gpu_busy or ev.reading or ev.saving:
         return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=False))
@@ -303,3 +309,92 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+# ---- torchrun: which rank ----------------------------------------------------------------
+
+
+_ENDS = ("crash", "interrupt", "finish")
+
+
+def _distributed(state: RunState) -> bool:
+    world = state.manifest.get("world_size")
+    return (isinstance(world, int) and world > 1) or len(state.rank_heartbeats) > 1
+
+
+def _rank_death(state: RunState) -> Diagnosis | None:
+    """A distributed run whose first end since its last start or resume is a crash: the
+    rank that died, how, and at which step (the other ranks' interrupt or crash that
+    follows is torchrun tearing them down, not news)."""
+    if not _distributed(state) or not state.events:
+        return None
+    began = max((e.ts for e in state.events if e.event in ("start", "resume")), default=0.0)
+    ends = [e for e in state.events if e.ts >= began and e.event in _ENDS]
+    if not ends:
+        return None
+    first = min(ends, key=lambda e: e.ts)
+    if first.event != "crash":
+        return None
+    where = f"pid {first.pid}" if first.pid else ""
+    if first.host:
+        where = f"{where} on {first.host}" if where else f"on {first.host}"
+    who = f"Rank {first.rank}" + (f" ({where})" if where else "")
+    at = f"after step {first.step}" if first.step is not None else "before its first step"
+    if first.exit_status is not None or (first.error or "").startswith("the trainer process"):
+        how = _exit_text(first.exit_status)  # seen from outside by its sidecar
+    else:
+        how = (first.error or "an exception").splitlines()[0][:160]
+    return Diagnosis(
+        Health.DEAD,
+        f"{who} died {at}: {how}; torchrun stops the other ranks when one fails (see train.log).",
+    )
+
+
+def _exit_text(status: int | None) -> str:
+    if status is None:
+        return "killed, or exited without a word (exit status unknown)"
+    if status < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | None:
+    """A distributed run with no metric whose ranks split into some waiting in a
+    collective and some that are not: the latter stopped, the former wait for them."""
+    if not _distributed(state):
+        return None
+    live = {
+        r: hb
+        for r, hb in state.rank_heartbeats.items()
+        if now - hb.ts <= HEARTBEAT_DEAD_S and isinstance(hb.where, dict)
+    }
+    waiting = sorted(r for r, hb in live.items() if (hb.where or {}).get("collective"))
+    stopped = sorted(r for r in live if r not in waiting)
+    if not waiting or not stopped:
+        return None
+
+    def step_of(rank: int) -> str:
+        last = live[rank].last_step
+        return f"step {last + 1}" if isinstance(last, int) else "its first step"
+
+    parts = []
+    for r in stopped:
+        where = live[r].where or {}
+        frame = str(where.get("frame") or "?")[:80]
+        held = where.get("for_s")
+        since = f" for {_ago(float(held))}" if isinstance(held, int | float) else ""
+        parts.append(f"rank {r} stopped at {step_of(r)} (in {frame}{since})")
+    collectives = sorted({str((live[r].where or {}).get("collective")) for r in waiting})
+    names = ", ".join(str(r) for r in waiting)
+    ranks = "rank" if len(waiting) == 1 else "ranks"
+    verb = "waits" if len(waiting) == 1 else "wait"
+    text = (
+        f"No metric for {_ago(quiet_for)}: {'; '.join(parts)}; {ranks} {names} {verb} for it "
+        f"in a collective ({', '.join(collectives)[:80]}) at {step_of(waiting[0])}."
+    )
+    return Diagnosis(Health.STALLED, text[0].upper() + text[1:])

@@ -49,7 +49,7 @@ MAX_EVENTS = 1000
 GPU_HISTORY = 600  # samples (10 min at 1 s)
 IO_HISTORY = 600
 RECENT_FILES = 50
-_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
+_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 256}
 """Sampler kinds and how many of their newest records the state keeps."""
 _ACTIVITIES = ("saving", "validating")
 
@@ -86,6 +86,9 @@ class Event:
     writer: str
     pid: int | None
     error: str | None
+    rank: int = 0
+    exit_status: int | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,8 @@ class IoPoint:
     bytes: float
     files_read: int
     workers: int
+    rank: int = 0
+    host: str = ""
 
 
 @dataclass(slots=True)
@@ -152,14 +157,16 @@ class RunState:
     # samplers
     gpu_status: str | None = None
     gpu_error: str | None = None
-    gpu_devices: dict[int, GpuDevice] = field(default_factory=dict)
+    gpu_devices: dict[tuple[str, int], GpuDevice] = field(default_factory=dict)
+    """By (host, NVML index): several nodes of a run each have their device 0."""
     gpu_samples: deque[tuple[float, list[GpuDevice]]] = field(
         default_factory=lambda: deque(maxlen=GPU_HISTORY)
     )
     """Per device index: (ts, reading), oldest first."""
     last_gpu_ts: float | None = None
     io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
-    io_workers: dict[int, IoWorker] = field(default_factory=dict)
+    io_workers: dict[tuple[str, int], IoWorker] = field(default_factory=dict)
+    """By (host, pid): every rank's sampler reports its own processes."""
     recent_files: deque[tuple[float, int, str]] = field(
         default_factory=lambda: deque(maxlen=RECENT_FILES)
     )
@@ -167,6 +174,8 @@ class RunState:
     ckpt_events: deque[CkptEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
+    rank_heartbeats: dict[int, Record] = field(default_factory=dict)
+    """The newest heartbeat of each rank (under torchrun every rank writes its own)."""
     activity: Activity | None = None
     _pending: dict[str, deque[Record | Deferred]] = field(
         default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
@@ -249,6 +258,7 @@ class RunState:
                             )
                         )
                         self.last_heartbeat_ts = rec.ts
+                        self.rank_heartbeats[self.heartbeat.rank] = self.heartbeat
 
     def _check_seq(self, rec: AnyRecord) -> bool:
         """Track per-writer sequence numbers; False for a duplicate to drop."""
@@ -516,13 +526,21 @@ class RunState:
         self.last_gpu_ts = rec.ts
         self.gpu_status = rec.status or "ok"
         self.gpu_error = rec.error
+        host = rec.host or ""
         for dev in devices:
-            self.gpu_devices[dev.index] = dev
+            dev.host = host
+            self.gpu_devices[(host, dev.index)] = dev
         self.gpu_samples.append((rec.ts, devices))
 
-    def gpu_history(self, index: int) -> list[tuple[float, GpuDevice]]:
-        """(ts, reading) of one device, oldest first."""
-        return [(ts, d) for ts, devs in self.gpu_samples for d in devs if d.index == index]
+    def gpu_history(self, key: tuple[str, int]) -> list[tuple[float, GpuDevice]]:
+        """(ts, reading) of one device (host, NVML index), oldest first."""
+        host, index = key
+        return [
+            (ts, d)
+            for ts, devs in self.gpu_samples
+            for d in devs
+            if d.index == index and d.host == host
+        ]
 
     def _bad_payload(self, rec: Record, reason: str) -> None:
         """A record whose envelope is fine but whose payload is not: counted as malformed."""
@@ -544,9 +562,14 @@ class RunState:
         files_read = (
             rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
         )
-        self.io_history.append(IoPoint(rec.ts, float(total), files_read, len(workers)))
+        host = rec.host or ""
+        self.io_history.append(
+            IoPoint(rec.ts, float(total), files_read, len(workers), rec.rank, host)
+        )
         for w in workers:
-            self.io_workers[w.pid] = w
+            w.rank = rec.rank
+            w.host = host
+            self.io_workers[(host, w.pid)] = w
             for f in w.files:
                 self.recent_files.append((rec.ts, w.pid, f))
 
@@ -571,7 +594,17 @@ class RunState:
 
     def _apply_lifecycle(self, rec: Record) -> None:
         self.events.append(
-            Event(rec.ts, rec.event or "", rec.step_or_global, rec.w, rec.pid, rec.error)
+            Event(
+                rec.ts,
+                rec.event or "",
+                rec.step_or_global,
+                rec.w,
+                rec.pid,
+                rec.error,
+                rank=rec.rank,
+                exit_status=rec.exit_status,
+                host=rec.host,
+            )
         )
         if rec.event in ("start", "resume"):
             self._close(_ACTIVITIES, rec.ts)

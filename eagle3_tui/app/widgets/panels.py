@@ -178,7 +178,7 @@ class ProgressPanel(Panel):
 
 def gpu_row(g: GpuView, cols: int) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{g.index} ", style="bold")
+    t.append(f"{g.host}:{g.index} " if g.host else f"{g.index} ", style="bold")
     wide = cols >= 70
     if wide:
         t.append_text(inert(g.name.replace("NVIDIA ", "")[:10].ljust(10), style="dim"))
@@ -262,7 +262,8 @@ class DataPanel(Panel):
         lines += [head, starve]
         for w in io.workers:
             row = Text(no_wrap=True, overflow="ellipsis")
-            row.append(f"  {w.pid:>7} ", style="bold")
+            row.append(f"  r{w.rank} " if io.ranks > 1 else "  ", style="dim")
+            row.append(f"{w.pid:>7} ", style="bold")
             row.append_text(inert(w.role[:8].ljust(8), style="dim"))
             row.append(f" {size(w.bytes_per_s)}/s")
             if w.read_total is not None:
