@@ -23,11 +23,24 @@ from typing import Any
 
 COLLECTIVE_PATH = os.sep + os.path.join("torch", "distributed") + os.sep
 MAX_DEPTH = 200
+_STDLIB = os.path.dirname(threading.__file__) + os.sep
+
+
+def _is_stdlib(filename: str) -> bool:
+    """threading.py's ``wait`` says less than the frame that called it."""
+    if filename.startswith("<frozen"):
+        return True
+    return filename.startswith(_STDLIB) and "-packages" not in filename
+
+
+def _describe(frame: Any) -> str:
+    code = frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
 
 
 class MainThreadWhere:
-    """``where()``: the main thread's innermost frame, the collective it waits in (if
-    any) and since when it has been at that same place."""
+    """``where()``: the main thread's innermost frame outside the standard library, the
+    collective it waits in (if any) and since when it has been at that same place."""
 
     def __init__(self) -> None:
         self._main = threading.main_thread().ident
@@ -41,12 +54,13 @@ class MainThreadWhere:
         frame: Any = sys._current_frames().get(self._main) if self._main is not None else None
         if frame is None:
             return None
-        code = frame.f_code
-        top = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
+        top: str | None = None
         collective: str | None = None
         f: Any = frame
         depth = 0
         while f is not None and depth < MAX_DEPTH:
+            if top is None and not _is_stdlib(f.f_code.co_filename):
+                top = _describe(f)  # the innermost frame of the program or a library
             if (
                 collective is None
                 and COLLECTIVE_PATH in f.f_code.co_filename
@@ -55,6 +69,8 @@ class MainThreadWhere:
                 collective = f.f_code.co_name  # the innermost torch.distributed frame
             f = f.f_back
             depth += 1
+        if top is None:
+            top = _describe(frame)
         now = time.time()
         key = (top, collective)
         if key != self._last:

@@ -155,15 +155,18 @@ def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
 
 
 def format_kill(result: dict[str, Any]) -> str:
-    lines = [f"{result.get('status')}: {printable(str(result.get('message')))}"]
+    node = f" [{printable(str(result['host']))}]" if result.get("nodes_total", 1) > 1 else ""
+    lines = [f"{result.get('status')}{node}: {printable(str(result.get('message')))}"]
     procs = result.get("processes") or []
     if procs:
-        lines.append(f"  {'PID':>8}  {'ROLE':<9} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
+        lines.append(f"  {'PID':>8}  {'ROLE':<18} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
         for p in procs:
             signals = ",".join(p.get("signals") or []) or "-"
+            role = printable(str(p.get("label") or p.get("role", "")))[:18]
+            ended = f" ({p['ended']})" if p.get("ended") else ""
             lines.append(
-                f"  {p['pid']:>8}  {p.get('role', ''):<9} {printable(str(p.get('comm')))[:16]:<16} "
-                f"{signals:<16} {p.get('outcome')}"
+                f"  {p['pid']:>8}  {role:<18} {printable(str(p.get('comm')))[:16]:<16} "
+                f"{signals:<16} {p.get('outcome')}{ended}"
             )
     ckpt = result.get("checkpoints") or {}
     if ckpt:
