@@ -48,6 +48,7 @@ def build_monitor_parser() -> argparse.ArgumentParser:
             "commands:\n"
             "  eagle3-tui RUN_DIR                  monitor a run directory on this machine\n"
             "  eagle3-tui [USER@]HOST[:RUN_DIR]    monitor a run over SSH (default: latest run)\n"
+            "  eagle3-tui HOST0 HOST1 ...          one run whose nodes are these hosts (torchrun)\n"
             "  eagle3-tui runs [HOST]              list the runs registered on a host\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
@@ -60,7 +61,11 @@ def build_monitor_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=_version())
     p.add_argument(
-        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+        "target",
+        metavar="TARGET",
+        nargs="+",
+        help="a local run directory, or [USER@]HOST[:RUN_DIR]; several hosts: the nodes of "
+        "one multi-node run (one host is enough once its manifest names the others)",
     )
     p.add_argument(
         "--compare",
@@ -286,10 +291,17 @@ def load_local(run_dir: Path) -> Run:
 
 async def load_remote(target: SshTarget) -> tuple[Run, float]:
     """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
-    lives (one connection), and the host's clock."""
+    lives (one connection), and the host's clock. A multi-node run's other nodes (its
+    manifest names them) are read too, each over its own connection."""
     from eagle3_tui.model.run import Run
     from eagle3_tui.transport.channel import Host
-    from eagle3_tui.transport.control import on_host, read_file, run_status
+    from eagle3_tui.transport.control import (
+        node_target,
+        on_host,
+        other_nodes,
+        read_file,
+        run_status,
+    )
 
     run = Run()
 
@@ -304,6 +316,14 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     now, status = await on_host(target, read)
     manifest = status.get("manifest")
     if isinstance(manifest, dict) and manifest:
+        nodes = other_nodes(manifest, str(status.get("host")), str(status.get("run_dir")))
+        for i, node in enumerate(nodes, start=1):
+            other = node_target(target, node)
+
+            async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
+                await read_file(host, other.run_dir, lambda f: run.feed(f.offset, f.data, i))
+
+            await on_host(other, read_node)
         run.state.set_manifest(manifest)
         alive = status.get("alive")
         run.state.set_process(alive if isinstance(alive, bool) else None, now)
@@ -437,37 +457,58 @@ def open_run_for(target: Target, host: Any = None) -> Any:
     return lambda run_dir: SshTransport(host, run_dir)
 
 
-async def monitor_ssh(target: SshTarget, ns: argparse.Namespace | None = None) -> int:
+async def monitor_ssh(
+    target: SshTarget, ns: argparse.Namespace | None = None, nodes: Sequence[SshTarget] = ()
+) -> int:
     """Connect and find the run first (errors as one line, before any UI), then monitor it:
     the live stream through the ``ssh`` binary where there is one (``--ssh-client``),
-    control over the asyncssh connection."""
-    from eagle3_tui.transport.control import open_host, resolve
+    control over the asyncssh connection.
+
+    A multi-node run: ``nodes`` are its other hosts (given on the command line), or,
+    when none are given, the nodes its manifest names; every node's file is streamed
+    into one view, and kill/resume act on every node."""
+    from eagle3_tui.transport.control import node_targets, open_host, resolve
+    from eagle3_tui.transport.merge import MergedSource
     from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
     from eagle3_tui.transport.ssh import SshHost, SshTransport, StreamHost
 
-    host = open_host(target)
-    assert isinstance(host, SshHost)
+    client = getattr(ns, "ssh_client", "auto")
+    ssh = find_ssh() if client != "asyncssh" else None
+    if client == "openssh" and ssh is None:
+        raise TargetError("--ssh-client openssh: no ssh on PATH")
+    every = [target, *(nodes or await node_targets(target))]
+    hosts: list[SshHost] = []
     try:
-        info = await resolve(host, target.run_dir)
-        run_dir = str(info["run_dir"])  # pinned: a newer run does not take over the view
+        sources = []
+        controls = []
         from eagle3_tui.app.app import make_app
         from eagle3_tui.app.control import RunControl
 
-        pinned = target.with_run_dir(run_dir)
-        client = getattr(ns, "ssh_client", "auto")
-        ssh = find_ssh() if client != "asyncssh" else None
-        if client == "openssh" and ssh is None:
-            raise TargetError("--ssh-client openssh: no ssh on PATH")
-        stream_host: StreamHost = OpenSshHost(pinned, ssh) if ssh else host
+        for t in every:
+            host = open_host(t)
+            assert isinstance(host, SshHost)
+            hosts.append(host)
+            info = await resolve(host, t.run_dir)
+            run_dir = str(info["run_dir"])  # pinned: a newer run does not take over the view
+            pinned = t.with_run_dir(run_dir)
+            stream_host: StreamHost = OpenSshHost(pinned, ssh) if ssh else host
+            sources.append(SshTransport(stream_host, run_dir))
+            controls.append(RunControl.for_target(pinned, host))
+        first, control = every[0].with_run_dir(str(controls[0].run_dir)), controls[0]
+        control.nodes = controls[1:]
+        source: Any = sources[0]
+        if len(sources) > 1:
+            source = MergedSource(sources, [t.destination for t in every])
         app = make_app(
-            SshTransport(stream_host, run_dir),
-            control=RunControl.for_target(pinned, host),
-            compare=compare_source(ns, pinned, host) if ns is not None else None,
-            open_run=open_run_for(pinned, host),
+            source,
+            control=control,
+            compare=compare_source(ns, first, hosts[0]) if ns is not None else None,
+            open_run=open_run_for(first, hosts[0]),
         )
         await app.run_async()
     finally:
-        await host.close()
+        for host in hosts:
+            await host.close()
     return EXIT_OK
 
 
@@ -475,9 +516,16 @@ def cmd_monitor(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
-    from eagle3_tui.transport.target import LocalTarget
+    from eagle3_tui.transport.target import LocalTarget, SshTarget, parse_target
 
-    target = cli_target(ns)
+    options = ssh_options(ns)
+    targets = [parse_target(t, options) for t in ns.target]
+    target = targets[0]
+    if len(targets) > 1:
+        remote = [t for t in targets if isinstance(t, SshTarget)]
+        if len(remote) != len(targets):
+            raise TargetError("several targets are the nodes of one run: give them as hosts")
+        return asyncio.run(monitor_ssh(remote[0], ns, remote[1:]))
     if not isinstance(target, LocalTarget):
         return asyncio.run(monitor_ssh(target, ns))
     run_dir = target.run_dir
@@ -512,14 +560,24 @@ def cmd_kill(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
 
-    run_dir = control.run_dir_of(target)
-    result = asyncio.run(
-        control.on_host(
-            target, lambda h: control.kill_run(h, run_dir, ns.grace, on_progress=_print_progress)
-        )
-    )
+    async def kill(host: Any, t: Target) -> dict[str, Any]:
+        run_dir = control.run_dir_of(t)
+        return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
+
+    result = asyncio.run(on_every_node(target, "kill", kill))
     print(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
+
+
+async def on_every_node(target: Target, op: str, call: Any) -> dict[str, Any]:
+    """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
+    names its nodes, on every node at once; one (merged) result."""
+    from eagle3_tui.transport import control
+
+    nodes = await control.node_targets(target)
+    if not nodes:
+        return dict(await control.on_host(target, lambda h: call(h, target)))
+    return control.merge_results(op, await control.on_nodes([target, *nodes], call))
 
 
 def cmd_resume(ns: argparse.Namespace) -> int:
@@ -529,8 +587,10 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
 
-    run_dir = control.run_dir_of(target)
-    result = asyncio.run(control.on_host(target, lambda h: control.resume_run(h, run_dir, ns.wait)))
+    async def resume(host: Any, t: Target) -> dict[str, Any]:
+        return await control.resume_run(host, control.run_dir_of(t), ns.wait)
+
+    result = asyncio.run(on_every_node(target, "resume", resume))
     print(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 

@@ -197,6 +197,8 @@ def op_resume(req: dict[str, Any]) -> int:
     if not os.path.isdir(cwd):
         raise AgentError("refused", f"{cwd}: the run's working directory is gone")
     env = dict(os.environ)
+    if launcher is not None and isinstance(launcher.get("env"), dict):
+        env.update({str(k): str(v) for k, v in launcher["env"].items()})
     for key, value in (m.get("env") or {}).items():
         if launcher is not None and key in TORCHRUN_ENV:
             continue  # set per rank by the torchrun agent the command starts again

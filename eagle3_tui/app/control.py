@@ -7,10 +7,12 @@ from an async worker, never on the UI thread's critical path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_tui.transport import control
+from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
 from eagle3_tui.transport.target import LocalTarget, Target
 
@@ -25,6 +27,8 @@ class RunControl:
     """``host:run_dir`` (or the local path), for dialogs."""
     kill_grace_s: float = 130.0
     resume_wait_s: float = 30.0
+    nodes: list[RunControl] = field(default_factory=list)
+    """The run's other nodes (a multi-node torchrun job): kill and resume act on all."""
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
@@ -38,10 +42,30 @@ class RunControl:
         return await control.run_status(self.host, self.run_dir)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return await control.kill_run(self.host, self.run_dir, self.kill_grace_s, on_progress)
+        if not self.nodes:
+            return await control.kill_run(self.host, self.run_dir, self.kill_grace_s, on_progress)
+        return await self._every_node(
+            "kill", lambda c: control.kill_run(c.host, c.run_dir, c.kill_grace_s, on_progress)
+        )
 
     async def resume(self) -> dict[str, Any]:
-        return await control.resume_run(self.host, self.run_dir, self.resume_wait_s)
+        if not self.nodes:
+            return await control.resume_run(self.host, self.run_dir, self.resume_wait_s)
+        return await self._every_node(
+            "resume", lambda c: control.resume_run(c.host, c.run_dir, c.resume_wait_s)
+        )
+
+    async def _every_node(self, op: str, call: Any) -> dict[str, Any]:
+        """At once on every node (see control.on_nodes); one merged result."""
+        every = [self, *self.nodes]
+
+        async def one(c: RunControl) -> tuple[str, dict[str, Any]]:
+            try:
+                return c.where, await call(c)
+            except TargetError as e:
+                return c.where, {"status": "error", "message": str(e)}
+
+        return control.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
 
     async def runs(self) -> dict[str, Any]:
         return await control.list_runs(self.host)

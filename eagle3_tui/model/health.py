@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eagle3_tui.model.state import RunState
+from eagle3_tui.model.state import Event, RunState
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
@@ -335,6 +335,9 @@ def _rank_death(state: RunState) -> Diagnosis | None:
     first = min(ends, key=lambda e: e.ts)
     if first.event != "crash":
         return None
+    # a rank that raised because its peer hung up is a consequence, not the cause
+    soon = sorted((e for e in ends if e.event == "crash" and e.ts - first.ts <= 10.0), key=_ts)
+    first = next((e for e in soon if not _peer_error(e.error)), first)
     where = f"pid {first.pid}" if first.pid else ""
     if first.host:
         where = f"{where} on {first.host}" if where else f"on {first.host}"
@@ -348,6 +351,19 @@ def _rank_death(state: RunState) -> Diagnosis | None:
         Health.DEAD,
         f"{who} died {at}: {how}; torchrun stops the other ranks when one fails (see train.log).",
     )
+
+
+_PEER_ERRORS = ("by peer", "connection closed", "connection reset", "remote process", "broken pipe")
+
+
+def _ts(e: Event) -> float:
+    return e.ts
+
+
+def _peer_error(error: str | None) -> bool:
+    """An error a rank raises when another rank is gone (gloo, NCCL)."""
+    low = (error or "").lower()
+    return any(s in low for s in _PEER_ERRORS)
 
 
 def _exit_text(status: int | None) -> str:
@@ -388,7 +404,8 @@ def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | No
         frame = str(where.get("frame") or "?")[:80]
         held = where.get("for_s")
         since = f" for {_ago(float(held))}" if isinstance(held, int | float) else ""
-        parts.append(f"rank {r} stopped at {step_of(r)} (in {frame}{since})")
+        on = f" on {live[r].host}" if len({hb.host for hb in live.values()}) > 1 else ""
+        parts.append(f"rank {r}{on} stopped at {step_of(r)} (in {frame}{since})")
     collectives = sorted({str((live[r].where or {}).get("collective")) for r in waiting})
     names = ", ".join(str(r) for r in waiting)
     ranks = "rank" if len(waiting) == 1 else "ranks"

@@ -104,7 +104,7 @@ class SamplerHost:
         self._exclude = exclude or (lambda: {*cfg.exclude_pids, os.getpid()})
         self.receiver: ReadsReceiver | None = None
         # held from the start, so that how the trainer ended can be read after it is reaped
-        self._pidfd = procs.open_pidfd(cfg.trainer_pid)
+        self.pidfd = procs.open_pidfd(cfg.trainer_pid)
         self.sset = self._build(sampler_cpu)
 
     def _run_pids(self) -> set[int]:
@@ -225,7 +225,7 @@ class SamplerHost:
         moments, after which only the pidfd tells (Linux 6.15+)."""
         deadline = time.monotonic() + wait_s
         while True:
-            status = procs.exit_status(self.cfg.trainer_pid, self._pidfd)
+            status = procs.exit_status(self.cfg.trainer_pid, self.pidfd)
             if status is not None or time.monotonic() >= deadline:
                 return status
             time.sleep(0.05)
@@ -233,6 +233,7 @@ class SamplerHost:
     def _trainer_gone(self) -> None:
         if self.finished or self.stopped:
             return
+        noticed = time.time()  # under torchrun, which rank went first matters
         status = self._exit_status()
         how = procs.describe_exit(status)
         self.writer.write(
@@ -247,6 +248,7 @@ class SamplerHost:
                 "host": procs_host(),
                 "detected_by": self.source,
             },
+            ts=noticed,
         )
         if self.cfg.writes_manifest:  # the trainer cannot update its manifest any more: we do
             path = Path(self.cfg.run_dir) / MANIFEST_FILE
@@ -261,10 +263,10 @@ class SamplerHost:
                 pass
 
     def _close_pidfd(self) -> None:
-        if self._pidfd is not None:
+        if self.pidfd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+                os.close(self.pidfd)
+            self.pidfd = None
 
     def _final(self) -> None:
         """The last look: what the checkpoint directory became, the last figures."""
@@ -401,15 +403,17 @@ class SidecarClient:
                 self.proc.wait(1.0)
 
 
-def _read_ops(fd: int) -> Callable[[float], list[Op] | None]:
+def _read_ops(fd: int, wake: list[int]) -> Callable[[float], list[Op] | None]:
+    """Ops from ``fd``; a descriptor in ``wake`` that becomes readable (the trainer's
+    pidfd) ends the wait early."""
     buf = bytearray()
 
     def get_ops(timeout: float) -> list[Op] | None:
         try:
-            ready, _, _ = select.select([fd], [], [], timeout)
-        except InterruptedError:
+            ready, _, _ = select.select([fd, *wake], [], [], timeout)
+        except (InterruptedError, OSError):
             return []
-        if not ready:
+        if fd not in ready:
             return []
         try:
             chunk = os.read(fd, 1 << 16)
@@ -456,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         rank=cfg.rank,
         writer_id=f"{os.getpid()}-sidecar",
     )
-    read_ops = _read_ops(0)
+    wake: list[int] = []
+    read_ops = _read_ops(0, wake)
 
     def get_ops(timeout: float) -> list[Op] | None:
         if stop.is_set():
@@ -470,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         get_ops=get_ops,
         sampler_cpu=time.process_time,
     )
+    if host.pidfd is not None:
+        wake.append(host.pidfd)  # readable the moment the trainer exits
     host.run()
     writer.close(5.0)
     return 0

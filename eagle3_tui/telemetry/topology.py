@@ -100,15 +100,43 @@ def place_from_env(rank: int | None = None) -> Place:
     )
 
 
+LAUNCHER_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "EAGLE3_TUI_")
+LAUNCHER_ENV_KEYS = ("OMP_NUM_THREADS", "PYTHONPATH", "PATH", "VIRTUAL_ENV")
+"""What of the agent's environment a relaunch needs again (a resume over SSH starts from
+the login's environment): the communication and device settings, the interpreter's
+path. Never the whole environment: it may hold tokens, and run.json is readable."""
+
+
+def launcher_env(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.decode("utf-8", "replace").partition("=")
+        if sep and (key in LAUNCHER_ENV_KEYS or key.startswith(LAUNCHER_ENV_PREFIXES)):
+            out[key] = value
+    return out
+
+
 def launcher_info(pid: int) -> dict[str, Any]:
-    """The torchrun agent as the manifest records it: pid, start time, command line, cwd."""
+    """The torchrun agent as the manifest records it: pid, start time, command line, cwd,
+    the part of its environment a relaunch needs (:data:`LAUNCHER_ENV_PREFIXES`)."""
     from eagle3_tui.telemetry.manifest import proc_start_ticks
 
     try:
         cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = None
-    return {"pid": pid, "start_ticks": proc_start_ticks(pid), "argv": cmdline(pid), "cwd": cwd}
+    return {
+        "pid": pid,
+        "start_ticks": proc_start_ticks(pid),
+        "argv": cmdline(pid),
+        "cwd": cwd,
+        "env": launcher_env(pid),
+    }
 
 
 def rank_entry(place: Place, run_dir: str, run_id: str) -> dict[str, Any]:

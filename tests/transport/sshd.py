@@ -77,6 +77,12 @@ class Sshd:
     host_public: str = ""
     login_shell_rc: bool = False
     """Let bash read ~/.bashrc on each exec (slow here: pyenv init), as a real login would."""
+    alias: str = ALIAS
+    hostname: str | None = None
+    """Run sshd (and so every session) in a UTS namespace of its own with this host name:
+    several instances then look like several machines to what runs in them."""
+    set_env: dict[str, str] = field(default_factory=dict)
+    """More variables for every session (sshd's SetEnv)."""
     state_home: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,8 +132,12 @@ class Sshd:
             self.port = free_port()
             self._write_configs()
             log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - owned by the child
+            cmd = [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")]
+            if self.hostname is not None:
+                shell = 'hostname "$0" && exec "$@"'
+                cmd = ["unshare", "--uts", "sh", "-c", shell, self.hostname, *cmd]
             self.proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
+                cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -153,11 +163,13 @@ class Sshd:
             "MaxStartups 100:30:200\n"
             "MaxSessions 100\n"
             "Subsystem sftp internal-sftp\n"
-            f"SetEnv {'' if self.login_shell_rc else 'SHLVL=1 '}XDG_STATE_HOME={self.state_home}\n"
+            f"SetEnv {'' if self.login_shell_rc else 'SHLVL=1 '}XDG_STATE_HOME={self.state_home}"
+            + "".join(f" {k}={v}" for k, v in self.set_env.items())
+            + "\n"
         )
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public}\n")
         self.ssh_config.write_text(
-            f"Host {ALIAS}\n"
+            f"Host {self.alias}\n"
             "    HostName 127.0.0.1\n"
             f"    Port {self.port}\n"
             "    User root\n"
