@@ -160,10 +160,10 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     """The run's health from its records and any process probe."""
     state.settle()
     step = state.global_step
-    rank_death = _rank_death(state)  # torchrun: one rank's death ends every rank
-    if rank_death is not None:
-        return rank_death
-    last = state.last_event()
+    end = _ranks_end(state)  # torchrun: the first rank to end says how the run ended
+    if end is not None and end.event == "crash":
+        return _rank_death(end)
+    last = end or state.last_event()
     if last is not None and last.event == "finish":
         done = f"after {last.step} steps" if last.step is not None else f"at step {step}"
         return Diagnosis(Health.FINISHED, f"Training finished {done}.")
@@ -322,22 +322,25 @@ def _distributed(state: RunState) -> bool:
     return (isinstance(world, int) and world > 1) or len(state.rank_heartbeats) > 1
 
 
-def _rank_death(state: RunState) -> Diagnosis | None:
-    """A distributed run whose first end since its last start or resume is a crash: the
-    rank that died, how, and at which step (the other ranks' interrupt or crash that
-    follows is torchrun tearing them down, not news)."""
+def _ranks_end(state: RunState) -> Event | None:
+    """A distributed run's first end since its last start or resume (what follows it is
+    torchrun, or a kill, ending the other ranks: not news). Of crashes close together,
+    a rank that died rather than one that raised because its peer hung up."""
     if not _distributed(state) or not state.events:
         return None
     began = max((e.ts for e in state.events if e.event in ("start", "resume")), default=0.0)
     ends = [e for e in state.events if e.ts >= began and e.event in _ENDS]
     if not ends:
         return None
-    first = min(ends, key=lambda e: e.ts)
+    first = min(ends, key=_ts)
     if first.event != "crash":
-        return None
-    # a rank that raised because its peer hung up is a consequence, not the cause
+        return first
     soon = sorted((e for e in ends if e.event == "crash" and e.ts - first.ts <= 10.0), key=_ts)
-    first = next((e for e in soon if not _peer_error(e.error)), first)
+    return next((e for e in soon if not _peer_error(e.error)), first)
+
+
+def _rank_death(first: Event) -> Diagnosis:
+    """The rank that died, how, and at which step."""
     where = f"pid {first.pid}" if first.pid else ""
     if first.host:
         where = f"{where} on {first.host}" if where else f"on {first.host}"

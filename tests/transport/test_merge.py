@@ -1,0 +1,36 @@
+"""The nodes of one run as one stream: chunks tagged by node, the worst link shown."""
+
+from __future__ import annotations
+
+import asyncio
+
+from eagle3_tui.transport.base import Chunk, Link, LinkChanged
+from eagle3_tui.transport.merge import MergedSource
+from eagle3_tui.transport.replay import ReplayTransport
+
+
+async def test_chunks_keep_their_node_and_the_worst_link_is_named() -> None:
+    node0 = ReplayTransport([b"a0\n", b"a1\n"], label="node0:/r")
+    node1 = ReplayTransport([b"b0\n"], label="node1:/r/node1")
+    merged = MergedSource([node0, node1], ["node0", "node1"])
+    assert merged.label == "node0:/r (+1 node)"
+    seen: list[object] = []
+
+    async def collect() -> None:
+        async for event in merged.stream(0):
+            seen.append(event)
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0.05)
+    node1.push(LinkChanged(Link.RECONNECTING, "connection lost", retry_in=2.0))
+    await asyncio.sleep(0.05)
+    node1.push(LinkChanged(Link.CONNECTED))
+    node1.push(b"b1\n")
+    await asyncio.sleep(0.05)
+    task.cancel()
+    chunks = [(e.stream, e.offset, e.data) for e in seen if isinstance(e, Chunk)]
+    assert sorted(chunks) == [(0, 0, b"a0\n"), (0, 3, b"a1\n"), (1, 0, b"b0\n"), (1, 3, b"b1\n")]
+    links = [e for e in seen if isinstance(e, LinkChanged)]
+    assert links[0].link is Link.LOCAL  # replay's own state, both nodes alike
+    assert LinkChanged(Link.RECONNECTING, "node1: connection lost", 2.0) in links
+    assert links[-1] == LinkChanged(Link.CONNECTED)  # node1 back: nothing worse to show
