@@ -16,6 +16,19 @@ never textual or asyncssh.
 
 from __future__ import annotations
 
-from eagle3_tui.telemetry.session import Telemetry, attach, install_dictconfig_hook
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3_tui.telemetry.session import Telemetry, attach, install_dictconfig_hook
 
 __all__ = ["Telemetry", "attach", "install_dictconfig_hook"]
+
+
+def __getattr__(name: str) -> Any:
+    """The session's names, imported when first used: the agent imports ``procs`` and
+    ``topology`` from this package and must not pull in the writer (orjson) with them."""
+    if name in __all__:
+        from eagle3_tui.telemetry import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -262,8 +262,9 @@ class DataPanel(Panel):
         lines += [head, starve]
         for w in io.workers:
             row = Text(no_wrap=True, overflow="ellipsis")
-            row.append(f"  r{w.rank} " if io.ranks > 1 else "  ", style="dim")
-            row.append(f"{w.pid:>7} ", style="bold")
+            if io.ranks > 1:  # torchrun: whose reads
+                row.append(f"  r{w.rank}", style="dim")
+            row.append(f" {w.pid:>7} " if io.ranks > 1 else f"  {w.pid:>7} ", style="bold")
             row.append_text(inert(w.role[:8].ljust(8), style="dim"))
             row.append(f" {size(w.bytes_per_s)}/s")
             if w.read_total is not None:
