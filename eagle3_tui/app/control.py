@@ -63,7 +63,7 @@ class RunControl:
             try:
                 return c.where, await call(c)
             except TargetError as e:
-                return c.where, {"status": "error", "message": str(e)}
+                return c.where, control.failure(e)
 
         return control.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
 

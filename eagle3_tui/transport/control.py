@@ -183,13 +183,15 @@ async def on_nodes(
         try:
             return where(t, run_dir_of(t)), await on_host(t, lambda h: call(h, t))
         except TargetError as e:
-            refused = type(e).__name__ == "AgentRefusedError"
-            return where(t, run_dir_of(t)), {
-                "status": "refused" if refused else "error",
-                "message": str(e),
-            }
+            return where(t, run_dir_of(t)), failure(e)
 
     return list(await asyncio.gather(*(one(t) for t in targets)))
+
+
+def failure(e: TargetError) -> dict[str, Any]:
+    """A node's error as its result: ``refused`` (nothing done) or ``error``."""
+    refused = type(e).__name__ == "AgentRefusedError"
+    return {"status": "refused" if refused else "error", "message": str(e)}
 
 
 def merge_results(op: str, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -277,6 +279,8 @@ def format_resume(result: dict[str, Any]) -> str:
     nodes = result.get("nodes")
     if isinstance(nodes, list):
         return "\n".join(f"== {printable(str(n.get('where')))}\n{format_resume(n)}" for n in nodes)
+    if result.get("status") in ("refused", "error"):  # one node's, in a multi-node report
+        return f"{result.get('status')}: {printable(str(result.get('message')))}"
     if result.get("status") != "started":
         lines = [f"failed: {printable(str(result.get('message')))} (pid {result.get('pid')})"]
         tail = str(result.get("log_tail") or "")

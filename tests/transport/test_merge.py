@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged
 from eagle3_tui.transport.merge import MergedSource
@@ -34,3 +35,28 @@ async def test_chunks_keep_their_node_and_the_worst_link_is_named() -> None:
     assert links[0].link is Link.LOCAL  # replay's own state, both nodes alike
     assert LinkChanged(Link.RECONNECTING, "node1: connection lost", 2.0) in links
     assert links[-1] == LinkChanged(Link.CONNECTED)  # node1 back: nothing worse to show
+
+
+async def test_the_apps_control_acts_on_every_node_and_reports_each(tmp_path: Path) -> None:
+    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.transport.channel import LocalHost
+    from eagle3_tui.transport.control import format_kill, format_resume, resume_exit_status
+    from tests.transport.fakes import dead_pid, fake_manifest
+
+    node0, node1 = tmp_path / "run", tmp_path / "run" / "node1"
+    fake_manifest(node0, dead_pid(), "r0", checkpoint_dir=str(tmp_path / "ckpt"))
+    fake_manifest(node1, dead_pid(), "r1", checkpoint_dir=str(tmp_path / "ckpt"))
+    second = RunControl(LocalHost(), str(node1), "node1:run/node1")
+    control = RunControl(LocalHost(), str(node0), "node0:run", nodes=[second])
+    killed = await control.kill()
+    assert [(n["where"], n["status"]) for n in killed["nodes"]] == [
+        ("node0:run", "not_running"),
+        ("node1:run/node1", "not_running"),
+    ]
+    assert killed["status"] == "not_running"
+    assert "== node0:run\nnot_running" in format_kill(killed)
+    assert "== node1:run/node1\nnot_running" in format_kill(killed)
+    resumed = await control.resume()  # no numbered checkpoint on either: refused on both
+    assert [n["status"] for n in resumed["nodes"]] == ["refused", "refused"]
+    text = format_resume(resumed)
+    assert resume_exit_status(resumed) == 9 and "== node1:run/node1\nrefused: " in text
