@@ -16,6 +16,12 @@ Prints:
 5. The samplers' CPU use at 1 s intervals, in the sidecar and in a thread, with
    8 recorded GPUs, 2 reading child processes and a checkpoint directory; and the
    writer thread's idle cost.
+6. Under torchrun, the samplers' CPU per node: 8 ranks of one node (stand-in
+   processes under a stand-in agent), each with its sidecar, GPUs read as before
+   (each rank its own device), as the issue feared (each rank every device), and
+   now (local rank 0 reads the node's devices once, the others none).
+7. Telemetry's overhead per rank in a real ``torchrun --nproc-per-node 2`` tiny
+   training (skipped without torch): each rank's heartbeat figures.
 
 Numbers are for comparison within one run; absolute times vary between machines.
 """
@@ -23,6 +29,7 @@ Numbers are for comparison within one run; absolute times vary between machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -330,11 +337,191 @@ def sampler_cpu(tmp: Path, seconds: float) -> None:
     print(f"   idle writer thread in the trainer: {100 * (c1 - c0) / 5:.3f} %")
 
 
+AGENT = """
+import subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)"])
+         for _ in range(int(sys.argv[1]))]
+print(" ".join(str(r.pid) for r in ranks), flush=True)
+time.sleep(1e6)
+"""
+
+
+def _node_configs(
+    mode: str, pids: list[int], agent: int, run_dir: Path, enabled: list[str]
+) -> list[Any]:
+    """The sampler configurations of a node's ranks: ``before`` (each rank its own device,
+    the code before this change), ``every`` (each rank every device), ``now``."""
+    from eagle3_tui.telemetry.samplers import SamplerConfig
+
+    out = []
+    for r, pid in enumerate(pids):
+        scope, local, launcher = {
+            "before": ("own", r, None),
+            "every": ("own", None, None),
+            "now": ("node" if r == 0 else "none", r, agent),
+        }[mode]
+        out.append(
+            SamplerConfig(
+                run_dir=str(run_dir),
+                trainer_pid=pid,
+                trainer_start_ticks=mf.proc_start_ticks(pid),
+                rank=r,
+                run_id="bench",
+                interval=1.0,
+                enabled=enabled,
+                local_rank=local,
+                world_size=len(pids) if local is not None else 1,
+                local_world_size=len(pids),
+                launcher_pid=launcher,
+                gpu_scope=scope,
+                nvml_fixture=str(FIXTURE),
+                writes_manifest=False,
+            )
+        )
+    return out
+
+
+def _cpu_of(clients: list[Any]) -> float:
+    return sum(st.cpu_s for c in clients if c.pid and (st := procs.stat(c.pid)))
+
+
+MODES = {
+    "before": "before: each rank reads its own GPU",
+    "every": "each rank reads every GPU",
+    "now": "now: local rank 0 reads the node's",
+}
+
+
+def node_samplers(tmp: Path, seconds: float, ranks: int = 8) -> None:
+    from eagle3_tui.telemetry.sidecar import SamplerHost, SidecarClient
+    from eagle3_tui.telemetry.writer import JsonlWriter
+
+    print(f"6. one node, {ranks} ranks (stand-ins) under a torchrun-like agent, 8 recorded GPUs")
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(ranks)], stdout=subprocess.PIPE, text=True
+    )
+    assert agent.stdout is not None
+    pids = [int(p) for p in agent.stdout.readline().split()]
+    try:
+        # a: the GPU sampling itself, every rank's sampler of the node in one process
+        print("   a. GPU sampling per node per second: CPU (ms), device reads, NVML sessions,")
+        print("      records and bytes written (200 rounds of every rank's sampler)")
+        cost: dict[str, float] = {}
+        for mode, label in MODES.items():
+            run_dir = tmp / f"gpu-{mode}"
+            run_dir.mkdir()
+            writer = JsonlWriter(run_dir / "metrics.jsonl", background=False)
+            hosts = [
+                SamplerHost(c, writer, source="bench", get_ops=lambda t: [], sampler_cpu=time.time)
+                for c in _node_configs(mode, pids, agent.pid, run_dir, ["gpu"])
+            ]
+            gpus = [h.sset.get("gpu") for h in hosts if h.sset.get("gpu") is not None]
+            for g in gpus:  # NVML start-up and device lookup: once, not per second
+                g.sample(time.time())
+            size0, rounds = writer.snapshot()["bytes"], 200
+            c0 = time.process_time()
+            for _ in range(rounds):
+                for g in gpus:
+                    g.sample(time.time())
+            cpu_ms = 1000 * (time.process_time() - c0) / rounds
+            nbytes = (writer.snapshot()["bytes"] - size0) / rounds
+            reads = sum(len(g._indices or []) for g in gpus)
+            cost[mode] = cpu_ms
+            print(
+                f"      {label:<38} {cpu_ms:6.3f} ms  {reads:2d} reads  {len(gpus)} sessions  "
+                f"{len(gpus)} records  {nbytes / 1024:5.1f} KiB"
+            )
+            for h in hosts:
+                h.sset.close()
+            writer.close()
+        print(
+            f"      now/before {cost['now'] / cost['before']:.2f}, "
+            f"now/every {cost['now'] / cost['every']:.2f}"
+        )
+        # b: the whole sidecars (their loop, /proc checks, heartbeats and reads included)
+        print(f"   b. every rank's sidecar process, {seconds:.0f} s after start-up, % of one core")
+        for mode, label in MODES.items():
+            run_dir = tmp / f"sidecars-{mode}"
+            run_dir.mkdir()
+            configs = _node_configs(mode, pids, agent.pid, run_dir, ["gpu", "io", "heartbeat"])
+            clients = [SidecarClient(c) for c in configs]
+            time.sleep(3.0)  # imports and NVML start-up, not counted
+
+            c0, t0 = _cpu_of(clients), time.monotonic()
+            time.sleep(seconds)
+            pct_ = 100 * (_cpu_of(clients) - c0) / (time.monotonic() - t0)
+            for c in clients:
+                c.close()
+            print(f"      {label:<38} {pct_:5.2f} %  ({pct_ / ranks:.2f} % per rank)")
+    finally:
+        agent.kill()
+        agent.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def torchrun_overhead(tmp: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("speculators") is None:
+        print("7. skipped: speculators is not installed")
+        return
+    run_dir = tmp / "torchrun"
+    print("7. telemetry per rank in a real torchrun --nproc-per-node 2 tiny training (gloo)")
+    env = dict(os.environ, EAGLE3_TUI_NVML_FIXTURE=str(FIXTURE))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "eagle3_tui.train.tiny",
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "4",
+        "--workers",
+        "1",
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        print(f"   the training failed ({proc.returncode}): {proc.stderr[-500:]}")
+        return
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["kind"] == "train"]
+    step_ms = statistics.median(r["profile"]["step_ms"] for r in steps)
+    print(
+        f"   {len(steps)} steps in {wall:.0f} s (start-up included), median step {step_ms:.0f} ms"
+    )
+    for rank in (0, 1):
+        beats = [r for r in recs if r["kind"] == "heartbeat" and r["rank"] == rank]
+        last = next(b for b in reversed(beats) if b.get("trainer", {}).get("cpu_s"))
+        life = max(1e-9, last["ts"] - beats[0]["ts"])
+        o = last["overhead_us"]
+        calls_per_step = o["n"] / max(1, len(steps))
+        share = 100 * o["p50"] * calls_per_step / 1000 / step_ms
+        print(
+            f"   rank {rank}: handler {o['p50']:.1f}/{o['p99']:.1f} µs p50/p99 per call, "
+            f"{calls_per_step:.1f} calls a step = {share:.3f} "
+            f"% of a step; writer thread {100 * last['writer_cpu_s'] / life:.2f} %, sidecar "
+            f"{100 * last['sampler_cpu_s'] / life:.2f} % of a core over {life:.0f} s "
+            f"(the rank itself: {100 * last['trainer']['cpu_s'] / life:.0f} %)"
+        )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--sampler-seconds", type=float, default=10.0)
+    p.add_argument(
+        "--only", choices=("node", "torchrun"), help="run only section 6 or 7 (the torchrun ones)"
+    )
     a = p.parse_args()
     for name in (mf.RUN_ID_ENV, mf.RUN_DIR_ENV, READS_ENV):
         os.environ.pop(name, None)
@@ -342,10 +529,15 @@ def main() -> int:
         tmp = Path(d)
         os.environ["XDG_STATE_HOME"] = str(tmp / "state")
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-        caller_cost(tmp, a.records, a.rounds)
-        paced_cost(tmp, 2000, 4)
-        visibility(tmp)
-        sampler_cpu(tmp, a.sampler_seconds)
+        if a.only is None:
+            caller_cost(tmp, a.records, a.rounds)
+            paced_cost(tmp, 2000, 4)
+            visibility(tmp)
+            sampler_cpu(tmp, a.sampler_seconds)
+        if a.only in (None, "node"):
+            node_samplers(tmp, a.sampler_seconds)
+        if a.only in (None, "torchrun"):
+            torchrun_overhead(tmp)
     return 0
 
 

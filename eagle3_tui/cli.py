@@ -53,6 +53,7 @@ def build_monitor_parser() -> argparse.ArgumentParser:
             "  eagle3-tui [TARGET] --pid PID       monitor a training process (no telemetry\n"
             "                                      needed: watched from outside)\n"
             "  eagle3-tui runs [HOST]              live trainings and registered runs\n"
+            "  eagle3-tui HOST0 HOST1 ...          one run whose nodes are these hosts (torchrun)\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"
             "  eagle3-tui attach [TARGET] --pid N  add telemetry to a live training, no restart\n"
@@ -67,9 +68,10 @@ def build_monitor_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target",
         metavar="TARGET",
-        nargs="?",
+        nargs="*",
         help="a local run or work directory, or [USER@]HOST[:DIR] (HOST alone: your live "
-        "training there, else its latest run)",
+        "training there, else its latest run); several hosts: the nodes of one multi-node run "
+        "(one host is enough once its manifest names the others)",
     )
     add_pid_option(p)
     p.add_argument(
@@ -373,10 +375,17 @@ def load_local(run_dir: Path) -> Run:
 
 async def load_remote(target: SshTarget) -> tuple[Run, float]:
     """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
-    lives (one connection), and the host's clock."""
+    lives (one connection), and the host's clock. A multi-node run's other nodes (its
+    manifest names them) are read too, each over its own connection."""
     from eagle3_tui.model.run import Run
     from eagle3_tui.transport.channel import Host
-    from eagle3_tui.transport.control import on_host, read_file, run_status
+    from eagle3_tui.transport.control import (
+        node_target,
+        on_host,
+        other_nodes,
+        read_file,
+        run_status,
+    )
 
     run = Run()
 
@@ -393,6 +402,14 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     if isinstance(manifest, dict) and manifest:
         from eagle3_tui.model.state import leftovers_of
 
+        nodes = other_nodes(manifest, str(status.get("host")), str(status.get("run_dir")))
+        for i, node in enumerate(nodes, start=1):
+            other = node_target(target, node)
+
+            async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
+                await read_file(host, other.run_dir, lambda f: run.feed(f.offset, f.data, i))
+
+            await on_host(other, read_node)
         run.state.set_manifest(manifest)
         alive = status.get("alive")
         run.state.set_process(
@@ -612,17 +629,22 @@ def open_run_for(target: Target, host: Any = None) -> Any:
     return lambda run_dir: SshTransport(host, run_dir)
 
 
-async def monitor(target: Target, ns: argparse.Namespace) -> int:
+async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTarget] = ()) -> int:
     """Find what the target means first (errors as one line, before any UI; a picker when
     the host has several live trainings), then monitor it: a run's metrics.jsonl, or a
     training without telemetry watched from outside. Over SSH the live stream goes through
-    the ``ssh`` binary where there is one (``--ssh-client``), control over asyncssh."""
+    the ``ssh`` binary where there is one (``--ssh-client``), control over asyncssh.
+
+    A multi-node run: ``nodes`` are its other hosts (given on the command line), or, when
+    none are given, the nodes its manifest names; every node's file is streamed into one
+    view, and kill/resume act on every node."""
     from eagle3_tui.transport import control
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
     from eagle3_tui.transport.target import LocalTarget
 
     pid = getattr(ns, "pid", None)
     host = control.open_host(target)
+    hosts: list[Any] = [host]
     try:
         from eagle3_tui.app.app import make_app
         from eagle3_tui.app.control import RunControl
@@ -670,6 +692,7 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
                 pinned = target.with_run_dir(run_dir)  # a newer run does not take over
                 source = SshTransport(stream_host(pinned, host, ns), run_dir)
                 app_control = RunControl.for_target(pinned, host)
+                source = await with_nodes(source, app_control, pinned, nodes, hosts, ns)
                 compare = compare_source(ns, pinned, host)
                 open_run = open_run_for(pinned, host)
         app = make_app(
@@ -683,8 +706,48 @@ async def monitor(target: Target, ns: argparse.Namespace) -> int:
         )
         await app.run_async()
     finally:
-        await host.close()
+        for h in hosts:
+            await h.close()
     return app_exit_status(app)
+
+
+async def with_nodes(
+    source: Any,
+    app_control: Any,
+    pinned: SshTarget,
+    nodes: Sequence[SshTarget],
+    hosts: list[Any],
+    ns: argparse.Namespace,
+) -> Any:
+    """A multi-node run's view: every node's stream merged (``transport.merge``), its
+    control on each node (``RunControl.nodes``); the source unchanged for one node."""
+    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.merge import MergedSource
+    from eagle3_tui.transport.ssh import SshTransport
+
+    others = list(nodes) or await control.node_targets(pinned)
+    if not others:
+        return source
+    sources = [source]
+    for node in others:
+        host = control.open_host(node)
+        hosts.append(host)
+        info = await control.resolve(host, node.run_dir)
+        run_dir = str(info["run_dir"])
+        node_pinned = node.with_run_dir(run_dir)
+        sources.append(SshTransport(stream_host(node_pinned, host, ns), run_dir))
+        app_control.nodes.append(RunControl.for_target(node_pinned, host))
+    return MergedSource(sources, [t.destination for t in (pinned, *others)])
+
+
+def pinned_to(target: Target, run_dir: str) -> Target:
+    """The target with the run directory a choice gave (a newer run does not take over)."""
+    from eagle3_tui.transport.target import LocalTarget
+
+    if isinstance(target, LocalTarget):
+        return LocalTarget(Path(run_dir))
+    return target.with_run_dir(run_dir)
 
 
 def stream_host(target: Target, host: Any, ns: argparse.Namespace) -> Any:
@@ -707,7 +770,18 @@ def stream_host(target: Target, host: Any, ns: argparse.Namespace) -> Any:
 def cmd_monitor(ns: argparse.Namespace) -> int:
     import asyncio
 
-    return asyncio.run(monitor(cli_target(ns), ns))
+    from eagle3_tui.transport.target import SshTarget, parse_target
+
+    if not ns.target:
+        ns.target = None  # --pid alone: this machine
+        return asyncio.run(monitor(cli_target(ns), ns))
+    targets = [parse_target(t, ssh_options(ns)) for t in ns.target]
+    if len(targets) > 1:
+        remote = [t for t in targets if isinstance(t, SshTarget)]
+        if len(remote) != len(targets):
+            raise TargetError("several targets are the nodes of one run: give them as hosts")
+        return asyncio.run(monitor(remote[0], ns, remote[1:]))
+    return asyncio.run(monitor(targets[0], ns))
 
 
 def local_export_dir(run_dir: Path) -> Path:
@@ -744,23 +818,44 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     target = cli_target(ns)
     label = ns.target or f"pid {ns.pid}"
 
-    async def go(host: Host) -> dict[str, Any]:
-        run_dir = control.run_dir_of(target)
-        if needs_choice(target, ns.pid):
-            chosen = await control.choose(host, run_dir, ns.pid)
-            if chosen.get("choice") == "several":
-                raise control.several_error(chosen, label)
-            say_chosen(chosen.get("note"))
-            if chosen.get("choice") == "process":
-                return await control.kill_run(
-                    host, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
-                )
-            run_dir = str(chosen["run_dir"])
+    async def kill(host: Any, t: Target) -> dict[str, Any]:
+        run_dir = control.run_dir_of(t)
         return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
 
-    result = asyncio.run(control.on_host(target, go))
+    async def go() -> dict[str, Any]:
+        if not needs_choice(target, ns.pid):
+            return await on_every_node(target, "kill", kill)
+
+        async def choose(host: Host) -> dict[str, Any]:
+            return await control.choose(host, control.run_dir_of(target), ns.pid)
+
+        chosen = await control.on_host(target, choose)
+        if chosen.get("choice") == "several":
+            raise control.several_error(chosen, label)
+        say_chosen(chosen.get("note"))
+        if chosen.get("choice") == "process":
+            return await control.on_host(
+                target,
+                lambda h: control.kill_run(
+                    h, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
+                ),
+            )
+        return await on_every_node(pinned_to(target, str(chosen["run_dir"])), "kill", kill)
+
+    result = asyncio.run(go())
     say(json.dumps(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
+
+
+async def on_every_node(target: Target, op: str, call: Any) -> dict[str, Any]:
+    """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
+    names its nodes, on every node at once; one (merged) result."""
+    from eagle3_tui.transport import control
+
+    nodes = await control.node_targets(target)
+    if not nodes:
+        return dict(await control.on_host(target, lambda h: call(h, target)))
+    return control.merge_results(op, await control.on_nodes([target, *nodes], call))
 
 
 def cmd_resume(ns: argparse.Namespace) -> int:
@@ -770,8 +865,10 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
     target = cli_target(ns)
 
-    run_dir = control.run_dir_of(target)
-    result = asyncio.run(control.on_host(target, lambda h: control.resume_run(h, run_dir, ns.wait)))
+    async def resume(host: Any, t: Target) -> dict[str, Any]:
+        return await control.resume_run(host, control.run_dir_of(t), ns.wait)
+
+    result = asyncio.run(on_every_node(target, "resume", resume))
     say(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 

@@ -12,6 +12,11 @@ run directory resumes from the last checkpoint, as speculators does.
 
 ``--no-telemetry`` runs the same Trainer the way a user script does by default:
 no handler on ``speculators.metrics``, so no metric is written anywhere.
+
+Under torchrun it trains on every rank, sharded with FSDP2 (the library's
+``fsdp_shard``) over gloo on a CPU (``cpu_shims`` shim 6), e.g.::
+
+    torchrun --standalone --nproc-per-node 2 -m eagle3_tui.train.tiny --run-dir runs/tiny2
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class TinyConfig:
     log_freq: int = 1
     checkpoint_freq: float = 1.0
     hang_at_step: int = -1
+    debug_rank: int = -1
+    """The rank the debug options apply to (-1: every rank)."""
+    debug_control: str = ""
 
 
 def _hang_hook(step: int) -> Any:
@@ -67,8 +75,60 @@ def _hang_hook(step: int) -> Any:
     return hook
 
 
+def _debug_control_hook(path: str, rank: int) -> Any:
+    """A forward pre-hook that reads ``path`` (tests): a line ``hang R`` blocks rank R's
+    training loop for good, ``ignore_sigterm R`` makes rank R ignore SIGTERM (after
+    speculators installed its handler), as a rank wedged in a C call would."""
+    import signal
+    import threading
+
+    forever = threading.Event()
+    done: set[str] = set()
+
+    def hook(module: Any, *_: Any) -> None:
+        if not module.training:
+            return
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            what, _, who = line.partition(" ")
+            if who.strip() != str(rank) or what in done:
+                continue
+            done.add(what)
+            if what == "ignore_sigterm":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                print(f"[eagle3] debug: rank {rank} ignores SIGTERM now", flush=True)
+            elif what == "hang":
+                print(f"[eagle3] debug: rank {rank} blocks forever now", flush=True)
+                forever.wait()
+
+    return hook
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
-    """Write the verifier and the dataset under ``root`` unless already there."""
+    """Write the verifier and the dataset under ``root`` unless already there.
+
+    Under torchrun every rank calls this: the first to take the lock writes, the
+    others find it complete (a run directory on a shared filesystem included).
+    """
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_tiny_data(root, cfg)
+
+
+def _make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
     import torch
 
     verifier_dir = root / "verifier"
@@ -123,7 +183,12 @@ def make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
 def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     """Build the real speculators Trainer for the tiny configuration."""
     import torch
-    from eagle3_tui.train.cpu_shims import CPU_MODEL_KWARGS, has_accelerator, trainer_class
+    from eagle3_tui.train.cpu_shims import (
+        CPU_MODEL_KWARGS,
+        has_accelerator,
+        maybe_setup_distributed,
+        trainer_class,
+    )
     from eagle3_tui.train.observe import observe_transfer
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
@@ -131,7 +196,11 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     from speculators.train.trainer import TrainerConfig
     from transformers import AutoConfig
 
+    # before the process group: transformers saves only on rank 0 once one exists
     verifier_dir, data_dir = make_tiny_data(run_dir / "tiny", cfg)
+    # under torchrun: the process group and the library's topology (the sampler shards by it)
+    maybe_setup_distributed()
+    distributed = "LOCAL_RANK" in os.environ
     torch.manual_seed(cfg.seed)
     dataset_ids = _token_counts(data_dir)
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
@@ -152,8 +221,11 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     )
     if cfg.step_delay > 0:  # demo pacing, so a person can watch the curves move
         model.register_forward_pre_hook(lambda *_: time.sleep(cfg.step_delay))
-    if cfg.hang_at_step >= 0:
+    debug_here = cfg.debug_rank in (-1, _rank())
+    if cfg.hang_at_step >= 0 and debug_here:
         model.register_forward_pre_hook(_hang_hook(cfg.hang_at_step))
+    if cfg.debug_control:
+        model.register_forward_pre_hook(_debug_control_hook(cfg.debug_control, _rank()))
     train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
         loss_fn="kl_div",
         loss_implementation=model_kwargs.get("loss_implementation", "fused"),
@@ -193,6 +265,7 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
         scheduler_type="none",
         log_freq=cfg.log_freq,
         checkpoint_freq=cfg.checkpoint_freq,
+        fsdp_shard=distributed,
     )
     return trainer_class()(model, config, train_loader, val_loader)
 
@@ -243,6 +316,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, argpars
         help="end as the README's one-liner does: telemetry.finish() without arguments "
         "after run_training() returns",
     )
+    p.add_argument("--debug-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--debug-control", default="", help=argparse.SUPPRESS)
     add_telemetry_args(p, progress_every=10)
     a = p.parse_args(argv)
     cfg = TinyConfig(
@@ -255,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Path, TinyConfig, argpars
         log_freq=a.log_freq,
         checkpoint_freq=a.checkpoint_freq,
         hang_at_step=a.debug_hang_at_step,
+        debug_rank=a.debug_rank,
+        debug_control=a.debug_control,
     )
     return a.run_dir, cfg, a
 
@@ -304,7 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     done = trainer.global_step >= expected and not telemetry.interrupted
     telemetry.finish("finish" if done else "interrupt", step=trainer.global_step)
     telemetry.close()
-    print(closing_line(telemetry), file=sys.stderr, flush=True)
+    if _rank() == 0:
+        print(closing_line(telemetry), file=sys.stderr, flush=True)
+    from speculators.train.distributed import maybe_destroy_distributed
+
+    maybe_destroy_distributed()
     return 0
 
 

@@ -23,6 +23,7 @@ from eagle3_tui.agent.discover import describe, manifest_of
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import ERR_GONE, MANIFEST
 from eagle3_tui.agent.processes import (
+    Member,
     find_members,
     settle,
     signal_member,
@@ -30,17 +31,25 @@ from eagle3_tui.agent.processes import (
     wait_gone,
 )
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
+from eagle3_tui.telemetry.topology import TORCHRUN_ENV
 
 
 def op_kill(req: dict[str, Any]) -> int:
     """Stop the run so that it saves its checkpoint, then make sure nothing of it remains.
 
     1. verify the trainer's PID (start time, boot id): refuse on a mismatch;
-    2. SIGTERM the torchrun agent or the trainer, not the group: speculators'
-       handler saves ``interrupted/`` and exits, its dataloader workers with it;
-    3. wait up to ``grace_s`` for it; then find every process of the run
-       (descendants, marker) and SIGTERM, then SIGKILL what remains;
-    4. report each PID: signals sent, how it ended.
+    2. SIGTERM the trainer, not its group: speculators' handler saves
+       ``interrupted/`` and exits, its dataloader workers with it. Under torchrun,
+       every rank of this node at once, not the agent: the agent forwards SIGTERM
+       to each rank's whole process group, which kills the dataloader workers
+       first and the save with them (measured here: "DataLoader worker ... is
+       killed by signal: Terminated", no ``interrupted/``); once its ranks are
+       gone the agent exits by itself, or is signalled;
+    3. wait up to ``grace_s`` for them; then SIGKILL what remains (a rank that
+       ignores SIGTERM); find every process of the run (descendants, marker) and
+       SIGTERM, then SIGKILL what remains;
+    4. report each PID: what it is (rank, worker, sidecar, agent), signals sent,
+       how it ended (exit status or signal, where the kernel tells).
     """
     # Finish even if the client disconnects mid-way.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -74,26 +83,38 @@ def op_kill(req: dict[str, Any]) -> int:
         return 0
     # what interrupted/ holds now: the report names only what this kill produced
     before = files_state(interrupted_dir(m, run_dir))
-    target = None
-    if trainer is not None:
-        launcher = [mb for mb in members.values() if mb.role == "launcher"]
-        target = launcher[0] if launcher else members[trainer.pid]
-        signal_member(target, signal.SIGTERM)
+    launcher = [mb for mb in members.values() if mb.role == "launcher"]
+    targets: list[Member] = []
+    if launcher:  # torchrun: the agent's children are this node's ranks (rank 0 gone or not)
+        targets = [mb for mb in members.values() if mb.ppid == launcher[0].pid] or launcher
+    elif trainer is not None:
+        targets = [members[trainer.pid]]
+    if targets:
+        for target in targets:
+            signal_member(target, signal.SIGTERM)
         t0 = time.monotonic()
-        while target.alive() and time.monotonic() - t0 < grace:
-            wait_gone([target], min(5.0, grace - (time.monotonic() - t0)))
-            if target.alive():
-                emit("progress", step="waiting", pid=target.pid, elapsed=time.monotonic() - t0)
+        while any(t.alive() for t in targets) and time.monotonic() - t0 < grace:
+            wait_gone(targets, min(5.0, grace - (time.monotonic() - t0)))
+            left = [t for t in targets if t.alive()]
+            if left:
+                emit("progress", step="waiting", pid=left[0].pid, elapsed=time.monotonic() - t0)
+        settle(members)  # how each rank ended, read before its pidfd is reused
+        target = next((t for t in targets if t.alive()), targets[0])
         # workers and stragglers spawned meanwhile
-        still = trainer if members[trainer.pid].alive() else None
+        still = trainer if trainer is not None and members[trainer.pid].alive() else None
         for pid, mb in find_members(m, still).items():
-            members.setdefault(pid, mb)
+            if pid in members:
+                mb.ended()  # found again: let go of the second pidfd
+            else:
+                members[pid] = mb
         if target.alive():
             emit("progress", step="timeout", pid=target.pid, grace_s=grace)
             for mb in members.values():
                 if mb.alive():
                     signal_member(mb, signal.SIGKILL)
             wait_gone(list(members.values()), 5.0)
+        if launcher and not wait_gone(launcher, linger):
+            signal_member(launcher[0], signal.SIGTERM)  # its ranks are gone: it may go too
         wait_gone(list(members.values()), linger)
     settle(members)
     rest = [mb for mb in members.values() if mb.alive()]
@@ -122,7 +143,9 @@ def op_kill(req: dict[str, Any]) -> int:
         message=message,
         processes=[mb.report() for mb in members.values()],
         checkpoints=checkpoint_report(m, run_dir, before),
-        signalled_trainer=trainer is not None,
+        signalled_trainer=bool(targets),
+        host=os.uname().nodename,
+        node_rank=m.get("node_rank"),
         **base,
     )
     return 0
@@ -227,14 +250,19 @@ def op_resume(req: dict[str, Any]) -> int:
     python = m.get("python")
     if not os.path.isabs(cmd[0]) and argv and cmd[0] == argv[0] and python:
         cmd[0] = str(python)  # "python" was found on the launching shell's PATH, maybe not ours
-    cwd = str(m.get("cwd") or run_dir)
+    launcher = m.get("launcher") if isinstance(m.get("launcher"), dict) else None
+    cwd = str((launcher or {}).get("cwd") or m.get("cwd") or run_dir)
     if not os.path.isdir(cwd):
         raise AgentError("refused", f"{cwd}: the run's working directory is gone")
     env = dict(os.environ)
     saved = _saved_environment(run_dir, m)
     if saved is not None:  # a run attached to live: the environment it was started with
         env = saved
+    if launcher is not None and isinstance(launcher.get("env"), dict):
+        env.update({str(k): str(v) for k, v in launcher["env"].items()})
     for key, value in (m.get("env") or {}).items():
+        if launcher is not None and key in TORCHRUN_ENV:
+            continue  # set per rank by the torchrun agent the command starts again
         env[str(key)] = str(value)
     log = run_dir / str(m.get("log_file") or "train.log")
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)

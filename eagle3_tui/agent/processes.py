@@ -3,6 +3,7 @@ that was checked (start time, boot id, pidfd)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ from typing import Any
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.procs import cmdline, describe_exit, exit_status, open_pidfd
 
 # /proc is read in one place (telemetry/procs.py); these are its names here.
 Proc = procs.ProcStat
@@ -47,23 +49,41 @@ class Member:
 
     def __init__(self, proc: Proc, role: str) -> None:
         self.pid = proc.pid
+        self.ppid = proc.ppid
         self.start = proc.start
         self.comm = proc.comm
         self.role = role
+        self.label = ""
+        """What it is, where known: ``rank 1``, ``sidecar``, ``torchrun agent``."""
         self.signals: list[str] = []
         self.outcome = "alive"
+        self.exit_status: int | None = None
+        # held while it lives: how it ended is readable after its parent reaped it
+        self.pidfd = open_pidfd(proc.pid)
 
     def alive(self) -> bool:
         p = proc_stat(self.pid)
         return p is not None and p.start == self.start and not p.zombie
 
+    def ended(self) -> None:
+        """It is gone: read how it ended, let go of its pidfd."""
+        if self.exit_status is None:
+            self.exit_status = exit_status(self.pid, self.pidfd)
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
     def report(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "role": self.role,
+            "label": self.label,
             "comm": self.comm,
             "signals": self.signals,
             "outcome": self.outcome,
+            "exit_status": self.exit_status,
+            "ended": describe_exit(self.exit_status) if self.outcome != "alive" else None,
         }
 
 
@@ -126,6 +146,43 @@ def verify_trainer(m: dict[str, Any]) -> tuple[Proc | None, str | None]:
     return p, None
 
 
+def verify_launcher(m: dict[str, Any]) -> Proc | None:
+    """The run's torchrun agent, when the manifest names one and it is still that process
+    (its start time recorded; same boot). Anchors the node's ranks even after rank 0
+    is gone."""
+    launcher = m.get("launcher")
+    if not isinstance(launcher, dict) or not isinstance(launcher.get("pid"), int):
+        return None
+    if m.get("boot_id") and m.get("boot_id") != boot_id():
+        return None
+    p = proc_stat(int(launcher["pid"]))
+    if p is None or p.zombie or p.start != launcher.get("start_ticks"):
+        return None
+    return p
+
+
+def _labels(m: dict[str, Any]) -> dict[tuple[int, int], str]:
+    """(pid, start) -> ``rank N`` for the node's ranks the manifest lists."""
+    out = {}
+    for r in m.get("ranks") or []:
+        if isinstance(r, dict) and isinstance(r.get("pid"), int):
+            out[(r["pid"], r.get("start_ticks") or -1)] = f"rank {r.get('rank')}"
+    return out
+
+
+def label_member(mb: Member, labels: dict[tuple[int, int], str]) -> None:
+    label = labels.get((mb.pid, mb.start))
+    if label is None and mb.role == "launcher":
+        label = "torchrun agent"
+    if label is None:
+        cmd = " ".join(cmdline(mb.pid))
+        if "eagle3_tui.telemetry.sidecar" in cmd:
+            label = "sidecar"
+        elif "eagle3_tui.train.tee" in cmd:
+            label = "log copier"
+    mb.label = label or ""
+
+
 def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
     """Every live process of the run: the trainer and launcher, their descendants,
     and anything carrying the run's marker in its environment (escaped workers)."""
@@ -139,6 +196,11 @@ def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
             out[pid] = Member(p, role)
 
     same_boot = not m.get("boot_id") or m.get("boot_id") == boot_id()
+    agent = verify_launcher(m)
+    if agent is not None:  # torchrun: the agent and every rank of this node under it
+        add(agent.pid, "launcher")
+        for pid in sorted(descendants(agent.pid, table)):
+            add(pid, "trainer" if trainer is not None and pid == trainer.pid else "child")
     if trainer is not None:
         add(trainer.pid, "trainer")
         launcher = m.get("launcher_pid")
@@ -159,6 +221,13 @@ def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
                 continue
             if has_marker(pid, marker):
                 add(pid, "marked")
+    labels = _labels(m)
+    for mb in out.values():
+        label_member(mb, labels)
+    for mb in out.values():  # a rank's dataloader workers and sidecar say whose they are
+        parent = out.get(table[mb.pid].ppid) if mb.pid in table else None
+        if parent is not None and parent.label.startswith("rank ") and mb.role == "child":
+            mb.label = f"{mb.label or 'worker'}, {parent.label}"
     return out
 
 
@@ -176,13 +245,21 @@ def settle(members: dict[int, Member]) -> None:
     for mb in members.values():
         if mb.outcome == "alive" and not mb.alive():
             mb.outcome = "killed" if "SIGKILL" in mb.signals else "exited"
+            mb.ended()
 
 
 def signal_member(mb: Member, sig: signal.Signals) -> None:
     result = send_signal(mb.pid, mb.start, sig)
     if result == "sent":
         mb.signals.append(sig.name)
-    emit("progress", step="signal", pid=mb.pid, role=mb.role, signal=sig.name, result=result)
+    emit(
+        "progress",
+        step="signal",
+        pid=mb.pid,
+        role=mb.label or mb.role,
+        signal=sig.name,
+        result=result,
+    )
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -7,10 +7,12 @@ from an async worker, never on the UI thread's critical path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3_tui.transport import control
+from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
 from eagle3_tui.transport.target import LocalTarget, Target
 
@@ -28,6 +30,8 @@ class RunControl:
     process: dict[str, Any] | None = None
     """A training without telemetry (its discovery row): acted on by PID, start time and
     boot id instead of a manifest."""
+    nodes: list[RunControl] = field(default_factory=list)
+    """The run's other nodes (a multi-node torchrun job): kill and resume act on all."""
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
@@ -70,14 +74,34 @@ class RunControl:
         return await control.run_status(self.host, self.run_dir)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-        return await control.kill_run(
-            self.host, self.run_dir, self.kill_grace_s, on_progress, process=self.process
+        if not self.nodes:
+            return await control.kill_run(
+                self.host, self.run_dir, self.kill_grace_s, on_progress, process=self.process
+            )
+        return await self._every_node(
+            "kill", lambda c: control.kill_run(c.host, c.run_dir, c.kill_grace_s, on_progress)
         )
 
     async def resume(self) -> dict[str, Any]:
-        return await control.resume_run(
-            self.host, self.run_dir, self.resume_wait_s, process=self.process
+        if not self.nodes:
+            return await control.resume_run(
+                self.host, self.run_dir, self.resume_wait_s, process=self.process
+            )
+        return await self._every_node(
+            "resume", lambda c: control.resume_run(c.host, c.run_dir, c.resume_wait_s)
         )
+
+    async def _every_node(self, op: str, call: Any) -> dict[str, Any]:
+        """At once on every node (see control.on_nodes); one merged result."""
+        every = [self, *self.nodes]
+
+        async def one(c: RunControl) -> tuple[str, dict[str, Any]]:
+            try:
+                return c.where, await call(c)
+            except TargetError as e:
+                return c.where, control.failure(e)
+
+        return control.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
 
     async def runs(self, all_users: bool = False) -> dict[str, Any]:
         return await control.list_runs(self.host, all_users)

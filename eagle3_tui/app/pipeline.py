@@ -46,20 +46,21 @@ class Source(Protocol):
 
 
 def coalesce(chunks: list[Chunk]) -> list[Chunk]:
-    """Adjacent chunks joined into one (a restart at another offset starts a new one)."""
+    """Adjacent chunks of one stream joined into one (a restart at another offset, or
+    another node's file, starts a new one)."""
     out: list[Chunk] = []
     parts: list[bytes] = []
-    start = end = 0
+    start = end = stream = 0
     for c in chunks:
-        if parts and c.offset == end:
+        if parts and c.offset == end and c.stream == stream:
             parts.append(c.data)
             end += len(c.data)
             continue
         if parts:
-            out.append(Chunk(start, b"".join(parts)))
-        parts, start, end = [c.data], c.offset, c.offset + len(c.data)
+            out.append(Chunk(start, b"".join(parts), stream))
+        parts, start, end, stream = [c.data], c.offset, c.offset + len(c.data), c.stream
     if parts:
-        out.append(Chunk(start, b"".join(parts)))
+        out.append(Chunk(start, b"".join(parts), stream))
     return out
 
 
@@ -143,7 +144,7 @@ class Pipeline:
 
     def _feed(self, chunks: list[Chunk]) -> None:
         for c in chunks:
-            self.run.feed(c.offset, c.data)
+            self.run.feed(c.offset, c.data, c.stream)
 
     @property
     def global_step(self) -> int | None:

@@ -40,7 +40,7 @@ import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.stack import StackSample, describe
-from eagle3_tui.model.state import RunState
+from eagle3_tui.model.state import Event, RunState
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
@@ -215,7 +215,10 @@ def judge(state: RunState, now: float) -> Diagnosis:
     step = state.global_step
     if state.records == 0 and state.malformed_count:
         return _unreadable(state)
-    last = state.ending()
+    end = _ranks_end(state)  # torchrun: the first rank to end says how the run ended
+    if end is not None and end.event == "crash":
+        return _rank_death(end)
+    last = end if end is not None else state.ending()
     diverged = _diverged(state)
     count = steps_done(state)
     if last is not None and last.event == "finish":
@@ -298,6 +301,9 @@ def judge(state: RunState, now: float) -> Diagnosis:
     quiet_for = now - last_metric
     if quiet_for <= limit:
         return Diagnosis(Health.RUNNING, _running_sentence(state, pace))
+    rank_stall = _rank_stall(state, now, quiet_for)  # before "GPU busy": NCCL waits spin at 100 %
+    if rank_stall is not None:
+        return rank_stall
     # what the samplers saw since the metrics stopped: not the samples of the last step
     ev = evidence(state, now, min(limit, quiet_for - AFTER_LAST_STEP_S))
     if ev.gpu_busy or ev.reading or ev.saving:
@@ -450,3 +456,112 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+# ---- torchrun: which rank ----------------------------------------------------------------
+
+
+_ENDS = ("crash", "interrupt", "finish")
+
+
+def _distributed(state: RunState) -> bool:
+    world = state.manifest.get("world_size")
+    return (isinstance(world, int) and world > 1) or len(state.rank_heartbeats) > 1
+
+
+def _ranks_end(state: RunState) -> Event | None:
+    """A distributed run's first end since its last start or resume (what follows it is
+    torchrun, or a kill, ending the other ranks: not news). Of crashes close together,
+    a rank that died rather than one that raised because its peer hung up."""
+    if not _distributed(state) or not state.events:
+        return None
+    began = max((e.ts for e in state.events if e.event in ("start", "resume")), default=0.0)
+    ends = [e for e in state.events if e.ts >= began and e.event in _ENDS]
+    if not ends:
+        return None
+    first = min(ends, key=_ts)
+    if first.event != "crash":
+        return first
+    soon = sorted((e for e in ends if e.event == "crash" and e.ts - first.ts <= 10.0), key=_ts)
+    return next((e for e in soon if not _peer_error(e.error)), first)
+
+
+def _rank_death(first: Event) -> Diagnosis:
+    """The rank that died, how, and at which step."""
+    where = f"pid {first.pid}" if first.pid else ""
+    if first.host:
+        where = f"{where} on {first.host}" if where else f"on {first.host}"
+    who = f"Rank {first.rank}" + (f" ({where})" if where else "")
+    at = f"after step {first.step}" if first.step is not None else "before its first step"
+    if first.exit_status is not None or (first.error or "").startswith("the trainer process"):
+        how = _exit_text(first.exit_status)  # seen from outside by its sidecar
+    else:
+        how = (first.error or "an exception").splitlines()[0][:160]
+    return Diagnosis(
+        Health.DEAD,
+        f"{who} died {at}: {how}; torchrun stops the other ranks when one fails (see train.log).",
+    )
+
+
+_PEER_ERRORS = ("by peer", "connection closed", "connection reset", "remote process", "broken pipe")
+
+
+def _ts(e: Event) -> float:
+    return e.ts
+
+
+def _peer_error(error: str | None) -> bool:
+    """An error a rank raises when another rank is gone (gloo, NCCL)."""
+    low = (error or "").lower()
+    return any(s in low for s in _PEER_ERRORS)
+
+
+def _exit_text(status: int | None) -> str:
+    if status is None:
+        return "killed, or exited without a word (exit status unknown)"
+    if status < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | None:
+    """A distributed run with no metric whose ranks split into some waiting in a
+    collective and some that are not: the latter stopped, the former wait for them."""
+    if not _distributed(state):
+        return None
+    live = {
+        r: hb
+        for r, hb in state.rank_heartbeats.items()
+        if now - hb.ts <= HEARTBEAT_DEAD_S and isinstance(hb.where, dict)
+    }
+    waiting = sorted(r for r, hb in live.items() if (hb.where or {}).get("collective"))
+    stopped = sorted(r for r in live if r not in waiting)
+    if not waiting or not stopped:
+        return None
+
+    def step_of(rank: int) -> str:
+        last = live[rank].last_step
+        return f"step {last + 1}" if isinstance(last, int) else "its first step"
+
+    parts = []
+    for r in stopped:
+        where = live[r].where or {}
+        frame = str(where.get("frame") or "?")[:80]
+        held = where.get("for_s")
+        since = f" for {_ago(float(held))}" if isinstance(held, int | float) else ""
+        on = f" on {live[r].host}" if len({hb.host for hb in live.values()}) > 1 else ""
+        parts.append(f"rank {r}{on} stopped at {step_of(r)} (in {frame}{since})")
+    collectives = sorted({str((live[r].where or {}).get("collective")) for r in waiting})
+    names = ", ".join(str(r) for r in waiting)
+    ranks = "rank" if len(waiting) == 1 else "ranks"
+    verb = "waits" if len(waiting) == 1 else "wait"
+    text = (
+        f"No metric for {_ago(quiet_for)}: {'; '.join(parts)}; {ranks} {names} {verb} for it "
+        f"in a collective ({', '.join(collectives)[:80]}) at {step_of(waiting[0])}."
+    )
+    return Diagnosis(Health.STALLED, text[0].upper() + text[1:])

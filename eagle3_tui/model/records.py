@@ -50,6 +50,10 @@ class GpuDevice(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     power_w: Number = None
     temp_c: Number = None
     pids: list[int] = []
+    local_rank: int | None = None
+    """Under torchrun: the local rank using it (a node's sampler reads every device)."""
+    host: str = ""
+    """Not in the JSON device: the record's ``host``, set when the record is applied."""
 
 
 class IoWorker(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -60,6 +64,9 @@ class IoWorker(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     read_bytes: Number = None
     read_total: Number = None
     files: list[str] = []
+    rank: int = 0
+    """Not in the JSON worker: the record's ``rank``, set when the record is applied."""
+    host: str = ""
 
 
 PROFILE_FIELDS = ("step_ms", "tokens_per_s", "fetch_frac")
@@ -160,6 +167,12 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     frames: msgspec.Raw = _NO_RAW
     """A ``stack`` record's frames as raw JSON (see ``model/stack.py``)."""
     quiet_s: Number = None
+    last_step: int | None = None
+    """The step this rank logged last (every rank's heartbeat has it)."""
+    where: dict[str, Any] | None = None
+    """Under torchrun: the rank's main thread (``frame``, ``collective``, ``for_s``)."""
+    exit_status: int | None = None
+    """A ``crash`` event from a sidecar: how the trainer ended (-N: signal N), when known."""
 
     @property
     def step_or_global(self) -> int | None:

@@ -12,10 +12,16 @@ SLICE = 1024 * 1024
 
 
 class Run:
-    """Bytes of ``metrics.jsonl`` in, :class:`RunState` out."""
+    """Bytes of ``metrics.jsonl`` in, :class:`RunState` out.
+
+    A multi-node run is several files (one per node): each ``stream`` has its own
+    line reader (its own offsets, torn lines, restarts), all feed one state; each
+    writer's sequence numbers keep their own order in it.
+    """
 
     def __init__(self) -> None:
         self.reader = LineReader()
+        self._readers: dict[int, LineReader] = {0: self.reader}
         self._state = RunState()
 
     @property
@@ -24,7 +30,7 @@ class Run:
         self._state.settle()
         return self._state
 
-    def feed(self, offset: int, data: bytes) -> int:
+    def feed(self, offset: int, data: bytes, stream: int = 0) -> int:
         """Feed a chunk; returns how many items (records, malformed lines) it completed.
 
         A big chunk (a catch-up) is fed in slices of ~1 MiB, without copying
@@ -33,8 +39,11 @@ class Run:
         long; 2 MiB slices ~8 % longer than 1 MiB ones on this machine).
         """
         n = 0
+        reader = self._readers.get(stream)
+        if reader is None:
+            reader = self._readers[stream] = LineReader()
         for start in range(0, max(len(data), 1), SLICE):
-            items = self.reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
+            items = reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
             self._state.apply_all(items)
             n += len(items)
         return n

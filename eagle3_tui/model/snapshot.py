@@ -33,7 +33,7 @@ from eagle3_tui.model.derived import (
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
 from eagle3_tui.model.observed import Member, bar_progress
-from eagle3_tui.model.state import CkptEvent, Event, Leftover, LogLine, Redo, RunState
+from eagle3_tui.model.state import CkptEvent, Event, IoPoint, Leftover, LogLine, Redo, RunState
 
 F64 = npt.NDArray[np.float64]
 
@@ -82,6 +82,9 @@ class GpuView:
     pids: tuple[int, ...]
     spark: tuple[float, ...]
     """Utilisation (%) over the last minutes, oldest first."""
+    host: str = ""
+    """The node, when the run's GPUs come from several (else empty)."""
+    local_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class WorkerView:
     bytes_per_s: float
     read_total: float | None
     files: tuple[str, ...]
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,8 @@ class IoView:
     recent_files: tuple[str, ...]
     spark: tuple[float, ...]
     """Bytes read per second over the last minutes, oldest first."""
+    ranks: int = 1
+    """How many ranks report reads (the rows say which rank when more than one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,13 +375,14 @@ def _spark(values: list[float], n: int) -> tuple[float, ...]:
 
 def _gpus(state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
     out = []
-    for index in sorted(state.gpu_devices):
-        d = state.gpu_devices[index]
-        hist = state.gpu_history(index)
+    several_hosts = len({host for host, _ in state.gpu_devices}) > 1
+    for key in sorted(state.gpu_devices):
+        d = state.gpu_devices[key]
+        hist = state.gpu_history(key)
         spark = _spark([dev.util for _, dev in hist if dev.util is not None], view.spark_points)
         out.append(
             GpuView(
-                index,
+                d.index,
                 d.name,
                 d.util,
                 d.mem_used,
@@ -384,23 +391,39 @@ def _gpus(state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
                 d.temp_c,
                 tuple(d.pids),
                 spark,
+                host=key[0] if several_hosts else "",
+                local_rank=d.local_rank,
             )
         )
     return tuple(out)
+
+
+def _read_rate(points: list[IoPoint]) -> tuple[float | None, float | None]:
+    """Bytes and files per second of one sampler's last points (``derived.io_rates``)."""
+    recent = points[-5:]
+    return io_rates(
+        np.array([p.ts for p in recent]),
+        np.array([p.bytes for p in recent]),
+        np.array([p.files_read for p in recent], dtype=np.float64),
+    )
 
 
 def _io(state: RunState, view: ViewParams) -> IoView | None:
     if not state.io_history:
         return None
     hist = list(state.io_history)
-    recent = hist[-5:]
+    # one sampler per rank under torchrun: each rank's rate from its own points, summed
+    by_source: dict[tuple[str, int], list[IoPoint]] = {}
+    for p in hist:
+        by_source.setdefault((p.host, p.rank), []).append(p)
+    rates = [_read_rate(points) for points in by_source.values()]
+    known = [r for r in rates if r[0] is not None]
+    bps = sum(r[0] or 0.0 for r in known) if known else None
+    fps = sum(r[1] or 0.0 for r in known) if known else None
+    mine = next(iter(by_source.values()))
+    recent = mine[-5:]
     span = (recent[-1].ts - recent[0].ts) if len(recent) > 1 else 0.0
     interval = span / (len(recent) - 1) if len(recent) > 1 else 1.0
-    bps, fps = io_rates(
-        np.array([p.ts for p in recent]),
-        np.array([p.bytes for p in recent]),
-        np.array([p.files_read for p in recent], dtype=np.float64),
-    )
     workers = tuple(
         WorkerView(
             w.pid,
@@ -408,12 +431,19 @@ def _io(state: RunState, view: ViewParams) -> IoView | None:
             (w.read_bytes or 0.0) / max(interval, 1e-9),
             w.read_total,
             tuple(w.files[-3:]),
+            rank=w.rank,
         )
-        for w in sorted(state.io_workers.values(), key=lambda w: w.pid)
+        for w in sorted(state.io_workers.values(), key=lambda w: (w.rank, w.pid))
     )[:16]
-    spark = _spark([p.bytes / max(interval, 1e-9) for p in hist], view.spark_points)
+    if len(by_source) == 1:
+        spark = _spark([p.bytes / max(interval, 1e-9) for p in mine], view.spark_points)
+    else:  # several ranks: their bytes summed per second
+        per_s: dict[int, float] = {}
+        for p in hist:
+            per_s[int(p.ts)] = per_s.get(int(p.ts), 0.0) + p.bytes
+        spark = _spark([per_s[k] for k in sorted(per_s)], view.spark_points)
     files = tuple(f for _, _, f in list(state.recent_files)[-8:])
-    return IoView(bps, fps, workers, files, spark)
+    return IoView(bps, fps, workers, files, spark, ranks=len({r for _, r in by_source}))
 
 
 def build_snapshot(state: RunState, now: float, view: ViewParams | None = None) -> Snapshot:

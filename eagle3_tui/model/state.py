@@ -61,7 +61,7 @@ MAX_EVENTS = 1000
 GPU_HISTORY = 600  # samples (10 min at 1 s)
 IO_HISTORY = 600
 RECENT_FILES = 50
-_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 1}
+_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 256}
 """Sampler kinds and how many of their newest records the state keeps."""
 _ACTIVITIES = ("saving", "validating")
 
@@ -101,6 +101,9 @@ class Event:
     writer: str
     pid: int | None
     error: str | None
+    rank: int = 0
+    exit_status: int | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,8 @@ class IoPoint:
     workers: int
     worker_bytes: float = 0.0
     """Of ``bytes``, what the dataloader workers read (not the trainer itself)."""
+    rank: int = 0
+    host: str = ""
 
 
 @dataclass(slots=True)
@@ -207,15 +212,17 @@ class RunState:
     # samplers
     gpu_status: str | None = None
     gpu_error: str | None = None
-    gpu_devices: dict[int, GpuDevice] = field(default_factory=dict)
+    gpu_devices: dict[tuple[str, int], GpuDevice] = field(default_factory=dict)
+    """By (host, NVML index): several nodes of a run each have their device 0."""
     gpu_samples: deque[tuple[float, list[GpuDevice]]] = field(
         default_factory=lambda: deque(maxlen=GPU_HISTORY)
     )
     """Per device index: (ts, reading), oldest first."""
     last_gpu_ts: float | None = None
     io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
-    io_workers: dict[int, IoWorker] = field(default_factory=dict)
-    """The processes of the latest io sample (those alive then)."""
+    io_workers: dict[tuple[str, int], IoWorker] = field(default_factory=dict)
+    """By (host, pid): the processes of each sampler's latest io sample (every rank's
+    sampler reports its own; those alive then)."""
     recent_files: deque[tuple[float, int, str]] = field(
         default_factory=lambda: deque(maxlen=RECENT_FILES)
     )
@@ -223,6 +230,8 @@ class RunState:
     ckpt_events: deque[CkptEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
+    rank_heartbeats: dict[int, Record] = field(default_factory=dict)
+    """The newest heartbeat of each rank (under torchrun every rank writes its own)."""
     activity: Activity | None = None
     stack: StackSample | None = None
     """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
@@ -366,6 +375,7 @@ class RunState:
                             )
                         )
                         self.last_heartbeat_ts = rec.ts
+                        self.rank_heartbeats[self.heartbeat.rank] = self.heartbeat
 
     def _check_seq(self, rec: AnyRecord) -> bool:
         """Track per-writer sequence numbers; False for a duplicate to drop."""
@@ -678,13 +688,21 @@ class RunState:
         self.last_gpu_ts = rec.ts
         self.gpu_status = rec.status or "ok"
         self.gpu_error = rec.error
+        host = rec.host or ""
         for dev in devices:
-            self.gpu_devices[dev.index] = dev
+            dev.host = host
+            self.gpu_devices[(host, dev.index)] = dev
         self.gpu_samples.append((rec.ts, devices))
 
-    def gpu_history(self, index: int) -> list[tuple[float, GpuDevice]]:
-        """(ts, reading) of one device, oldest first."""
-        return [(ts, d) for ts, devs in self.gpu_samples for d in devs if d.index == index]
+    def gpu_history(self, key: tuple[str, int]) -> list[tuple[float, GpuDevice]]:
+        """(ts, reading) of one device (host, NVML index), oldest first."""
+        host, index = key
+        return [
+            (ts, d)
+            for ts, devs in self.gpu_samples
+            for d in devs
+            if d.index == index and d.host == host
+        ]
 
     def _bad_payload(self, rec: Record, reason: str) -> None:
         """A record whose envelope is fine but whose payload is not: counted as malformed."""
@@ -706,14 +724,22 @@ class RunState:
         files_read = (
             rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
         )
+        host = rec.host or ""
         worker_bytes = sum(w.read_bytes or 0.0 for w in workers if w.role == "worker")
         self.io_history.append(
-            IoPoint(rec.ts, float(total), files_read, len(workers), float(worker_bytes))
+            IoPoint(
+                rec.ts, float(total), files_read, len(workers), float(worker_bytes), rec.rank, host
+            )
         )
-        # the processes of the latest sample only: a worker of an earlier epoch, or the
+        # each sampler's latest processes only: a worker of an earlier epoch, or the
         # trainer before a resume, is gone (each sample lists the trainer's children now)
-        self.io_workers = {w.pid: w for w in workers}
+        self.io_workers = {
+            key: w for key, w in self.io_workers.items() if (w.host, w.rank) != (host, rec.rank)
+        }
         for w in workers:
+            w.rank = rec.rank
+            w.host = host
+            self.io_workers[(host, w.pid)] = w
             for f in w.files:
                 self.recent_files.append((rec.ts, w.pid, f))
 
@@ -737,7 +763,17 @@ class RunState:
             self._close(("saving",), rec.ts)
 
     def _apply_lifecycle(self, rec: Record) -> None:
-        event = Event(rec.ts, rec.event or "", rec.step_or_global, rec.w, rec.pid, rec.error)
+        event = Event(
+            rec.ts,
+            rec.event or "",
+            rec.step_or_global,
+            rec.w,
+            rec.pid,
+            rec.error,
+            rank=rec.rank,
+            exit_status=rec.exit_status,
+            host=rec.host,
+        )
         self.events.append(event)
         if rec.event in ("start", "resume"):
             self._close(_ACTIVITIES, rec.ts)

@@ -25,8 +25,8 @@ __all__ = ["Telemetry", "attach", "install_dictconfig_hook"]
 
 
 def __getattr__(name: str) -> Any:
-    """The session's names, imported on first use: the agent imports ``telemetry.procs``
-    and the samplers without the session (and its optional orjson)."""
+    """The session's names, imported when first used: the agent imports ``procs`` and
+    ``topology`` from this package and must not pull in the writer (orjson) with them."""
     if name in __all__:
         from eagle3_tui.telemetry import session
 

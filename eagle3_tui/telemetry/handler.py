@@ -81,7 +81,10 @@ class TelemetryHandler(logging.Handler):
         try:
             msg = record.msg
             if record.name == METRICS_LOGGER and (type(msg) is dict or isinstance(msg, Mapping)):
-                if not self.is_writer_rank:
+                if not self.is_writer_rank:  # not written; its step is in this rank's heartbeat
+                    step = record.__dict__.get("step")
+                    if isinstance(step, int) and "train" in msg:
+                        self.last_step = step
                     return
                 kind, payload, step = metric_payload(msg, record)
                 self.writer.write_deferred(kind, payload, step)  # encoded by the writer thread

@@ -41,6 +41,7 @@ ENV_KEYS: Final = (
     "TORCHELASTIC_RUN_ID",
     RUN_ID_ENV,
     RUN_DIR_ENV,
+    "EAGLE3_TUI_NVML_FIXTURE",
 )
 
 

@@ -306,3 +306,74 @@ def _is_data(path: str) -> bool:
         return False
     base = path.rsplit("/", 1)[-1]
     return not (base.endswith(_SKIP_SUFFIXES) or ".so." in base)
+
+
+# ---- how a process ended (a process we are not the parent of) ---------------------------
+
+PIDFD_GET_INFO = 0xC040FF0B
+"""``_IOWR(0xFF, 11, struct pidfd_info)`` with the 64-byte first version of the struct."""
+PIDFD_INFO_EXIT = 1 << 3
+"""Linux 6.15+: the exit status of a reaped process, to anyone holding a pidfd on it."""
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd on ``pid`` (Linux 5.3+, Python 3.9+), or None. Opened while the process
+    lives, it later tells how the process ended (:func:`exit_status`)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    return fd
+
+
+def exit_status(pid: int, pidfd: int | None = None) -> int | None:
+    """How ``pid`` ended, as ``subprocess`` says it (``-N``: killed by signal N), without
+    being its parent: the zombie's ``/proc/PID/stat`` (field 52) while its parent has
+    not reaped it yet, else the pidfd's exit information (Linux 6.15+). None when
+    neither says (an older kernel, a pid we never held a pidfd on)."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is not None:
+        fields = raw[raw.rfind(")") + 2 :].split()
+        if fields and fields[0] == "Z" and len(fields) >= 50:
+            try:
+                return _returncode(int(fields[49]))
+            except ValueError:
+                pass
+    if pidfd is None:
+        return None
+    import fcntl
+    import struct
+
+    buf = bytearray(64)
+    struct.pack_into("Q", buf, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, buf)
+    except OSError:
+        return None
+    mask = struct.unpack_from("Q", buf, 0)[0]
+    if not mask & PIDFD_INFO_EXIT:
+        return None
+    return _returncode(struct.unpack_from("i", buf, 60)[0])
+
+
+def _returncode(wait_status: int) -> int:
+    sig = wait_status & 0x7F
+    return -sig if sig else (wait_status >> 8) & 0xFF
+
+
+def describe_exit(status: int | None) -> str:
+    """``killed by SIGKILL``, ``exit status 1``, or ``exit status unknown``."""
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}"
+    return f"exit status {status}"

@@ -58,6 +58,14 @@ class SamplerConfig:
     cuda_visible_devices: str | None = None
     local_rank: int | None = None
     world_size: int = 1
+    local_world_size: int = 1
+    launcher_pid: int | None = None
+    """The torchrun agent: its descendants are the node's ranks."""
+    gpu_scope: str = "own"
+    """``own``: this process's devices; ``node``: every device of the node's ranks (local
+    rank 0 under torchrun, so a node's GPUs are read once, not once per rank);
+    ``none``: another rank of the node reads them."""
+    writes_manifest: bool = True
     nvml_fixture: str | None = None
     """A recorded-readings file (RecordedNvml) instead of the real NVML."""
     reads_socket: str | None = None
@@ -89,6 +97,15 @@ def visible_devices(spec: str | None) -> list[str] | None:
     return [e.strip() for e in spec.split(",") if e.strip()]
 
 
+def node_device_entries(spec: str | None, local_world_size: int) -> list[str]:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` that a node's ranks use: torchrun gives
+    local rank i the i-th visible device."""
+    visible = visible_devices(spec)
+    if visible is None:
+        return [str(i) for i in range(max(1, local_world_size))]
+    return visible[: max(1, local_world_size)]
+
+
 def own_device_entries(
     spec: str | None, local_rank: int | None, world_size: int
 ) -> list[str] | None:
@@ -108,7 +125,8 @@ class GpuSampler:
 
     Without a driver it writes one record with ``status: "no_driver"`` and stops.
     Integer entries of ``CUDA_VISIBLE_DEVICES`` are taken as NVML (PCI order)
-    indices, UUID entries are matched by UUID.
+    indices, UUID entries are matched by UUID. With ``local_ranks`` (a node's
+    sampler under torchrun) each device says which local rank uses it.
     """
 
     name = "gpu"
@@ -120,15 +138,19 @@ class GpuSampler:
         *,
         entries: list[str] | None,
         run_pids: Callable[[], set[int]],
+        local_ranks: bool = False,
     ) -> None:
         self.writer = writer
         self.nvml = nvml
         self.entries = entries
+        self.local_ranks = local_ranks
         self.run_pids = run_pids
         self.enabled = True
         self.host = socket.gethostname()
         self._started = False
         self._indices: list[int] | None = None
+        self._positions: list[int] = []
+        """For each device read, its position in ``entries`` (= the local rank using it)."""
         self._last_error = ""
 
     def _start(self) -> bool:
@@ -146,19 +168,24 @@ class GpuSampler:
     def _resolve(self) -> list[int]:
         count = self.nvml.device_count()
         if self.entries is None:
+            self._positions = list(range(count))
             return list(range(count))
         indices: list[int] = []
+        positions: list[int] = []
         uuids: dict[str, int] | None = None
-        for entry in self.entries:
+        for pos, entry in enumerate(self.entries):
             if entry.isdigit():
                 if int(entry) < count:
                     indices.append(int(entry))
+                    positions.append(pos)
                 continue
             if uuids is None:
                 uuids = {self.nvml.read(i).uuid: i for i in range(count)}
             for uuid, i in uuids.items():
                 if uuid and (uuid == entry or uuid.startswith(entry)):
                     indices.append(i)
+                    positions.append(pos)
+        self._positions = positions
         return indices
 
     def sample(self, now: float) -> None:
@@ -171,12 +198,15 @@ class GpuSampler:
         pids = self.run_pids()
         devices: list[dict[str, Any]] = []
         errors = 0
-        for i in self._indices:
+        for n, i in enumerate(self._indices):
             try:
-                devices.append(device_record(self.nvml.read(i), pids))
+                record = device_record(self.nvml.read(i), pids)
             except Exception as e:
                 errors += 1
-                devices.append({"index": i, "error": f"{type(e).__name__}: {e}"[:300]})
+                record = {"index": i, "error": f"{type(e).__name__}: {e}"[:300]}
+            if self.local_ranks and n < len(self._positions):
+                record["local_rank"] = self._positions[n]
+            devices.append(record)
         status = "ok" if errors == 0 else "error"
         payload: dict[str, Any] = {"status": status, "host": self.host, "devices": devices}
         if errors:
@@ -241,6 +271,7 @@ class IoSampler:
         self.trainer_pid = trainer_pid
         self.receiver = receiver
         self.exclude = exclude
+        self.host = socket.gethostname()
         self._prev: dict[int, dict[str, int]] = {}
         self._totals: dict[int, int] = {}
         self._reporting: set[int] = set()
@@ -336,6 +367,7 @@ class IoSampler:
                 "workers": entries,
                 "bytes": total,
                 "files_read": len(all_files),
+                "host": self.host,
             },
         )
 
@@ -590,6 +622,7 @@ class Heartbeat:
         self.trainer_stats = trainer_stats
         self.sampler_cpu = sampler_cpu
         self.sampler_errors = sampler_errors
+        self.host = socket.gethostname()
         self._last = time.monotonic()
         self._last_cpu = sampler_cpu()
 
@@ -608,6 +641,7 @@ class Heartbeat:
             sampler_cpu_s=round(cpu, 4),
             sampler_cpu_pct=round(cpu_pct, 3),
             sampler_errors=self.sampler_errors(),
+            host=self.host,
         )
         st = procs.stat(self.trainer_pid)
         payload["trainer"] = {

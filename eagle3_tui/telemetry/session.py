@@ -22,8 +22,11 @@ What ``attach()`` sets up, and why each part is there:
   (``crash`` for an uncaught exception), the manifest status, the writer's
   figures in the manifest, every queued line written.
 
-Under torchrun only rank 0 writes metrics, messages below WARNING, lifecycle
-events and the manifest; every rank samples its own GPUs and dataloader.
+Under torchrun only rank 0 writes metrics, messages below WARNING and lifecycle
+events; each node's local rank 0 writes that node's manifest (the ranks, the
+torchrun agent and its command line, every node once the job's store has them:
+``topology.py``) and samples the node's GPUs; every rank samples its own
+dataloader and writes its own heartbeat (its last step, where its main thread is).
 """
 
 from __future__ import annotations
@@ -49,7 +52,17 @@ from eagle3_tui.telemetry.progress import ProgressPrinter
 from eagle3_tui.telemetry.reads import READS_ENV, socket_name
 from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
 from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
+from eagle3_tui.telemetry.stack import MainThreadWhere
 from eagle3_tui.telemetry.stacks import StallWatch
+from eagle3_tui.telemetry.topology import (
+    Place,
+    TopologyExchange,
+    launcher_info,
+    manifest_fields,
+    nodes_of,
+    place_from_env,
+    rank_entry,
+)
 from eagle3_tui.telemetry.writer import JsonlWriter
 
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"
@@ -115,6 +128,10 @@ class Telemetry:
         """The sampler host: a SidecarClient, a ThreadSamplers, or None."""
         self.sampler_config: SamplerConfig | None = None
         self.progress: ProgressPrinter | None = None
+        self.place = Place()
+        self.topology: TopologyExchange | None = None
+        """Under torchrun: this rank's entry in the job's store, and everybody's."""
+        self._where: MainThreadWhere | None = None
         self.reattached = 0
         self.interrupted = False
         self._finished = False
@@ -191,6 +208,8 @@ class Telemetry:
         unsent = getattr(self.samplers, "unsent", 0)
         if unsent:
             s["sidecar_unsent"] = unsent
+        if self._where is not None:  # under torchrun: which rank stopped, which ones wait
+            s["where"] = self._where.where()
         return s
 
     # ---- what the handler passes on ----------------------------------------------
@@ -218,6 +237,14 @@ class Telemetry:
         if rank is not None and rank != self.rank:
             self.rank = self.writer.rank = rank
             self.handler.is_writer_rank = rank == 0
+        if self.topology is not None and not self.topology.done:
+            entries = self.topology.step()
+            if entries is not None:
+                mine = self.place.node_rank
+                self.update_manifest(
+                    ranks=[e for e in entries if e.get("node_rank") == mine],
+                    nodes=nodes_of(entries),
+                )
         host = self.samplers
         if host is None:
             return
@@ -248,7 +275,8 @@ class Telemetry:
     # ---- manifest ----------------------------------------------------------------
     @property
     def writes_manifest(self) -> bool:
-        return self.rank == 0 and self.manifest is not None
+        """Rank 0, or under torchrun each node's local rank 0 (its node's manifest)."""
+        return self.manifest is not None
 
     def update_manifest(self, **fields: Any) -> None:
         """Set fields of ``run.json`` (rank 0 only); never raises into the trainer."""
@@ -499,12 +527,18 @@ def attach(
         raise ValueError(f"sampler_host must be 'sidecar' or 'thread', not {sampler_host!r}")
     if not interval > 0:
         raise ValueError(f"interval must be positive, not {interval!r}")
+    rank = _env_rank() if rank is None else rank
+    place = place_from_env(rank)
     path = Path(run_dir)
+    if place.node_rank > 0:
+        # another node's telemetry has a run directory of its own inside the run's: on a
+        # shared filesystem the nodes never write the same files, on local disks each
+        # node's directory is complete (its manifest, its samples) for its own agent
+        path = path / f"node{place.node_rank}"
     path.mkdir(parents=True, exist_ok=True)
     for earlier in list(_sessions):  # attached again (a notebook): one session per run dir
         if earlier.run_dir.resolve() == path.resolve():
             earlier.close()
-    rank = _env_rank() if rank is None else rank
     run_id = mf.resolve_run_id(path)
     # inherited by the dataloader workers spawned later
     os.environ[mf.RUN_ID_ENV] = run_id
@@ -520,6 +554,12 @@ def attach(
     handler = TelemetryHandler(writer, is_writer_rank=rank == 0)
     telemetry = Telemetry(path, writer, handler, interval=interval)
     telemetry.run_id = run_id
+    telemetry.place = place
+    if place.launcher_pid is not None:
+        telemetry._where = MainThreadWhere()
+        telemetry.topology = TopologyExchange(
+            place, rank_entry(place, str(path.resolve()), run_id), collect=place.node_leader
+        )
     _sessions.add(telemetry)
     install_dictconfig_hook()
     telemetry.ensure_attached()
@@ -534,7 +574,10 @@ def attach(
     ckpt_dir = str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None
     if ckpt_dir is None and previous is not None:
         ckpt_dir = previous.get("checkpoint_dir")
-    if rank == 0:
+    if rank == 0 or (place.launcher_pid is not None and place.node_leader):
+        launcher = launcher_info(place.launcher_pid) if place.launcher_pid is not None else None
+        if launcher is not None and launcher["argv"]:
+            resume_command = list(launcher["argv"])  # the same torchrun arguments
         manifest = mf.build_manifest(
             path,
             run_id=run_id,
@@ -544,6 +587,9 @@ def attach(
             steps_per_epoch=steps_per_epoch,
             log_file=log_file,
         )
+        if place.distributed:
+            entry = rank_entry(place, manifest["run_dir"], run_id)
+            manifest.update(manifest_fields(place, launcher, entry))
         if previous is not None:
             for key in ("checkpoint_dir", "epochs", "steps_per_epoch", "total_steps", "log_file"):
                 if manifest.get(key) is None and previous.get(key) is not None:
@@ -579,6 +625,12 @@ def attach(
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
             local_rank=_env_int("LOCAL_RANK"),
             world_size=_env_int("WORLD_SIZE") or 1,
+            local_world_size=place.local_world_size,
+            launcher_pid=place.launcher_pid,
+            gpu_scope=(
+                "own" if place.launcher_pid is None else "node" if place.node_leader else "none"
+            ),
+            writes_manifest=telemetry.manifest is not None,
             nvml_fixture=os.environ.get(NVML_FIXTURE_ENV),
             reads_socket=reads,
             exclude_pids=list(exclude_pids),

@@ -51,6 +51,7 @@ from eagle3_tui.telemetry.samplers import (
     IoSampler,
     SamplerConfig,
     SamplerSet,
+    node_device_entries,
     own_device_entries,
 )
 from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
@@ -58,6 +59,12 @@ from eagle3_tui.telemetry.writer import JsonlWriter
 
 if TYPE_CHECKING:  # an alias for annotations only: the trainer's Python may be 3.8
     Op = dict[str, Any]
+
+
+def procs_host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def make_nvml(cfg: SamplerConfig) -> Nvml:
@@ -97,16 +104,35 @@ class SamplerHost:
         # the trainer's children that are not dataloader workers: a tee, the sidecar itself
         self._exclude = exclude or (lambda: {*cfg.exclude_pids, os.getpid()})
         self.receiver: ReadsReceiver | None = None
+        # held from the start, so that how the trainer ended can be read after it is reaped
+        self.pidfd = procs.open_pidfd(cfg.trainer_pid)
         self.sset = self._build(sampler_cpu)
 
     def _run_pids(self) -> set[int]:
         pid = self.cfg.trainer_pid
         return {pid, *procs.descendants(pid)}
 
+    def _node_pids(self) -> set[int]:
+        """Every process of the node's ranks: the torchrun agent's descendants."""
+        agent = self.cfg.launcher_pid
+        if agent is None:
+            return self._run_pids()
+        return {agent, *procs.descendants(agent)}
+
     def _build(self, sampler_cpu: Callable[[], float]) -> SamplerSet:
         cfg = self.cfg
         samplers: list[Any] = []
-        if cfg.interval_of("gpu") > 0:
+        if cfg.interval_of("gpu") > 0 and cfg.gpu_scope == "node":
+            samplers.append(
+                GpuSampler(
+                    self.writer,
+                    make_nvml(cfg),
+                    entries=node_device_entries(cfg.cuda_visible_devices, cfg.local_world_size),
+                    run_pids=self._node_pids,
+                    local_ranks=True,
+                )
+            )
+        elif cfg.interval_of("gpu") > 0 and cfg.gpu_scope == "own":
             entries = own_device_entries(cfg.cuda_visible_devices, cfg.local_rank, cfg.world_size)
             samplers.append(
                 GpuSampler(self.writer, make_nvml(cfg), entries=entries, run_pids=self._run_pids)
@@ -195,21 +221,37 @@ class SamplerHost:
                 break
         self._final()
 
+    def _exit_status(self, wait_s: float = 1.0) -> int | None:
+        """How the trainer ended; its parent (a shell, the torchrun agent) reaps it within
+        moments, after which only the pidfd tells (Linux 6.15+)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = procs.exit_status(self.cfg.trainer_pid, self.pidfd)
+            if status is not None or time.monotonic() >= deadline:
+                return status
+            time.sleep(0.05)
+
     def _trainer_gone(self) -> None:
         if self.finished or self.stopped:
             return
+        noticed = time.time()  # under torchrun, which rank went first matters
+        status = self._exit_status()
+        how = procs.describe_exit(status)
         self.writer.write(
             Kind.LIFECYCLE,
             {
                 "event": "crash",
                 "error": f"the trainer process {self.cfg.trainer_pid} exited without a "
-                "finish event (killed by a signal, os._exit, or out of memory?)",
+                f"finish event ({how}: killed by a signal, os._exit, or out of memory?)",
                 "step": self.last_step,
                 "pid": self.cfg.trainer_pid,
+                "exit_status": status,
+                "host": procs_host(),
                 "detected_by": self.source,
             },
+            ts=noticed,
         )
-        if self.cfg.rank == 0:  # the trainer cannot update its manifest any more: we do
+        if self.cfg.writes_manifest:  # the trainer cannot update its manifest any more: we do
             path = Path(self.cfg.run_dir) / MANIFEST_FILE
             try:
                 manifest = read_manifest(path)
@@ -221,6 +263,12 @@ class SamplerHost:
             except (OSError, ValueError):
                 pass
 
+    def _close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
     def _final(self) -> None:
         """The last look: what the checkpoint directory became, the last figures."""
         for name in ("ckpt", "heartbeat"):
@@ -228,6 +276,7 @@ class SamplerHost:
             if sampler is not None:
                 self.sset.run_one(sampler, time.time())
         self.sset.close()
+        self._close_pidfd()
 
 
 # ---- the thread host (in the trainer) ---------------------------------------------------
@@ -374,15 +423,17 @@ class SidecarClient:
                 self.proc.wait(1.0)
 
 
-def _read_ops(fd: int) -> Callable[[float], list[Op] | None]:
+def _read_ops(fd: int, wake: list[int]) -> Callable[[float], list[Op] | None]:
+    """Ops from ``fd``; a descriptor in ``wake`` that becomes readable (the trainer's
+    pidfd) ends the wait early."""
     buf = bytearray()
 
     def get_ops(timeout: float) -> list[Op] | None:
         try:
-            ready, _, _ = select.select([fd], [], [], timeout)
-        except InterruptedError:
+            ready, _, _ = select.select([fd, *wake], [], [], timeout)
+        except (InterruptedError, OSError):
             return []
-        if not ready:
+        if fd not in ready:
             return []
         try:
             chunk = os.read(fd, 1 << 16)
@@ -429,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         rank=cfg.rank,
         writer_id=f"{os.getpid()}-sidecar",
     )
-    read_ops = _read_ops(0)
+    wake: list[int] = []
+    read_ops = _read_ops(0, wake)
 
     def get_ops(timeout: float) -> list[Op] | None:
         if stop.is_set():
@@ -443,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         get_ops=get_ops,
         sampler_cpu=time.process_time,
     )
+    if host.pidfd is not None:
+        wake.append(host.pidfd)  # readable the moment the trainer exits
     host.run()
     writer.close(5.0)
     return 0

@@ -162,10 +162,15 @@ class JsonlWriter:
 
     # ---- the caller's side --------------------------------------------------------
     def write(
-        self, kind: str, payload: Mapping[str, Any] | None = None, step: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        step: int | None = None,
+        ts: float | None = None,
     ) -> bool:
         """Queue one record (``payload``'s fields, and ``step`` when given, after the
-        envelope); returns False (and counts a drop) when it cannot be."""
+        envelope); returns False (and counts a drop) when it cannot be. ``ts``: when it
+        happened, if not now (a death noticed, then its exit status waited for)."""
         try:
             if self._closed or self._forked:
                 self._count_drop("closed" if self._closed else "forked_child")
@@ -173,7 +178,7 @@ class JsonlWriter:
             with self._lock:
                 seq = self._seq
                 self._seq = seq + 1
-                line = self._encode(kind, payload, seq, step)
+                line = self._encode(kind, payload, seq, step, ts)
                 if line is None:
                     return False
                 if not self._background:

@@ -43,6 +43,8 @@ class Chunk:
 
     offset: int
     data: bytes
+    stream: int = 0
+    """Which file, when one run is read from several (the nodes of a multi-node run)."""
 
 
 StreamEvent = Chunk | LinkChanged

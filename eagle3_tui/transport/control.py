@@ -10,8 +10,10 @@ No textual here; asyncssh only when a host target is opened.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from eagle3_tui.transport.base import TargetError, printable
@@ -34,7 +36,12 @@ EXIT_ERROR = 2
 EXIT_INCOMPLETE = 8  # done, but processes of the run remain / the resumed run died at once
 EXIT_REFUSED = 9  # nothing done: the PID is another process now, no complete checkpoint...
 
-KILL_EXIT = {"stopped": EXIT_OK, "not_running": EXIT_OK, "refused": EXIT_REFUSED}
+KILL_EXIT = {
+    "stopped": EXIT_OK,
+    "not_running": EXIT_OK,
+    "refused": EXIT_REFUSED,
+    "error": EXIT_ERROR,
+}
 
 # Exit statuses when a target names a process (--pid, a work directory, a host's live
 # training), for every command (documented in the README).
@@ -215,6 +222,93 @@ async def read_file(
     return await call_agent(host, request, on_data=on_data, python=_python(host))
 
 
+# ---- the nodes of a multi-node run ----------------------------------------------------
+
+
+def other_nodes(manifest: dict[str, Any], host: str, run_dir: str) -> list[dict[str, Any]]:
+    """The nodes a run's manifest names besides the one read (``host``, ``run_dir``): each
+    ``{node_rank, host, run_dir, ...}`` (``nodes`` is filled in once every rank of a
+    torchrun job has put its place in the job's store)."""
+    nodes = manifest.get("nodes")
+    if not isinstance(nodes, list):
+        return []
+    mine = manifest.get("node_rank")
+    out = []
+    for node in nodes:
+        if not isinstance(node, dict) or not isinstance(node.get("host"), str):
+            continue
+        if node.get("node_rank") == mine or (
+            node.get("host") == host and node.get("run_dir") == run_dir
+        ):
+            continue
+        out.append(node)
+    return out
+
+
+def node_target(target: SshTarget, node: dict[str, Any]) -> SshTarget:
+    """Another node of the run, reached as ``target`` is (same user and ssh options): by
+    the host name its telemetry recorded, which ssh resolves (a ~/.ssh/config alias,
+    the cluster's DNS)."""
+    return replace(target, host=str(node["host"]), run_dir=node.get("run_dir"))
+
+
+async def node_targets(target: Target) -> list[SshTarget]:
+    """The other nodes of the run at ``target`` (SSH targets only; none otherwise)."""
+    if not isinstance(target, SshTarget):
+        return []
+
+    async def find(host: Host) -> list[dict[str, Any]]:
+        info = await resolve(host, target.run_dir)
+        try:
+            status = await run_status(host, str(info["run_dir"]))
+        except TargetError:
+            return []  # no manifest: a single node's run as far as anyone can tell
+        manifest = status.get("manifest") or {}
+        return other_nodes(manifest, str(info.get("host")), str(info["run_dir"]))
+
+    return [node_target(target, node) for node in await on_host(target, find)]
+
+
+async def on_nodes(
+    targets: Sequence[Target], call: Callable[[Host, Target], Awaitable[dict[str, Any]]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``call`` on every node at once (a kill must reach every rank of a job together:
+    a rank that is still training waits in its next collective for one that is
+    saving). Each answer with where it came from; a node's error is its answer."""
+
+    async def one(t: Target) -> tuple[str, dict[str, Any]]:
+        try:
+            return where(t, run_dir_of(t)), await on_host(t, lambda h: call(h, t))
+        except TargetError as e:
+            return where(t, run_dir_of(t)), failure(e)
+
+    return list(await asyncio.gather(*(one(t) for t in targets)))
+
+
+def failure(e: TargetError) -> dict[str, Any]:
+    """A node's error as its result: ``refused`` (nothing done) or ``error``."""
+    refused = type(e).__name__ == "AgentRefusedError"
+    return {"status": "refused" if refused else "error", "message": str(e)}
+
+
+def merge_results(op: str, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One result from every node's (the first node's fields, ``nodes`` = all of them, a
+    status that is the worst of theirs)."""
+    if len(results) == 1:
+        return results[0][1]
+    order = ("error", "refused", "remaining", "failed", "stopped", "started", "not_running")
+    statuses = [str(r.get("status")) for _, r in results]
+    worst = min(statuses, key=lambda st: order.index(st) if st in order else 0)
+    merged = dict(results[0][1])
+    merged.update(
+        op=op,
+        status=worst,
+        message="; ".join(f"{w}: {r.get('message')}" for w, r in results),
+        nodes=[{"where": w, **r} for w, r in results],
+    )
+    return merged
+
+
 # ---- reports ------------------------------------------------------------------------
 
 
@@ -223,7 +317,10 @@ def kill_exit_status(result: dict[str, Any]) -> int:
 
 
 def resume_exit_status(result: dict[str, Any]) -> int:
-    return EXIT_OK if result.get("status") == "started" else EXIT_INCOMPLETE
+    status = result.get("status")
+    if status == "started":
+        return EXIT_OK
+    return {"refused": EXIT_REFUSED, "error": EXIT_ERROR}.get(str(status), EXIT_INCOMPLETE)
 
 
 def format_progress(ev: Event) -> str | None:
@@ -252,15 +349,20 @@ def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
 
 
 def format_kill(result: dict[str, Any]) -> str:
+    nodes = result.get("nodes")
+    if isinstance(nodes, list):  # several nodes: each one's report under its name
+        return "\n".join(f"== {printable(str(n.get('where')))}\n{format_kill(n)}" for n in nodes)
     lines = [f"{result.get('status')}: {printable(str(result.get('message')))}"]
     procs = result.get("processes") or []
     if procs:
-        lines.append(f"  {'PID':>8}  {'ROLE':<9} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
+        lines.append(f"  {'PID':>8}  {'ROLE':<18} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
         for p in procs:
             signals = ",".join(p.get("signals") or []) or "-"
+            role = printable(str(p.get("label") or p.get("role", "")))[:18]
+            ended = f" ({p['ended']})" if p.get("ended") else ""
             lines.append(
-                f"  {p['pid']:>8}  {p.get('role', ''):<9} {printable(str(p.get('comm')))[:16]:<16} "
-                f"{signals:<16} {p.get('outcome')}"
+                f"  {p['pid']:>8}  {role:<18} {printable(str(p.get('comm')))[:16]:<16} "
+                f"{signals:<16} {p.get('outcome')}{ended}"
             )
     ckpt = result.get("checkpoints") or {}
     if ckpt:
@@ -292,6 +394,11 @@ def _interrupted_line(info: dict[str, Any] | None, result: dict[str, Any]) -> st
 
 
 def format_resume(result: dict[str, Any]) -> str:
+    nodes = result.get("nodes")
+    if isinstance(nodes, list):
+        return "\n".join(f"== {printable(str(n.get('where')))}\n{format_resume(n)}" for n in nodes)
+    if result.get("status") in ("refused", "error"):  # one node's, in a multi-node report
+        return f"{result.get('status')}: {printable(str(result.get('message')))}"
     if result.get("status") != "started":
         lines = [f"failed: {printable(str(result.get('message')))} (pid {result.get('pid')})"]
         tail = str(result.get("log_tail") or "")

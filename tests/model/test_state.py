@@ -81,7 +81,7 @@ def test_other_writers_lines_interleave_without_loss() -> None:
             parts.append(b.gpu(95.0))
     state = run_of(b"".join(parts)).state
     assert state.lost_records == 0 and state.train_steps == 40
-    assert len(state.gpu_history(0)) == 14 and state.gpu_devices[1].util == 95.0
+    assert len(state.gpu_history(("", 0))) == 14 and state.gpu_devices[("", 1)].util == 95.0
 
 
 def test_non_finite_values_in_every_spelling() -> None:
@@ -161,7 +161,7 @@ def test_sampler_records_and_a_bad_payload() -> None:
     data += lines.heartbeat(written=10, dropped=2)
     data += lines.make("gpu", status="ok", devices=[{"index": "zero"}])
     state = run_of(data).state
-    assert state.gpu_devices[0].util == 97.0 and state.gpu_status == "ok"
+    assert state.gpu_devices[("", 0)].util == 97.0 and state.gpu_status == "ok"
     assert [f for _, _, f in state.recent_files] == ["a.safetensors", "b.safetensors"]
     assert [e.event for e in state.ckpt_events] == ["save_started", "save_finished"]
     assert state.activity is None

@@ -116,6 +116,12 @@ class Sshd:
     public_keys: Path | None = None
     """Where to put ``authorized_keys`` so that users other than root can log in too (sshd
     reads it as the user: a directory they can traverse)."""
+    alias: str = ALIAS
+    hostname: str | None = None
+    """Run sshd (and so every session) in a UTS namespace of its own with this host name:
+    several instances then look like several machines to what runs in them."""
+    set_env: dict[str, str] = field(default_factory=dict)
+    """More variables for every session (sshd's SetEnv)."""
     state_home: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -183,6 +189,9 @@ class Sshd:
                     *("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"),
                     *(sys.executable, str(init), *command),
                 ]
+            if self.hostname is not None:
+                shell = 'hostname "$0" && exec "$@"'
+                command = ["unshare", "--uts", "sh", "-c", shell, self.hostname, *command]
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             log.close()
             if self._wait_banner():
@@ -205,11 +214,13 @@ class Sshd:
             "MaxStartups 100:30:200\n"
             "MaxSessions 100\n"
             "Subsystem sftp internal-sftp\n"
-            f"SetEnv {'' if self.login_shell_rc else 'SHLVL=1 '}XDG_STATE_HOME={self.state_home}\n"
+            f"SetEnv {'' if self.login_shell_rc else 'SHLVL=1 '}XDG_STATE_HOME={self.state_home}"
+            + "".join(f" {k}={v}" for k, v in self.set_env.items())
+            + "\n"
         )
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public}\n")
         self.ssh_config.write_text(
-            f"Host {ALIAS}\n"
+            f"Host {self.alias}\n"
             "    HostName 127.0.0.1\n"
             f"    Port {self.port}\n"
             "    User root\n"

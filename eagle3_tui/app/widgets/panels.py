@@ -229,7 +229,7 @@ class ProgressPanel(Panel):
 
 def gpu_row(g: GpuView, cols: int) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{g.index} ", style="bold")
+    t.append(f"{g.host}:{g.index} " if g.host else f"{g.index} ", style="bold")
     wide = cols >= 70
     if wide:
         t.append_text(inert(g.name.replace("NVIDIA ", "")[:10].ljust(10), style="dim"))
@@ -316,7 +316,9 @@ class DataPanel(Panel):
         lines += [head, starve]
         for w in io.workers:
             row = Text(no_wrap=True, overflow="ellipsis")
-            row.append(f"  {w.pid:>7} ", style="bold")
+            if io.ranks > 1:  # torchrun: whose reads
+                row.append(f"  r{w.rank}", style="dim")
+            row.append(f" {w.pid:>7} " if io.ranks > 1 else f"  {w.pid:>7} ", style="bold")
             row.append_text(inert(w.role[:8].ljust(8), style="dim"))
             row.append(f" {size(w.bytes_per_s)}/s")
             if w.read_total is not None:
