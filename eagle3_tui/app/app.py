@@ -438,6 +438,7 @@ _HELP = {
     "pause": "Freeze the view (data keeps being read)",
     "export": "Write the window's step columns as CSV (the run's exports/ folder)",
     "messages": "Every log message and event, whole lines, scrollable",
+    "attach": "Add telemetry to the host's live training without restarting it",
     "help": "Keys and panels",
 }
 
