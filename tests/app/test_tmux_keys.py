@@ -165,7 +165,7 @@ def test_every_key_on_a_live_demo(
     s.press("y")
     s.wait(lambda sc: "stopped: all" in sc, "the kill's result", 200)
     s.close("stopped: all")
-    s.hold(lambda sc: "STOPPED" in sc and "Interrupted at step" in sc, "stopped", refreshes=4)
+    s.hold(lambda sc: "STOPPED" in sc and "Interrupted after step" in sc, "stopped", refreshes=4)
     s.press("r")
     s.wait(lambda sc: "detached (new session" in sc, "the resume plan")
     s.press("y")
