@@ -319,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         return _command(args)
+    except BrokenPipeError:  # argparse's own writes (--help, usage) into a closed pipe
+        _drop_output(sys.stdout)
+        return EXIT_OK
     finally:
         for stream in (sys.stdout, sys.stderr):  # argparse's help is printed unflushed
             try:
