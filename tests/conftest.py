@@ -21,6 +21,23 @@ import pytest
 REQUIRE_ALL = os.environ.get("EAGLE3_TUI_REQUIRE_ALL") == "1"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_dirs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The suite never writes into the user's own index of runs or export folder: its
+    trainings register their runs in a private ``XDG_STATE_HOME`` and exports go to a
+    private ``XDG_DATA_HOME``, inherited by every process the tests start."""
+    root = tmp_path_factory.mktemp("xdg")
+    names = {"XDG_STATE_HOME": root / "state", "XDG_DATA_HOME": root / "data"}
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(path) for name, path in names.items()})
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def need(condition: bool, reason: str) -> None:
     """Skip (or, under EAGLE3_TUI_REQUIRE_ALL=1, fail) when a real part is missing."""
     if condition:
