@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from eagle3_tui.model.derived import epoch_number, smoothed
+from eagle3_tui.model.derived import epoch_number, smoothed, tau_of, tau_series
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.snapshot import Line, ValRow, ViewParams
 from eagle3_tui.model.state import RunState
@@ -191,13 +191,9 @@ def _window_mean(x: F64, y: F64, lo: float, hi: float) -> float | None:
 
 
 def _tau_series(state: RunState) -> F64 | None:
-    total: F64 | None = None
-    for k in range(state.ttt_steps):
-        col = _col(state, f"train/full_acc_{k}")
-        if col is None:
-            return None
-        total = col.copy() if total is None else total + col
-    return None if total is None else total + 1.0
+    ttt = range(state.ttt_steps)
+    full = [_col(state, f"train/full_acc_{k}") for k in ttt]
+    return tau_series(full, [_col(state, f"train/cond_acc_{k}") for k in ttt])
 
 
 def _metrics(state: RunState, ttt: int) -> list[tuple[str, str, bool]]:
@@ -519,12 +515,10 @@ def format_comparison(c: Comparison) -> str:
         )
         out.append(f"{side.label}: reached {end}; {side.ttt_steps} TTT steps")
         for vr in rows:
-            val_tau = 1.0 + sum(
-                v for k, v in vr.values.items() if k.startswith("full_acc_") and math.isfinite(v)
-            )
+            val_tau = tau_of(vr.values, prefix="", suffix="_epoch")
             out.append(
                 f"  epoch {epoch_number(vr.epoch)}: val loss {_f(vr.values.get('loss_epoch'))}  "
-                f"full_acc_0 {_f(vr.values.get('full_acc_0_epoch'))}  τ {val_tau:.3f}"
+                f"full_acc_0 {_f(vr.values.get('full_acc_0_epoch'))}  τ {_f(val_tau, 3)}"
             )
     if c.hparam_diff:
         out.append("")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,39 +31,66 @@ if TYPE_CHECKING:
 F64 = npt.NDArray[np.float64]
 
 
-def tau_from_full(full_acc: Sequence[float | None]) -> float | None:
-    """1 + sum of full accuracies; None if any is missing or non-finite."""
-    if not full_acc:
+def tau_series(
+    full: Sequence[npt.NDArray[np.floating[Any]] | None],
+    cond: Sequence[npt.NDArray[np.floating[Any]] | None] = (),
+) -> F64 | None:
+    """τ, the expected tokens per draft cycle, point by point: ``1 + Σ_k full_acc_k``.
+    A run that logs only the conditional accuracies gets it from them
+    (``full_acc_k = Π_{j≤k} cond_acc_j``). None when neither set is complete.
+
+    The one definition of τ: the header, the TTT table, the plots, ``summary`` and
+    ``compare`` all call it (or :func:`tau_of`, its value for one point)."""
+    for values, running in ((full, False), (cond, True)):
+        columns = [c for c in values if c is not None]
+        if not values or len(columns) < len(values):
+            continue
+        acc: F64 = np.vstack(columns).astype(np.float64)
+        if running:
+            acc = np.cumprod(acc, axis=0, dtype=np.float64)
+        out: F64 = (1.0 + acc.sum(axis=0)).astype(np.float64, copy=False)
+        return out
+    return None
+
+
+def _point(value: float | None) -> F64 | None:
+    return None if value is None else np.array([value], dtype=np.float64)
+
+
+def _scalar(series: F64 | None) -> float | None:
+    if series is None or not len(series) or not math.isfinite(series[0]):
         return None
-    total = 1.0
-    for a in full_acc:
-        if a is None or not math.isfinite(a):
-            return None
-        total += a
-    return total
+    return float(series[0])
+
+
+def tau_from_full(full_acc: Sequence[float | None]) -> float | None:
+    """τ from one point's full accuracies; None if any is missing or non-finite."""
+    return _scalar(tau_series([_point(a) for a in full_acc]))
 
 
 def tau_from_cond(cond_acc: Sequence[float | None]) -> float | None:
-    """1 + sum_k prod_{j<=k} cond_acc_j; None if any is missing or non-finite."""
-    if not cond_acc:
-        return None
-    total, prod = 1.0, 1.0
-    for a in cond_acc:
-        if a is None or not math.isfinite(a):
-            return None
-        prod *= a
-        total += prod
-    return total
+    """τ from one point's conditional accuracies; None if any is missing or non-finite."""
+    return _scalar(tau_series((), [_point(a) for a in cond_acc]))
 
 
 def tau_of(
-    latest: Mapping[str, float | None], ttt_steps: int, prefix: str = "train/"
+    latest: Mapping[str, float | None],
+    ttt_steps: int | None = None,
+    prefix: str = "train/",
+    suffix: str = "",
 ) -> float | None:
-    full = [latest.get(f"{prefix}full_acc_{k}") for k in range(ttt_steps)]
-    if ttt_steps and all(v is not None for v in full):
-        return tau_from_full(full)
-    cond = [latest.get(f"{prefix}cond_acc_{k}") for k in range(ttt_steps)]
-    return tau_from_cond(cond)
+    """τ of one point from its ``{prefix}full_acc_{k}{suffix}`` values (the conditional
+    ones where those are missing). ``ttt_steps`` None: as many TTT steps as the point
+    has (validation values: ``prefix=""``, ``suffix="_epoch"``)."""
+    if ttt_steps is None:
+        ttt_steps = 0
+        while any(
+            f"{prefix}{name}_{ttt_steps}{suffix}" in latest for name in ("full_acc", "cond_acc")
+        ):
+            ttt_steps += 1
+    full = [_point(latest.get(f"{prefix}full_acc_{k}{suffix}")) for k in range(ttt_steps)]
+    cond = [_point(latest.get(f"{prefix}cond_acc_{k}{suffix}")) for k in range(ttt_steps)]
+    return _scalar(tau_series(full, cond))
 
 
 def ema(values: F64, weight: float) -> F64:

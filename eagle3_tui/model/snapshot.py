@@ -29,6 +29,7 @@ from eagle3_tui.model.derived import (
     steps_per_epoch,
     tau_from_cond,
     tau_of,
+    tau_series,
 )
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
@@ -243,19 +244,10 @@ def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> L
 
 
 def _tau_series(frame: _Frame, ttt_steps: int) -> tuple[F64, F64] | None:
-    total: F64 | None = None
-    for k in range(ttt_steps):
-        y = frame.y(f"train/full_acc_{k}")
-        if y is None:
-            return None
-        if total is None:
-            total = y.astype(np.float64)
-        else:
-            total += y
-    if total is None:
-        return None
-    total += 1.0
-    return frame.x, total
+    full = [frame.y(f"train/full_acc_{k}") for k in range(ttt_steps)]
+    cond = [frame.y(f"train/cond_acc_{k}") for k in range(ttt_steps)]
+    tau = tau_series(full, cond)
+    return None if tau is None else (frame.x, tau)
 
 
 def _ttt_loss_lines(state: RunState, view: ViewParams) -> tuple[Line, ...]:

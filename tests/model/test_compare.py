@@ -208,3 +208,31 @@ def test_json_form_is_valid_json() -> None:
     text = json.dumps(data, allow_nan=False)
     assert data["validation"]["a"][0]["loss_epoch"] == "NaN"
     assert '"verdict": "This run is ahead by' in text
+
+
+def test_a_run_that_logs_only_conditional_accuracies_has_tau_everywhere() -> None:
+    """τ has one definition (model.derived.tau_series): a run without full_acc_k gets it
+    from its cond_acc_k in the header value, the τ line and the comparison's verdict."""
+    from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+
+    def cond_only(state_base: float) -> RunState:
+        lines = Lines(writer="c", t0=T0, dt=1.0)
+        out = []
+        for step in range(400):
+            c = min(0.95, state_base + step / 2000)
+            rec = json.loads(lines.train(step, 3.0 - step / 400, acc=(c, c, c)))
+            rec["train"] = {k: v for k, v in rec["train"].items() if not k.startswith("full_acc")}
+            out.append(json.dumps(rec).encode() + b"\n")
+        run = Run()
+        run.feed(0, b"".join(out))
+        return run.state
+
+    a, b = cond_only(0.6), cond_only(0.5)
+    assert not any(k.startswith("train/full_acc") for k in a.table.columns)
+    snap = build_snapshot(a, T0 + 400, ViewParams(columns=100))
+    c = min(0.95, 0.6 + 399 / 2000)
+    assert snap.tau == pytest.approx(1 + c + c * c + c**3, rel=1e-5)
+    assert snap.tau_line is not None  # drawn smoothed: near the latest value
+    assert snap.tau_line.y[-1] == pytest.approx(snap.tau, rel=0.01)
+    verdict = compare(a, b).verdict
+    assert "ahead" in verdict and "τ" in verdict

@@ -13,7 +13,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
-from eagle3_tui.model.derived import tau_from_full
+from eagle3_tui.model.derived import tau_of
 from eagle3_tui.model.snapshot import EMPTY, GpuView, Line, Snapshot
 from eagle3_tui.model.state import CkptEvent
 
@@ -117,9 +117,7 @@ class AcceptanceTable(Panel):
         table.add_column("full", justify="right", no_wrap=True)
         table.add_column("cond", justify="right", no_wrap=True)
         k = 0
-        full: list[float | None] = []
         while f"full_acc_{k}_epoch" in v.values and k < max(1, self.rows - 3):
-            full.append(v.values.get(f"full_acc_{k}_epoch"))
             table.add_row(
                 str(k),
                 num(v.values.get(f"loss_{k}_epoch")),
@@ -127,7 +125,7 @@ class AcceptanceTable(Panel):
                 num(v.values.get(f"cond_acc_{k}_epoch"), 3),
             )
             k += 1
-        tau = tau_from_full(full)
+        tau = tau_of(v.values, prefix="", suffix="_epoch")  # every TTT step, shown or not
         foot = Text(no_wrap=True, overflow="ellipsis")
         foot.append("τ ", style="bold")
         foot.append(num(tau, 3), style="bold #ffffff")
