@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import __version__
+from eagle3_tui.agent.names import KILL_GRACE_S
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -186,10 +188,10 @@ def build_kill_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--grace",
         type=float,
-        default=130.0,
+        default=KILL_GRACE_S,
         metavar="SECONDS",
-        help="how long the trainer may take to save and exit before SIGKILL (default 130: "
-        "speculators gives up on its save after 120 s)",
+        help=f"how long the trainer may take to save and exit before SIGKILL (default "
+        f"{KILL_GRACE_S:.0f}: speculators gives up on its save after 120 s)",
     )
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     add_ssh_options(p)
@@ -1088,7 +1090,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _demo_progress(event: Any) -> None:

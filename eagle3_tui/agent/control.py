@@ -21,7 +21,7 @@ from eagle3_tui.agent.checkpoints import (
 )
 from eagle3_tui.agent.discover import describe, manifest_of
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import ERR_GONE, MANIFEST
+from eagle3_tui.agent.names import ERR_GONE, KILL_GRACE_S, MANIFEST
 from eagle3_tui.agent.processes import (
     Member,
     find_members,
@@ -54,7 +54,7 @@ def op_kill(req: dict[str, Any]) -> int:
     # Finish even if the client disconnects mid-way.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    grace = float(req.get("grace_s", 130.0))
+    grace = float(req.get("grace_s", KILL_GRACE_S))
     linger = float(req.get("linger_s", 3.0))
     if isinstance(req.get("pid"), int):  # a training found on the host, no manifest
         m, run_dir = discovered_manifest(req)

@@ -6,6 +6,9 @@ from __future__ import annotations
 PROTOCOL = 1
 MANIFEST = "run.json"
 RUN_ID_ENV = "EAGLE3_TUI_RUN_ID"
+KILL_GRACE_S = 130.0
+"""How long a kill waits for the trainer to save and exit before SIGKILL: speculators
+gives up on its own save after 120 s (its watchdog)."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 
 # Operations (the request's "op").

@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_tui.agent.names import KILL_GRACE_S
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
@@ -25,7 +26,7 @@ class RunControl:
     run_dir: str | None
     where: str
     """``host:run_dir`` (or the local path), for dialogs."""
-    kill_grace_s: float = 130.0
+    kill_grace_s: float = KILL_GRACE_S
     resume_wait_s: float = 30.0
     process: dict[str, Any] | None = None
     """A training without telemetry (its discovery row): acted on by PID, start time and

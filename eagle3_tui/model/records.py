@@ -197,7 +197,6 @@ _KIND = attrgetter("kind")
 _SEQ_F = attrgetter("seq_f")
 _W = attrgetter("w")
 _TS = attrgetter("ts")
-_line_decoder = _decoder
 
 
 def infer_kind(rec: Record) -> str:
@@ -705,7 +704,6 @@ class Decoders:
     def __init__(self) -> None:
         self.keys: tuple[str, ...] | None = None
         self.lr_keys: tuple[str, ...] = ()
-        self.fast_type: type[Record] | None = None
         self._fast: msgspec.json.Decoder[Record] | None = None
         self._lean: msgspec.json.Decoder[TrainStep] | None = None
 
@@ -729,8 +727,7 @@ class Decoders:
             omit_defaults=True,
             gc=False,
         )
-        self.fast_type = cast("type[Record]", fast)
-        self._fast = msgspec.json.Decoder(fast, strict=False)
+        self._fast = msgspec.json.Decoder(cast("type[Record]", fast), strict=False)
         lean = msgspec.defstruct(
             "LeanTrainStep",
             lean_fields,
@@ -750,7 +747,7 @@ class Decoders:
             if not cut:
                 return
         try:
-            recs = _line_decoder.decode_lines(memoryview(data)[start:cut])
+            recs = _decoder.decode_lines(memoryview(data)[start:cut])
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         for rec in recs:
@@ -812,7 +809,7 @@ class Decoders:
                 recs = None
         if recs is None:
             try:
-                recs = _line_decoder.decode_lines(buf)
+                recs = _decoder.decode_lines(buf)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return None
             for rec in reversed(recs):  # re-learn from the newest training step

@@ -366,14 +366,7 @@ class RunState:
                     elif kind == "io":
                         self._apply_io(rec)
                     else:
-                        # a plain Record (not a run-specific subclass): the state pickles
-                        self.heartbeat = (
-                            rec
-                            if type(rec) is Record
-                            else msgspec.structs.replace(
-                                Record(), **{f: getattr(rec, f) for f in Record.__struct_fields__}
-                            )
-                        )
+                        self.heartbeat = rec
                         self.last_heartbeat_ts = rec.ts
                         self.rank_heartbeats[self.heartbeat.rank] = self.heartbeat
 
@@ -864,9 +857,6 @@ class RunState:
             if self.signalled is not None:
                 return replace(last, event="interrupt")
         return last
-
-    def checkpoints(self) -> list[CkptEvent]:
-        return list(self.ckpt_events)
 
 
 _W = attrgetter("w")

@@ -700,11 +700,6 @@ class SamplerSet:
             self.errors[s.name] = self.errors.get(s.name, 0) + 1
             self.last_error = f"{s.name}: {type(e).__name__}: {e}"[:300]
 
-    def run_all(self) -> None:
-        now = time.time()
-        for s in self.samplers:
-            self.run_one(s, now)
-
     def close(self) -> None:
         for s in self.samplers:
             try:

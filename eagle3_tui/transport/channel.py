@@ -174,9 +174,13 @@ class AgentAnswerError(TargetError):
         self.kind = kind
 
 
+NOT_FOUND_STATUS = 127
+"""The shell's exit status for a command it cannot find (``--remote-python``)."""
+
+
 def agent_error(host: str, python: str, status: int | None, stderr: str) -> AgentFailedError:
     tail = " ".join(stderr.strip().splitlines()[-3:])[:300]
-    if status == 127:
+    if status == NOT_FOUND_STATUS:
         return AgentFailedError(
             f"{host}: cannot start the agent: {python} not found ({tail}); use --remote-python PATH"
         )

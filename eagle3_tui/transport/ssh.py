@@ -35,6 +35,7 @@ from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
     AGENT_TAG,
+    NOT_FOUND_STATUS,
     AgentChannel,
     AgentFailedError,
     ChannelLostError,
@@ -541,7 +542,7 @@ class SshTransport:
                         return
                 elif status not in (None, 0):
                     err = agent_error(self.host.label, self.host.python, status, stderr)
-                    if status == 127:
+                    if status == NOT_FOUND_STATUS:
                         yield LinkChanged(Link.REFUSED, str(err))
                         return
                     reason = str(err)
