@@ -189,6 +189,9 @@ def agent_error(host: str, python: str, status: int | None, stderr: str) -> Agen
     )
 
 
+TERMINATE_AFTER_S = 1.0  # a local agent still running this long after close() is terminated
+
+
 class LocalChannel:
     """The agent as a subprocess of this process."""
 
@@ -208,10 +211,22 @@ class LocalChannel:
         return status, err.decode("utf-8", "replace")
 
     def close(self) -> None:
-        """Stop reading; a follow or read ends, a kill or resume finishes its work."""
+        """Stop reading; a follow or read ends, a kill or resume finishes its work.
+
+        Closing stdin ends the agent by itself; it is terminated only if still running a
+        moment later. Terminating at once would race its own exit: ``Popen.terminate``
+        reaps an exited child before asyncio's child watcher sees it, which then prints
+        "Unknown child process pid N" on the user's terminal."""
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         if self.proc.returncode is None and not self.finish_alone:
+            try:
+                asyncio.get_running_loop().call_later(TERMINATE_AFTER_S, self._terminate)
+            except RuntimeError:  # no loop running: nothing will reap it anyway
+                self._terminate()
+
+    def _terminate(self) -> None:
+        if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.terminate()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from eagle3_tui.transport.channel import (
     Frame,
     FrameParser,
     LocalHost,
+    call_agent,
 )
 from eagle3_tui.transport.control import kill_run, resume_run
 from tests.transport.conftest import cli
@@ -392,3 +394,13 @@ def test_runs_lists_the_login_users_runs_unless_all(tmp_path: Path) -> None:
     assert listed("--json")[0] == [str(mine)]
     assert listed("--all", "--json")[0] == [str(theirs), str(mine)]
     assert "1 run(s) of other users not shown: --all" in listed()[1]
+
+
+async def test_a_finished_local_agent_is_reaped_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A call that has its answer closes the agent without racing asyncio's child watcher:
+    an immediate terminate() reaped the exited agent first, and asyncio printed "Unknown
+    child process pid N" on the user's terminal (about every other `eagle3-tui runs`)."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    for _ in range(10):
+        await call_agent(LocalHost(), {"op": "discover", "all": False}, python=sys.executable)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
