@@ -152,6 +152,10 @@ def _dur(s: Any) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
 
 
+def _counted(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
     """A run without telemetry: the process, where its output and checkpoints go."""
     if not o:
@@ -160,7 +164,8 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
     cmd = " ".join(o["command"])[:100]
     lines = [
         f"process  pid {o['pid']} ({o['user']}), no telemetry: {cmd}",
-        f"         in {o['cwd']}; {len(o['processes'])} processes ({workers} dataloader workers)",
+        f"         in {o['cwd']}; {_counted(len(o['processes']), 'process', 'processes')} "
+        f"({_counted(workers, 'dataloader worker', 'dataloader workers')})",
         f"log      {o['log_file'] or 'not a file (a terminal or a pipe)'}",
         f"ckpts    {o['checkpoint_dir'] or 'not found yet'}",
     ]

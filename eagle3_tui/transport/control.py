@@ -343,9 +343,17 @@ def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
     if not info:
         return f"  {name}: none"
     state = "complete" if not info.get("problems") else "INCOMPLETE: " + "; ".join(info["problems"])
-    step = info.get("global_step")
-    at = f" (global step {step}, epoch {info.get('epoch')})" if step is not None else ""
-    return f"  {name}: {printable(str(info.get('path')))}{at}, {state}"
+    return f"  {name}: {printable(str(info.get('path')))}{_checkpoint_at(info)}, {state}"
+
+
+def _checkpoint_at(info: dict[str, Any]) -> str:
+    """" (step 48, epoch 2)": numbered as every view numbers them (1-based). A checkpoint's
+    ``global_step`` is the steps done, so the last step's number; its ``epoch`` is
+    speculators' 0-based index of the epoch it was saved in."""
+    step, epoch = info.get("global_step"), info.get("epoch")
+    if not isinstance(step, int):
+        return ""
+    return f" (step {step}" + (f", epoch {epoch + 1})" if isinstance(epoch, int) else ")")
 
 
 def format_kill(result: dict[str, Any]) -> str:
@@ -407,13 +415,11 @@ def format_resume(result: dict[str, Any]) -> str:
             lines.extend("  " + printable(line) for line in tail.splitlines())
         return "\n".join(lines)
     ck = result.get("checkpoint") or {}
-    step = ck.get("global_step")
     confirmed = "" if result.get("confirmed") else " (its manifest has not been updated yet)"
     return "\n".join(
         [
             f"started: pid {result.get('pid')}{confirmed}",
-            f"  from {printable(str(ck.get('path')))}"
-            + (f" (global step {step}, epoch {ck.get('epoch')})" if step is not None else ""),
+            f"  from {printable(str(ck.get('path')))}{_checkpoint_at(ck)}",
             f"  log  {printable(str(result.get('log')))}",
         ]
     )

@@ -134,7 +134,7 @@ async def test_kill_reports_only_the_checkpoint_it_produced(tmp_path: Path) -> N
     text = format_kill(result)
     assert "interrupted: nothing written by this kill" in text
     assert "still starting" in text and "is an earlier stop's" in text
-    assert "global step 20" in text  # where a resume continues from
+    assert "(step 20, epoch 1)" in text  # where a resume continues from, 1-based
 
     # a trainer that saves on SIGTERM: that one is its result
     ready = tmp_path / "ready"
