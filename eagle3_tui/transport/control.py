@@ -347,7 +347,7 @@ def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
 
 
 def _checkpoint_at(info: dict[str, Any]) -> str:
-    """" (step 48, epoch 2)": numbered as every view numbers them (1-based). A checkpoint's
+    """ " (step 48, epoch 2)": numbered as every view numbers them (1-based). A checkpoint's
     ``global_step`` is the steps done, so the last step's number; its ``epoch`` is
     speculators' 0-based index of the epoch it was saved in."""
     step, epoch = info.get("global_step"), info.get("epoch")
