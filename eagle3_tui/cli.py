@@ -873,7 +873,25 @@ def cmd_resume(ns: argparse.Namespace) -> int:
     async def resume(host: Any, t: Target) -> dict[str, Any]:
         return await control.resume_run(host, control.run_dir_of(t), ns.wait)
 
-    result = asyncio.run(on_every_node(target, "resume", resume))
+    async def go() -> dict[str, Any]:
+        if not needs_choice(target, None):
+            return await on_every_node(target, "resume", resume)
+        # a work directory or a host alone: the run it means (a live one is refused
+        # by the agent, as for a run directory: kill it first)
+        chosen = await control.on_host(
+            target, lambda h: control.choose(h, control.run_dir_of(target))
+        )
+        if chosen.get("choice") == "several":
+            raise control.several_error(chosen, ns.target or "this machine")
+        say_chosen(chosen.get("note"))
+        if chosen.get("choice") == "process":
+            raise TargetError(
+                f"{chosen.get('short')} is running without telemetry: "
+                "nothing to resume (kill it first, or attach: eagle3-tui attach)"
+            )
+        return await on_every_node(pinned_to(target, str(chosen["run_dir"])), "resume", resume)
+
+    result = asyncio.run(go())
     say(json.dumps(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 

@@ -732,6 +732,34 @@ def works_in(row: dict[str, Any], directory: str) -> bool:
     return any(_under(row.get(k), root) for k in ("cwd", "log", "checkpoint_dir", "run_dir"))
 
 
+def _manifest_status(run_dir: str) -> str:
+    try:
+        with open(os.path.join(run_dir, MANIFEST)) as f:
+            return str(json.load(f).get("status") or "?")
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
+def run_working_in(directory: str) -> str | None:
+    """The newest run of this user whose trainer worked in ``directory`` (its working
+    directory, log, checkpoints or run directory there or below): a work directory
+    names its stopped run too, e.g. a live attach's ``eagle3-runs/attached-PID``."""
+    rows, _ = registered_rows(False)  # newest first
+    for r in rows:
+        run_dir = str(r.get("run_dir") or "")
+        try:
+            with open(os.path.join(run_dir, MANIFEST)) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(manifest, dict):
+            continue
+        row = {k: manifest.get(k) for k in ("cwd", "checkpoint_dir", "log_file")}
+        if works_in({**row, "log": row["log_file"], "run_dir": run_dir}, directory):
+            return run_dir
+    return None
+
+
 def op_discover(req: dict[str, Any]) -> int:
     """The live trainings (with or without telemetry) and the registered runs (this
     user's; ``all``: every user's)."""
@@ -848,6 +876,18 @@ def op_choose(req: dict[str, Any]) -> int:
                 f"{path}: no metrics.jsonl here; the live training working here belongs to "
                 f"{who}, not to {me} (connect as that user)",
             )
+        earlier = run_working_in(path)
+        if earlier is not None:  # a stopped run of this directory: what kill/resume mean
+            status = _manifest_status(earlier)
+            emit(
+                "result",
+                choice="run",
+                run_dir=earlier,
+                note=f"no live training works in {path}: its latest run, {earlier} ({status})",
+                short=f"the latest run in {path} ({status})",
+                **base,
+            )
+            return 0
         raise AgentError(
             ERR_MISSING,
             f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
@@ -859,12 +899,7 @@ def op_choose(req: dict[str, Any]) -> int:
         raise AgentError(
             ERR_MISSING, f"no live training of {me} and no run registered on {host}{skipped}"
         ) from None
-    status = "?"
-    try:
-        with open(latest / MANIFEST) as f:
-            status = str(json.load(f).get("status") or "?")
-    except (OSError, ValueError, AttributeError):
-        pass
+    status = _manifest_status(str(latest))
     emit(
         "result",
         choice="run",

@@ -371,3 +371,39 @@ def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agen
         if launcher.poll() is None:
             os.killpg(launcher.pid, 9)
             launcher.wait()
+
+
+async def test_a_work_directory_means_its_latest_stopped_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no live training in it, a work directory means the newest run whose trainer
+    worked there: `kill WORKDIR` after a live attach, then `resume WORKDIR`, act on the
+    same run (its run directory is WORKDIR/eagle3-runs/attached-PID)."""
+    from eagle3_tui.telemetry import manifest as mf
+    from tests.transport.fakes import fake_manifest
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    older = fake_manifest(
+        work / "eagle3-runs" / "attached-1", gone.pid, "r1", cwd=str(work), status="interrupted"
+    )
+    newer = fake_manifest(
+        tmp_path / "runs" / "r2", gone.pid, "r2", cwd=str(work), status="finished"
+    )
+    other = fake_manifest(tmp_path / "runs" / "r3", gone.pid, "r3", cwd=str(elsewhere))
+    host = LocalHost()
+    mf.register_run(older)
+    chosen = await choose(host, str(work), None)
+    assert chosen["choice"] == "run" and chosen["run_dir"] == older["run_dir"]
+    assert "no live training works in" in chosen["note"] and "(interrupted)" in chosen["note"]
+    mf.register_run(newer)
+    mf.register_run(other)  # newest of all, but it worked elsewhere
+    chosen = await choose(host, str(work), None)
+    assert chosen["run_dir"] == newer["run_dir"] and "(finished)" in chosen["note"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AgentAnswerError) as e:  # nothing ever worked here
+        await choose(host, str(tmp_path / "empty"), None)
+    assert e.value.kind == "missing" and "no live training works" in str(e.value)
