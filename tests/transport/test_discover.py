@@ -385,7 +385,7 @@ async def test_a_work_directory_means_its_latest_stopped_run(
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: ASYNC220 - exits at once
     gone.wait()
     older = fake_manifest(
         work / "eagle3-runs" / "attached-1", gone.pid, "r1", cwd=str(work), status="interrupted"
