@@ -176,7 +176,7 @@ def _attach(req: dict[str, Any], t0: float) -> dict[str, Any]:
     m = telemetry.manifest or {}
     return {
         "status": "attached",
-        "message": f"telemetry attached at step {step}",
+        "message": f"telemetry attached after step {step}",  # steps done
         "run_dir": str(run_dir.resolve()),
         "run_id": telemetry.run_id,
         "global_step": step,

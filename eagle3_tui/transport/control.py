@@ -346,6 +346,11 @@ def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
     return f"  {name}: {printable(str(info.get('path')))}{_checkpoint_at(info)}, {state}"
 
 
+def _shown_step(global_step: object) -> object:
+    """A record's 0-based ``step`` as every view numbers it (1-based)."""
+    return global_step + 1 if isinstance(global_step, int) else global_step
+
+
 def _checkpoint_at(info: dict[str, Any]) -> str:
     """ " (step 48, epoch 2)": numbered as every view numbers them (1-based). A checkpoint's
     ``global_step`` is the steps done, so the last step's number; its ``epoch`` is
@@ -612,7 +617,7 @@ def format_attach(result: dict[str, Any]) -> str:
         lines.append("  pause    " + "; ".join(pause))
     if result.get("first_metric_s") is not None:
         lines.append(
-            f"  first    metrics of step {result.get('first_step')} "
+            f"  first    metrics of step {_shown_step(result.get('first_step'))} "
             f"{float(result['first_metric_s']):.1f} s after the attach"
         )
     elif status == "attached":

@@ -54,7 +54,7 @@ async def test_choose_a_training_confirm_and_see_the_result() -> None:
     }
     result = {
         "status": "attached",
-        "message": "telemetry attached at step 41",
+        "message": "telemetry attached after step 41",
         "global_step": 41,
         "run_dir": "/runs/exp7",
         "stopped_ms": 320.0,
@@ -82,7 +82,7 @@ async def test_choose_a_training_confirm_and_see_the_result() -> None:
         await until(pilot, lambda: dialog.state == "done", what="the result")
         assert host.attached == [5151]
         outcome = text_of(dialog.query_one("#outcome"))
-        assert "attached: telemetry attached at step 41" in outcome
+        assert "attached: telemetry attached after step 41" in outcome
         assert "process stopped 320 ms by gdb" in outcome
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, AttachDialog), what="closed")

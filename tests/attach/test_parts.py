@@ -290,19 +290,19 @@ def test_the_report_shows_the_pause_and_the_first_metric() -> None:
     text = format_attach(
         {
             "status": "attached",
-            "message": "telemetry attached at step 7",
+            "message": "telemetry attached after step 7",
             "global_step": 7,
             "total_steps": 72,
             "epochs": 3,
             "run_dir": "/r",
             "stopped_ms": 212.4,
             "pause_ms": 38.9,
-            "first_step": 8,
+            "first_step": 7,  # the record's 0-based step: the 8th step
             "first_metric_s": 0.61,
         }
     )
     assert "process stopped 212 ms by gdb" in text and "attach for 39 ms" in text
-    assert "metrics of step 8 0.6 s after the attach" in text
+    assert "metrics of step 8 0.6 s after the attach" in text  # numbered as every view
 
 
 # ---- stacks: from telemetry to the diagnosis ----------------------------------------
