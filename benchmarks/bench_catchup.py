@@ -31,16 +31,19 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.records import mixed_lines, train_lines
+from benchmarks.records import mixed_lines, train_line, train_lines
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
 from eagle3_tui.transport.base import Link, LinkChanged
@@ -65,9 +68,7 @@ def make_file(path: Path, steps: int, dt: float | None) -> int:
         print(f"generated {cache} in {time.perf_counter() - t:.0f} s")
     if path.exists():
         path.unlink()
-    os.link(cache, path) if cache.stat().st_dev == path.parent.stat().st_dev else path.write_bytes(
-        cache.read_bytes()
-    )
+    shutil.copyfile(cache, path)  # a copy: the live tail is appended to it
     return path.stat().st_size
 
 
@@ -151,17 +152,44 @@ def summary(cfg: Path, run_dir: Path, steps: int) -> float:
     took = time.perf_counter() - t
     out = json.loads(proc.stdout)
     step = out.get("global_step")
-    if step != steps - 1:
+    if not isinstance(step, int) or step < steps - 1:
         raise RuntimeError(f"summary saw step {step}, not {steps - 1}")
     return took
 
 
-async def first_frame(cfg: Path, run_dir: Path, compressed: bool) -> tuple[float, int]:
-    """Seconds from nothing to the snapshot of the whole file; the steps it shows."""
+class Tail:
+    """The live tail: a train record appended every ``every`` seconds while the client
+    catches up; when each was written and where it ends in the file."""
+
+    def __init__(self, path: Path, first_step: int, every: float = 0.25) -> None:
+        self.path = path
+        self.step = first_step
+        self.every = every
+        self.written: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        rng = random.Random(self.step)
+        with open(self.path, "ab") as out:
+            while not self.stop.wait(self.every):
+                out.write(train_line(self.step, self.step, time.time(), rng))
+                out.flush()
+                self.written.append((time.perf_counter(), out.tell()))
+                self.step += 1
+
+
+async def first_frame(
+    cfg: Path, run_dir: Path, compressed: bool, tail: Tail
+) -> tuple[float, int, list[tuple[bool, float]]]:
+    """Seconds from nothing to the snapshot of the whole file as it was when the stream
+    opened; the steps it shows; the lags of the records appended meanwhile and in the
+    second after (whether written during the catch-up; seconds from write to ingestion)."""
     t = time.perf_counter()
     target = SshTarget(ALIAS, None, str(run_dir), SshOptions(config=(str(cfg),)))
     pipeline = Pipeline()
     size: list[int] = []
+    arrived: list[tuple[float, int]] = []  # (when, offset ingested up to)
 
     def on_link(ev: LinkChanged) -> None:
         if ev.link == Link.CONNECTED and ev.size is not None:
@@ -174,20 +202,38 @@ async def first_frame(cfg: Path, run_dir: Path, compressed: bool) -> tuple[float
         asyncio.ensure_future(pipeline.pump(transport, on_link)),
         asyncio.ensure_future(pipeline.ingest()),
     ]
+    tail.thread.start()
+    took: float | None = None
+    steps = 0
     try:
-        while not (size and pipeline.run.reader.next_offset >= size[0] and not pipeline._pending):
+        while took is None or time.perf_counter() - t < took + 1.0:
             for task in tasks:
                 if task.done():
                     task.result()
             await asyncio.sleep(0.005)
-        snap, _ = await pipeline.snapshot(time.time(), ViewParams(columns=110))
-        took = time.perf_counter() - t
+            arrived.append((time.perf_counter(), pipeline.run.reader.next_offset))
+            if (
+                took is None
+                and size
+                and pipeline.run.reader.next_offset >= size[0]
+                and not pipeline._pending
+            ):
+                await pipeline.snapshot(time.time(), ViewParams(columns=110))
+                took = time.perf_counter() - t
+                steps = pipeline.run.state.train_steps
     finally:
+        tail.stop.set()
+        tail.thread.join()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    del snap
-    return took, pipeline.run.state.train_steps
+    assert took is not None
+    lags = []
+    for when, end in tail.written:
+        got = next((a for a, off in arrived if off >= end and a >= when), None)
+        if got is not None:
+            lags.append((when - t < took, got - when))
+    return took, steps, lags
 
 
 def main() -> None:
@@ -211,6 +257,8 @@ def main() -> None:
         rows: dict[str, list[tuple[float, int]]] = {
             k: [] for k in ("cat", "summary", "frame", "plain")
         }
+        tails: dict[str, list[list[tuple[bool, float]]]] = {"frame": [], "plain": []}
+        next_step = ns.steps
         try:
             for r in range(ns.rounds):
                 for name in rows:
@@ -220,9 +268,14 @@ def main() -> None:
                     elif name == "summary":
                         took = summary(cfg, run_dir, ns.steps)
                     else:
-                        took, steps = asyncio.run(first_frame(cfg, run_dir, name == "frame"))
-                        if steps != ns.steps:
+                        tail = Tail(path, next_step)
+                        took, steps, lags = asyncio.run(
+                            first_frame(cfg, run_dir, name == "frame", tail)
+                        )
+                        next_step = tail.step
+                        if steps < ns.steps:
                             raise RuntimeError(f"the first frame has {steps} steps")
+                        tails[name].append(lags)
                     after = link.idle()
                     wire = sum(after[k] - before[k] for k in ("up", "down"))
                     rows[name].append((took, wire))
@@ -250,6 +303,14 @@ def main() -> None:
             f"  {label:28} {statistics.median(ts):6.2f} s ({tr:5.2f}x cat)  "
             f"{statistics.median(bs) / 1e6:8.2f} MB on the wire ({br:5.3f}x cat, "
             f"{statistics.median(bs) / size:5.3f} of the file)"
+        )
+    for name in ("frame", "plain"):
+        during = [max((lag for d, lag in r if d), default=0.0) for r in tails[name]]
+        after = [lag for r in tails[name] for d, lag in r if not d]
+        print(
+            f"  live tail ({labels[name]}; a record every 0.25 s): written during the catch-up, "
+            f"the oldest arrived {statistics.median(during):.2f} s after its write (median "
+            f"of rounds); written after it: median lag {statistics.median(after) * 1000:.0f} ms"
         )
     for name in ("summary", "frame"):
         t = statistics.median(x for x, _ in rows[name])
