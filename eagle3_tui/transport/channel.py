@@ -144,13 +144,16 @@ class FrameParser:
 
 
 def _inflate(packed: bytes, length: int, offset: int) -> bytes:
+    """A Z frame's bytes, exactly ``length`` of them (never more: a frame that would
+    inflate past its length is refused without inflating it all)."""
+    inflater = zlib.decompressobj()
     try:
-        data = zlib.decompress(packed, bufsize=max(length, 1))
+        data = inflater.decompress(packed, length + 1)
     except zlib.error as e:
         raise ChannelLostError(f"bad compressed frame at offset {offset}: {e}") from None
-    if len(data) != length:
+    if len(data) != length or not inflater.eof or inflater.unused_data:
         raise ChannelLostError(
-            f"bad compressed frame at offset {offset}: {len(data)} bytes, not {length}"
+            f"bad compressed frame at offset {offset}: not {length} bytes of one zlib stream"
         )
     return data
 

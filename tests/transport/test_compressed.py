@@ -141,12 +141,15 @@ def test_a_corrupt_compressed_frame_loses_the_channel_not_a_record() -> None:
     treats it as a lost connection and asks again from the last good offset."""
     data = b'{"kind":"log"}\n' * 100
     good = zlib.compress(data)
+    bomb = zlib.compress(bytes(64 << 20), 9)
     parser = FrameParser()
     (frame,) = parser.feed(b"Z 7 %d %d\n" % (len(data), len(good)) + good)
     assert isinstance(frame, DataFrame) and frame.offset == 7 and frame.data == data
     for bad in (
         b"Z 0 %d %d\n" % (len(data) + 1, len(good)) + good,  # the wrong length
         b"Z 0 %d %d\n" % (len(data), len(good)) + good[:-5] + b"xxxxx",  # corrupt
+        b"Z 0 %d %d\n" % (len(data) - 1, len(good)) + good,  # more than it says
+        b"Z 0 100 %d\n" % len(bomb) + bomb,  # 64 MiB from 64 KiB: not inflated at all
     ):
         with pytest.raises(ChannelLostError, match="bad compressed frame at offset 0"):
             FrameParser().feed(bad)
