@@ -21,12 +21,14 @@ from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 READ_SIZE = 1 << 20
 SAFETY_POLL_S = 0.5  # with inotify: re-check anyway (NFS sends no events)
 POLL_S = 0.05  # without inotify
-ZLIB_LEVELS = (1, 6)
-"""The zlib levels a catch-up moves between when the request names none. Level 1 packs
-metrics records 2.9x at ~70-90 MB/s a core, level 6 3.3x at ~20 MB/s (measured on
-benchmarks/records.py's train records): it starts at 1 and goes up a level after a
-frame whose write waited longer than its compression (the link is the bottleneck:
-fewer bytes cost no time), down after one whose compression was waited for."""
+ZLIB_LEVEL = 1
+"""Level 1 packs metrics records 2.9x at ~70-90 MB/s a core, level 6 3.3x at ~20 MB/s
+(benchmarks/records.py's train records), so level 1 outruns a 100 Mbit/s link from one
+core. Measured through a 100 Mbit/s relay (benchmarks/bench_catchup.py, 200k steps,
+host and client on one loaded 2-core machine), the first frame took 10.4 s at level 1,
+24.7 s at level 6, and 13.7 s with the level raised while writes waited longer than
+compression (a busy host's sshd makes writes wait too): a request's ``level`` may
+ask for more."""
 MIN_ZLIB = 16 * 1024
 """Smaller reads (the live tail's appends) go as plain D frames: no latency added."""
 MAX_THREADS = 4
@@ -87,9 +89,8 @@ class Deflater:
     """Compresses a catch-up's reads ahead of the writes, in threads (zlib lets go of
     the GIL): reading, compressing and sending overlap."""
 
-    def __init__(self, level: int | None = None) -> None:
-        self.fixed = level is not None
-        self.level = ZLIB_LEVELS[0] if level is None else max(0, min(9, level))
+    def __init__(self, level: int = ZLIB_LEVEL) -> None:
+        self.level = max(0, min(9, level))
         self.threads = max(1, min(MAX_THREADS, os.cpu_count() or 1))
         self._pool: ThreadPoolExecutor | None = None
 
@@ -98,15 +99,6 @@ class Deflater:
             self._pool = ThreadPoolExecutor(self.threads)
         return self._pool.submit(zlib.compress, data, self.level)
 
-    def waited(self, packing: float, writing: float) -> None:
-        """After a frame: the seconds its compression was waited for and its write took."""
-        if self.fixed:
-            return
-        if writing > 2 * packing + 0.001:
-            self.level = min(ZLIB_LEVELS[1], self.level + 1)
-        elif packing > 2 * writing + 0.001:
-            self.level = max(ZLIB_LEVELS[0], self.level - 1)
-
 
 def deflater_for(req: dict[str, Any]) -> Deflater | None:
     """A :class:`Deflater` where the client asked for Z frames (an older client did not);
@@ -114,7 +106,7 @@ def deflater_for(req: dict[str, Any]) -> Deflater | None:
     if req.get("compress") != COMPRESS_ZLIB:
         return None
     level = req.get("level")
-    return Deflater(level if isinstance(level, int) and not isinstance(level, bool) else None)
+    return Deflater(level if isinstance(level, int) and not isinstance(level, bool) else ZLIB_LEVEL)
 
 
 def _pump(fd: int, offset: int, z: Deflater | None = None) -> int:
@@ -143,17 +135,14 @@ def _pump(fd: int, offset: int, z: Deflater | None = None) -> int:
         if not ahead:
             return offset
         at, data, packed = ahead.popleft()
-        if packed is None or z is None:
+        if packed is None:
             emit_data(at, data)
         else:
-            t0 = time.monotonic()
             zdata = packed.result()
-            t1 = time.monotonic()
             if len(zdata) < len(data):
                 emit_zdata(at, len(data), zdata)
             else:
                 emit_data(at, data)
-            z.waited(t1 - t0, time.monotonic() - t1)
         offset = at + len(data)
 
 
