@@ -306,11 +306,11 @@ def main() -> None:
         )
     for name in ("frame", "plain"):
         during = [max((lag for d, lag in r if d), default=0.0) for r in tails[name]]
-        after = [lag for r in tails[name] for d, lag in r if not d]
+        late = [lag for r in tails[name] for d, lag in r if not d]
         print(
             f"  live tail ({labels[name]}; a record every 0.25 s): written during the catch-up, "
             f"the oldest arrived {statistics.median(during):.2f} s after its write (median "
-            f"of rounds); written after it: median lag {statistics.median(after) * 1000:.0f} ms"
+            f"of rounds); written after it: median lag {statistics.median(late) * 1000:.0f} ms"
         )
     for name in ("summary", "frame"):
         t = statistics.median(x for x, _ in rows[name])

@@ -4,6 +4,7 @@ resumes with no record lost or repeated."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import COMPRESS_ZLIB
+from eagle3_tui.model.reader import LineReader
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.transport import channel
@@ -27,6 +29,7 @@ from eagle3_tui.transport.channel import (
     DataFrame,
     FrameParser,
     agent_payload,
+    read_frames,
 )
 from eagle3_tui.transport.ssh import SshTransport
 from tests.model.test_state import mixed_stream
@@ -151,6 +154,36 @@ def test_a_corrupt_compressed_frame_loses_the_channel_not_a_record() -> None:
     ):
         with pytest.raises(ChannelLostError, match="bad compressed frame at offset 0"):
             FrameParser().feed(bad)
+
+
+async def collect(reader: asyncio.StreamReader, into: list[DataFrame]) -> None:
+    async for frame in read_frames(reader):
+        assert isinstance(frame, DataFrame)
+        into.append(frame)
+
+
+async def test_output_that_ends_inside_a_compressed_frame_delivers_the_frames_before_it_only() -> (
+    None
+):
+    """The agent's output cut anywhere inside a Z frame (a disconnect): the whole frames
+    before it arrive, the torn one never does, and the stream's resume point is the end
+    of the last line delivered."""
+    data = b"".join(Lines().train(i, 1.0) for i in range(400))
+    a, b = data[: len(data) // 2 + 17], data[len(data) // 2 + 17 :]  # cut mid-line
+    za, zb = zlib.compress(a, 1), zlib.compress(b, 1)
+    out = b"Z 0 %d %d\n" % (len(a), len(za)) + za + b"Z %d %d %d\n" % (len(a), len(b), len(zb)) + zb
+    second = len(out) - len(zb)
+    for cut in (second - 3, second + 1, second + len(zb) // 2, len(out) - 1):
+        reader = asyncio.StreamReader()
+        reader.feed_data(out[:cut])
+        reader.feed_eof()
+        got: list[DataFrame] = []
+        with pytest.raises(ChannelLostError, match="inside a frame"):
+            await collect(reader, got)
+        assert [(f.offset, f.data) for f in got] == [(0, a)]
+        lines = LineReader()
+        lines.feed(0, got[0].data)
+        assert lines.complete_offset == a.rfind(b"\n") + 1 < len(a)  # asked for again
 
 
 def test_an_old_client_gets_plain_frames(tmp_path: Path) -> None:
