@@ -1,6 +1,9 @@
 """The agent's output: frames on stdout, and the one error it answers with.
 
 ``D <offset> <length>\\n`` followed by ``length`` bytes of a file at ``offset``;
+``Z <offset> <length> <zlength>\\n`` followed by ``zlength`` bytes: those same
+``length`` bytes at ``offset``, zlib-compressed on their own (sent only to a client
+that asked for them: ``"compress": "zlib"`` in its request);
 ``J <json>\\n`` an event (see :mod:`eagle3_tui.agent.names`).
 """
 
@@ -47,3 +50,8 @@ def emit(event: str, **fields: Any) -> None:
 
 def emit_data(offset: int, data: bytes) -> None:
     _write_all(b"D %d %d\n" % (offset, len(data)) + data)
+
+
+def emit_zdata(offset: int, length: int, packed: bytes) -> None:
+    """``length`` bytes of the file at ``offset``, as ``zlib.compress`` packed them."""
+    _write_all(b"Z %d %d %d\n" % (offset, length, len(packed)) + packed)

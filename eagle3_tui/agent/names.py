@@ -9,6 +9,8 @@ RUN_ID_ENV = "EAGLE3_TUI_RUN_ID"
 KILL_GRACE_S = 130.0
 """How long a kill waits for the trainer to save and exit before SIGKILL: speculators
 gives up on its own save after 120 s (its watchdog)."""
+COMPRESS_ZLIB = "zlib"
+"""A follow or read request's ``"compress"``: send the catch-up as zlib Z frames."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 
 # Operations (the request's "op").

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -73,11 +74,17 @@ class ChannelLostError(Exception):
 
 
 class FrameParser:
-    """Cuts frames out of the agent's output, however it is split into reads."""
+    """Cuts frames out of the agent's output, however it is split into reads.
+
+    A ``Z`` frame (compressed, see :mod:`eagle3_tui.agent.frames`) becomes the
+    :class:`DataFrame` of the bytes it packs, once it is whole: a frame torn by a
+    disconnect is never delivered, so the resume offset stays exact.
+    """
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._pending: tuple[int, int] | None = None  # a data frame's (offset, length)
+        self._pending: tuple[int, int, int] | None = None
+        """A data frame's (offset, bytes to read, length unpacked: -1 for a D frame)."""
 
     @property
     def partial(self) -> bool:
@@ -91,10 +98,13 @@ class FrameParser:
         pos = 0
         while True:
             if self._pending is not None:
-                offset, length = self._pending
+                offset, length, unpacked = self._pending
                 if len(buf) - pos < length:
                     break
-                out.append(DataFrame(offset, bytes(buf[pos : pos + length])))
+                data = bytes(buf[pos : pos + length])
+                if unpacked >= 0:
+                    data = _inflate(data, unpacked, offset)
+                out.append(DataFrame(offset, data))
                 pos += length
                 self._pending = None
                 continue
@@ -111,7 +121,16 @@ class FrameParser:
                     continue
                 if length < 0 or length > MAX_FRAME:
                     raise ChannelLostError(f"bad frame length {length}")
-                self._pending = (offset, length)
+                self._pending = (offset, length, -1)
+            elif header.startswith(b"Z "):
+                try:
+                    _, off, n, zn = header.split()
+                    offset, unpacked, length = int(off), int(n), int(zn)
+                except ValueError:
+                    continue
+                if not (0 <= length <= MAX_FRAME and 0 <= unpacked <= MAX_FRAME):
+                    raise ChannelLostError(f"bad frame length {length} ({unpacked} unpacked)")
+                self._pending = (offset, length, unpacked)
             elif header.startswith(b"J "):
                 try:
                     obj = json.loads(header[2:])
@@ -122,6 +141,21 @@ class FrameParser:
             # anything else: a line a shell start-up file printed; not ours
         del buf[:pos]
         return out
+
+
+def _inflate(packed: bytes, length: int, offset: int) -> bytes:
+    """A Z frame's bytes, exactly ``length`` of them (never more: a frame that would
+    inflate past its length is refused without inflating it all)."""
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(packed, length + 1)
+    except zlib.error as e:
+        raise ChannelLostError(f"bad compressed frame at offset {offset}: {e}") from None
+    if len(data) != length or not inflater.eof or inflater.unused_data:
+        raise ChannelLostError(
+            f"bad compressed frame at offset {offset}: not {length} bytes of one zlib stream"
+        )
+    return data
 
 
 async def read_frames(

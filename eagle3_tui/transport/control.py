@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from eagle3_tui.agent.names import COMPRESS_ZLIB
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
@@ -216,7 +217,7 @@ async def read_file(
 ) -> Event:
     """Every byte of the run's file (metrics.jsonl) now; returns the ``eof`` event
     (``size``, and ``now``: the host's clock, for health judged against it)."""
-    request: dict[str, Any] = {"op": "read", "run_dir": run_dir}
+    request: dict[str, Any] = {"op": "read", "run_dir": run_dir, "compress": COMPRESS_ZLIB}
     if file:
         request["file"] = file
     return await call_agent(host, request, on_data=on_data, python=_python(host))

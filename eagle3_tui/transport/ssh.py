@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from eagle3_tui.agent import BOOTSTRAP
+from eagle3_tui.agent.names import COMPRESS_ZLIB
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
@@ -462,11 +463,14 @@ class SshTransport:
         run_dir: str | None,
         file: str = METRICS_FILE,
         backoff: Sequence[float] = BACKOFF,
+        compress: bool = True,
     ) -> None:
         self.host = host
         self.run_dir = run_dir
         self.file = file
         self.backoff = tuple(backoff)
+        self.compress = compress
+        """Ask for the catch-up in zlib Z frames (an older agent sends D frames anyway)."""
         self.reconnects = 0
 
     @property
@@ -484,15 +488,16 @@ class SshTransport:
             status: int | None = None
             stderr = ""
             try:
-                channel = await self.host.start_agent(
-                    {
-                        "op": "follow",
-                        "run_dir": self.run_dir,
-                        "file": self.file,
-                        "offset": complete,
-                        "identity": identity,
-                    }
-                )
+                request = {
+                    "op": "follow",
+                    "run_dir": self.run_dir,
+                    "file": self.file,
+                    "offset": complete,
+                    "identity": identity,
+                }
+                if self.compress:
+                    request["compress"] = COMPRESS_ZLIB
+                channel = await self.host.start_agent(request)
                 async for frame in channel.frames():
                     if isinstance(frame, DataFrame):
                         off, data = frame.offset, frame.data

@@ -129,9 +129,15 @@ async def test_every_record_exactly_once_while_sessions_are_killed(
         writer.start()
         kills = 0
         for k in range(1, 5):  # kill the sessions four times while lines keep coming
-            await f.until(lambda k=k: len(f.records) >= k * n // 6, what=f"{k * n // 6} records")
+            await f.until(  # the k-th connection is up: a loaded machine reconnects late
+                lambda k=k: len(f.records) >= k * n // 6 and f.count(Link.CONNECTED) >= k,
+                what=f"{k * n // 6} records and connection {k}",
+            )
             kills += sshd.kill_sessions()
-        await f.until(lambda: len(f.records) >= n, what=f"all {n} records")
+        await f.until(
+            lambda: len(f.records) >= n and f.count(Link.RECONNECTING) >= 4,
+            what=f"all {n} records and the 4th reconnection",
+        )
     finally:
         await f.stream.aclose()  # type: ignore[attr-defined]
         await host.close()
