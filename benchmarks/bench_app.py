@@ -45,8 +45,8 @@ def make_run(steps: int, head: int = 1000) -> Run:
         new_steps = np.arange(first + 1, steps, dtype=np.int64)
         rng = np.random.default_rng(0)
         columns: dict[str, np.ndarray] = {}
-        for key, col in table.columns.items():
-            base = np.frombuffer(col, dtype=np.float32).astype(np.float64)
+        for key, view in table.views().items():
+            base = view.astype(np.float64)
             columns[key] = rng.choice(base[np.isfinite(base)], size=len(new_steps))
         columns["epoch"] = (new_steps // STEPS_PER_EPOCH).astype(np.float64)
         table.extend_columns(new_steps, T0 + new_steps * DT, columns)

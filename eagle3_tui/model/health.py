@@ -163,10 +163,9 @@ def _diverged(state: RunState) -> str | None:
         since = _nonfinite_since(state)
         at = f"since step {since:,}" if since is not None and since != step else f"at step {step}"
         return f"The loss is {loss} {at}: training has diverged (check the learning rate)."
-    col = state.table.columns.get("train/loss")
-    if col is None or len(col) < 50:
+    values = state.table.floats("train/loss", 400)
+    if values is None or len(values) < 50:
         return None
-    values = np.frombuffer(col, dtype=np.float32)[-400:].astype(np.float64)
     history, recent = values[:-5], values[-5:]
     history = history[np.isfinite(history)]
     if len(history) < 40 or not np.isfinite(recent).all():
@@ -183,10 +182,10 @@ def _diverged(state: RunState) -> str | None:
 
 def _nonfinite_since(state: RunState) -> int | None:
     """The number of the first step of the trailing run of non-finite losses."""
-    col = state.table.columns.get("train/loss")
-    if col is None or not len(col):
+    values = state.table.view("train/loss")
+    if values is None or not len(values):
         return None
-    finite = np.flatnonzero(np.isfinite(np.frombuffer(col, dtype=np.float32)))
+    finite = np.flatnonzero(np.isfinite(values))
     first = int(finite[-1]) + 1 if len(finite) else 0
     if first >= len(state.table.steps):
         return None
