@@ -58,8 +58,6 @@ from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
 from eagle3_tui.agent.pyprocess import (
     PythonInfo,
     build_allows_remote_debug,
-    cmdline,
-    environ,
     exe_path,
     mapped_files,
     permission_problem,
@@ -79,6 +77,7 @@ from eagle3_tui.agent.userfiles import (
     prepare,
     read_json_file,
 )
+from eagle3_tui.telemetry.procs import cmdline, environ
 from eagle3_tui.telemetry.rerun import resume_command
 
 MIN_VERSION = (3, 8)

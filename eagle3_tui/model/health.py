@@ -41,6 +41,7 @@ import numpy as np
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import Event, RunState
+from eagle3_tui.model.units import size
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
@@ -366,10 +367,10 @@ def _leftovers_sentence(state: RunState) -> str:
     for left in state.leftovers[:6]:
         parts = [f"pid {left.pid} {left.comm}"]
         if left.rss_bytes is not None:
-            parts.append(f"{_bytes(left.rss_bytes)} RAM")
+            parts.append(f"{size(left.rss_bytes)} RAM")
         if left.gpu_bytes:
             gpus = ",".join(str(g) for g in left.gpus)
-            parts.append(f"{_bytes(left.gpu_bytes)} on GPU {gpus}")
+            parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
     more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
     return f" Left behind, still alive: {'; '.join(shown)}{more} (k ends them)."
@@ -415,7 +416,7 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
     if ev.reading:
-        signs.append(f"data files are being read ({_bytes(ev.read_bytes / ev.window)}/s)")
+        signs.append(f"data files are being read ({size(ev.read_bytes / ev.window)}/s)")
     if ev.saving:
         signs.append("checkpoints are being written")
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
@@ -447,14 +448,6 @@ def _stall_hint(state: RunState) -> str:
 def _running_sentence(state: RunState, pace: Pace) -> str:
     rate = f", {pace.steps_per_s:.2f} steps/s" if pace.steps_per_s else ""
     return f"Step {step_number(state.global_step)} logged{rate}."
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 # ---- torchrun: which rank ----------------------------------------------------------------

@@ -47,11 +47,18 @@ from types import TracebackType
 from typing import Any
 
 from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.handler import MESSAGES_LOGGER, METRICS_LOGGER, TelemetryHandler
 from eagle3_tui.telemetry.progress import ProgressPrinter
 from eagle3_tui.telemetry.reads import READS_ENV, socket_name
 from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
-from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
+from eagle3_tui.telemetry.schema import (
+    CHECKPOINT_SAVED,
+    MANIFEST_FILE,
+    METRICS_FILE,
+    SAVING_CHECKPOINT,
+    Kind,
+)
 from eagle3_tui.telemetry.stack import MainThreadWhere
 from eagle3_tui.telemetry.stacks import StallWatch
 from eagle3_tui.telemetry.topology import (
@@ -214,7 +221,7 @@ class Telemetry:
 
     # ---- what the handler passes on ----------------------------------------------
     def _on_message(self, text: str) -> None:
-        if text.startswith(("Saving checkpoint to ", "Checkpoint saved to ")):
+        if text.startswith((SAVING_CHECKPOINT, CHECKPOINT_SAVED)):
             self._send({"op": "message", "text": text, "ts": time.time()})
         elif text.startswith("Received SIG") and "interrupting" in text:
             self.interrupted = True
@@ -615,7 +622,7 @@ def attach(
         telemetry.sampler_config = SamplerConfig(
             run_dir=str(path.resolve()),
             trainer_pid=os.getpid(),
-            trainer_start_ticks=mf.proc_start_ticks(os.getpid()),
+            trainer_start_ticks=procs.start_ticks(os.getpid()),
             rank=rank,
             run_id=run_id,
             interval=interval,
