@@ -103,7 +103,9 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
         control.write_text("hang 1\n")
 
         st = wait_until(lambda: hung(run_dir), 180, "rank 1 blocked, rank 0 waiting", log)
-        step = st.rank_heartbeats[1].last_step + 1
+        last = st.rank_heartbeats[1].last_step
+        assert last is not None
+        step = last + 1
         d = diagnose(st, quiet_later(st))
         assert d.health is Health.STALLED, d
         assert f"rank 1 stopped at step {step} (in tiny.py" in d.reason, d.reason

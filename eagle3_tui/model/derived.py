@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.downsample import Floats
+
 if TYPE_CHECKING:
     from eagle3_tui.model.state import RunState
 
@@ -110,7 +112,7 @@ def ema(values: F64, weight: float) -> F64:
     return out
 
 
-def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
+def bucket_means(x: F64, y: Floats, buckets: int) -> tuple[F64, F64, int]:
     """Last x and NaN-ignoring mean y of ``buckets`` equal runs of points.
 
     Returns ``(x_last, y_means, points_per_bucket)``; short inputs pass through.
@@ -135,7 +137,7 @@ def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
     return xb, ym, k
 
 
-def smoothed(x: F64, y: F64, weight: float, buckets: int) -> tuple[F64, F64]:
+def smoothed(x: F64, y: Floats, weight: float, buckets: int) -> tuple[F64, F64]:
     """A smoothed line of ``y`` over ``x`` with at most ``buckets`` points.
 
     The EMA runs over bucket means with the weight raised to the bucket size, so
@@ -294,9 +296,7 @@ def io_rates(ts: F64, read_bytes: F64, files: F64) -> tuple[float | None, float 
     return float(read_bytes.sum()) / span, float(read.sum()) / span
 
 
-def steps_per_epoch(
-    epoch_col: npt.NDArray[np.floating[Any]] | None, steps: npt.NDArray[np.int64]
-) -> int | None:
+def steps_per_epoch(epoch_col: Floats | None, steps: npt.NDArray[np.int64]) -> int | None:
     """Infer steps per epoch from where the epoch column changes (global step of epoch e+1)."""
     if epoch_col is None or len(epoch_col) < 2:
         return None

@@ -234,10 +234,10 @@ def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> L
         return None
     x = frame.x
     if kind == "smoothed":
-        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)  # type: ignore[arg-type]
+        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
     else:
         nonfinite = frame.table.has_nonfinite(key)
-        xs, ys = m4(x, y, view.columns, nonfinite)  # type: ignore[arg-type]
+        xs, ys = m4(x, y, view.columns, nonfinite)
     return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
 
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
+
+from eagle3_tui.model.downsample import Floats
 
 NAN = math.nan
 F32_MAX = float(np.finfo(np.float32).max)
@@ -87,8 +90,8 @@ class StepTable:
     def extend_columns(
         self,
         steps: npt.NDArray[np.int64],
-        ts: npt.NDArray[np.float64],
-        columns: dict[str, npt.NDArray[np.float64]],
+        ts: Floats,
+        columns: Mapping[str, Floats],
     ) -> None:
         """Many rows at once (the catch-up fast path); same precondition on steps.
         Values of any float dtype or byte order, strided or not: each is converted
