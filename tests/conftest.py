@@ -93,6 +93,19 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+class _Deadline:
+    """The end of a wait: :meth:`check` fails once it has passed, saying what was awaited."""
+
+    def __init__(self, timeout: float, what: str | Callable[[], str]) -> None:
+        self.timeout, self.what = timeout, what
+        self.at = time.monotonic() + timeout
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            said = self.what() if callable(self.what) else self.what
+            raise AssertionError(f"timed out after {self.timeout:g} s waiting for {said}")
+
+
 def wait_until(
     predicate: Callable[[], T | None],
     timeout: float,
@@ -105,13 +118,11 @@ def wait_until(
     (``what`` may be a function, called then: a log's tail). The predicate may
     assert on its own (a process that died fails at once, not at the deadline).
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        _fail_past(deadline, timeout, what)
+    deadline = _Deadline(timeout, what)
+    while not (got := predicate()):
+        deadline.check()
         time.sleep(interval)
+    return got
 
 
 async def wait_until_async(
@@ -121,19 +132,11 @@ async def wait_until_async(
     interval: float = 0.05,
 ) -> T:
     """:func:`wait_until` in a coroutine: the event loop runs while it waits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        _fail_past(deadline, timeout, what)
+    deadline = _Deadline(timeout, what)
+    while not (got := predicate()):
+        deadline.check()
         await asyncio.sleep(interval)
-
-
-def _fail_past(deadline: float, timeout: float, what: str | Callable[[], str]) -> None:
-    if time.monotonic() > deadline:
-        said = what() if callable(what) else what
-        raise AssertionError(f"timed out after {timeout:g} s waiting for {said}")
+    return got
 
 
 def wait_for_a_training_step(run_dir: Path, proc: subprocess.Popen[Any], timeout: float) -> None:
@@ -152,7 +155,7 @@ async def until(
     pilot: Any, predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
 ) -> None:
     """Let the app run until ``predicate()`` holds (no fixed sleeps in UI tests)."""
-    deadline = time.monotonic() + timeout
+    deadline = _Deadline(timeout, what)
     while not predicate():
-        _fail_past(deadline, timeout, what)
+        deadline.check()
         await pilot.pause(0.02)
