@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,9 +45,9 @@ def make_run(steps: int, head: int = 1000) -> Run:
         first = table.last_step or 0
         new_steps = np.arange(first + 1, steps, dtype=np.int64)
         rng = np.random.default_rng(0)
-        columns: dict[str, np.ndarray] = {}
-        for key, col in table.columns.items():
-            base = np.frombuffer(col, dtype=np.float32).astype(np.float64)
+        columns: dict[str, npt.NDArray[np.float64]] = {}
+        for key, view in table.views().items():
+            base = view.astype(np.float64)
             columns[key] = rng.choice(base[np.isfinite(base)], size=len(new_steps))
         columns["epoch"] = (new_steps // STEPS_PER_EPOCH).astype(np.float64)
         table.extend_columns(new_steps, T0 + new_steps * DT, columns)
@@ -56,6 +57,7 @@ def make_run(steps: int, head: int = 1000) -> Run:
 async def refresh_times(run: Run, repeat: int) -> tuple[list[float], list[float]]:
     """Times of full refreshes, and of the snapshot builds within them."""
     from rich.console import Console
+    from textual.widget import Widget
 
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.widgets.plots import MetricPlot
@@ -69,7 +71,7 @@ async def refresh_times(run: Run, repeat: int) -> tuple[list[float], list[float]
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             app.pipeline.run = run
-            panels = [w for w in app.screen.walk_children() if hasattr(w, "snapshot")]
+            panels = [w for w in app.screen.walk_children(Widget) if hasattr(w, "snapshot")]
             for _ in range(repeat):
                 gc.collect()
                 t = time.perf_counter()
@@ -101,9 +103,9 @@ def main() -> None:
     big_t, big_b = asyncio.run(refresh_times(big, ns.repeat))
     a, b = statistics.median(small_t), statistics.median(big_t)
     print(f"full refresh of every panel, median of {ns.repeat} (min):")
-    for label, t, builds in (("1,000", small_t, small_b), (f"{ns.steps:,}", big_t, big_b)):
+    for label, ts, builds in (("1,000", small_t, small_b), (f"{ns.steps:,}", big_t, big_b)):
         print(
-            f"  {label:>9} steps: {statistics.median(t) * 1000:6.1f} ms ({min(t) * 1000:.1f}), "
+            f"  {label:>9} steps: {statistics.median(ts) * 1000:6.1f} ms ({min(ts) * 1000:.1f}), "
             f"of which the snapshot {statistics.median(builds) * 1000:.1f} ms"
         )
     ratio = b / a

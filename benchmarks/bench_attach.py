@@ -224,7 +224,7 @@ async def one_trial(host: Host, root: Path, data: Path, label: str) -> dict[str,
 
 
 def med(rows: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
+    return float(statistics.median(r[key] for r in rows))
 
 
 async def main_async(args: argparse.Namespace) -> int:

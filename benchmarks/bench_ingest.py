@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,9 +67,12 @@ def ours(path: Path) -> None:
     assert run.state.train_steps > 0
 
 
-def interleaved(a, b, repeat: int = 9) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+def interleaved(
+    a: Callable[[], object], b: Callable[[], object], repeat: int = 9
+) -> tuple[list[float], list[float]]:
     """Times of each, measured alternately so that both see the same machine load."""
-    ta, tb = [], []
+    ta: list[float] = []
+    tb: list[float] = []
     for _ in range(repeat):
         for fn, out in ((a, ta), (b, tb)):
             gc.collect()

@@ -31,14 +31,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle3_tui.transport.base import Chunk
 from eagle3_tui.transport.openssh import OpenSshHost
-from eagle3_tui.transport.ssh import SshHost, SshTransport, StreamHost
+from eagle3_tui.transport.ssh import SshHost, SshTransport
 from eagle3_tui.transport.target import SshOptions, SshTarget
 from tests.transport.sshd import ALIAS, Sshd
 
@@ -90,12 +91,16 @@ class Lines:
                 self.done.set()
 
 
+Follow = Callable[[Path, Lines, asyncio.Event], Coroutine[Any, Any, None]]
+"""Follows a file until cancelled, feeding ``Lines``; sets the event once it streams."""
+
+
 def ssh_cmd(sshd: Sshd, *remote: str) -> list[str]:
     return ["ssh", "-F", str(sshd.ssh_config), "-o", "BatchMode=yes", ALIAS, *remote]
 
 
 async def run_round(
-    follow: Callable[[Path, Lines, asyncio.Event], object],
+    follow: Follow,
     path: Path,
     n: int,
     interval: float,
@@ -103,7 +108,7 @@ async def run_round(
     reset(path)
     lines = Lines(n)
     ready = asyncio.Event()
-    task = asyncio.ensure_future(follow(path, lines, ready))  # type: ignore[arg-type]
+    task = asyncio.ensure_future(follow(path, lines, ready))
     await asyncio.wait_for(ready.wait(), 30)
     start = threading.Event()
     t = threading.Thread(target=writer, args=(path, n, interval, start), daemon=True)
@@ -117,7 +122,7 @@ async def run_round(
     return lines.latencies
 
 
-def baseline_follow(sshd: Sshd) -> Callable[[Path, Lines, asyncio.Event], object]:
+def baseline_follow(sshd: Sshd) -> Follow:
     async def follow(path: Path, lines: Lines, ready: asyncio.Event) -> None:
         proc = await asyncio.create_subprocess_exec(
             *ssh_cmd(sshd, "tail", "-n", "+1", "-F", str(path)),
@@ -143,11 +148,10 @@ def baseline_follow(sshd: Sshd) -> Callable[[Path, Lines, asyncio.Event], object
     return follow
 
 
-def eagle3_follow(
-    target: SshTarget, client: str = "openssh"
-) -> Callable[[Path, Lines, asyncio.Event], object]:
+def eagle3_follow(target: SshTarget, client: str = "openssh") -> Follow:
     async def follow(path: Path, lines: Lines, ready: asyncio.Event) -> None:
-        host: StreamHost = OpenSshHost(target) if client == "openssh" else SshHost(target)
+        host: OpenSshHost | SshHost
+        host = OpenSshHost(target) if client == "openssh" else SshHost(target)
         try:
             async for ev in SshTransport(host, str(path.parent)).stream(0):
                 if isinstance(ev, Chunk):
@@ -179,7 +183,8 @@ async def first_record_baseline(sshd: Sshd, path: Path) -> float:
 
 async def first_record_eagle3(target: SshTarget, path: Path, client: str) -> float:
     t = time.perf_counter()
-    host: StreamHost = OpenSshHost(target) if client == "openssh" else SshHost(target)
+    host: OpenSshHost | SshHost
+    host = OpenSshHost(target) if client == "openssh" else SshHost(target)
     try:
         async for ev in SshTransport(host, str(path.parent)).stream(0):
             if isinstance(ev, Chunk):

@@ -149,7 +149,7 @@ class Noop:
     """A handler that does nothing: what any handler costs (the LogRecord, the dispatch)."""
 
     class _H(logging.Handler):
-        def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        def handle(self, record: logging.LogRecord) -> bool:
             return True
 
     def __enter__(self) -> Noop:
@@ -364,7 +364,7 @@ def _node_configs(
             SamplerConfig(
                 run_dir=str(run_dir),
                 trainer_pid=pid,
-                trainer_start_ticks=mf.proc_start_ticks(pid),
+                trainer_start_ticks=procs.start_ticks(pid),
                 rank=r,
                 run_id="bench",
                 interval=1.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from typing import Any
 
 TTT = 3
 
@@ -87,7 +88,7 @@ def gpu_line(seq: int, ts: float, rng: random.Random, devices: int = 8) -> bytes
 
 
 def io_line(seq: int, ts: float, rng: random.Random, workers: int = 8) -> bytes:
-    ws = [
+    ws: list[dict[str, Any]] = [
         {
             "pid": 5000 + i,
             "role": "worker",

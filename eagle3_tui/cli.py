@@ -425,14 +425,14 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
 
 def local_process_alive(manifest: dict[str, Any]) -> bool | None:
     """Whether the manifest's trainer still runs here (same PID, start time and boot)."""
-    from eagle3_tui.telemetry.manifest import boot_id, proc_start_ticks
+    from eagle3_tui.telemetry.procs import boot_id, start_ticks
 
     pid, ticks = manifest.get("pid"), manifest.get("start_ticks")
     if not isinstance(pid, int) or not isinstance(ticks, int):
         return None
     if manifest.get("boot_id") not in (None, boot_id()):
         return False
-    return proc_start_ticks(pid) == ticks
+    return start_ticks(pid) == ticks
 
 
 def local_leftovers(manifest: dict[str, Any]) -> tuple[Any, ...]:
@@ -1013,12 +1013,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     import subprocess
     import tempfile
 
-    _check_training_installed()
+    if ns.out is not None and ns.out.exists() and any(ns.out.iterdir()):
+        raise TargetError(
+            f"{ns.out}: exists and is not empty; the demo needs a fresh run directory"
+        )
+    _check_training_installed()  # after the arguments: a bad --out is said on any machine
     if ns.out is not None:
-        if ns.out.exists() and any(ns.out.iterdir()):
-            raise TargetError(
-                f"{ns.out}: exists and is not empty; the demo needs a fresh run directory"
-            )
         run_dir = ns.out
         run_dir.mkdir(parents=True, exist_ok=True)
     else:

@@ -7,16 +7,21 @@ so CI can never pass by skipping them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 REQUIRE_ALL = os.environ.get("EAGLE3_TUI_REQUIRE_ALL") == "1"
 
@@ -88,12 +93,69 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-async def until(pilot: Any, predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Let the app run until ``predicate()`` holds (no fixed sleeps in UI tests)."""
-    import time
+class _Deadline:
+    """The end of a wait: :meth:`check` fails once it has passed, saying what was awaited."""
 
-    deadline = time.monotonic() + timeout
+    def __init__(self, timeout: float, what: str | Callable[[], str]) -> None:
+        self.timeout, self.what = timeout, what
+        self.at = time.monotonic() + timeout
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            said = self.what() if callable(self.what) else self.what
+            raise AssertionError(f"timed out after {self.timeout:g} s waiting for {said}")
+
+
+def wait_until(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    what: str | Callable[[], str],
+    interval: float = 0.05,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Past ``timeout`` seconds it fails with ``timed out after N s waiting for WHAT``
+    (``what`` may be a function, called then: a log's tail). The predicate may
+    assert on its own (a process that died fails at once, not at the deadline).
+    """
+    deadline = _Deadline(timeout, what)
+    while not (got := predicate()):
+        deadline.check()
+        time.sleep(interval)
+    return got
+
+
+async def wait_until_async(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    what: str | Callable[[], str],
+    interval: float = 0.05,
+) -> T:
+    """:func:`wait_until` in a coroutine: the event loop runs while it waits."""
+    deadline = _Deadline(timeout, what)
+    while not (got := predicate()):
+        deadline.check()
+        await asyncio.sleep(interval)
+    return got
+
+
+def wait_for_a_training_step(run_dir: Path, proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Until ``run_dir``'s metrics.jsonl holds a training step; fails at once if
+    ``proc`` (the training) ends first."""
+    metrics = run_dir / "metrics.jsonl"
+
+    def logged() -> bool:
+        assert proc.poll() is None, f"the training ended ({proc.returncode}) before its first step"
+        return metrics.exists() and b'"kind":"train"' in metrics.read_bytes()
+
+    wait_until(logged, timeout, "a training step", interval=0.2)
+
+
+async def until(
+    pilot: Any, predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Let the app run until ``predicate()`` holds (no fixed sleeps in UI tests)."""
+    deadline = _Deadline(timeout, what)
     while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        deadline.check()
         await pilot.pause(0.02)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from eagle3_tui.agent import processes
 from eagle3_tui.cli import EXIT_CRASHED, stop_demo_run
 from eagle3_tui.transport.target import LocalTarget
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import need_training, read_jsonl, wait_for_a_training_step
 
 
 def test_headless_demo_trains_to_completion_and_leaves_the_run(tmp_path: Path) -> None:
@@ -93,13 +92,7 @@ def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        while (
-            not (run_dir / "metrics.jsonl").exists()
-            or b'"kind":"train"' not in (run_dir / "metrics.jsonl").read_bytes()
-        ):
-            assert trainer.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for_a_training_step(run_dir, trainer, 180)
         the_demos_child = subprocess.Popen(["true"])  # the demo's own child, long gone
         the_demos_child.wait()
         stop_demo_run(LocalTarget(run_dir), the_demos_child)

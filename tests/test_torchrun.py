@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -38,19 +37,9 @@ from tests.torchrun import (
     train_steps,
     wait_until,
 )
+from tests.transport.conftest import cli
 
 pytestmark = pytest.mark.slow
-
-
-def cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "eagle3_tui", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def test_two_ranks_on_one_node(tmp_path: Path) -> None:
@@ -103,7 +92,9 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
         control.write_text("hang 1\n")
 
         st = wait_until(lambda: hung(run_dir), 180, "rank 1 blocked, rank 0 waiting", log)
-        step = st.rank_heartbeats[1].last_step + 1
+        last = st.rank_heartbeats[1].last_step
+        assert last is not None
+        step = last + 1
         d = diagnose(st, quiet_later(st))
         assert d.health is Health.STALLED, d
         assert f"rank 1 stopped at step {step} (in tiny.py" in d.reason, d.reason
@@ -122,7 +113,7 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
 
         # ---- resume with the same torchrun arguments: world size 2, steps continue --------
         control.write_text("")
-        resumed = cli(env, "resume", str(run_dir), "--json")
+        resumed = cli("resume", str(run_dir), "--json", env=env, timeout=240)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         new_agent = json.loads(resumed.stdout)["pid"]
         ckpt_step = json.loads(resumed.stdout)["checkpoint"]["global_step"]
@@ -152,7 +143,7 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
         control.write_text("ignore_sigterm 1\nhang 1\n")
         wait_until(lambda: hung(run_dir), 180, "rank 1 wedged, ignoring SIGTERM", log)
         pids = rank_pids(m)
-        killed = cli(env, "kill", str(run_dir), "--grace", "10", "--json")
+        killed = cli("kill", str(run_dir), "--grace", "10", "--json", env=env, timeout=240)
         assert killed.returncode == 0, killed.stdout + killed.stderr
         result = json.loads(killed.stdout)
         by_pid = {p["pid"]: p for p in result["processes"]}

@@ -12,20 +12,22 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eagle3_tui.agent import processes
 from eagle3_tui.cli import load_local
 from eagle3_tui.model.health import HEARTBEAT_DEAD_S, quiet_limit
 from eagle3_tui.model.state import RunState
+from tests import conftest
 
 FIXTURE = str(Path(__file__).parent / "telemetry" / "fixtures" / "nvml_8x_h200.json")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 STEPS = ("--epochs", "40", "--step-delay", "0.2", "--workers", "1", "--checkpoint-freq", "0.5")
 """Never finishes on its own (the tests stop it); a numbered checkpoint every 6 steps."""
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -78,20 +80,16 @@ def state_of(run_dir: Path) -> RunState:
     return run.state
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, log: Path) -> Any:
+def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, log: Path) -> T:
     """``predicate()``'s first true value; fails with the log's tail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            try:
-                tail = log.read_text(errors="replace")[-4000:]
-            except OSError:
-                tail = "(no log)"
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
-        time.sleep(0.5)
+
+    def said() -> str:
+        try:
+            return f"{what}\n{log.read_text(errors='replace')[-4000:]}"
+        except OSError:
+            return f"{what}\n(no log)"
+
+    return conftest.wait_until(predicate, timeout, said, interval=0.5)
 
 
 def leftovers(run_dir: Path) -> list[str]:

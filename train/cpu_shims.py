@@ -29,6 +29,7 @@ replaces, so that a GPU host runs the library exactly as shipped:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -54,8 +55,9 @@ def apply_cpu_shims() -> bool:
         return False
     if _applied:
         return True
-    import speculators.train.checkpointer as checkpointer
-    import speculators.train.trainer as trainer
+    # Patched modules are handled as Any: replacing their functions is the point.
+    checkpointer: Any = importlib.import_module("speculators.train.checkpointer")
+    trainer: Any = importlib.import_module("speculators.train.trainer")
 
     def mark(self: Any, name: str) -> None:
         if self.enabled:
@@ -67,10 +69,9 @@ def apply_cpu_shims() -> bool:
     trainer._StepTimer.mark = mark
     trainer._StepTimer.now = now
     checkpointer.get_current_device = lambda: "cpu"
-    import speculators.train.distributed as distributed
-
+    distributed: Any = importlib.import_module("speculators.train.distributed")
     distributed.maybe_setup_distributed = maybe_setup_distributed_cpu
-    cli = sys.modules.get("speculators.train.cli")
+    cli: Any = sys.modules.get("speculators.train.cli")
     if cli is not None:  # it imported the name before we replaced it
         cli.maybe_setup_distributed = maybe_setup_distributed_cpu
     _applied = True
@@ -126,12 +127,14 @@ def trainer_class() -> type:
         return Trainer
     apply_cpu_shims()
 
-    class CpuTrainer(Trainer):  # type: ignore[misc, valid-type]
+    # misc: without speculators (a client's type check) Trainer is Any
+    class CpuTrainer(Trainer):  # type: ignore[misc, unused-ignore]
         """Trainer whose device is "cpu" (shim 1)."""
 
         def setup_trainer(self) -> None:
-            self.local_rank = "cpu"
+            # the library declares an int (a CUDA index); .to() and autocast take "cpu"
+            self.local_rank = "cpu"  # type: ignore[assignment, unused-ignore]
             self.device_type = "cpu"
-            super().setup_trainer()
+            super().setup_trainer()  # type: ignore[no-untyped-call, unused-ignore]  # unannotated
 
     return CpuTrainer

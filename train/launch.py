@@ -21,6 +21,7 @@ Running the same command again resumes the run (speculators resumes from its
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _watching_trainer(base: type, telemetry: Any) -> type:
-    class WatchedTrainer(base):  # type: ignore[misc, valid-type]
+    class WatchedTrainer(base):  # type: ignore[misc]  # a class known at run time only
         """The CLI's Trainer, reporting its bounds to telemetry once built."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -75,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         **telemetry_kwargs(a),
     )
     try:
-        import speculators.train.cli as cli
+        # Any: two of its names are replaced (the Trainer and the loaders' factory)
+        cli: Any = importlib.import_module("speculators.train.cli")
+        from speculators.train.config import TrainConfig
+
         from eagle3_tui.train.cpu_shims import trainer_class
         from eagle3_tui.train.observe import observe_transfer
-        from speculators.train.config import TrainConfig
 
         install_dictconfig_hook()  # in case speculators.train.logger was imported before us
         try:

@@ -17,6 +17,8 @@ from typing import Any
 
 from hs_connectors.transfer import FileTransfer, HiddenStatesTransfer
 
+# The ignores below (unused-ignore where hs_connectors is installed) are for a type
+# check without it, where these bases are Any.
 from eagle3_tui.telemetry.reads import report_read
 
 
@@ -35,7 +37,7 @@ def _size(path: Path, tensors: dict[str, Any]) -> int:
         return _nbytes(tensors)
 
 
-class ObservedFileTransfer(FileTransfer):  # type: ignore[misc]
+class ObservedFileTransfer(FileTransfer):  # type: ignore[misc, unused-ignore]
     """``FileTransfer`` that reports each hidden-states file it loads."""
 
     def get_cached(self, file_idx: int) -> dict[str, Any] | None:
@@ -43,17 +45,17 @@ class ObservedFileTransfer(FileTransfer):  # type: ignore[misc]
         if out is not None:
             path = Path(self.hidden_states_path) / f"hs_{file_idx}.safetensors"
             report_read(str(path), _size(path, out))
-        return out  # type: ignore[no-any-return]
+        return out  # type: ignore[no-any-return, unused-ignore]
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> dict[str, Any] | None:
         out = super().get_generated(hs_transfer_params)
         handle = hs_transfer_params.get("hidden_states_path") or hs_transfer_params.get("handle")
         if out is not None and handle:
             report_read(str(handle), _size(Path(handle), out))
-        return out  # type: ignore[no-any-return]
+        return out  # type: ignore[no-any-return, unused-ignore]
 
 
-class ObservedTransfer(HiddenStatesTransfer):  # type: ignore[misc]
+class ObservedTransfer(HiddenStatesTransfer):  # type: ignore[misc, unused-ignore]
     """Any other transfer, wrapped: reports ``<Transfer>:<index>`` and the tensors' bytes."""
 
     def __init__(self, inner: HiddenStatesTransfer) -> None:
@@ -66,13 +68,13 @@ class ObservedTransfer(HiddenStatesTransfer):  # type: ignore[misc]
         out = self.inner.get_cached(file_idx)
         if out is not None:
             report_read(f"{type(self.inner).__name__}:{file_idx}", _nbytes(out))
-        return out  # type: ignore[no-any-return]
+        return out  # type: ignore[no-any-return, unused-ignore]
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> dict[str, Any] | None:
         out = self.inner.get_generated(hs_transfer_params)
         if out is not None:
             report_read(f"{type(self.inner).__name__}:generated", _nbytes(out))
-        return out  # type: ignore[no-any-return]
+        return out  # type: ignore[no-any-return, unused-ignore]
 
     def delete(self, handle: str) -> None:
         self.inner.delete(handle)

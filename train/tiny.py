@@ -85,7 +85,7 @@ def _debug_control_hook(path: str, rank: int) -> Any:
     forever = threading.Event()
     done: set[str] = set()
 
-    def hook(module: Any, *_: Any) -> None:
+    def hook(module: Any, *_inputs: Any) -> None:
         if not module.training:
             return
         try:
@@ -183,6 +183,12 @@ def _make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
 def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     """Build the real speculators Trainer for the tiny configuration."""
     import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import create_train_val_loaders
+    from speculators.train.trainer import TrainerConfig
+    from transformers import AutoConfig
+
     from eagle3_tui.train.cpu_shims import (
         CPU_MODEL_KWARGS,
         has_accelerator,
@@ -190,11 +196,6 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
         trainer_class,
     )
     from eagle3_tui.train.observe import observe_transfer
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
-    from speculators.train.trainer import TrainerConfig
-    from transformers import AutoConfig
 
     # before the process group: transformers saves only on rank 0 once one exists
     verifier_dir, data_dir = make_tiny_data(run_dir / "tiny", cfg)
@@ -346,9 +347,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dataclasses import asdict
 
-    from eagle3_tui.train.common import closing_line, setup_log, telemetry_kwargs
-
     from eagle3_tui.telemetry import attach
+    from eagle3_tui.train.common import closing_line, setup_log, telemetry_kwargs
 
     log = setup_log(run_dir, a.log)
     telemetry = attach(

@@ -182,15 +182,20 @@ async def _kill(mon: Monitor, label: str) -> dict[str, Any]:
     return result
 
 
+async def _stop_running(mon: Monitor) -> None:
+    """``k`` on a running run: SIGTERM, RUNNING until it is STOPPED."""
+    mon.timeline.fault("kill (SIGTERM)", mon.t, "STOPPED")
+    mon.timeline.expect("RUNNING", "STOPPED")
+    await _kill(mon, "STOPPED")
+
+
 async def resume(root: Path) -> Timeline:
     tl = Timeline("stopped (k), resumed (r), runs to its end")
     run_dir = root / "resume"
     mon = Monitor(run_dir, tl)
     proc = await _train_to_first_checkpoint(run_dir, mon)
     try:
-        tl.fault("kill (SIGTERM)", mon.t, "STOPPED")
-        tl.expect("RUNNING", "STOPPED")
-        await _kill(mon, "STOPPED")
+        await _stop_running(mon)
         await mon.until(lambda: tl.final == "STOPPED", 30, "STOPPED")
         tl.expect("STOPPED")
         started = await resume_run(LocalHost(), str(run_dir), 30.0)
@@ -237,9 +242,7 @@ async def kill_during_start_up(root: Path) -> Timeline:
     mon = Monitor(run_dir, tl)
     proc = await _train_to_first_checkpoint(run_dir, mon)
     try:
-        tl.fault("kill (SIGTERM)", mon.t, "STOPPED")
-        tl.expect("RUNNING", "STOPPED")
-        await _kill(mon, "STOPPED")
+        await _stop_running(mon)
         tl.expect("STOPPED")
         started = await resume_run(LocalHost(), str(run_dir), 30.0)
         tl.fault("resume", mon.t, "WAITING")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks.scenarios.timeline import Timeline
@@ -278,7 +278,7 @@ async def skewed_clock() -> Timeline:
     return tl
 
 
-RECORDED = (
+RECORDED: tuple[Callable[[], Awaitable[Timeline]], ...] = (
     lambda: link_outage(),
     lambda: link_outage(hang=True),
     resume_start_up,

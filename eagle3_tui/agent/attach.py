@@ -58,8 +58,6 @@ from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
 from eagle3_tui.agent.pyprocess import (
     PythonInfo,
     build_allows_remote_debug,
-    cmdline,
-    environ,
     exe_path,
     mapped_files,
     permission_problem,
@@ -79,6 +77,7 @@ from eagle3_tui.agent.userfiles import (
     prepare,
     read_json_file,
 )
+from eagle3_tui.telemetry.procs import ProcStat, cmdline, environ
 from eagle3_tui.telemetry.rerun import resume_command
 
 MIN_VERSION = (3, 8)
@@ -255,6 +254,60 @@ def _check_run_dir(run_dir: str, same_user: bool) -> None:
 
 def plan(req: dict[str, Any]) -> dict[str, Any]:
     """Every check that reads ``/proc`` only; raises :class:`RefusedError`. The plan."""
+    pid, p, here = _the_process(req)
+    problem = permission_problem(pid)
+    if problem is not None:
+        raise RefusedError(PERMISSION, problem, pid=pid)
+    ids = status_ids(pid)
+    uid = ids.get("Uid", [os.geteuid()])[0]
+    gid = ids.get("Gid", [os.getegid()])[0]
+    maps = mapped_files(pid)
+    py = _its_cpython(pid, p.comm, maps)
+    argv = cmdline(pid)
+    env = environ(pid)
+    start = p.start
+    _refuse_if_it_has_telemetry(pid, start, env, uid)
+    mechanism, gdb = _mechanism(pid, py, argv, env)
+    evidence, why = training_evidence(pid, argv, maps)
+    if evidence is False:
+        raise RefusedError(NOT_TRAINER, f"pid {pid} is not a training: {why}", pid=pid)
+    run_dir = req.get("run_dir") or default_run_dir(pid)
+    run_dir = os.path.abspath(os.path.expanduser(str(run_dir)))
+    _check_run_dir(run_dir, uid == os.geteuid())
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = None
+    root = str(cache_dir(uid))
+    key = attach_key(pid, start, here)
+    _refuse_if_attached_before(pid, root, key)
+    return {
+        "pid": pid,
+        "start_ticks": start,
+        "boot_id": here,
+        "comm": p.comm,
+        "uid": uid,
+        "gid": gid,
+        "user": user_name(uid),
+        "python": py.to_dict(),
+        "mechanism": mechanism,
+        "gdb": gdb,
+        "argv": argv,
+        "cwd": cwd,
+        "run_dir": run_dir,
+        "log_file": stdout_file(pid),
+        "evidence": why,
+        "speculators_seen": evidence is True,
+        "files": root,
+        "key": key,
+        "torchrun": bool(env and env.get("TORCHELASTIC_RUN_ID")),
+        "host": os.uname().nodename,
+    }
+
+
+def _the_process(req: dict[str, Any]) -> tuple[int, ProcStat, str | None]:
+    """The request's process (the one training here when it names none), its stat and
+    this boot's id; refused when it is gone or its PID is another process's now."""
     pid = req.get("pid")
     if pid is None:
         pid = choose_pid()
@@ -272,12 +325,11 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
             f"shown started at tick {expect}): nothing was done",
             pid=pid,
         )
-    problem = permission_problem(pid)
-    if problem is not None:
-        raise RefusedError(PERMISSION, problem, pid=pid)
-    uid = status_ids(pid).get("Uid", [os.geteuid()])[0]
-    gid = status_ids(pid).get("Gid", [os.getegid()])[0]
-    maps = mapped_files(pid)
+    return pid, p, here
+
+
+def _its_cpython(pid: int, comm: str, maps: list[str]) -> PythonInfo:
+    """The process's interpreter; refused unless it is CPython 3.8 or later."""
     py = python_of(pid, maps)
     exe = exe_path(pid) or "?"
     if py is None or py.implementation != "cpython" or py.version is None:
@@ -285,7 +337,7 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
         if py is None and exe == "?":
             what = f"/proc/{pid}/exe cannot be read"
         raise RefusedError(
-            NOT_PYTHON, f"pid {pid} ({p.comm}) is not a CPython process: {what}", pid=pid
+            NOT_PYTHON, f"pid {pid} ({comm}) is not a CPython process: {what}", pid=pid
         )
     if py.version < MIN_VERSION:
         raise RefusedError(
@@ -294,9 +346,12 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
             "or later",
             pid=pid,
         )
-    argv = cmdline(pid)
-    env = environ(pid)
-    start = p.start
+    return py
+
+
+def _refuse_if_it_has_telemetry(pid: int, start: int, env: dict[str, str] | None, uid: int) -> None:
+    """Refused (``already``) when the process was launched with telemetry or its run
+    is registered already."""
     if env is not None and env.get(RUN_ID_ENV):
         raise RefusedError(
             ALREADY,
@@ -315,38 +370,38 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
             pid=pid,
             run_dir=registered,
         )
-    key = attach_key(pid, start, here)
-    mechanism = "remote_exec" if py.version >= REMOTE_EXEC_VERSION else "gdb"
-    gdb = shutil.which("gdb")
-    if mechanism == "gdb" and gdb is None:
-        raise RefusedError(
-            NO_GDB,
-            f"gdb is not on PATH on this host ({os.environ.get('PATH', '')}); CPython "
-            f"{py.version[0]}.{py.version[1]} is attached through gdb: install it "
-            "(apt-get install gdb, dnf install gdb)",
-            pid=pid,
-        )
-    if mechanism == "remote_exec":
-        problem = remote_debug_problem(pid, argv, env)
-        if problem is None and build_allows_remote_debug(_runnable_exe(pid, py)) is False:
-            problem = (
-                f"{py.exe} was built without remote debugging (--without-remote-debug): "
-                "sys.remote_exec cannot reach it"
+
+
+def _mechanism(
+    pid: int, py: PythonInfo, argv: list[str], env: dict[str, str] | None
+) -> tuple[str, str | None]:
+    """How the code gets in: ``remote_exec`` (3.14+) or ``gdb`` (and its path);
+    refused when that way is closed (no gdb, remote debugging off)."""
+    assert py.version is not None  # _its_cpython
+    if py.version < REMOTE_EXEC_VERSION:
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            raise RefusedError(
+                NO_GDB,
+                f"gdb is not on PATH on this host ({os.environ.get('PATH', '')}); CPython "
+                f"{py.version[0]}.{py.version[1]} is attached through gdb: install it "
+                "(apt-get install gdb, dnf install gdb)",
+                pid=pid,
             )
-        if problem is not None:
-            raise RefusedError(REMOTE_DEBUG_OFF, problem, pid=pid)
-    evidence, why = training_evidence(pid, argv, maps)
-    if evidence is False:
-        raise RefusedError(NOT_TRAINER, f"pid {pid} is not a training: {why}", pid=pid)
-    run_dir = req.get("run_dir") or default_run_dir(pid)
-    run_dir = os.path.abspath(os.path.expanduser(str(run_dir)))
-    same_user = uid == os.geteuid()
-    _check_run_dir(run_dir, same_user)
-    try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        cwd = None
-    root = str(cache_dir(uid))
+        return "gdb", gdb
+    problem = remote_debug_problem(pid, argv, env)
+    if problem is None and build_allows_remote_debug(_runnable_exe(pid, py)) is False:
+        problem = (
+            f"{py.exe} was built without remote debugging (--without-remote-debug): "
+            "sys.remote_exec cannot reach it"
+        )
+    if problem is not None:
+        raise RefusedError(REMOTE_DEBUG_OFF, problem, pid=pid)
+    return "remote_exec", None
+
+
+def _refuse_if_attached_before(pid: int, root: str, key: str) -> None:
+    """Refused when this process was attached to already, or an attach is queued."""
     earlier = attach_state(root, key)
     if earlier == "attached":
         raise RefusedError(ALREADY, f"pid {pid} was attached to already", status=ALREADY, pid=pid)
@@ -358,29 +413,6 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
             pid=pid,
             result_file=os.path.join(root, "attach", key, "result.json"),
         )
-    torchrun = bool(env and env.get("TORCHELASTIC_RUN_ID"))
-    return {
-        "pid": pid,
-        "start_ticks": start,
-        "boot_id": here,
-        "comm": p.comm,
-        "uid": uid,
-        "gid": gid,
-        "user": user_name(uid),
-        "python": py.to_dict(),
-        "mechanism": mechanism,
-        "gdb": gdb if mechanism == "gdb" else None,
-        "argv": argv,
-        "cwd": cwd,
-        "run_dir": run_dir,
-        "log_file": stdout_file(pid),
-        "evidence": why,
-        "speculators_seen": evidence is True,
-        "files": root,
-        "key": key,
-        "torchrun": torchrun,
-        "host": os.uname().nodename,
-    }
 
 
 def _runnable_exe(pid: int, py: PythonInfo) -> str:

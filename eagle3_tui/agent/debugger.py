@@ -125,6 +125,20 @@ def parse_gdb(output: str) -> dict[str, Any]:
     return out
 
 
+def _run_tool(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` (gdb, or the interpreter for ``sys.remote_exec``) with the tools'
+    terms: no stdin, its output as text, stopped after :data:`TOOL_TIMEOUT_S`."""
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=TOOL_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
 def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
     fd, script = tempfile.mkstemp(prefix="eagle3-tui-attach-", suffix=".gdb")
     try:
@@ -132,15 +146,7 @@ def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[st
         os.close(fd)
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(
-                gdb_command(gdb, script),
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=TOOL_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
+            proc = _run_tool(gdb_command(gdb, script))
         except subprocess.TimeoutExpired as e:
             return {
                 "queued": False,
@@ -172,15 +178,7 @@ def remote_exec_command(exe: str, pid: int, entry: str) -> list[str]:
 def inject_remote_exec(exe: str, pid: int, entry: str) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(
-            remote_exec_command(exe, pid, entry),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=TOOL_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        proc = _run_tool(remote_exec_command(exe, pid, entry))
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"queued": False, "problem": f"sys.remote_exec did not run: {e}"}
     out: dict[str, Any] = {"queued": proc.returncode == 0, "gdb_s": round(time.monotonic() - t0, 3)}

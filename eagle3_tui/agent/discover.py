@@ -41,6 +41,7 @@ from eagle3_tui.agent.names import (
 from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
+from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
 
 RUN_DIR_ENV = "EAGLE3_TUI_RUN_DIR"
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -49,13 +50,13 @@ _LOCAL_IMPORTS = re.compile(
     r"^\s*(?:from\s+([A-Za-z_]\w*)[\w.]*\s+import|import\s+([A-Za-z_]\w*))", re.M
 )
 _OUTPUT_SIGNS = re.compile(
-    r"speculators[./:]|^Epoch \d+:?\s+\d+%|Saving checkpoint to |Training epoch \d+/\d+", re.M
+    rf"speculators[./:]|^Epoch \d+:?\s+\d+%|{SAVING_CHECKPOINT}|Training epoch \d+/\d+", re.M
 )
 _SAVE_PATH_LITERAL = re.compile(
     r"""\bsave_path\s*[=:]\s*(?:str\(\s*)?(?:Path\(\s*)?["']([^"'\n]+)["']"""
 )
 _EPOCHS_LITERAL = re.compile(r"\bnum_epochs\s*[=:]\s*(\d+)\b")
-_SAVING_MESSAGE = re.compile(r"(?:Saving checkpoint to|Checkpoint saved to) (\S+)")
+_SAVING_MESSAGE = re.compile(rf"(?:{SAVING_CHECKPOINT}|{CHECKPOINT_SAVED})(\S+)")
 _CKPT_LINK = re.compile(r"^epoch\d+_(?:end|step\d+)$")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _HELPERS = (

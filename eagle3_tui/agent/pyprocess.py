@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.processes import proc_stat
@@ -29,28 +28,6 @@ def read_text(path: str) -> str | None:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return None
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]
-
-
-def environ(pid: int) -> dict[str, str] | None:
-    """The environment ``pid`` was started with; None when it cannot be read."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
 
 
 def status_ids(pid: int) -> dict[str, list[int]]:
@@ -191,24 +168,34 @@ def exe_path(pid: int) -> str | None:
         return None
 
 
-def ask_interpreter(exe: str) -> tuple[str, tuple[int, int], str] | None:
-    """Run ``exe -I -S`` (only when it is named like a Python) for its implementation,
-    version and ABI flags."""
-    code = (
-        "import sys;print(sys.implementation.name, sys.version_info[0], sys.version_info[1], "
-        "getattr(sys, 'abiflags', ''))"
-    )
+def _run_python(exe: str, code: str) -> str | None:
+    """What ``exe -I -S -c code`` prints (isolated: no site, no environment, so only
+    the binary answers); None when it cannot be run."""
     try:
-        out = subprocess.run(
+        return subprocess.run(
             [exe, "-I", "-S", "-c", code],
             capture_output=True,
             text=True,
             timeout=15,
             check=False,
             stdin=subprocess.DEVNULL,
-        ).stdout.split()
-        return out[0], (int(out[1]), int(out[2])), out[3] if len(out) > 3 else ""
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def ask_interpreter(exe: str) -> tuple[str, tuple[int, int], str] | None:
+    """Run ``exe -I -S`` (only when it is named like a Python) for its implementation,
+    version and ABI flags."""
+    out = _run_python(
+        exe,
+        "import sys;print(sys.implementation.name, sys.version_info[0], sys.version_info[1], "
+        "getattr(sys, 'abiflags', ''))",
+    )
+    try:
+        f = (out or "").split()
+        return f[0], (int(f[1]), int(f[2])), f[3] if len(f) > 3 else ""
+    except (ValueError, IndexError):
         return None
 
 
@@ -262,19 +249,10 @@ def remote_debug_problem(pid: int, argv: list[str], env: dict[str, str] | None) 
 def build_allows_remote_debug(exe: str) -> bool | None:
     """Whether an interpreter binary was built with remote debugging
     (``sys.is_remote_debug_enabled()`` under ``-I``: only the build decides)."""
-    code = "import sys;print(getattr(sys, 'is_remote_debug_enabled', lambda: None)())"
-    try:
-        out = subprocess.run(
-            [exe, "-I", "-S", "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"True": True, "False": False}.get(out)
+    out = _run_python(
+        exe, "import sys;print(getattr(sys, 'is_remote_debug_enabled', lambda: None)())"
+    )
+    return {"True": True, "False": False}.get((out or "").strip())
 
 
 def program_of(argv: list[str], cwd: str | None) -> tuple[str, str | None]:

@@ -422,7 +422,7 @@ class MonitorApp(App[None]):
             yield SystemCommand(
                 f"{binding.description} ({binding.key_display or binding.key})",
                 _HELP.get(binding.action, binding.description),
-                lambda action=binding.action: self.run_action(action),  # type: ignore[misc]
+                lambda action=binding.action: self.run_action(action),
             )
 
 

@@ -184,10 +184,11 @@ class Pipeline:
             last = table.last_step or 0
             first = max(0, last - window + 1) if window else 0
             i = bisect_left(table.steps, first)
-            steps = np.frombuffer(table.steps, dtype=np.int64)[i:].copy()
-            ts = np.frombuffer(table.ts, dtype=np.float64)[i:].copy()
-            names = sorted(table.columns)
-            cols = [np.frombuffer(table.columns[k], dtype=np.float32)[i:].copy() for k in names]
+            steps = table.step_view()[i:].copy()
+            ts = table.ts_view()[i:].copy()
+            views = table.views()
+            names = sorted(views)
+            cols = [views[k][i:].copy() for k in names]
         written = await asyncio.to_thread(write_csv, path, steps, ts, names, cols)
         return written, len(steps)
 

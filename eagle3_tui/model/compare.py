@@ -140,18 +140,13 @@ class Comparison:
 # ---- axes ---------------------------------------------------------------------------
 
 
-def _col(state: RunState, key: str) -> F64 | None:
-    col = state.table.columns.get(key)
-    return None if col is None else np.frombuffer(col, dtype=np.float32).astype(np.float64)
-
-
 def axis_values(state: RunState, axis: str) -> F64 | None:
     """The x of every logged step on ``axis`` (None when the run cannot say)."""
-    steps = np.frombuffer(state.table.steps, dtype=np.int64).astype(np.float64)
+    steps = state.table.step_view().astype(np.float64)
     if axis == "step":
         return steps
     if axis == "tokens":
-        tps, ms = _col(state, "profile/tokens_per_s"), _col(state, "profile/step_ms")
+        tps, ms = state.table.floats("profile/tokens_per_s"), state.table.floats("profile/step_ms")
         if tps is None or ms is None:
             return None
         per_step = np.nan_to_num(tps * ms / 1000.0, nan=0.0, posinf=0.0, neginf=0.0)
@@ -161,7 +156,7 @@ def axis_values(state: RunState, axis: str) -> F64 | None:
         span = np.diff(steps, prepend=steps[0] - 1 if len(steps) else 0.0)
         return np.cumsum(per_step * np.maximum(span, 1.0))
     if axis == "time":
-        ts = np.frombuffer(state.table.ts, dtype=np.float64).copy()
+        ts = state.table.ts_view().copy()
         if len(ts) < 2:
             return ts - ts[0] if len(ts) else ts
         dt = np.diff(ts)
@@ -174,7 +169,7 @@ def axis_values(state: RunState, axis: str) -> F64 | None:
 
 
 def _log_every(state: RunState) -> int | None:
-    steps = np.frombuffer(state.table.steps, dtype=np.int64)
+    steps = state.table.step_view()
     if len(steps) < 2:
         return None
     return int(np.median(np.diff(steps[-200:])))
@@ -192,8 +187,8 @@ def _window_mean(x: F64, y: F64, lo: float, hi: float) -> float | None:
 
 def _tau_series(state: RunState) -> F64 | None:
     ttt = range(state.ttt_steps)
-    full = [_col(state, f"train/full_acc_{k}") for k in ttt]
-    return tau_series(full, [_col(state, f"train/cond_acc_{k}") for k in ttt])
+    full = [state.table.floats(f"train/full_acc_{k}") for k in ttt]
+    return tau_series(full, [state.table.floats(f"train/cond_acc_{k}") for k in ttt])
 
 
 def _metrics(state: RunState, ttt: int) -> list[tuple[str, str, bool]]:
@@ -376,13 +371,13 @@ def compare(
     if point is not None:
         at, window = point
         lo, hi = window
-        steps_a = np.frombuffer(a.table.steps, dtype=np.int64)
-        steps_b = np.frombuffer(b.table.steps, dtype=np.int64)
+        steps_a = a.table.step_view()
+        steps_b = b.table.step_view()
         at_step_a = int(steps_a[max(0, int(np.searchsorted(xa, at, side="right")) - 1)])
         at_step_b = int(steps_b[max(0, int(np.searchsorted(xb, at, side="right")) - 1)])
         shared_ttt = min(a.ttt_steps, b.ttt_steps)
         for name, key, higher in _metrics(a, shared_ttt):
-            ca, cb = _col(a, key), _col(b, key)
+            ca, cb = a.table.floats(key), b.table.floats(key)
             va = None if ca is None else _window_mean(xa, ca, lo, hi)
             vb = None if cb is None else _window_mean(xb, cb, lo, hi)
             delta = va - vb if va is not None and vb is not None else None
@@ -395,11 +390,13 @@ def compare(
         at = None
     loss_lines, acc_lines, tau_lines = [], [], []
     for state, x, side in ((a, xa, side_a), (b, xb, side_b)):
-        line = _lines(f"loss · {side.label}", x, _col(state, "train/loss"), view, "smoothed", True)
+        line = _lines(
+            f"loss · {side.label}", x, state.table.floats("train/loss"), view, "smoothed", True
+        )
         if line is not None:
             loss_lines.append(line)
         for k in range(state.ttt_steps):
-            y = _col(state, f"train/full_acc_{k}")
+            y = state.table.floats(f"train/full_acc_{k}")
             line = _lines(f"full_acc_{k} · {side.label}", x, y, view, "smoothed", True)
             if line is not None:
                 acc_lines.append(line)

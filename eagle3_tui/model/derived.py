@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.downsample import Floats
+
 if TYPE_CHECKING:
     from eagle3_tui.model.state import RunState
 
@@ -110,7 +112,7 @@ def ema(values: F64, weight: float) -> F64:
     return out
 
 
-def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
+def bucket_means(x: F64, y: Floats, buckets: int) -> tuple[F64, F64, int]:
     """Last x and NaN-ignoring mean y of ``buckets`` equal runs of points.
 
     Returns ``(x_last, y_means, points_per_bucket)``; short inputs pass through.
@@ -135,7 +137,7 @@ def bucket_means(x: F64, y: F64, buckets: int) -> tuple[F64, F64, int]:
     return xb, ym, k
 
 
-def smoothed(x: F64, y: F64, weight: float, buckets: int) -> tuple[F64, F64]:
+def smoothed(x: F64, y: Floats, weight: float, buckets: int) -> tuple[F64, F64]:
     """A smoothed line of ``y`` over ``x`` with at most ``buckets`` points.
 
     The EMA runs over bucket means with the weight raised to the bucket size, so
@@ -239,23 +241,15 @@ a million-row column."""
 def run_pace(state: RunState) -> Pace:
     """The pace of ``state``'s current process (see :class:`Pace`)."""
     table = state.table
-    steps = np.frombuffer(table.steps, dtype=np.int64)  # views: read under the model's lock
-    ts = np.frombuffer(table.ts, dtype=np.float64)
+    steps, ts = table.step_view(), table.ts_view()  # views: read under the model's lock
     n = min(len(steps), PACE_ROWS)
     tail = slice(len(steps) - n, None)
-
-    def column(key: str) -> F64 | None:
-        col = table.columns.get(key)
-        if col is None:
-            return None
-        return np.frombuffer(col, dtype=np.float32)[len(col) - n :].astype(np.float64)
-
     start = state.process_start()
     return pace(
         steps[tail],
         ts[tail],
-        column("profile/tokens_per_s"),
-        column("profile/step_ms"),
+        table.floats("profile/tokens_per_s", n),
+        table.floats("profile/step_ms", n),
         since=start.ts if start is not None and start.ts else None,
     )
 
@@ -302,7 +296,7 @@ def io_rates(ts: F64, read_bytes: F64, files: F64) -> tuple[float | None, float 
     return float(read_bytes.sum()) / span, float(read.sum()) / span
 
 
-def steps_per_epoch(epoch_col: F64 | None, steps: npt.NDArray[np.int64]) -> int | None:
+def steps_per_epoch(epoch_col: Floats | None, steps: npt.NDArray[np.int64]) -> int | None:
     """Infer steps per epoch from where the epoch column changes (global step of epoch e+1)."""
     if epoch_col is None or len(epoch_col) < 2:
         return None

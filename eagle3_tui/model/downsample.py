@@ -9,10 +9,14 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 F64 = npt.NDArray[np.float64]
+Floats = npt.NDArray[np.floating[Any]]
+"""Values of any float width: a table column (float32) or a derived series (float64)."""
 
 try:  # SIMD M4 in Rust: ~0.45 ms for 1M points, vs ~0.9 ms for the numpy path
     from tsdownsample import M4Downsampler
@@ -22,7 +26,7 @@ except ImportError:  # pragma: no cover - numpy fallback below
     _fast_m4 = None
 
 
-def m4_indices(y: F64, buckets: int, nonfinite: bool | None = None) -> npt.NDArray[np.int64]:
+def m4_indices(y: Floats, buckets: int, nonfinite: bool | None = None) -> npt.NDArray[np.int64]:
     """Sorted indices of the first/min/max/last point of each bucket of ``y``.
 
     Non-finite values never win min/max (a bucket with only those keeps its first
@@ -48,7 +52,7 @@ def m4_indices(y: F64, buckets: int, nonfinite: bool | None = None) -> npt.NDArr
     return _numpy_m4(y, buckets, k, body, nonfinite)
 
 
-def _numpy_m4(y: F64, buckets: int, k: int, body: int, nonfinite: bool) -> npt.NDArray[np.int64]:
+def _numpy_m4(y: Floats, buckets: int, k: int, body: int, nonfinite: bool) -> npt.NDArray[np.int64]:
     n = len(y)
     starts = np.arange(0, body, k, dtype=np.int64)
     block = y[:body].reshape(buckets, k)
@@ -71,7 +75,8 @@ def _numpy_m4(y: F64, buckets: int, k: int, body: int, nonfinite: bool) -> npt.N
     return np.unique(np.concatenate(parts))
 
 
-def m4(x: F64, y: F64, buckets: int, nonfinite: bool | None = None) -> tuple[F64, F64]:
-    """``x`` and ``y`` reduced to at most ~4 points per bucket, spikes kept."""
+def m4(x: F64, y: Floats, buckets: int, nonfinite: bool | None = None) -> tuple[F64, F64]:
+    """``x`` and ``y`` reduced to at most ~4 points per bucket, spikes kept (the kept
+    values as float64: a few thousand, whatever ``y`` was)."""
     idx = m4_indices(y, buckets, nonfinite)
-    return x[idx], y[idx]
+    return x[idx], y[idx].astype(np.float64, copy=False)

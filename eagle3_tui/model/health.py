@@ -41,6 +41,7 @@ import numpy as np
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import Event, RunState
+from eagle3_tui.model.units import size
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
@@ -163,10 +164,9 @@ def _diverged(state: RunState) -> str | None:
         since = _nonfinite_since(state)
         at = f"since step {since:,}" if since is not None and since != step else f"at step {step}"
         return f"The loss is {loss} {at}: training has diverged (check the learning rate)."
-    col = state.table.columns.get("train/loss")
-    if col is None or len(col) < 50:
+    values = state.table.floats("train/loss", 400)
+    if values is None or len(values) < 50:
         return None
-    values = np.frombuffer(col, dtype=np.float32)[-400:].astype(np.float64)
     history, recent = values[:-5], values[-5:]
     history = history[np.isfinite(history)]
     if len(history) < 40 or not np.isfinite(recent).all():
@@ -183,10 +183,10 @@ def _diverged(state: RunState) -> str | None:
 
 def _nonfinite_since(state: RunState) -> int | None:
     """The number of the first step of the trailing run of non-finite losses."""
-    col = state.table.columns.get("train/loss")
-    if col is None or not len(col):
+    values = state.table.view("train/loss")
+    if values is None or not len(values):
         return None
-    finite = np.flatnonzero(np.isfinite(np.frombuffer(col, dtype=np.float32)))
+    finite = np.flatnonzero(np.isfinite(values))
     first = int(finite[-1]) + 1 if len(finite) else 0
     if first >= len(state.table.steps):
         return None
@@ -367,10 +367,10 @@ def _leftovers_sentence(state: RunState) -> str:
     for left in state.leftovers[:6]:
         parts = [f"pid {left.pid} {left.comm}"]
         if left.rss_bytes is not None:
-            parts.append(f"{_bytes(left.rss_bytes)} RAM")
+            parts.append(f"{size(left.rss_bytes)} RAM")
         if left.gpu_bytes:
             gpus = ",".join(str(g) for g in left.gpus)
-            parts.append(f"{_bytes(left.gpu_bytes)} on GPU {gpus}")
+            parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
     more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
     return f" Left behind, still alive: {'; '.join(shown)}{more} (k ends them)."
@@ -416,7 +416,7 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
     if ev.reading:
-        signs.append(f"data files are being read ({_bytes(ev.read_bytes / ev.window)}/s)")
+        signs.append(f"data files are being read ({size(ev.read_bytes / ev.window)}/s)")
     if ev.saving:
         signs.append("checkpoints are being written")
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
@@ -448,14 +448,6 @@ def _stall_hint(state: RunState) -> str:
 def _running_sentence(state: RunState, pace: Pace) -> str:
     rate = f", {pace.steps_per_s:.2f} steps/s" if pace.steps_per_s else ""
     return f"Step {step_number(state.global_step)} logged{rate}."
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 # ---- torchrun: which rank ----------------------------------------------------------------

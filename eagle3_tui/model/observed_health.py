@@ -29,11 +29,11 @@ from eagle3_tui.model.health import (
     Diagnosis,
     Health,
     _ago,
-    _bytes,
     evidence,
 )
 from eagle3_tui.model.observed import ProcessInfo, last_train_bar, step_time
 from eagle3_tui.model.state import RunState
+from eagle3_tui.model.units import size
 
 BUSY_CPU_PCT = 10.0
 """Above this (% of one core, the whole tree) the trainer is working."""
@@ -100,7 +100,7 @@ def _signs(ev: ObservedEvidence, window: float) -> str:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
     if ev.reading:
         per_s = ev.read_bytes / window
-        rate = f" ({_bytes(per_s)}/s)" if per_s >= 1024 else ""
+        rate = f" ({size(per_s)}/s)" if per_s >= 1024 else ""
         signs.append(f"its dataloader workers read data files{rate}")
     if ev.checkpoints:
         signs.append("checkpoints are being written")

@@ -406,7 +406,7 @@ def train_metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
     fields = [(f"m{i}", float, math.nan) for i in range(len(keys))]
     cls = msgspec.defstruct(
         "TrainMetricsOf",
-        fields,  # type: ignore[arg-type]
+        fields,  # type: ignore[arg-type, unused-ignore]  # older msgspec stubs: a narrower type
         bases=(TrainMetrics,),
         rename={f"m{i}": k for i, k in enumerate(keys)},
         forbid_unknown_fields=True,
@@ -721,7 +721,7 @@ class Decoders:
             lean_fields.append(("lr_f", float | None, None))
         fast = msgspec.defstruct(
             "FastRecord",
-            [("train", metrics | None, None)],  # type: ignore[list-item]
+            [("train", metrics | None, None)],  # type: ignore[list-item, unused-ignore]  # as above
             bases=(Record,),
             kw_only=True,
             omit_defaults=True,

@@ -221,13 +221,11 @@ class _Frame:
         table = state.table
         self.table = table
         self.i = bisect_left(table.steps, first_step)
-        self.x: F64 = np.frombuffer(table.steps, dtype=np.int64)[self.i :].astype(np.float64)
+        self.x: F64 = table.step_view()[self.i :].astype(np.float64)
 
     def y(self, key: str) -> npt.NDArray[np.float32] | None:
-        col = self.table.columns.get(key)
-        if col is None or not len(self.x):
-            return None
-        return np.frombuffer(col, dtype=np.float32)[self.i :]
+        values = self.table.view(key)
+        return None if values is None or not len(self.x) else values[self.i :]
 
 
 def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> Line | None:
@@ -236,10 +234,10 @@ def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> L
         return None
     x = frame.x
     if kind == "smoothed":
-        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)  # type: ignore[arg-type]
+        xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
     else:
         nonfinite = frame.table.has_nonfinite(key)
-        xs, ys = m4(x, y, view.columns, nonfinite)  # type: ignore[arg-type]
+        xs, ys = m4(x, y, view.columns, nonfinite)
     return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
 
 
@@ -299,27 +297,14 @@ def _plot_lines(state: RunState, view: ViewParams) -> tuple[list[Line], list[Lin
     return loss, acc, tau_line
 
 
-def _column(state: RunState, key: str, tail: int | None = None) -> F64 | None:
-    """A column as float64 (only its last ``tail`` rows: converting 1M rows costs ms)."""
-    col = state.table.columns.get(key)
-    if col is None:
-        return None
-    values = np.frombuffer(col, dtype=np.float32)
-    if tail is not None:
-        values = values[max(0, len(values) - tail) :]
-    return values.astype(np.float64)
-
-
 def _progress(state: RunState, now: float) -> Progress:
     table = state.table
-    steps = np.frombuffer(table.steps, dtype=np.int64)  # a view: read under the model's lock
+    steps = table.step_view()  # a view: read under the model's lock
     pace = run_pace(state)
     manifest = state.manifest
     spe = manifest.get("steps_per_epoch")
     if not isinstance(spe, int) or spe <= 0:
-        epoch_col = state.table.columns.get("epoch")
-        epochs = None if epoch_col is None else np.frombuffer(epoch_col, dtype=np.float32)
-        spe = steps_per_epoch(epochs, steps)  # type: ignore[arg-type]
+        spe = steps_per_epoch(state.table.view("epoch"), steps)
     total = manifest.get("total_steps")
     if not isinstance(total, int) or total <= 0:
         total = spe * state.epochs_total if spe and state.epochs_total else None
@@ -352,7 +337,7 @@ def _progress(state: RunState, now: float) -> Progress:
         tokens_per_s=pace.tokens_per_s,
         eta_epoch_s=eta_epoch,
         eta_run_s=eta_run,
-        fetch_frac=mean_tail(_column(state, "profile/fetch_frac", 50)),
+        fetch_frac=mean_tail(state.table.floats("profile/fetch_frac", 50)),
         elapsed_s=(now - start) if start else None,
         global_step=step,
     )

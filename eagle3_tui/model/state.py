@@ -52,6 +52,7 @@ from eagle3_tui.model.records import (
 )
 from eagle3_tui.model.stack import StackSample, stack_sample
 from eagle3_tui.model.table import StepTable
+from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE
 
 BATCH_MIN = 16
 """Batches at least this big try the column path."""
@@ -67,8 +68,6 @@ _ACTIVITIES = ("saving", "validating")
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
 _VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
-_SAVE_START_RE = re.compile(r"^Saving checkpoint to (.+)$")
-_SAVE_DONE_RE = re.compile(r"^Checkpoint saved to (.+)$")
 _SIGNAL_RE = re.compile(r"^Received (SIG\w+) .* interrupting")
 """speculators' graceful-shutdown handler: the process was told to stop and saves
 ``interrupted/`` (a ``finish`` written after it does not make the run finished)."""
@@ -497,48 +496,42 @@ class RunState:
         order; they never touch the step table, so applying the steps after them
         changes nothing but the (re-derived) activity.
         """
-        types = set(map(type, items))
-        if Restarted in types:
+        batch = _split_batch(items)
+        if batch is None:
             return False
-        recs = cast(
-            "list[AnyRecord]",
-            [it for it in items if type(it) is not Malformed] if Malformed in types else items,
-        )
-        if len(types) == 1 and issubclass(next(iter(types)), TrainStep):
-            # the common catch-up: nothing but lean training steps (the lean decoder
-            # makes TrainStep values of training steps only)
-            trains = recs
-            n = len(trains)
-        else:
-            kinds = list(map(_KIND, recs))
-            n = kinds.count("train")
-            if n == len(recs):
-                trains = recs
-            else:
-                # object arrays via fromiter: ~10x faster than from a list here
-                rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
-                kind_arr = np.fromiter(kinds, object, len(kinds))
-                trains = rec_arr[kind_arr == "train"].tolist()
-        if n < BATCH_MIN:
+        spans = self._batch_spans(batch)
+        if spans is None or not _steps_valid(batch, "" in spans):
             return False
-        cols = _lean_columns(trains) if isinstance(trains[0], TrainStep) else None
-        if cols is None:
-            cols = _record_columns(trains)
-            if cols is None:
-                return False
-        if trains is recs:
-            seqs = cols["seq"].astype(np.int64)
+        # From here on the batch is applied, in the order the lines came: the other
+        # kinds, the writers' sequence numbers, the malformed lines, the steps.
+        starts = [self._starting] if self._starting is not None else []
+        events_before = len(self.events)
+        if batch.kinds is not None:
+            self._apply_others(batch)
+        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
+        self._advance_writers(spans)
+        for bad in items:
+            if type(bad) is Malformed:
+                self.apply(bad)
+        self._store_steps(batch, starts)
+        return True
+
+    def _batch_spans(self, batch: _Batch) -> dict[str, tuple[int, int]] | None:
+        """Each writer's first and last sequence number in ``batch``; None unless they
+        are consecutive and continue the writer's (a repeat: the careful path drops it)."""
+        recs = batch.recs
+        if batch.trains is recs:
+            seqs = batch.cols["seq"].astype(np.int64)
         else:
             # lean steps and the deferred others have a float seq_f: one C-level pass
-            lean = type(trains[0])
-            fast = issubclass(lean, TrainStep) and types - {Malformed} <= {lean, Deferred}
+            lean = type(batch.trains[0])
+            fast = issubclass(lean, TrainStep) and batch.types - {Malformed} <= {lean, Deferred}
             try:
                 seqs = np.fromiter(
                     map(_SEQ_F if fast else _SEQ, recs), dtype=np.float64, count=len(recs)
                 ).astype(np.int64)
             except (TypeError, ValueError):  # a missing seq (None)
-                return False
-        # per writer: sequence numbers consecutive and continuing what came before
+                return None
         names = list(map(_W, recs))
         unique = set(names)
         if len(unique) == 1:
@@ -550,61 +543,55 @@ class RunState:
         for writer, mine in groups.items():
             first = int(mine[0])
             if first < 0 or (len(mine) > 1 and not bool((np.diff(mine) == 1).all())):
-                return False
+                return None
             known = self.writers.get(writer)
             if known is not None and first < known.next_seq:
-                return False  # duplicates: let the careful path drop them
+                return None
             spans[writer] = (first, int(mine[-1]))
-        steps = cols["step"].astype(np.int64)
-        ts = cols["ts"]
-        if n > 1 and not bool((np.diff(steps) > 0).all()):
-            return False
-        # what record_problem asks of each line, for the whole batch at once: our
-        # writer's lines (v) carry a writer and a time; a step is never negative
-        enveloped = "v" in cols
-        if enveloped and ("" in unique or not bool((ts > 0).all()) or not np.isfinite(ts).all()):
-            return False
-        if int(steps[0]) < 0:
-            return False
-        keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
-        # From here on the batch is applied. Sampler records only queue (settle()
-        # applies the ones the bounded histories keep); the rest apply in order.
-        starts = [self._starting] if self._starting is not None else []
-        events_before = len(self.events)
-        if n != len(recs):
-            applied = kind_arr == "train"
-            for kind, queue in self._pending.items():
-                mask = kind_arr == kind
-                applied |= mask
-                idx = np.flatnonzero(mask)
-                if not len(idx):
-                    continue
-                queue.extend(rec_arr[idx[-(queue.maxlen or len(idx)) :]].tolist())
-                self._unsettled = True
-                self.records += len(idx)
-                self._touch(recs[int(idx[0])].ts)
-                self._touch(recs[int(idx[-1])].ts)
-            rest = np.flatnonzero(~applied).tolist()
-            for i in rest:
-                r = recs[i]
-                if isinstance(r, Deferred):
-                    full = r.resolve()
-                    if isinstance(full, Malformed):
-                        self._malformed(full)
-                    elif self._valid(full, r.start):
-                        self._apply_record(full)
-                elif self._valid(r):  # type: ignore[arg-type]
-                    self._apply_record(r)  # type: ignore[arg-type]
-        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
+        return spans
+
+    def _apply_others(self, batch: _Batch) -> None:
+        """The batch's records of other kinds: sampler records queue (``settle()``
+        applies the ones the bounded histories keep); the rest apply in order."""
+        recs, kinds, rec_arr = batch.recs, batch.kinds, batch.rec_arr
+        assert kinds is not None and rec_arr is not None
+        applied = kinds == "train"
+        for kind, queue in self._pending.items():
+            mask = kinds == kind
+            applied |= mask
+            idx = np.flatnonzero(mask)
+            if not len(idx):
+                continue
+            queue.extend(rec_arr[idx[-(queue.maxlen or len(idx)) :]].tolist())
+            self._unsettled = True
+            self.records += len(idx)
+            self._touch(recs[int(idx[0])].ts)
+            self._touch(recs[int(idx[-1])].ts)
+        for i in np.flatnonzero(~applied).tolist():
+            r = recs[i]
+            if isinstance(r, Deferred):
+                full = r.resolve()
+                if isinstance(full, Malformed):
+                    self._malformed(full)
+                elif self._valid(full, r.start):
+                    self._apply_record(full)
+            elif self._valid(r):
+                self._apply_record(r)
+
+    def _advance_writers(self, spans: dict[str, tuple[int, int]]) -> None:
+        """Each writer's next sequence number, and the records lost before ``first``."""
         for writer, (first, last_seq) in spans.items():
             ws = self.writers.get(writer)
             if ws is None:
                 ws = self.writers[writer] = WriterSeq(next_seq=first)
             ws.lost += first - ws.next_seq
             ws.next_seq = last_seq + 1
-        for bad in items:
-            if type(bad) is Malformed:
-                self.apply(bad)
+
+    def _store_steps(self, batch: _Batch, starts: list[Event]) -> None:
+        """The batch's training steps into the table, column by column."""
+        cols, trains = batch.cols, batch.trains
+        steps, ts = batch.steps, cols["ts"]
+        keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
         self._redo_check(int(steps[0]), float(ts[0]))
         columns = {"train/" + k: cols["train/m" + str(i)] for i, k in enumerate(keys)}
         for k in PROFILE_FIELDS:
@@ -614,15 +601,15 @@ class RunState:
         columns.update((k, v) for k, v in cols.items() if k == "lr" or k.startswith("lr/"))
         columns["epoch"] = cols["epoch"]
         self.table.extend_columns(steps, ts, columns)
+        n = len(trains)
         self.records += n
         self._touch(float(ts.min()))
         self._touch(float(ts.max()))
         self._note_ttt(keys)
         first_ts = self._batch_startups(ts, starts)
-        if not enveloped:
+        if "v" not in cols:  # lines without our envelope (another writer's)
             self.plain_records += n
         self._note_train(cast("TrainStep", trains[-1]), first_ts)
-        return True
 
     # ---- other kinds ----------------------------------------------------------
     def _batch_startups(self, ts: npt.NDArray[np.float64], starts: list[Event]) -> float | None:
@@ -667,9 +654,9 @@ class RunState:
                 self._close(("validating",), rec.ts)
         elif (m := _SIGNAL_RE.match(msg)) is not None:
             self.signalled = m.group(1)
-        elif (m := _SAVE_START_RE.match(msg)) is not None:
+        elif (m := SAVING_RE.match(msg)) is not None:
             self.activity = Activity("saving", rec.ts, m.group(1))
-        elif _SAVE_DONE_RE.match(msg) is not None:
+        elif SAVED_RE.match(msg) is not None:
             self._close(("saving",), rec.ts)
 
     def _apply_gpu(self, rec: Record) -> None:
@@ -871,6 +858,72 @@ _EPOCH = attrgetter("epoch")
 _ENVELOPE = (("seq", _SEQ), ("step", _STEP), ("ts", _TS), ("lr", _LR), ("epoch", _EPOCH))
 _TRAIN = attrgetter("train")
 _PROFILE = attrgetter("profile")
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A batch cut for the fast path (:meth:`RunState._apply_batch`)."""
+
+    types: set[type]
+    recs: list[AnyRecord]
+    """The batch without its malformed lines."""
+    trains: list[AnyRecord]
+    """Its training steps (``recs`` itself when it holds nothing else)."""
+    cols: dict[str, npt.NDArray[np.float64]]
+    """The steps' columns (:func:`_lean_columns` or :func:`_record_columns`)."""
+    steps: npt.NDArray[np.int64]
+    kinds: npt.NDArray[np.object_] | None = None
+    """Each record's kind, when not all are training steps; ``rec_arr`` the records."""
+    rec_arr: npt.NDArray[np.object_] | None = None
+
+
+def _split_batch(items: list[Item]) -> _Batch | None:
+    """The training steps of ``items`` and their columns; None when it has a restart,
+    fewer than :data:`BATCH_MIN` steps, or steps the typed columns cannot hold."""
+    types = set(map(type, items))
+    if Restarted in types:
+        return None
+    recs = cast(
+        "list[AnyRecord]",
+        [it for it in items if type(it) is not Malformed] if Malformed in types else items,
+    )
+    kind_arr = rec_arr = None
+    if len(types) == 1 and issubclass(next(iter(types)), TrainStep):
+        # the common catch-up: nothing but lean training steps (the lean decoder
+        # makes TrainStep values of training steps only)
+        trains = recs
+    else:
+        kinds = list(map(_KIND, recs))
+        if kinds.count("train") == len(recs):
+            trains = recs
+        else:
+            # object arrays via fromiter: ~10x faster than from a list here
+            rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
+            kind_arr = np.fromiter(kinds, object, len(kinds))
+            trains = rec_arr[kind_arr == "train"].tolist()
+    if len(trains) < BATCH_MIN:
+        return None
+    cols = _lean_columns(trains) if isinstance(trains[0], TrainStep) else None
+    if cols is None:
+        cols = _record_columns(trains)
+        if cols is None:
+            return None
+    steps = cols["step"].astype(np.int64)
+    return _Batch(types, recs, trains, cols, steps, kind_arr, rec_arr)
+
+
+def _steps_valid(batch: _Batch, unnamed_writer: bool) -> bool:
+    """Increasing steps, none negative; and what :func:`record_problem` asks of each
+    line, for the whole batch at once: our writer's lines (``v``) carry a writer and a
+    finite, positive time."""
+    steps, ts = batch.steps, batch.cols["ts"]
+    if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
+        return False
+    if "v" in batch.cols and (
+        unnamed_writer or not bool((ts > 0).all()) or not np.isfinite(ts).all()
+    ):
+        return False
+    return int(steps[0]) >= 0
 
 
 def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] | None:

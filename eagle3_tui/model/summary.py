@@ -13,6 +13,7 @@ from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
+from eagle3_tui.model.units import duration
 
 # Exit statuses of `eagle3-tui summary` by health (README documents them).
 EXIT_BY_HEALTH = {
@@ -143,13 +144,9 @@ def _observed(snap: Snapshot) -> dict[str, Any] | None:
     }
 
 
-def _dur(s: Any) -> str:
-    if not isinstance(s, (int, float)):
-        return "–"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+def _seconds(s: Any) -> str:
+    """A duration of the JSON summary (a number, or null)."""
+    return duration(s) if isinstance(s, int | float) else "–"
 
 
 def _counted(n: int, one: str, many: str) -> str:
@@ -196,7 +193,7 @@ def format_text(summary: dict[str, Any]) -> str:
             f"ttt {t['step']}    full_acc {f(t['full_acc'])}   cond_acc {f(t['cond_acc'])}"
         )
     pace = f"{f(summary['steps_per_s'], 2)} steps/s   {f(summary['tokens_per_s'], 0)} tokens/s"
-    eta = f"ETA epoch {_dur(summary['eta_epoch_s'])}  run {_dur(summary['eta_run_s'])}"
+    eta = f"ETA epoch {_seconds(summary['eta_epoch_s'])}  run {_seconds(summary['eta_run_s'])}"
     lines.append(f"pace     {pace}   {eta}")
     gpus = summary["gpus"]
     if gpus["status"] == "no_driver":

@@ -17,9 +17,12 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
+
+from eagle3_tui.model.downsample import Floats
 
 NAN = math.nan
 F32_MAX = float(np.finfo(np.float32).max)
@@ -87,8 +90,8 @@ class StepTable:
     def extend_columns(
         self,
         steps: npt.NDArray[np.int64],
-        ts: npt.NDArray[np.float64],
-        columns: dict[str, npt.NDArray[np.float64]],
+        ts: Floats,
+        columns: Mapping[str, Floats],
     ) -> None:
         """Many rows at once (the catch-up fast path); same precondition on steps.
         Values of any float dtype or byte order, strided or not: each is converted
@@ -127,31 +130,39 @@ class StepTable:
                 self.latest[key] = None
         self._nonfinite |= later._nonfinite
 
+    # ---- reading: numpy views of the columns ------------------------------------------
+    # A view shares the column's memory: read it under the model's lock, and let it go
+    # before the next append (an array exporting its buffer cannot grow).
+
+    def step_view(self) -> npt.NDArray[np.int64]:
+        """The step column, as an int64 view (no copy)."""
+        return np.frombuffer(self.steps, dtype=np.int64)
+
+    def ts_view(self) -> npt.NDArray[np.float64]:
+        """The time column, as a float64 view (no copy)."""
+        return np.frombuffer(self.ts, dtype=np.float64)
+
+    def view(self, key: str) -> npt.NDArray[np.float32] | None:
+        """``key``'s column as a float32 view (no copy); None when no step logged it."""
+        col = self.columns.get(key)
+        return None if col is None else np.frombuffer(col, dtype=np.float32)
+
+    def views(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Every column as a float32 view, by key."""
+        return {key: np.frombuffer(col, dtype=np.float32) for key, col in self.columns.items()}
+
+    def floats(self, key: str, tail: int | None = None) -> npt.NDArray[np.float64] | None:
+        """``key``'s column as a float64 copy, only its last ``tail`` rows when given
+        (converting a million rows costs milliseconds); None when no step logged it."""
+        values = self.view(key)
+        if values is None:
+            return None
+        if tail is not None:
+            values = values[max(0, len(values) - tail) :]
+        return values.astype(np.float64)
+
     def has_nonfinite(self, key: str) -> bool:
         return key in self._nonfinite
-
-    def window(
-        self, key: str, first_step: int
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Steps and values of ``key`` from ``first_step`` on, as float64 copies."""
-        col = self.columns.get(key)
-        if col is None:
-            empty = np.empty(0, dtype=np.float64)
-            return empty, empty
-        i = bisect_left(self.steps, first_step)
-        x = np.frombuffer(self.steps, dtype=np.int64)[i:].astype(np.float64)
-        y = np.frombuffer(col, dtype=np.float32)[i:].astype(np.float64)
-        return x, y
-
-    def value_at(self, key: str, step: int) -> float | None:
-        """The value of ``key`` at ``step``, or at the last step before it; None if none."""
-        col = self.columns.get(key)
-        if col is None or not self.steps:
-            return None
-        i = bisect_left(self.steps, step)
-        if i < len(self.steps) and self.steps[i] == step:
-            return float(col[i])
-        return None if i == 0 else float(col[i - 1])
 
     def nbytes(self) -> int:
         return (len(self.steps) * 16) + sum(len(c) * 4 for c in self.columns.values())

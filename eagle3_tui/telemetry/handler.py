@@ -64,7 +64,7 @@ class TelemetryHandler(logging.Handler):
         self.last_step: int | None = None
         """The step of the last train record written."""
 
-    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+    def handle(self, record: logging.LogRecord) -> bool:
         # No handler lock: the writer locks. The handler sits on both speculators.metrics
         # and its parent speculators, so a propagated record arrives twice: pass it on once.
         if record is self._last:

@@ -38,6 +38,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from eagle3_tui.telemetry import procs
+
 TRAINER_MODULE = "speculators.train.trainer"
 RESUME_ENV_FILE = "resume-env.json"
 """In the run directory: the trainer's environment at exec, for ``resume`` (mode 0600)."""
@@ -102,16 +104,8 @@ def find_trainer() -> tuple[Any, str, int]:
 def _initial_environ() -> dict[str, str]:
     """The environment this process was started with (``/proc/self/environ``), which
     is what relaunching its command needs; ``os.environ`` where /proc is absent."""
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
-        return dict(os.environ)
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
+    env = procs.environ(os.getpid())
+    return dict(os.environ) if env is None else env
 
 
 def _write_json(path: str, obj: dict[str, Any], mode: int = 0o600) -> None:

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
+from eagle3_tui.telemetry import procs
+
 MANIFEST_SCHEMA: Final = 1
 RUN_ID_ENV: Final = "EAGLE3_TUI_RUN_ID"
 """Environment marker inherited by every process of a run (dataloader workers too)."""
@@ -47,28 +49,6 @@ ENV_KEYS: Final = (
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def boot_id() -> str | None:
-    """This boot's id (Linux); None elsewhere."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/PID/stat``: the process start time in clock ticks since boot."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may contain spaces and parentheses: split after the last ")"
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])  # field 22 overall = index 19 after "pid (comm)"
-    except (IndexError, ValueError):
-        return None
 
 
 def build_manifest(
@@ -95,8 +75,8 @@ def build_manifest(
         "pid": pid,
         "pgid": os.getpgid(pid),
         "sid": os.getsid(pid),
-        "start_ticks": proc_start_ticks(pid),
-        "boot_id": boot_id(),
+        "start_ticks": procs.start_ticks(pid),
+        "boot_id": procs.boot_id(),
         "launcher_pid": os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None,
         "argv": argv,
         "cwd": os.getcwd(),

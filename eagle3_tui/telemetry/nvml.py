@@ -72,7 +72,7 @@ class Nvml(Protocol):
 
 # ---- the real adapter ---------------------------------------------------------------
 
-DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+DRIVER_FILES: tuple[str, ...] = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
 """Present when the NVIDIA kernel driver is loaded (no NVML needed to tell)."""
 NO_DRIVER = "no NVIDIA driver on the training host (CPU only)"
 NO_BINDING = "nvidia-ml-py missing on the training host: pip install nvidia-ml-py"

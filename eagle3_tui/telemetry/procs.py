@@ -48,14 +48,23 @@ class ProcStat:
         return self.state in ("Z", "X")
 
 
-def stat(pid: int) -> ProcStat | None:
+def _stat_fields(pid: int) -> tuple[str, list[str]] | None:
+    """``/proc/PID/stat`` cut once: the command name (it may hold spaces and
+    parentheses: it ends at the last ")") and the fields after it (field 3, the
+    state, at index 0); None when the process is gone."""
     raw = _read(f"/proc/{pid}/stat")
-    if raw is None:
+    close = -1 if raw is None else raw.rfind(")")
+    if raw is None or close < 0:
         return None
+    return raw[raw.find("(") + 1 : close], raw[close + 2 :].split()
+
+
+def stat(pid: int) -> ProcStat | None:
+    cut = _stat_fields(pid)
+    if cut is None:
+        return None
+    comm, f = cut
     try:
-        close = raw.rindex(")")
-        comm = raw[raw.index("(") + 1 : close]
-        f = raw[close + 2 :].split()
         return ProcStat(
             pid=pid,
             comm=comm,
@@ -67,6 +76,13 @@ def stat(pid: int) -> ProcStat | None:
         )
     except (ValueError, IndexError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat``: the start time in clock ticks since boot (with
+    :func:`boot_id`, the process's identity); None when it is gone."""
+    st = stat(pid)
+    return None if st is None else st.start_ticks
 
 
 def all_stats() -> dict[int, ProcStat]:
@@ -119,7 +135,9 @@ def owner(pid: int) -> int | None:
 
 def environ(pid: int) -> dict[str, str] | None:
     """The environment the process started with (``/proc/PID/environ``: changes it made
-    later with ``putenv`` are not there); None when unreadable (another user) or gone."""
+    later with ``putenv`` are not there), decoded as ``os.environ`` is (undecodable
+    bytes kept as surrogates: a relaunch gets them back exactly); None when unreadable
+    (another user) or gone."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             raw = f.read()
@@ -128,8 +146,8 @@ def environ(pid: int) -> dict[str, str] | None:
     out: dict[str, str] = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
+        if sep and key:
+            out[os.fsdecode(key)] = os.fsdecode(value)
     return out
 
 
@@ -253,8 +271,17 @@ def descendants(pid: int) -> list[int]:
 
 
 def cmdline(pid: int) -> list[str]:
-    raw = _read(f"/proc/{pid}/cmdline")
-    return [a for a in raw.split("\0") if a] if raw else []
+    """The process's arguments, decoded as ``sys.argv`` is (exact, empty ones kept: a
+    relaunch needs them as they were); [] when gone or a kernel thread."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    args = raw.split(b"\0")
+    if args[-1] == b"":  # the terminating NUL (a process that rewrote its title may lack it)
+        args.pop()
+    return [os.fsdecode(a) for a in args]
 
 
 def io_counters(pid: int) -> dict[str, int] | None:
@@ -334,9 +361,9 @@ def exit_status(pid: int, pidfd: int | None = None) -> int | None:
     being its parent: the zombie's ``/proc/PID/stat`` (field 52) while its parent has
     not reaped it yet, else the pidfd's exit information (Linux 6.15+). None when
     neither says (an older kernel, a pid we never held a pidfd on)."""
-    raw = _read(f"/proc/{pid}/stat")
-    if raw is not None:
-        fields = raw[raw.rfind(")") + 2 :].split()
+    cut = _stat_fields(pid)
+    if cut is not None:
+        fields = cut[1]
         if fields and fields[0] == "Z" and len(fields) >= 50:
             try:
                 return _returncode(int(fields[49]))

@@ -134,7 +134,7 @@ def _watch_trainer(on_trainer: Callable[[Any], None]) -> None:
             if name != TRAINER_MODULE:
                 return None
             with contextlib.suppress(ValueError):
-                sys.meta_path.remove(Finder)  # type: ignore[arg-type]
+                sys.meta_path.remove(Finder)
             spec = importlib.util.find_spec(name)
             loader = getattr(spec, "loader", None)
             exec_module = getattr(loader, "exec_module", None)
@@ -149,7 +149,7 @@ def _watch_trainer(on_trainer: Callable[[Any], None]) -> None:
             loader.exec_module = exec_and_patch  # type: ignore[union-attr]
             return spec
 
-    sys.meta_path.insert(0, Finder)  # type: ignore[arg-type]
+    sys.meta_path.insert(0, Finder)
 
 
 def _own_command() -> list[str]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import DeviceReading, Nvml, NvmlUnavailable
 from eagle3_tui.telemetry.reads import ReadsReceiver
-from eagle3_tui.telemetry.schema import Kind
+from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE, Kind
 
 if TYPE_CHECKING:  # (the agent imports the samplers: standard library only at run time)
     from eagle3_tui.telemetry.writer import JsonlWriter
@@ -378,8 +378,6 @@ class IoSampler:
 
 # ---- checkpoints ----------------------------------------------------------------------
 
-_SAVING = re.compile(r"^Saving checkpoint to (.+)$")
-_SAVED = re.compile(r"^Checkpoint saved to (.+)$")
 _LINK = re.compile(r"^epoch(\d+)_(end|step(\d+))$")
 REQUIRED_FILES = ("model.safetensors", "config.json", "optimizer_state_dict.pt")
 
@@ -455,14 +453,14 @@ class CheckpointWatcher:
             self._scanned = False
 
     def on_message(self, text: str, ts: float) -> None:
-        m = _SAVING.match(text)
+        m = SAVING_RE.match(text)
         if m:
             self._messages = True
             path = Path(m.group(1).strip().strip("'"))
             self._saves[path.name] = _Save(path, ts, inferred=False)
             self._write("save_started", path, started=ts)
             return
-        m = _SAVED.match(text)
+        m = SAVED_RE.match(text)
         if m:
             path = Path(m.group(1).strip().strip("'"))
             save = self._saves.pop(path.name, None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -28,6 +29,14 @@ SCHEMA_VERSION: Final = 1
 METRICS_FILE: Final = "metrics.jsonl"
 MANIFEST_FILE: Final = "run.json"
 LOG_FILE: Final = "train.log"
+
+# ---- speculators' messages that the tools read (speculators 0.9's Checkpointer) ------
+SAVING_CHECKPOINT: Final = "Saving checkpoint to "
+CHECKPOINT_SAVED: Final = "Checkpoint saved to "
+SAVING_RE: Final = re.compile(f"^{SAVING_CHECKPOINT}(.+)$")
+"""A ``log`` record's message as a save begins; group 1: the checkpoint's path."""
+SAVED_RE: Final = re.compile(f"^{CHECKPOINT_SAVED}(.+)$")
+"""A ``log`` record's message once a save is complete; group 1: the checkpoint's path."""
 
 
 class Kind:

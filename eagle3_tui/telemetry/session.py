@@ -47,11 +47,18 @@ from types import TracebackType
 from typing import Any
 
 from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.handler import MESSAGES_LOGGER, METRICS_LOGGER, TelemetryHandler
 from eagle3_tui.telemetry.progress import ProgressPrinter
 from eagle3_tui.telemetry.reads import READS_ENV, socket_name
 from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
-from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE, Kind
+from eagle3_tui.telemetry.schema import (
+    CHECKPOINT_SAVED,
+    MANIFEST_FILE,
+    METRICS_FILE,
+    SAVING_CHECKPOINT,
+    Kind,
+)
 from eagle3_tui.telemetry.stack import MainThreadWhere
 from eagle3_tui.telemetry.stacks import StallWatch
 from eagle3_tui.telemetry.topology import (
@@ -214,7 +221,7 @@ class Telemetry:
 
     # ---- what the handler passes on ----------------------------------------------
     def _on_message(self, text: str) -> None:
-        if text.startswith(("Saving checkpoint to ", "Checkpoint saved to ")):
+        if text.startswith((SAVING_CHECKPOINT, CHECKPOINT_SAVED)):
             self._send({"op": "message", "text": text, "ts": time.time()})
         elif text.startswith("Received SIG") and "interrupting" in text:
             self.interrupted = True
@@ -519,6 +526,55 @@ def attach(
     id and a ``resume`` event is written instead of ``start``. Raises only when
     ``run_dir`` cannot be created; after that, nothing raises into the trainer.
     """
+    enabled = _sampler_names(samplers, sampler_host, interval)
+    rank = _env_rank() if rank is None else rank
+    place = place_from_env(rank)
+    path = _node_run_dir(Path(run_dir), place)
+    run_id = mf.resolve_run_id(path)
+    # inherited by the dataloader workers spawned later
+    os.environ[mf.RUN_ID_ENV] = run_id
+    os.environ[mf.RUN_DIR_ENV] = str(path.resolve())
+    telemetry = _new_session(path, rank, place, run_id, interval)
+
+    previous: dict[str, Any] | None = None
+    try:
+        previous = mf.read_manifest(path / MANIFEST_FILE)
+    except (OSError, ValueError):
+        previous = None
+    if trainer is not None and checkpoint_dir is None:
+        checkpoint_dir = getattr(getattr(trainer, "config", None), "save_path", None)
+    ckpt_dir = str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None
+    if ckpt_dir is None and previous is not None:
+        ckpt_dir = previous.get("checkpoint_dir")
+    if rank == 0 or (place.launcher_pid is not None and place.node_leader):
+        _write_manifest(
+            telemetry,
+            previous,
+            resume_command=resume_command,
+            checkpoint_dir=ckpt_dir,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            log_file=log_file,
+        )
+    if enabled:
+        _start_samplers(telemetry, enabled, sampler_host, ckpt_dir, intervals, exclude_pids)
+    if progress_every > 0:
+        telemetry.progress = ProgressPrinter(progress_every, telemetry.bounds)
+        telemetry.handler.on_metrics = telemetry.progress.on_metrics
+    if trainer is not None:
+        telemetry.watch_trainer(trainer)
+    if rank == 0:  # lifecycle events of the run come from rank 0 (a crash from any rank)
+        _first_event(telemetry, previous, trainer, ckpt_dir)
+    telemetry._prev_excepthook = sys.excepthook
+    sys.excepthook = telemetry._excepthook
+    atexit.register(telemetry._at_exit)
+    if rank == 0:
+        telemetry._install_stop_handler()
+    return telemetry
+
+
+def _sampler_names(samplers: bool | Iterable[str], sampler_host: str, interval: float) -> list[str]:
+    """The samplers to run; ValueError for an unknown one or a bad host or interval."""
     enabled = list(SAMPLERS) if samplers is True else list(samplers or [])
     unknown = sorted(set(enabled) - set(SAMPLERS))
     if unknown:
@@ -527,9 +583,12 @@ def attach(
         raise ValueError(f"sampler_host must be 'sidecar' or 'thread', not {sampler_host!r}")
     if not interval > 0:
         raise ValueError(f"interval must be positive, not {interval!r}")
-    rank = _env_rank() if rank is None else rank
-    place = place_from_env(rank)
-    path = Path(run_dir)
+    return enabled
+
+
+def _node_run_dir(run_dir: Path, place: Place) -> Path:
+    """This node's run directory, made, with any earlier session on it closed."""
+    path = run_dir
     if place.node_rank > 0:
         # another node's telemetry has a run directory of its own inside the run's: on a
         # shared filesystem the nodes never write the same files, on local disks each
@@ -539,11 +598,11 @@ def attach(
     for earlier in list(_sessions):  # attached again (a notebook): one session per run dir
         if earlier.run_dir.resolve() == path.resolve():
             earlier.close()
-    run_id = mf.resolve_run_id(path)
-    # inherited by the dataloader workers spawned later
-    os.environ[mf.RUN_ID_ENV] = run_id
-    os.environ[mf.RUN_DIR_ENV] = str(path.resolve())
+    return path
 
+
+def _new_session(path: Path, rank: int, place: Place, run_id: str, interval: float) -> Telemetry:
+    """The writer, the handler on the library's loggers, the ranks' exchange."""
     telemetry: Telemetry | None = None
 
     def tick() -> None:
@@ -563,102 +622,107 @@ def attach(
     _sessions.add(telemetry)
     install_dictconfig_hook()
     telemetry.ensure_attached()
-
-    previous: dict[str, Any] | None = None
-    try:
-        previous = mf.read_manifest(path / MANIFEST_FILE)
-    except (OSError, ValueError):
-        previous = None
-    if trainer is not None and checkpoint_dir is None:
-        checkpoint_dir = getattr(getattr(trainer, "config", None), "save_path", None)
-    ckpt_dir = str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None
-    if ckpt_dir is None and previous is not None:
-        ckpt_dir = previous.get("checkpoint_dir")
-    if rank == 0 or (place.launcher_pid is not None and place.node_leader):
-        launcher = launcher_info(place.launcher_pid) if place.launcher_pid is not None else None
-        if launcher is not None and launcher["argv"]:
-            resume_command = list(launcher["argv"])  # the same torchrun arguments
-        manifest = mf.build_manifest(
-            path,
-            run_id=run_id,
-            resume_command=resume_command,
-            checkpoint_dir=ckpt_dir,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            log_file=log_file,
-        )
-        if place.distributed:
-            entry = rank_entry(place, manifest["run_dir"], run_id)
-            manifest.update(manifest_fields(place, launcher, entry))
-        if previous is not None:
-            for key in ("checkpoint_dir", "epochs", "steps_per_epoch", "total_steps", "log_file"):
-                if manifest.get(key) is None and previous.get(key) is not None:
-                    manifest[key] = previous[key]
-            manifest["first_started_at"] = previous.get(
-                "first_started_at", previous.get("started_at")
-            )
-            manifest["resumes"] = int(previous.get("resumes", 0) or 0) + 1
-        else:
-            manifest["first_started_at"] = manifest["started_at"]
-            manifest["resumes"] = 0
-        telemetry.manifest = manifest
-        try:
-            mf.write_manifest(telemetry.manifest_path, manifest)
-            mf.register_run(manifest)
-        except OSError as e:
-            telemetry._warn(f"cannot write the run manifest or index: {e}")
-
-    if enabled:
-        reads = socket_name(run_id, os.getpid()) if "io" in enabled else None
-        if reads:
-            os.environ[READS_ENV] = reads
-        telemetry.sampler_config = SamplerConfig(
-            run_dir=str(path.resolve()),
-            trainer_pid=os.getpid(),
-            trainer_start_ticks=mf.proc_start_ticks(os.getpid()),
-            rank=rank,
-            run_id=run_id,
-            interval=interval,
-            intervals=dict(intervals or {}),
-            enabled=enabled,
-            checkpoint_dir=ckpt_dir,
-            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            local_rank=_env_int("LOCAL_RANK"),
-            world_size=_env_int("WORLD_SIZE") or 1,
-            local_world_size=place.local_world_size,
-            launcher_pid=place.launcher_pid,
-            gpu_scope=(
-                "own" if place.launcher_pid is None else "node" if place.node_leader else "none"
-            ),
-            writes_manifest=telemetry.manifest is not None,
-            nvml_fixture=os.environ.get(NVML_FIXTURE_ENV),
-            reads_socket=reads,
-            exclude_pids=list(exclude_pids),
-        )
-        telemetry._start_samplers(sampler_host)
-        if telemetry.manifest is not None and telemetry.samplers is not None:
-            telemetry.update_manifest(sampler_pid=telemetry.samplers.pid)
-    if progress_every > 0:
-        telemetry.progress = ProgressPrinter(progress_every, telemetry.bounds)
-        handler.on_metrics = telemetry.progress.on_metrics
-    if trainer is not None:
-        telemetry.watch_trainer(trainer)
-
-    if rank != 0:
-        pass  # lifecycle events of the run come from rank 0 (a crash from any rank)
-    elif previous is None:  # a trainer attached to while it trains starts where it is
-        step = telemetry.progress_step() if trainer is not None else 0
-        telemetry.event("start", pid=os.getpid(), global_step=step or 0, run_id=run_id)
-    else:
-        checkpoint, step = mf.resume_point(ckpt_dir)
-        if trainer is not None and isinstance(getattr(trainer, "global_step", None), int):
-            step = trainer.global_step
-        telemetry.event(
-            "resume", pid=os.getpid(), checkpoint=checkpoint, global_step=step, run_id=run_id
-        )
-    telemetry._prev_excepthook = sys.excepthook
-    sys.excepthook = telemetry._excepthook
-    atexit.register(telemetry._at_exit)
-    if rank == 0:
-        telemetry._install_stop_handler()
     return telemetry
+
+
+def _write_manifest(
+    telemetry: Telemetry,
+    previous: dict[str, Any] | None,
+    *,
+    resume_command: list[str] | None,
+    checkpoint_dir: str | None,
+    epochs: int | None,
+    steps_per_epoch: int | None,
+    log_file: str | None,
+) -> None:
+    """The run's manifest (a resume carries the earlier one's facts on) and its
+    index entry; a failure to write them is a warning."""
+    path, run_id, place = telemetry.run_dir, telemetry.run_id, telemetry.place
+    launcher = launcher_info(place.launcher_pid) if place.launcher_pid is not None else None
+    if launcher is not None and launcher["argv"]:
+        resume_command = list(launcher["argv"])  # the same torchrun arguments
+    manifest = mf.build_manifest(
+        path,
+        run_id=run_id,
+        resume_command=resume_command,
+        checkpoint_dir=checkpoint_dir,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        log_file=log_file,
+    )
+    if place.distributed:
+        entry = rank_entry(place, manifest["run_dir"], run_id)
+        manifest.update(manifest_fields(place, launcher, entry))
+    if previous is not None:
+        for key in ("checkpoint_dir", "epochs", "steps_per_epoch", "total_steps", "log_file"):
+            if manifest.get(key) is None and previous.get(key) is not None:
+                manifest[key] = previous[key]
+        manifest["first_started_at"] = previous.get("first_started_at", previous.get("started_at"))
+        manifest["resumes"] = int(previous.get("resumes", 0) or 0) + 1
+    else:
+        manifest["first_started_at"] = manifest["started_at"]
+        manifest["resumes"] = 0
+    telemetry.manifest = manifest
+    try:
+        mf.write_manifest(telemetry.manifest_path, manifest)
+        mf.register_run(manifest)
+    except OSError as e:
+        telemetry._warn(f"cannot write the run manifest or index: {e}")
+
+
+def _start_samplers(
+    telemetry: Telemetry,
+    enabled: list[str],
+    sampler_host: str,
+    checkpoint_dir: str | None,
+    intervals: Mapping[str, float] | None,
+    exclude_pids: Iterable[int],
+) -> None:
+    """The samplers' configuration, the samplers started, their pid in the manifest."""
+    place = telemetry.place
+    reads = socket_name(telemetry.run_id, os.getpid()) if "io" in enabled else None
+    if reads:
+        os.environ[READS_ENV] = reads
+    telemetry.sampler_config = SamplerConfig(
+        run_dir=str(telemetry.run_dir.resolve()),
+        trainer_pid=os.getpid(),
+        trainer_start_ticks=procs.start_ticks(os.getpid()),
+        rank=telemetry.writer.rank,
+        run_id=telemetry.run_id,
+        interval=telemetry.interval,
+        intervals=dict(intervals or {}),
+        enabled=enabled,
+        checkpoint_dir=checkpoint_dir,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        local_rank=_env_int("LOCAL_RANK"),
+        world_size=_env_int("WORLD_SIZE") or 1,
+        local_world_size=place.local_world_size,
+        launcher_pid=place.launcher_pid,
+        gpu_scope=(
+            "own" if place.launcher_pid is None else "node" if place.node_leader else "none"
+        ),
+        writes_manifest=telemetry.manifest is not None,
+        nvml_fixture=os.environ.get(NVML_FIXTURE_ENV),
+        reads_socket=reads,
+        exclude_pids=list(exclude_pids),
+    )
+    telemetry._start_samplers(sampler_host)
+    if telemetry.manifest is not None and telemetry.samplers is not None:
+        telemetry.update_manifest(sampler_pid=telemetry.samplers.pid)
+
+
+def _first_event(
+    telemetry: Telemetry, previous: dict[str, Any] | None, trainer: Any, ckpt_dir: str | None
+) -> None:
+    """``start`` (a trainer attached to while it trains starts where it is), or
+    ``resume`` from the checkpoint it resumes from."""
+    if previous is None:
+        step = telemetry.progress_step() if trainer is not None else 0
+        telemetry.event("start", pid=os.getpid(), global_step=step or 0, run_id=telemetry.run_id)
+        return
+    checkpoint, step = mf.resume_point(ckpt_dir)
+    if trainer is not None and isinstance(getattr(trainer, "global_step", None), int):
+        step = trainer.global_step
+    telemetry.event(
+        "resume", pid=os.getpid(), checkpoint=checkpoint, global_step=step, run_id=telemetry.run_id
+    )

@@ -124,7 +124,7 @@ def launcher_env(pid: int) -> dict[str, str]:
 def launcher_info(pid: int) -> dict[str, Any]:
     """The torchrun agent as the manifest records it: pid, start time, command line, cwd,
     the part of its environment a relaunch needs (:data:`LAUNCHER_ENV_PREFIXES`)."""
-    from eagle3_tui.telemetry.manifest import proc_start_ticks
+    from eagle3_tui.telemetry.procs import start_ticks
 
     try:
         cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
@@ -132,7 +132,7 @@ def launcher_info(pid: int) -> dict[str, Any]:
         cwd = None
     return {
         "pid": pid,
-        "start_ticks": proc_start_ticks(pid),
+        "start_ticks": start_ticks(pid),
         "argv": cmdline(pid),
         "cwd": cwd,
         "env": launcher_env(pid),
@@ -141,7 +141,7 @@ def launcher_info(pid: int) -> dict[str, Any]:
 
 def rank_entry(place: Place, run_dir: str, run_id: str) -> dict[str, Any]:
     """What one rank publishes about itself."""
-    from eagle3_tui.telemetry.manifest import proc_start_ticks
+    from eagle3_tui.telemetry.procs import start_ticks
 
     pid = os.getpid()
     return {
@@ -150,7 +150,7 @@ def rank_entry(place: Place, run_dir: str, run_id: str) -> dict[str, Any]:
         "node_rank": place.node_rank,
         "host": host_name(),
         "pid": pid,
-        "start_ticks": proc_start_ticks(pid),
+        "start_ticks": start_ticks(pid),
         "run_dir": run_dir,
         "run_id": run_id,
         "launcher_pid": place.launcher_pid,

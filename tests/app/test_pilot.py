@@ -4,7 +4,10 @@ every key and every state change."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
+
+from textual.widgets import OptionList
 
 from eagle3_tui.app.app import MonitorApp, make_app
 from eagle3_tui.app.screens.compare import CompareScreen
@@ -16,7 +19,7 @@ from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.model.health import Health
-from eagle3_tui.transport.base import Link, LinkChanged
+from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.app.conftest import T0, FakeControl, text_of, training
 from tests.conftest import until
@@ -26,14 +29,14 @@ NOW = T0 + 300.5 + 2  # just after the 600th step of training()
 
 
 def app_with(
-    data: bytes | list[bytes] = b"",
+    data: bytes | Sequence[bytes | StreamEvent] = b"",
     *,
     control: FakeControl | None = None,
     now: list[float] | None = None,
     export_dir: Path | None = None,
 ) -> tuple[MonitorApp, ReplayTransport]:
     clock = now if now is not None else [NOW]
-    items = data if isinstance(data, list) else [data] if data else []
+    items = ([data] if data else []) if isinstance(data, bytes) else list(data)
     source = ReplayTransport(items, label="gpu-box:/runs/exp7")
     app = make_app(
         source,
@@ -291,7 +294,8 @@ async def test_help_compare_picker_and_quit() -> None:
         await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
         picker = app.screen
         assert isinstance(picker, RunPicker)
-        await until(pilot, lambda: picker.query_one("#runs").option_count == 1, what="runs")
+        runs = picker.query_one("#runs", OptionList)
+        await until(pilot, lambda: runs.option_count == 1, what="runs")
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="the comparison")
         assert opened == ["/runs/exp6 [bold]x"]

@@ -45,9 +45,10 @@ async def test_the_plot_titles_say_window_smoothing_and_log_scale() -> None:
         assert acc.border_title == "acceptance · last 300 steps · smoothing 0.9"
         await pilot.press("s", "s", "0", "l")
         assert loss.border_title == "loss · all steps · smoothing off"
-    async with app_with(data)[0].run_test(size=(80, 24)) as pilot:  # a narrow chart
-        plot = pilot.app.query_one(LossPlot)
-        await until(pilot, lambda: pilot.app.snapshot.global_step == 599, what="step 599")
+    narrow_app = app_with(data)[0]
+    async with narrow_app.run_test(size=(80, 24)) as pilot:  # a narrow chart
+        plot = narrow_app.query_one(LossPlot)
+        await until(pilot, lambda: narrow_app.snapshot.global_step == 599, what="step 599")
         await pilot.press("s", "s", "s", "left_square_bracket", "l")
         assert plot.border_title == "loss · last 300 · raw · log"
         assert plot.border_title is not None and len(plot.border_title) < plot.size.width

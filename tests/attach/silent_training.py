@@ -80,8 +80,11 @@ def make_data(root: Path) -> tuple[Path, Path]:
 
 def cpu_trainer() -> type:
     """speculators' Trainer with the CPU shims (see eagle3_tui/train/cpu_shims.py)."""
-    import speculators.train.checkpointer as checkpointer
-    import speculators.train.trainer as trainer
+    import importlib
+
+    # Any: replacing their functions is the point
+    checkpointer: Any = importlib.import_module("speculators.train.checkpointer")
+    trainer: Any = importlib.import_module("speculators.train.trainer")
 
     def mark(self: Any, name: str) -> None:
         if self.enabled:
@@ -94,11 +97,14 @@ def cpu_trainer() -> type:
     trainer._StepTimer.now = now
     checkpointer.get_current_device = lambda: "cpu"
 
-    class CpuTrainer(trainer.Trainer):  # type: ignore[misc, name-defined]
+    from speculators.train.trainer import Trainer
+
+    class CpuTrainer(Trainer):
         def setup_trainer(self) -> None:
-            self.local_rank = "cpu"
+            # the library declares an int (a CUDA index); .to() and autocast take "cpu"
+            self.local_rank = "cpu"  # type: ignore[assignment]
             self.device_type = "cpu"
-            super().setup_trainer()
+            super().setup_trainer()  # type: ignore[no-untyped-call]  # speculators: unannotated
 
     return CpuTrainer
 

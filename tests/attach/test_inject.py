@@ -24,7 +24,7 @@ import pytest
 from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
-from tests.conftest import need
+from tests.conftest import need, wait_until
 from tests.transport.conftest import cli
 
 pytestmark = pytest.mark.slow
@@ -63,16 +63,20 @@ def start(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subp
     )
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+def python_loop(
+    cwd: Path, procs: list[subprocess.Popen[bytes]], exe: str = sys.executable
+) -> subprocess.Popen[bytes]:
+    """A plain Python loop (no PyTorch) started by ``exe`` in ``cwd``, its interpreter up."""
+    (cwd / "loop.py").write_text(LOOP)
+    proc = start([exe, "loop.py"], cwd)
+    procs.append(proc)
+    python_ready(proc)
+    return proc
 
 
 def python_ready(proc: subprocess.Popen[bytes]) -> None:
     """The interpreter is up (its libraries mapped, its main loop running)."""
-    wait_for(lambda: pyprocess.python_of(proc.pid) is not None, 20, "the interpreter")
+    wait_until(lambda: pyprocess.python_of(proc.pid) is not None, 20, "the interpreter")
     time.sleep(0.3)
 
 
@@ -98,10 +102,7 @@ def test_gdb_queues_python_into_a_live_interpreter(
     exe: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     gdb = need_gdb()
-    (tmp_path / "loop.py").write_text(LOOP)
-    proc = start([exe, "loop.py"], tmp_path)
-    procs.append(proc)
-    python_ready(proc)
+    proc = python_loop(tmp_path, procs, exe)
     py = pyprocess.python_of(proc.pid)
     assert py is not None and py.version is not None
     out = tmp_path / "out.json"
@@ -120,7 +121,7 @@ def test_gdb_queues_python_into_a_live_interpreter(
     done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
     assert done["queued"], done.get("output")
     assert 0 < done["stopped_ms"] < 30_000
-    wait_for(out.exists, 20, "the injected code to run")
+    wait_until(out.exists, 20, "the injected code to run")
     time.sleep(0.1)
     seen = json.loads(out.read_text())
     assert tuple(seen["version"]) == py.version
@@ -141,7 +142,7 @@ def test_a_call_waits_while_the_main_thread_is_in_c(
     proc = start([sys.executable, "block.py"], tmp_path)
     procs.append(proc)
     python_ready(proc)
-    wait_for(lambda: asleep.exists() and asleep.read_text(), 10, "the sleep")
+    wait_until(lambda: asleep.exists() and asleep.read_text(), 10, "the sleep")
     out = tmp_path / "ran"
     entry = tmp_path / "entry.py"
     entry.write_text(f"import time\nopen({str(out)!r}, 'w').write(repr(time.time()))\n")
@@ -151,7 +152,7 @@ def test_a_call_waits_while_the_main_thread_is_in_c(
     assert done["queued"]
     time.sleep(0.5)
     assert not out.exists()  # queued: time.sleep is C code
-    wait_for(lambda: out.exists() and out.read_text(), 20, "the queued call")
+    wait_until(lambda: out.exists() and out.read_text(), 20, "the queued call")
     # it ran once the main thread was back in Python, not before
     assert float(out.read_text()) - float(asleep.read_text()) >= 3.9
 
@@ -200,7 +201,7 @@ def test_refused_for_a_process_that_is_not_python(
 ) -> None:
     proc = start(["sleep", "300"], tmp_path)
     procs.append(proc)
-    wait_for(lambda: "sleep" in (pyprocess.exe_path(proc.pid) or ""), 10, "sleep")
+    wait_until(lambda: "sleep" in (pyprocess.exe_path(proc.pid) or ""), 10, "sleep")
     rc, out = attach_cli("--pid", str(proc.pid))
     assert rc == 14 and out["reason"] == "not_python" and "sleep" in out["message"]
 
@@ -211,10 +212,7 @@ def test_refused_for_a_python_older_than_3_8(
     old = interpreters(range(6, 8))
     if not old:
         pytest.skip("no CPython 3.6 or 3.7 here")
-    (tmp_path / "loop.py").write_text(LOOP)
-    proc = start([old[-1], "loop.py"], tmp_path)
-    procs.append(proc)
-    python_ready(proc)
+    proc = python_loop(tmp_path, procs, old[-1])
     rc, out = attach_cli("--pid", str(proc.pid))
     assert rc == 14 and out["reason"] == "unsupported" and "3.8 or later" in out["message"]
 
@@ -229,19 +227,13 @@ def test_refused_for_an_exited_process(tmp_path: Path) -> None:
 def test_refused_for_python_without_pytorch(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    (tmp_path / "loop.py").write_text(LOOP)
-    proc = start([sys.executable, "loop.py"], tmp_path)
-    procs.append(proc)
-    python_ready(proc)
+    proc = python_loop(tmp_path, procs)
     rc, out = attach_cli("--pid", str(proc.pid))
     assert rc == 14 and out["reason"] == "not_trainer" and "no PyTorch" in out["message"]
 
 
 def test_refused_without_gdb_on_path(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-    (tmp_path / "loop.py").write_text(LOOP)
-    proc = start([sys.executable, "loop.py"], tmp_path)
-    procs.append(proc)
-    python_ready(proc)
+    proc = python_loop(tmp_path, procs)
     env = dict(os.environ, PATH=str(tmp_path / "empty"))
     rc, out = attach_cli("--pid", str(proc.pid), env=env)
     assert rc == 15 and out["reason"] == "no_gdb" and "apt-get install gdb" in out["message"]
@@ -250,10 +242,7 @@ def test_refused_without_gdb_on_path(tmp_path: Path, procs: list[subprocess.Pope
 async def test_refused_when_the_pid_is_another_process_now(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    (tmp_path / "loop.py").write_text(LOOP)
-    proc = start([sys.executable, "loop.py"], tmp_path)
-    procs.append(proc)
-    python_ready(proc)
+    proc = python_loop(tmp_path, procs)
     plan = await attach_plan(LocalHost(), str(tmp_path / "run"), proc.pid)
     assert plan["status"] == "refused"  # no PyTorch; but the identity check comes first:
     confirmed = {"pid": proc.pid, "start_ticks": 1, "boot_id": None, "run_dir": str(tmp_path)}
@@ -278,7 +267,7 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
     )
     proc = start([sys.executable, "torch_sleep.py"], tmp_path)
     procs.append(proc)
-    wait_for(ready.exists, 60, "torch imported")
+    wait_until(ready.exists, 60, "torch imported")
     run_dir = tmp_path / "run"
     rc, out = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "0.5")
     assert rc == 11 and out["status"] == "queued", out
@@ -286,7 +275,7 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
     rc, again = attach_cli(str(run_dir), "--pid", str(proc.pid))
     assert rc == 11 and again["reason"] == "queued"  # asking again: still queued, not re-injected
     result = Path(out["result_file"])
-    wait_for(result.exists, 30, "the queued attach to run")
+    wait_until(result.exists, 30, "the queued attach to run")
     inside = json.loads(result.read_text())
     assert inside["status"] == "no_trainer" and "nothing was changed" in inside["message"]
     assert not run_dir.exists()  # nothing written
@@ -338,10 +327,7 @@ def test_another_users_process_is_refused_and_root_may(
 ) -> None:
     name, uid, gid = other_user
     need(os.path.exists("/usr/bin/python3"), "a system python3 the other user may run")
-    (tmp_path / "loop.py").write_text(LOOP)
-    mine = start([sys.executable, "loop.py"], tmp_path)  # root's
-    procs.append(mine)
-    python_ready(mine)
+    mine = python_loop(tmp_path, procs)  # root's
     out = agent_as(name, {"op": "attach", "step": "plan", "pid": mine.pid})
     assert out["status"] == "refused" and out["reason"] == "permission", out
     assert "attach as root" in out["message"] and name in out["message"]
@@ -359,7 +345,7 @@ def test_another_users_process_is_refused_and_root_may(
             return int(line)
         return None
 
-    wait_for(lambda: their_python() is not None, 20, "the user's python")
+    wait_until(lambda: their_python() is not None, 20, "the user's python")
     pid = their_python()
     assert pid is not None
     plan = asyncio.run(attach_plan(LocalHost(), None, pid))

@@ -24,6 +24,7 @@ from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry import rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
 from eagle3_tui.transport.control import ATTACH_EXIT, attach_exit_status, format_attach
+from tests.conftest import wait_until
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -210,10 +211,9 @@ def _sleeper(exe: str, code: str = "import time; time.sleep(60)") -> subprocess.
 
 
 def _wait_exec(proc: subprocess.Popen[bytes], name: str) -> None:
-    deadline = time.monotonic() + 10
-    while name not in (pyprocess.exe_path(proc.pid) or ""):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(
+        lambda: name in (pyprocess.exe_path(proc.pid) or ""), 10, f"the exec of {name}", 0.01
+    )
 
 
 @pytest.mark.parametrize("exe", [sys.executable, "/usr/bin/python3.11"])

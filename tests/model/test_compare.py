@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from eagle3_tui.model.compare import argv_flags, compare, comparison_json, format_comparison
+from eagle3_tui.model.compare import (
+    Comparison,
+    Row,
+    argv_flags,
+    compare,
+    comparison_json,
+    format_comparison,
+)
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.state import RunState
 from tests.records import Lines
@@ -54,7 +61,7 @@ def make_run(
     return run.state
 
 
-def row(c, metric):  # type: ignore[no-untyped-def]
+def row(c: Comparison, metric: str) -> Row:
     return next(r for r in c.rows if r.metric == metric)
 
 
@@ -68,7 +75,8 @@ def test_unequal_lengths_compare_at_the_furthest_common_step() -> None:
     assert c.verdict.startswith(f"This run is ahead by {tau.delta:+.2f} τ at step 999 (same step)")
     loss = row(c, "loss")
     assert loss.delta == pytest.approx(0.0, abs=1e-3)  # same loss curve by construction
-    assert c.b.last_step == 4999 and c.b.tau_end is not None and c.b.tau_end > c.a.tau_end  # type: ignore[operator]
+    assert c.b.last_step == 4999 and c.a.tau_end is not None and c.b.tau_end is not None
+    assert c.b.tau_end > c.a.tau_end
 
 
 def test_a_run_behind_says_so() -> None:
@@ -81,7 +89,8 @@ def test_different_ttt_counts_compare_the_shared_steps_and_warn() -> None:
     names = [r.metric for r in c.rows]
     assert "full_acc_2" in names and "full_acc_3" not in names
     assert "3 vs 5 TTT steps" in c.verdict
-    assert row(c, "τ").delta is not None and row(c, "τ").delta < 0  # type: ignore[operator]
+    delta = row(c, "τ").delta
+    assert delta is not None and delta < 0
 
 
 def test_different_log_freq_compares_like_with_like() -> None:

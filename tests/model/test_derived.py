@@ -76,9 +76,9 @@ def test_smoothing_has_the_same_time_constant_at_any_zoom() -> None:
 
 def test_rates_and_eta() -> None:
     steps = np.arange(0, 121, dtype=np.int64)
-    ts = 1000.0 + steps * 0.5
-    tps = np.full(121, 2000.0)
-    step_ms = np.full(121, 500.0)
+    ts = (1000.0 + steps * 0.5).astype(np.float64)
+    tps = np.full(121, 2000.0, dtype=np.float64)
+    step_ms = np.full(121, 500.0, dtype=np.float64)
     steps_per_s, tokens_per_s = rates(steps, ts, tps, step_ms, window_s=60.0)
     assert steps_per_s == pytest.approx(2.0)
     assert tokens_per_s == pytest.approx(2000.0)

@@ -111,7 +111,7 @@ def test_metrics_that_stop_while_the_gpu_works_are_silent() -> None:
     sc.idle(40, util=96.0, reads=2e7)
     d = diagnose(sc.state(), sc.t)
     assert d.health == Health.SILENT and "No metric for 61 s" in d.reason
-    assert "data files are being read (19 MiB/s)" in d.reason
+    assert "data files are being read (19.1 MiB/s)" in d.reason
 
 
 def test_a_dataloader_stall_is_stalled_with_the_likely_cause() -> None:

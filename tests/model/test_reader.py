@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagle3_tui.model.reader import LineReader, Restarted
+from eagle3_tui.model.reader import Item, LineReader, Restarted
 from eagle3_tui.model.records import Deferred, Malformed, Record, TrainStep, train_items
 from tests.records import Lines
 
@@ -21,7 +21,7 @@ def stream() -> bytes:
     return b"".join(parts)
 
 
-def whole(data: bytes) -> list[Record | Malformed | Restarted]:
+def whole(data: bytes) -> list[Item]:
     return LineReader().feed(0, data)
 
 
@@ -46,7 +46,7 @@ def test_any_split_yields_the_same_items(cuts: list[int]) -> None:
     data = stream()
     points = sorted({c % (len(data) + 1) for c in cuts})
     reader = LineReader()
-    got: list[Record | Malformed | Restarted] = []
+    got: list[Item] = []
     prev = 0
     for p in [*points, len(data)]:
         got += reader.feed(prev, data[prev:p])
@@ -71,7 +71,8 @@ def test_malformed_lines_are_kept_with_line_number_and_reason() -> None:
     assert len(bad) == 1 and bad[0].line_no == 6 and "JSON" in bad[0].reason
     nan = [i for i in items if isinstance(i, Record) and i.step == 99]
     assert nan and nan[0].train is not None
-    assert math.isnan(train_items(nan[0].train)["loss"])
+    loss = train_items(nan[0].train)["loss"]
+    assert loss is not None and math.isnan(loss)
 
 
 def test_a_restart_at_zero_is_reported() -> None:

@@ -25,7 +25,9 @@ def run_of(*chunks: bytes) -> Run:
 
 
 def column(state: RunState, key: str) -> list[float]:
-    return np.frombuffer(state.table.columns[key], dtype=np.float32).astype(float).tolist()
+    values = state.table.floats(key)
+    assert values is not None, f"no column {key!r}"
+    return [float(v) for v in values]
 
 
 def steps(state: RunState) -> list[int]:

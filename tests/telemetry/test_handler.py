@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import logging.config
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from eagle3_tui.telemetry import Telemetry, attach
 from eagle3_tui.telemetry import manifest as mf
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import need_training, read_jsonl, wait_until
 
 METRICS = logging.getLogger("speculators.metrics")
 MESSAGES = logging.getLogger("speculators")
@@ -122,9 +121,7 @@ def test_a_reset_the_hook_cannot_see_is_repaired_within_one_interval(clean_loggi
             lg.handlers.clear()
             lg.setLevel(logging.WARNING)
         assert METRICS.disabled or t.handler not in METRICS.handlers
-        deadline = time.monotonic() + 30
-        while t.reattached == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: t.reattached, 30, "the periodic check to re-attach")
         assert t.reattached == 1
         METRICS.info(step_record(1), extra={"step": 1})
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.telemetry import Telemetry, attach
+from eagle3_tui.telemetry import Telemetry, attach, procs
 from eagle3_tui.telemetry import manifest as mf
 from tests.conftest import read_jsonl
 
@@ -37,8 +37,8 @@ def test_attach_writes_a_manifest_of_this_process_and_registers_it(isolated: Pat
     try:
         m = mf.read_manifest(run_dir / "run.json")
         assert m["pid"] == os.getpid() and m["pgid"] == os.getpgid(0) and m["sid"] == os.getsid(0)
-        assert m["start_ticks"] == mf.proc_start_ticks(os.getpid()) is not None
-        assert m["boot_id"] == mf.boot_id()
+        assert m["start_ticks"] == procs.start_ticks(os.getpid()) is not None
+        assert m["boot_id"] == procs.boot_id()
         assert m["run_id"] == t.run_id == os.environ[mf.RUN_ID_ENV]
         assert m["env"][mf.RUN_ID_ENV] == t.run_id
         assert m["checkpoint_dir"] == str((run_dir / "ckpt").resolve())

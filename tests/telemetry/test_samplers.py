@@ -18,7 +18,7 @@ from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry.reads import READS_ENV, ReadsReceiver, socket_name
 from eagle3_tui.telemetry.samplers import CheckpointWatcher, IoSampler
 from eagle3_tui.telemetry.writer import JsonlWriter
-from tests.conftest import read_jsonl
+from tests.conftest import read_jsonl, wait_until
 
 
 def records(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -55,12 +55,8 @@ def test_reads_per_worker_from_proc_and_from_the_transfer(tmp_path: Path) -> Non
         env=dict(os.environ, **{READS_ENV: name}),
     )
     try:
-        deadline = time.monotonic() + 60
-        while not flag.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert flag.exists(), "the reader child did not start"
-        while receiver.received < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(flag.exists, 60, "the reader child to start")
+        wait_until(lambda: receiver.received >= 3, 60, "three reads reported")
         sampler.sample(time.time())
         sampler.sample(time.time())  # an interval with no reads
     finally:
@@ -289,11 +285,12 @@ def test_the_sidecar_reports_a_killed_trainer(tmp_path: Path) -> None:
     crash = _wait_for(run_dir / "metrics.jsonl", "lifecycle", 2)[-1]
     assert crash["event"] == "crash" and crash["detected_by"] == "sidecar"
     assert crash["step"] == 41 and "without a finish event" in crash["error"]
-    deadline = time.monotonic() + 30
-    while mf.read_manifest(run_dir / "run.json")["status"] == "running":
-        assert time.monotonic() < deadline, "run.json still says running"
-        time.sleep(0.05)
-    assert mf.read_manifest(run_dir / "run.json")["status"] == "crashed"
+
+    def settled() -> str | None:
+        status = mf.read_manifest(run_dir / "run.json")["status"]
+        return None if status == "running" else str(status)
+
+    assert wait_until(settled, 30, "run.json to stop saying running") == "crashed"
     gpu = records(run_dir / "metrics.jsonl", "gpu")
     if not Path("/proc/driver/nvidia/version").exists():
         assert len(gpu) == 1 and gpu[0]["status"] == "no_driver"  # once, then it stopped

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.topology import Place, manifest_fields, nodes_of, place_from_env
+from tests.conftest import wait_until
 
 
 def test_a_grandchilds_exit_status_is_read_through_its_pidfd() -> None:
@@ -34,10 +34,8 @@ def test_a_grandchilds_exit_status_is_read_through_its_pidfd() -> None:
     import signal
 
     os.kill(sleeper, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while procs.exit_status(exits3, fd3) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert procs.exit_status(exits3, fd3) == 3
+    status = wait_until(lambda: procs.exit_status(exits3, fd3), 10, "the exit status")
+    assert status == 3
     helper.stdin.write("\n")
     helper.stdin.flush()
     helper.wait(10)  # the sleeper is reaped now: only the pidfd can tell

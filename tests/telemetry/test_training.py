@@ -30,7 +30,7 @@ from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.reads import READS_ENV
 from eagle3_tui.telemetry.samplers import dir_contents
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import need_training, read_jsonl, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -252,19 +252,21 @@ def hung(tmp: Path, enospc: Run) -> Iterator[Run]:
     )
     try:
         out = tmp / f"{run_dir.name}.out"
-        deadline = time.monotonic() + 300
-        while b"now blocks forever" not in out.read_bytes():
+
+        def hung() -> bool:
             assert proc.poll() is None, out.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, "the training never reached the hang"
-            time.sleep(0.2)
+            return b"now blocks forever" in out.read_bytes()
+
+        wait_until(hung, 300, "the training to reach the hang", interval=0.2)
         hang_ts = time.time()
         metrics = run_dir / "metrics.jsonl"
-        while True:  # five heartbeats after the hang began
+
+        def five_heartbeats() -> bool:  # after the hang began
+            assert proc.poll() is None, out.read_text(errors="replace")[-4000:]
             late = [r for r in read_jsonl(metrics) if r["ts"] > hang_ts]
-            if sum(r["kind"] == "heartbeat" for r in late) >= 5:
-                break
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.2)
+            return sum(1 for r in late if r["kind"] == "heartbeat") >= 5
+
+        wait_until(five_heartbeats, 120, "five heartbeats during the hang", interval=0.2)
         run.live = {
             "pid": proc.pid,
             "hang_ts": hang_ts,
@@ -325,7 +327,7 @@ def test_the_manifest_matches_the_live_process(hung: Run, tmp: Path) -> None:
     m, live = hung.live["manifest"], hung.live
     assert m["pid"] == live["pid"]
     assert m["start_ticks"] == live["stat"].start_ticks
-    assert m["boot_id"] == mf.boot_id()
+    assert m["boot_id"] == procs.boot_id()
     assert m["pgid"] == live["pgid"] and m["sid"] == live["sid"]
     assert m["argv"] == live["cmdline"] == hung.argv
     assert m["cwd"] == live["cwd"] == str(tmp)

@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from eagle3_tui.cli import main
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import need_training, read_jsonl, wait_for_a_training_step
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +34,7 @@ def test_sigterm_with_the_readme_one_liner_ends_interrupted(
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     try:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while not (metrics.exists() and b'"kind":"train"' in metrics.read_bytes()):
-            assert proc.poll() is None, "the training ended before its first step"
-            assert time.monotonic() < deadline, "no training step in 240 s"
-            time.sleep(0.2)
+        wait_for_a_training_step(run_dir, proc, 240)
         assert json.loads((run_dir / "run.json").read_text())["pid"] == proc.pid
         os.kill(proc.pid, signal.SIGTERM)  # as `kill PID` or a scheduler's preemption
         assert proc.wait(timeout=180) == 0  # speculators saves interrupted/ and returns
@@ -51,7 +45,9 @@ def test_sigterm_with_the_readme_one_liner_ends_interrupted(
     assert (run_dir / "checkpoints" / "interrupted").is_dir()
     manifest = json.loads((run_dir / "run.json").read_text())
     assert manifest["status"] == "interrupted"
-    events = [r["event"] for r in read_jsonl(metrics) if r.get("kind") == "lifecycle"]
+    events = [
+        r["event"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "lifecycle"
+    ]
     assert events[-1] == "interrupt" and "finish" not in events
     assert main(["summary", str(run_dir)]) == 7
     assert "Interrupted after step" in capsys.readouterr().out

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,8 @@ class Unrepresentable:
 
 def test_an_unserializable_value_never_raises_and_is_counted(tmp_path: Path) -> None:
     w = JsonlWriter(tmp_path / "m.jsonl", background=False)
-    assert w.write("train", {"train": {"loss": 1.0}, "odd": Unrepresentable(), 3: "int key"})
+    payload: dict[Any, Any] = {"train": {"loss": 1.0}, "odd": Unrepresentable(), 3: "int key"}
+    assert w.write("train", payload)  # an int key: not JSON, and not to raise
     w.close()
     (rec,) = read_jsonl(tmp_path / "m.jsonl")
     assert rec["train"] == {"loss": 1.0}

@@ -15,6 +15,7 @@ from typing import Any
 
 from eagle3_tui.agent import processes
 from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry import procs
 
 
 def write_checkpoint(d: Path, global_step: int = 20) -> None:
@@ -101,7 +102,7 @@ def fake_manifest(run_dir: Path, pid: int, run_id: str, **fields: Any) -> dict[s
     """A manifest for a process the test started (``pid`` may be gone already)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     m = mf.build_manifest(run_dir, run_id=run_id)
-    m.update(pid=pid, pgid=pid, sid=pid, start_ticks=mf.proc_start_ticks(pid), **fields)
+    m.update(pid=pid, pgid=pid, sid=pid, start_ticks=procs.start_ticks(pid), **fields)
     mf.write_manifest(run_dir / "run.json", m)
     return m
 

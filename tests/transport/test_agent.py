@@ -23,6 +23,7 @@ import pytest
 
 from eagle3_tui.agent import checkpoints, names, processes, runs
 from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import (
     AgentRefusedError,
@@ -144,8 +145,7 @@ def test_agent_agrees_with_the_manifest_writer(
     assert runs.index_path() == mf.index_path()
     assert names.RUN_ID_ENV == mf.RUN_ID_ENV
     me = processes.proc_stat(os.getpid())
-    assert me is not None and me.start == mf.proc_start_ticks(os.getpid())
-    assert processes.boot_id() == mf.boot_id()
+    assert me is not None and me.start == procs.start_ticks(os.getpid())
 
 
 # ---- follow ---------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def test_kill_refuses_a_reused_pid(tmp_path: Path) -> None:
     other = subprocess.Popen(["sleep", "300"])
     try:
         run_dir = tmp_path / "run"
-        ticks = mf.proc_start_ticks(other.pid)
+        ticks = procs.start_ticks(other.pid)
         assert ticks is not None
         fake_manifest(run_dir, other.pid, f"reused-{os.getpid()}")
         mf.update_manifest(run_dir / "run.json", start_ticks=ticks - 1)  # the trainer was older

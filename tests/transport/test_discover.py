@@ -20,7 +20,9 @@ import pytest
 
 import eagle3_tui
 from eagle3_tui.agent import discover, logparse, observe
+from eagle3_tui.agent.frames import AgentError
 from eagle3_tui.model.run import Run
+from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
 from eagle3_tui.transport.control import EXIT_BY_KIND, choose, describe, observe_once
 from tests.conftest import need_training
@@ -223,20 +225,22 @@ def test_what_is_not_a_training(tmp_path: Path) -> None:
     plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.3)
-        with pytest.raises(discover.AgentError) as e:
+        with pytest.raises(AgentError) as e:
             discover.describe(plain.pid)
         assert e.value.kind == "not_training" and "torch is not loaded" in str(e.value)
         sleeper = subprocess.Popen(["sleep", "60"])
-        with pytest.raises(discover.AgentError) as e:
+        with pytest.raises(AgentError) as e:
             discover.describe(sleeper.pid)
         assert e.value.kind == "not_training" and "not a Python process" in str(e.value)
         sleeper.kill()
         sleeper.wait()
-        with pytest.raises(discover.AgentError) as e:
+        with pytest.raises(AgentError) as e:
             discover.describe(sleeper.pid)
         assert e.value.kind == "gone"
-        start = discover.procs.stat(plain.pid).start_ticks  # type: ignore[union-attr]
-        with pytest.raises(discover.AgentError) as e:
+        plain_stat = procs.stat(plain.pid)
+        assert plain_stat is not None
+        start = plain_stat.start_ticks
+        with pytest.raises(AgentError) as e:
             discover.describe(plain.pid, start + 1)  # the PID is another process now
         assert e.value.kind == "gone"
     finally:
@@ -365,7 +369,7 @@ def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agen
         assert agent["role"] == "launcher" and "SIGKILL" not in agent["signals"]
         assert launcher.wait(30) is not None
         for m in row["members"]:
-            st = discover.procs.stat(m["pid"])
+            st = procs.stat(m["pid"])
             assert st is None or st.zombie, f"{m} remains"
     finally:
         if launcher.poll() is None:

@@ -235,7 +235,9 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         st = wait_until(hung_view, 180, "rank 1 blocked, rank 0 waiting", log)
         d = diagnose(st, quiet_later(st))
         assert d.health is Health.STALLED, d
-        step = st.rank_heartbeats[1].last_step + 1
+        last = st.rank_heartbeats[1].last_step
+        assert last is not None
+        step = last + 1
         assert f"rank 1 on {node1} stopped at step {step}" in d.reason, d.reason
         assert "rank 0 waits for it in a collective" in d.reason, d.reason
 

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.telemetry import procs
-from tests.conftest import need, need_training
+from tests.conftest import need, need_training, wait_until
 from tests.transport.conftest import cli
 from tests.transport.sshd import ALIAS, Sshd, have_pid_namespaces, have_sshd
 
@@ -216,10 +216,7 @@ def training(host: Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
     launch(host, work, str(work / "tiny"), "1000", "0.2")
     watcher = threading.Thread(target=watch, args=(t,), daemon=True)
     watcher.start()
-    deadline = time.monotonic() + 60
-    while not t.outside_pid:
-        assert time.monotonic() < deadline, f"the training did not start:\n{t.log()}"
-        time.sleep(0.2)
+    wait_until(lambda: t.outside_pid, 60, lambda: f"the training to start:\n{t.log()}", 0.2)
     yield t
     t.stop.set()
     for pid in reversed(tree(t.outside_pid)):
@@ -235,15 +232,15 @@ def runs_json(host: Sshd, *extra: str) -> dict[str, Any]:
 
 
 def live_row(host: Sshd, t: Training, until: Any, timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows: list[dict[str, Any]] = [
-            r for r in runs_json(host)["live"] if r.get("cwd") == str(t.work)
-        ]
-        if rows and until(rows[0]):
-            return rows[0]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {rows}\n{t.log()}"
-        time.sleep(1.0)
+    rows: list[dict[str, Any]] = []
+
+    def row() -> dict[str, Any] | None:
+        rows[:] = [r for r in runs_json(host)["live"] if r.get("cwd") == str(t.work)]
+        return rows[0] if rows and until(rows[0]) else None
+
+    found = wait_until(row, timeout, lambda: f"{what}: {rows}\n{t.log()}", 1.0)
+    assert found is not None
+    return found
 
 
 # ---- discovery -------------------------------------------------------------------------

@@ -16,15 +16,13 @@ directories these tests created.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import pytest
 
 from eagle3_tui.agent import checkpoints, processes
 from eagle3_tui.telemetry import manifest as mf
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import need_training, read_jsonl, wait_until, wait_until_async
 from tests.transport.conftest import cli, remote_env
 from tests.transport.sshd import ALIAS, Sshd
 
@@ -68,12 +66,12 @@ class Silent:
     def run_dir(self) -> Path:
         return self.out / "eagle3"
 
-    def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
+    def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
+        def holds() -> bool:
             assert self.proc.poll() is None or what == "the end", f"exited:\n{self.log[-3000:]}"
-            assert time.monotonic() < deadline, f"timed out on {what}:\n{self.log[-3000:]}"
-            time.sleep(0.1)
+            return bool(predicate())
+
+        wait_until(holds, timeout, lambda: f"{what}:\n{self.log[-3000:]}", 0.1)
 
     def started(self) -> None:
         self.wait_for(lambda: "training started" in self.log, 240, "the training to start")
@@ -220,11 +218,11 @@ def test_kill_and_resume_an_attached_run(sshd: Sshd, launch: Any) -> None:
             ]  # fmt: skip
             return [r for r in records[marks[0] :] if r["kind"] == "train"] if marks else []
 
-        deadline = time.monotonic() + 240
-        while len(after_resume()) < 3:
-            assert time.monotonic() < deadline, run.log[-3000:]
+        def three_steps() -> bool:
             assert processes.proc_stat(pid) is not None, run.log[-3000:]
-            time.sleep(0.2)
+            return len(after_resume()) >= 3
+
+        wait_until(three_steps, 240, lambda: f"three steps:\n{run.log[-3000:]}", 0.2)
         assert [r["step"] for r in after_resume()[:3]] == [step, step + 1, step + 2]
         manifest = json.loads((run.run_dir / "run.json").read_text())
         assert manifest["pid"] == pid and manifest["resumes"] == 1
@@ -259,15 +257,16 @@ async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> N
     hang.wait_for(lambda: "hangs now" in hang.log, 60, "the hang")
     where = f"wait_for_a_lost_rank (silent_training.py:{hang_line()})"
     target = f"{ALIAS}:{hang.run_dir}"
-    deadline = time.monotonic() + 150
-    while True:
+    polls: list[tuple[int, dict[str, Any]]] = []
+
+    def stalled() -> bool:
         proc = cli("summary", *sshd.args(), target, "--json", timeout=60)
-        summary = json.loads(proc.stdout)
-        if summary["health"] == "stalled":
-            break
-        assert time.monotonic() < deadline, summary
-        await asyncio.sleep(2)
-    assert proc.returncode == 4
+        polls.append((proc.returncode, json.loads(proc.stdout)))
+        return bool(polls[-1][1]["health"] == "stalled")
+
+    await wait_until_async(stalled, 150, lambda: f"a stall: {polls[-1][1]}", 2)
+    returncode, summary = polls[-1]
+    assert returncode == 4
     assert where in summary["reason"] and "stuck in " in summary["reason"]
     assert where in summary["stuck"]["where"]
     frame = next(f for f in summary["stuck"]["frames"] if f["func"] == "wait_for_a_lost_rank")

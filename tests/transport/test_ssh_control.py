@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import Chunk, TargetError
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import kill_run
@@ -43,7 +44,7 @@ def test_kill_over_ssh_refuses_a_reused_pid(sshd: Sshd, tmp_path: Path) -> None:
     try:
         run_dir = tmp_path / "run"
         fake_manifest(run_dir, other.pid, f"reused-{time.time_ns()}")
-        ticks = mf.proc_start_ticks(other.pid)
+        ticks = procs.start_ticks(other.pid)
         assert ticks is not None
         mf.update_manifest(run_dir / "run.json", start_ticks=ticks + 7)  # another process's
         proc = cli("kill", *sshd.args(), f"{ALIAS}:{run_dir}", "--json")

@@ -16,6 +16,7 @@ from eagle3_tui.model.health import Health, diagnose
 from eagle3_tui.model.state import leftovers_of
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import format_kill, kill_run, run_status
+from tests.conftest import wait_until
 from tests.model.test_health import T0, state_of
 from tests.records import Lines
 from tests.transport.fakes import alive, dead_pid, fake_manifest, write_checkpoint
@@ -39,10 +40,7 @@ def _worker(run_id: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, **{RUN_ID_ENV: run_id})
     code = f"import time\nx = bytearray({HOLD})\nx[::4096] = b'1' * len(x[::4096])\ntime.sleep(300)"
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    deadline = time.monotonic() + 30
-    while _rss(proc.pid) < HOLD:
-        assert time.monotonic() < deadline, "the worker did not start"
-        time.sleep(0.05)
+    wait_until(lambda: _rss(proc.pid) >= HOLD, 30, "the worker to start")
     return proc
 
 
@@ -77,7 +75,7 @@ async def test_status_names_what_outlived_the_trainer_and_kill_ends_it(
         state.set_process(False, lines.ts, leftovers_of(status["leftovers"]))
         d = diagnose(state, lines.ts)
         assert d.health == Health.DEAD
-        assert f"pid {worker.pid} python" in d.reason and "5 GiB on GPU 3" in d.reason
+        assert f"pid {worker.pid} python" in d.reason and "5.0 GiB on GPU 3" in d.reason
         assert "Left behind, still alive" in d.reason and "k ends them" in d.reason
 
         # and k ends them
