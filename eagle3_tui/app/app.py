@@ -19,7 +19,7 @@ from textual import on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
@@ -77,11 +77,13 @@ class MonitorApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, always_update=True)
+    # var, not reactive: a reactive of the App repaints the whole screen on each change;
+    # the panels bound to these repaint themselves, each only when what it shows changed
+    snapshot: var[Snapshot] = var(EMPTY, always_update=True)
     """The picture of the run the panels show (frozen while paused)."""
-    link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING))
+    link: var[LinkChanged] = var(LinkChanged(Link.CONNECTING))
     """Whether data flows from where the run lives."""
-    view: reactive[ViewState] = reactive(ViewState())
+    view: var[ViewState] = var(ViewState())
     """Step window, smoothing, log scale, pause."""
 
     def __init__(

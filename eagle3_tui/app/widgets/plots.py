@@ -7,11 +7,14 @@ redraw only when what they would draw changed.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from rich.text import Text
 from textual.app import RenderResult
-from textual.reactive import reactive
+from textual.geometry import Size
+from textual.reactive import var
+from textual.timer import Timer
 from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.view import ViewState
@@ -120,12 +123,17 @@ def without_metrics(snap: Snapshot, lines: tuple[Line, ...]) -> bool:
     return snap.observed is not None and not any(line.kind != "val" for line in lines)
 
 
+DATA_REDRAW_S = 1.0
+"""New data rebuilds a chart at most this often (a plotext build is the costliest thing a
+refresh does); a key, a resize or a new window's lines draw at once."""
+
+
 class MetricPlot(PlotextPlot):
     """A chart of lines from the snapshot, redrawn when they (or the view) change."""
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
-    """The picture of the run being shown."""
-    view: reactive[ViewState] = reactive(ViewState())
+    snapshot: var[Snapshot] = var(EMPTY, init=False)
+    """The picture of the run being shown (no repaint by itself: :meth:`redraw` decides)."""
+    view: var[ViewState] = var(ViewState(), init=False)
     """Window, smoothing, log scale."""
 
     SHOWS_LOG = False
@@ -140,6 +148,12 @@ class MetricPlot(PlotextPlot):
         self.draws = 0
         """How many times the chart was rebuilt (tests check that idle frames are free)."""
         self._frame: tuple[object, RenderResult] | None = None
+        self._drawn_view: ViewState | None = None
+        """The view of the last drawing: lines for another view are drawn at once."""
+        self._drawn_size = Size(0, 0)
+        self._drawn_at = -math.inf
+        self._later: Timer | None = None
+        """The pending drawing of data that came within ``DATA_REDRAW_S`` of the last."""
 
     def key(self) -> object:
         """What the chart depends on: the same key, the same picture."""
@@ -157,7 +171,7 @@ class MetricPlot(PlotextPlot):
         self.redraw()
 
     def watch_snapshot(self) -> None:
-        self.redraw()
+        self.redraw(data=True)
 
     def watch_view(self) -> None:
         self.border_title = self._title()
@@ -181,6 +195,10 @@ class MetricPlot(PlotextPlot):
         self.border_title = self._title()
         self.redraw()
 
+    def _draw_later(self) -> None:
+        self._later = None
+        self.redraw()
+
     def render(self) -> RenderResult:
         """The figure built once per drawing: a repaint of an unchanged chart (another
         panel changed, the screen was exposed) reuses the frame instead of rebuilding it."""
@@ -189,11 +207,25 @@ class MetricPlot(PlotextPlot):
             self._frame = (key, super().render())
         return self._frame[1]
 
-    def redraw(self, force: bool = False) -> None:
+    def redraw(self, force: bool = False, data: bool = False) -> None:
+        """Rebuild the figure if what it shows changed. ``data``: only new data came
+        (the same view and size), drawn at most every ``DATA_REDRAW_S``; the rest at once."""
         key = (self.key(), self.size)  # tick density follows the size
         if key == self._drawn and not force:
             return
+        same = self._drawn_view == self.view and self._drawn_size == self.size
+        wait = self._drawn_at + DATA_REDRAW_S - time.monotonic()
+        if data and not force and same and wait > 0:
+            if self._later is None:
+                self._later = self.set_timer(wait, self._draw_later, name="plot-later")
+            return
+        if self._later is not None:
+            self._later.stop()
+            self._later = None
         self._drawn = key
+        self._drawn_view = self.view
+        self._drawn_size = self.size
+        self._drawn_at = time.monotonic()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
