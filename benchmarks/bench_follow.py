@@ -8,7 +8,9 @@ and a heartbeat. ``eagle3-tui RUN_DIR`` follows it in a real terminal (tmux, 120
 After a warm-up, the app's CPU time (its own and its reaped children's: the agent it
 runs for liveness) is read from ``/proc`` over ``--seconds`` of wall time. The floor:
 a bare Textual app (header, footer, one label updated each second) in the same
-terminal. Printed: each CPU share (% of one core), RSS, and the ratio.
+terminal. Printed: each CPU share (% of one core), RSS, and the ratio. The run directory
+holds a live manifest (``run.json``, this process as its trainer), as a real run's does:
+the app probes its trainer as it would.
 
 ``--pairs K`` measures app and floor alternately K times (the machine's speed drifts)
 and prints the median of the paired ratios. The app runs under ``frame_probe.py``,
@@ -42,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.records import gpu_line, heartbeat_line, io_line, mixed_lines, train_line
+from eagle3_tui.telemetry.manifest import build_manifest, new_run_id, write_manifest
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WIDTH, HEIGHT = 120, 40
@@ -231,6 +234,10 @@ def main() -> None:
                 f.write(line)
         seq0 = 10 * args.history  # past every sequence number the history used
         print(f"history: {args.history:,} steps, {path.stat().st_size / 1e6:.0f} MB")
+    # the manifest of a live run (its trainer: this process), so the app probes it as it
+    # does a real run's every 5 s (an agent started on the host each time)
+    manifest = build_manifest(run_dir, run_id=new_run_id())
+    write_manifest(run_dir / "run.json", manifest)
     feeder = Feeder(path, args.history, seq0)
     feeder.start()
     probe = Path(__file__).resolve().parent / "frame_probe.py"

@@ -9,6 +9,7 @@ the :class:`ViewState` or open a screen; they never block.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -50,6 +51,9 @@ from eagle3_tui.transport.base import Link, LinkChanged
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
+STATUS_BUSY_S = 30.0
+"""While new steps keep arriving (the trainer writes them: it lives), the periodic probe
+asks the host at most this often; each probe starts the agent there (~50 ms of CPU)."""
 
 
 class MonitorApp(App[None]):
@@ -125,6 +129,9 @@ class MonitorApp(App[None]):
         self._built_at = 0.0
         self._building = False
         self._probe_ok = True
+        self._probed_at = 0.0
+        self._tick_step: int | None = None
+        self._step_seen_at = -math.inf
         self._loss_plot = LossPlot("loss", id="loss")
 
     # ---- layout -----------------------------------------------------------------
@@ -167,7 +174,7 @@ class MonitorApp(App[None]):
             self.notify(clean(self.note), title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self.probe()
-            self.set_interval(self.status_interval, self.probe, name="status")
+            self.set_interval(self.status_interval, self._probe_tick, name="status")
 
     def _link_changed(self, event: LinkChanged) -> None:
         self.link = event
@@ -281,9 +288,23 @@ class MonitorApp(App[None]):
     def _view_key(self, view: ViewState) -> object:
         return (view.params(self._columns()),)
 
-    def probe(self) -> None:
+    def _probe_tick(self, now: float | None = None) -> None:
+        """The periodic probe, skipped while steps arrive (for up to ``STATUS_BUSY_S``):
+        a tick without a new step for two intervals asks, so a dead trainer is told at
+        most one interval later than before. ``now``: a monotonic time (tests)."""
+        now = time.monotonic() if now is None else now
+        step = self.pipeline.global_step
+        if step != self._tick_step:
+            self._tick_step, self._step_seen_at = step, now
+        busy = now - self._step_seen_at < 2 * self.status_interval
+        if busy and now - self._probed_at < STATUS_BUSY_S:
+            return
+        self.probe(now)
+
+    def probe(self, now: float | None = None) -> None:
         """Ask the host whether the trainer lives (and for its manifest)."""
         if self.control is not None and self._probe_ok:
+            self._probed_at = time.monotonic() if now is None else now
             self.run_worker(
                 self._probe(),
                 name="status",

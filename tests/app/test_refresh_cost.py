@@ -6,21 +6,23 @@ Counted through the real app (Pilot): renders of each panel, plotext builds, lay
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from textual.screen import Screen
 
 from eagle3_tui.app import app as app_module
-from eagle3_tui.app.app import MonitorApp
+from eagle3_tui.app.app import MonitorApp, make_app
 from eagle3_tui.app.widgets import plots
 from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.model.health import Health
-from tests.app.conftest import T0, text_of, training
-from tests.app.test_pilot import app_with
+from eagle3_tui.transport.replay import ReplayTransport
+from tests.app.conftest import T0, FakeControl, text_of, training
+from tests.app.test_pilot import NOW, app_with
 from tests.conftest import until
 from tests.records import Lines
 
@@ -94,6 +96,7 @@ async def test_a_new_step_is_on_screen_with_the_snapshot_that_has_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(plots, "DATA_REDRAW_S", 3.0)
+    monkeypatch.setattr(plots, "DATA_REDRAW_MAX_S", 3.0)
     lines = Lines(t0=T0)
     app, source = app_with([lines.train(s, 2.0 - s * 0.01) for s in range(5)])
     async with app.run_test(size=(120, 40)) as pilot:
@@ -128,3 +131,29 @@ async def test_a_key_redraws_a_chart_at_once() -> None:
         await until(pilot, lambda: app.is_current, what="the window's snapshot")
         await pilot.pause()
         assert loss.is_current and loss.draws == draws + 2
+
+
+async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
+    lines = Lines(t0=T0)
+    control = FakeControl()
+    source = ReplayTransport([lines.train(0, 2.0)], label="gpu-box:/runs/exp7")
+    app = make_app(  # the interval's ticks are called by hand, at chosen times
+        source, control=control, clock=lambda: NOW, refresh_interval=0.02, status_interval=5.0
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: control.calls.count("status") == 1, what="the first probe")
+        t = time.monotonic()
+        asked: list[int] = []
+        for s in range(1, 21):  # a step every 2.5 s for 50 s, a probe tick after each
+            source.push(lines.train(s, 2.0))
+            await until(pilot, lambda s=s: app.pipeline.global_step == s, what=f"step {s}")
+            app._probe_tick(t + 2.5 * s)
+            await pilot.pause()
+            asked.append(control.calls.count("status"))
+        # the trainer writes steps: it lives; asked again only after STATUS_BUSY_S (30 s)
+        assert asked[-1] == 2 and asked.index(2) == 11, asked
+        t += 2.5 * 20
+        for dt in (5.0, 10.0, 15.0):  # no step for two intervals: every tick asks
+            app._probe_tick(t + dt)
+            await pilot.pause()
+        assert control.calls.count("status") == 4  # not at 5 s, at 10 and 15 s

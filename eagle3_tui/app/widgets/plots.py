@@ -126,6 +126,11 @@ def without_metrics(snap: Snapshot, lines: tuple[Line, ...]) -> bool:
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
+CHART_SHARE = 0.01
+"""New data alone may cost a chart about this share of a core: a chart whose build takes
+30 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``)."""
+DATA_REDRAW_MAX_S = 4.0
+"""New data is drawn within this, however slow the build."""
 
 
 class MetricPlot(PlotextPlot):
@@ -152,6 +157,9 @@ class MetricPlot(PlotextPlot):
         """The view of the last drawing: lines for another view are drawn at once."""
         self._drawn_size = Size(0, 0)
         self._drawn_at = -math.inf
+        self.build_s = 0.0
+        self._redraw_s = 0.0
+        """What a drawing of this chart costs (plotext calls, build, its text), smoothed."""
         self._later: Timer | None = None
         """The pending drawing of data that came within ``DATA_REDRAW_S`` of the last."""
 
@@ -204,8 +212,15 @@ class MetricPlot(PlotextPlot):
         panel changed, the screen was exposed) reuses the frame instead of rebuilding it."""
         key = (self.draws, self.size, self.app.theme)
         if self._frame is None or self._frame[0] != key:
+            t0 = time.perf_counter()
             self._frame = (key, super().render())
+            took = self._redraw_s + time.perf_counter() - t0
+            self.build_s = took if not self.build_s else 0.7 * self.build_s + 0.3 * took
         return self._frame[1]
+
+    def data_interval(self) -> float:
+        """How long new data waits after a drawing: the build's cost over ``CHART_SHARE``."""
+        return min(DATA_REDRAW_MAX_S, max(DATA_REDRAW_S, self.build_s / CHART_SHARE))
 
     def redraw(self, force: bool = False, data: bool = False) -> None:
         """Rebuild the figure if what it shows changed. ``data``: only new data came
@@ -214,7 +229,7 @@ class MetricPlot(PlotextPlot):
         if key == self._drawn and not force:
             return
         same = self._drawn_view == self.view and self._drawn_size == self.size
-        wait = self._drawn_at + DATA_REDRAW_S - time.monotonic()
+        wait = self._drawn_at + self.data_interval() - time.monotonic()
         if data and not force and same and wait > 0:
             if self._later is None:
                 self._later = self.set_timer(wait, self._draw_later, name="plot-later")
@@ -225,7 +240,7 @@ class MetricPlot(PlotextPlot):
         self._drawn = key
         self._drawn_view = self.view
         self._drawn_size = self.size
-        self._drawn_at = time.monotonic()
+        t0 = self._drawn_at = time.monotonic()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -237,6 +252,7 @@ class MetricPlot(PlotextPlot):
             ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
             self.set_xticks(ticks, [step_label(t) for t in ticks])
         self.draws += 1
+        self._redraw_s = time.monotonic() - t0  # its render adds the build
         self.refresh()
 
 
