@@ -51,6 +51,10 @@ from eagle3_tui.transport.base import Link, LinkChanged
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
+DATA_TICKS = 2
+"""New data alone is shown at most every this many refresh ticks (1 s at the default
+0.5 s): each picture re-renders the header, progress and TTT table and costs a snapshot;
+a key (a new view) is shown at the next tick."""
 STATUS_BUSY_S = 30.0
 """While new steps keep arriving (the trainer writes them: it lives), the periodic probe
 asks the host at most this often; each probe starts the agent there (~50 ms of CPU)."""
@@ -206,9 +210,12 @@ class MonitorApp(App[None]):
         params = view.params(self._columns())
         view_key = (params,)
         key = (self.pipeline.generation, view_key)
-        fresh = time.monotonic() - self._built_at < CLOCK_REFRESH_S
-        if key == self._shown and fresh:
+        since = time.monotonic() - self._built_at
+        if key == self._shown and since < CLOCK_REFRESH_S:
             return
+        data_only = self._shown is not None and view_key == self._shown[1]
+        if data_only and since < DATA_TICKS * self.refresh_interval * 0.95:
+            return  # new data alone: at most every DATA_TICKS ticks; a key: at the next
         self._building = True
         try:
             snap, generation = await self.pipeline.snapshot(self.clock(), params)

@@ -157,3 +157,25 @@ async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
             app._probe_tick(t + dt)
             await pilot.pause()
         assert control.calls.count("status") == 4  # not at 5 s, at 10 and 15 s
+
+
+async def test_new_data_waits_a_tick_and_a_key_does_not() -> None:
+    lines = Lines(t0=T0)
+    source = ReplayTransport([lines.train(s, 2.0) for s in range(100)], label="run")
+    app = make_app(source, clock=lambda: NOW, refresh_interval=60.0)  # ticks by hand
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.pipeline.global_step == 99, what="read")
+        await app._tick()
+        assert app.snapshot.global_step == 99
+        source.push(lines.train(100, 1.5))
+        await until(pilot, lambda: app.pipeline.global_step == 100, what="step 100")
+        await app._tick()  # the tick right after a picture: new data waits
+        assert app.snapshot.global_step == 99
+        await pilot.press("left_square_bracket")  # a key: the next tick shows it
+        await app._tick()
+        assert app.snapshot.global_step == 100 and app.is_current
+        source.push(lines.train(101, 1.4))
+        await until(pilot, lambda: app.pipeline.global_step == 101, what="step 101")
+        app._built_at -= app_module.DATA_TICKS * app.refresh_interval  # two ticks later
+        await app._tick()
+        assert app.snapshot.global_step == 101
