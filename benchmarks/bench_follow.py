@@ -204,6 +204,7 @@ def measure(
         ).stdout
     finally:
         subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
+        Path(sock).unlink(missing_ok=True)
     share = 100 * (c1 - c0) / (t1 - t0)
     first = next((line.strip() for line in screen.splitlines() if line.strip()), "")
     stats = frame_stats(frames, w0, w1) if frames is not None else None
