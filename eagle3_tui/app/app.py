@@ -9,6 +9,7 @@ the :class:`ViewState` or open a screen; they never block.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -19,7 +20,7 @@ from textual import on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
@@ -50,6 +51,13 @@ from eagle3_tui.transport.base import Link, LinkChanged
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
+DATA_TICKS = 2
+"""New data alone is shown at most every this many refresh ticks (1 s at the default
+0.5 s): each picture re-renders the header, progress and TTT table and costs a snapshot;
+a key (a new view) is shown at the next tick."""
+STATUS_BUSY_S = 30.0
+"""While new steps keep arriving (the trainer writes them: it lives), the periodic probe
+asks the host at most this often; each probe starts the agent there (~50 ms of CPU)."""
 
 
 class MonitorApp(App[None]):
@@ -77,11 +85,13 @@ class MonitorApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, always_update=True)
+    # var, not reactive: a reactive of the App repaints the whole screen on each change;
+    # the panels bound to these repaint themselves, each only when what it shows changed
+    snapshot: var[Snapshot] = var(EMPTY, always_update=True)
     """The picture of the run the panels show (frozen while paused)."""
-    link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING))
+    link: var[LinkChanged] = var(LinkChanged(Link.CONNECTING))
     """Whether data flows from where the run lives."""
-    view: reactive[ViewState] = reactive(ViewState())
+    view: var[ViewState] = var(ViewState())
     """Step window, smoothing, log scale, pause."""
 
     def __init__(
@@ -123,6 +133,9 @@ class MonitorApp(App[None]):
         self._built_at = 0.0
         self._building = False
         self._probe_ok = True
+        self._probed_at = 0.0
+        self._tick_step: int | None = None
+        self._step_seen_at = -math.inf
         self._loss_plot = LossPlot("loss", id="loss")
 
     # ---- layout -----------------------------------------------------------------
@@ -165,7 +178,7 @@ class MonitorApp(App[None]):
             self.notify(clean(self.note), title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self.probe()
-            self.set_interval(self.status_interval, self.probe, name="status")
+            self.set_interval(self.status_interval, self._probe_tick, name="status")
 
     def _link_changed(self, event: LinkChanged) -> None:
         self.link = event
@@ -197,9 +210,12 @@ class MonitorApp(App[None]):
         params = view.params(self._columns())
         view_key = (params,)
         key = (self.pipeline.generation, view_key)
-        fresh = time.monotonic() - self._built_at < CLOCK_REFRESH_S
-        if key == self._shown and fresh:
+        since = time.monotonic() - self._built_at
+        if key == self._shown and since < CLOCK_REFRESH_S:
             return
+        data_only = self._shown is not None and view_key == self._shown[1]
+        if data_only and since < DATA_TICKS * self.refresh_interval * 0.95:
+            return  # new data alone: at most every DATA_TICKS ticks; a key: at the next
         self._building = True
         try:
             snap, generation = await self.pipeline.snapshot(self.clock(), params)
@@ -279,9 +295,23 @@ class MonitorApp(App[None]):
     def _view_key(self, view: ViewState) -> object:
         return (view.params(self._columns()),)
 
-    def probe(self) -> None:
+    def _probe_tick(self, now: float | None = None) -> None:
+        """The periodic probe, skipped while steps arrive (for up to ``STATUS_BUSY_S``):
+        a tick without a new step for two intervals asks, so a dead trainer is told at
+        most one interval later than before. ``now``: a monotonic time (tests)."""
+        now = time.monotonic() if now is None else now
+        step = self.pipeline.global_step
+        if step != self._tick_step:
+            self._tick_step, self._step_seen_at = step, now
+        busy = now - self._step_seen_at < 2 * self.status_interval
+        if busy and now - self._probed_at < STATUS_BUSY_S:
+            return
+        self.probe(now)
+
+    def probe(self, now: float | None = None) -> None:
         """Ask the host whether the trainer lives (and for its manifest)."""
         if self.control is not None and self._probe_ok:
+            self._probed_at = time.monotonic() if now is None else now
             self.run_worker(
                 self._probe(),
                 name="status",

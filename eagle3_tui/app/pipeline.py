@@ -28,7 +28,7 @@ import numpy as np
 
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
-from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
+from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
 from eagle3_tui.model.state import leftovers_of
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
 
@@ -83,6 +83,8 @@ class Pipeline:
         """The link came back since it went down (it counts as up once caught up)."""
         self._catch_up: int | None = None
         """After a reconnection: the file's size then; the link is up once read to here."""
+        self._cache = SnapshotCache()
+        """Kept between snapshots: a long run's lines reduce only the rows since the last."""
 
     async def pump(self, source: Source, on_link: Callable[[LinkChanged], None]) -> None:
         """Move the source's events along until it ends (a refused host ends it)."""
@@ -155,7 +157,8 @@ class Pipeline:
         """A frozen picture for ``view``, and the generation it shows."""
         async with self.lock:
             generation = self.generation
-            snap = await asyncio.to_thread(build_snapshot, self.run.state, now, view)
+            state = self.run.state
+            snap = await asyncio.to_thread(build_snapshot, state, now, view, self._cache)
         return snap, generation
 
     async def set_status(self, status: dict[str, Any], now: float) -> None:

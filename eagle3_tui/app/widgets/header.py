@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from rich.text import Text
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.widgets import Static
 
 from eagle3_tui.app.text import inert
@@ -51,8 +51,9 @@ def link_text(link: LinkChanged) -> Text:
 class RunHeader(Static):
     """One line: app, target, link, health, step and epoch, and the view's state."""
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
-    """The picture of the run being shown."""
+    snapshot: var[Snapshot] = var(EMPTY)
+    """The picture of the run being shown (repaints only when what the line shows of
+    it changed)."""
     link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING))
     """Whether data flows from the run's host."""
     view: reactive[ViewState] = reactive(ViewState())
@@ -63,8 +64,19 @@ class RunHeader(Static):
         self.target = target
         self.note = note
         """Why this run is shown (the host's live training, its latest run...)."""
+        self._inputs: object = None
+        self.renders = 0
+
+    def watch_snapshot(self, snap: Snapshot) -> None:
+        d, p = snap.diagnosis, snap.progress
+        key = (d.label, d.health, d.link_down_since is None)
+        key2 = (p.step, p.total_steps, p.epoch, p.epochs_total)
+        if (key, key2) != self._inputs:
+            self._inputs = (key, key2)
+            self.refresh()
 
     def render(self) -> Text:
+        self.renders += 1
         snap, view = self.snapshot, self.view
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" eagle3-tui ", style="bold reverse")
@@ -103,10 +115,14 @@ class HealthBanner(Static):
     """A full-width bar with the diagnosis whenever the run is not simply running or
     finished, and when the host refuses us: the silent run cannot be missed."""
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=True)
+    snapshot: var[Snapshot] = var(EMPTY, init=False)
     """The picture of the run being shown."""
-    link: reactive[LinkChanged] = reactive(LinkChanged(Link.CONNECTING), layout=True)
+    link: var[LinkChanged] = var(LinkChanged(Link.CONNECTING), init=False)
     """Whether data flows from the run's host."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._shown: object = None
 
     def _problem(self) -> tuple[str, str, str] | None:
         """(label, sentence, CSS class) of what the banner says, or None."""
@@ -131,7 +147,13 @@ class HealthBanner(Static):
         self._update_state()
 
     def _update_state(self) -> None:
+        """Laid out again only when what it says changed (its height follows its text):
+        a layout of the whole screen on every snapshot cost more than any panel."""
         problem = self._problem()
+        if problem == self._shown:
+            return
+        self._shown = problem
+        self.refresh(layout=True)
         self.display = problem is not None
         self.set_class(problem is not None and problem[2] == "-alarm", "-alarm")
         self.set_class(problem is not None and problem[2] == "-calm", "-calm")

@@ -91,10 +91,21 @@ def counts(snap: Snapshot) -> Text:
 class LogPanel(Panel):
     """Messages of the speculators loggers, lifecycle events, and what was lost."""
 
-    def watch_snapshot(self, snap: Snapshot) -> None:
-        self.border_subtitle = counts(snap)
+    def __init__(self, title: str, **kwargs: object) -> None:
+        super().__init__(title, **kwargs)
+        self._tally: object = None
 
-    def render(self) -> RenderableType:
+    def inputs(self, snap: Snapshot) -> object:
+        return (snap.logs, snap.events, snap.malformed, snap.malformed_last)
+
+    def watch_snapshot(self, snap: Snapshot) -> None:
+        tally = (snap.warnings, snap.malformed, snap.lost + snap.dropped_by_writer, snap.duplicates)
+        if tally != self._tally:  # a title set is a repaint, even when it is the same
+            self._tally = tally
+            self.border_subtitle = counts(snap)
+        super().watch_snapshot(snap)
+
+    def draw(self) -> RenderableType:
         """The newest entries, each whole (wrapped); only the oldest one shown is cut
         (with …) when the panel has no more rows."""
         snap = self.snapshot

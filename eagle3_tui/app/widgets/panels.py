@@ -9,7 +9,7 @@ from dataclasses import replace
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
@@ -22,14 +22,40 @@ STARVED = 0.3
 
 
 class Panel(Static):
-    """A bordered panel that draws the snapshot it is handed."""
+    """A bordered panel that draws the snapshot it is handed.
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
-    """The picture of the run being shown."""
+    A new snapshot repaints the panel only when what the panel shows of it changed
+    (:meth:`inputs`): most snapshots change a few figures, and Textual re-renders and
+    re-composites every widget that is refreshed, changed or not.
+    """
+
+    snapshot: var[Snapshot] = var(EMPTY)
+    """The picture of the run being shown (no repaint by itself: see :meth:`inputs`)."""
 
     def __init__(self, title: str, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = title
+        self._inputs: object = None
+        self.renders = 0
+        """How many times the panel was rendered (tests check that unchanged panels are not)."""
+
+    def inputs(self, snap: Snapshot) -> object:
+        """What of ``snap`` the panel shows, as the text shows it: equal inputs, the
+        same picture. Subclasses narrow it; by default the whole snapshot."""
+        return snap
+
+    def watch_snapshot(self, snap: Snapshot) -> None:
+        key = self.inputs(snap)
+        if key != self._inputs:
+            self._inputs = key
+            self.refresh()
+
+    def render(self) -> RenderableType:
+        self.renders += 1
+        return self.draw()
+
+    def draw(self) -> RenderableType:
+        raise NotImplementedError
 
     @property
     def rows(self) -> int:
@@ -56,7 +82,18 @@ def trend(line: Line | None) -> tuple[float, int] | None:
 class AcceptanceTable(Panel):
     """Loss, full and conditional accuracy per TTT step, τ and its trend, last validation."""
 
-    def render(self) -> RenderableType:
+    def inputs(self, snap: Snapshot) -> object:
+        last_val = snap.val_rows[-1:]
+        return (
+            snap.observed is None,
+            snap.ttt_steps,
+            snap.latest,
+            snap.tau,
+            snap.tau_line,
+            last_val,
+        )
+
+    def draw(self) -> RenderableType:
         snap = self.snapshot
         if snap.observed is not None and snap.ttt_steps == 0:
             return self._validation_only(snap)
@@ -176,7 +213,17 @@ def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
 class ProgressPanel(Panel):
     """Epoch, step, pace, ETA, and the checkpoints (a save in progress first)."""
 
-    def render(self) -> RenderableType:
+    def inputs(self, snap: Snapshot) -> object:
+        p = snap.progress
+        return (
+            (p.epoch, p.epochs_total, p.step, p.total_steps),
+            (rate(p.steps_per_s), rate(p.tokens_per_s)),
+            (duration(p.eta_epoch_s), duration(p.eta_run_s), duration(p.elapsed_s)),
+            snap.saving,
+            snap.checkpoints,
+        )
+
+    def draw(self) -> RenderableType:
         snap = self.snapshot
         p = snap.progress
         lines: list[Text] = []
@@ -253,7 +300,10 @@ def gpu_row(g: GpuView, cols: int) -> Text:
 class GpuPanel(Panel):
     """One row per device: utilisation and memory bars, power, temperature, a sparkline."""
 
-    def render(self) -> RenderableType:
+    def inputs(self, snap: Snapshot) -> object:
+        return (snap.gpu_status, snap.gpu_error, snap.gpus)
+
+    def draw(self) -> RenderableType:
         snap = self.snapshot
         # The sampler's message names the cause and the fix (telemetry/nvml.py): one line.
         if snap.gpu_status == "no_driver":
@@ -288,7 +338,12 @@ class GpuPanel(Panel):
 class DataPanel(Panel):
     """Bytes and files read per second, per worker, the latest files, data starvation."""
 
-    def render(self) -> RenderableType:
+    def inputs(self, snap: Snapshot) -> object:
+        wait = snap.progress.fetch_frac
+        shown = None if wait is None else (f"{wait:.0%}", wait >= STARVED)
+        return (snap.io, shown)
+
+    def draw(self) -> RenderableType:
         snap = self.snapshot
         io = snap.io
         lines: list[Text] = []

@@ -7,11 +7,14 @@ redraw only when what they would draw changed.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from rich.text import Text
 from textual.app import RenderResult
-from textual.reactive import reactive
+from textual.geometry import Size
+from textual.reactive import var
+from textual.timer import Timer
 from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.view import ViewState
@@ -120,12 +123,22 @@ def without_metrics(snap: Snapshot, lines: tuple[Line, ...]) -> bool:
     return snap.observed is not None and not any(line.kind != "val" for line in lines)
 
 
+DATA_REDRAW_S = 1.0
+"""New data rebuilds a chart at most this often (a plotext build is the costliest thing a
+refresh does); a key, a resize or a new window's lines draw at once."""
+CHART_SHARE = 0.01
+"""New data alone may cost a chart about this share of a core: a chart whose build takes
+30 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``)."""
+DATA_REDRAW_MAX_S = 4.0
+"""New data is drawn within this, however slow the build."""
+
+
 class MetricPlot(PlotextPlot):
     """A chart of lines from the snapshot, redrawn when they (or the view) change."""
 
-    snapshot: reactive[Snapshot] = reactive(EMPTY, layout=False)
-    """The picture of the run being shown."""
-    view: reactive[ViewState] = reactive(ViewState())
+    snapshot: var[Snapshot] = var(EMPTY, init=False)
+    """The picture of the run being shown (no repaint by itself: :meth:`redraw` decides)."""
+    view: var[ViewState] = var(ViewState(), init=False)
     """Window, smoothing, log scale."""
 
     SHOWS_LOG = False
@@ -140,6 +153,15 @@ class MetricPlot(PlotextPlot):
         self.draws = 0
         """How many times the chart was rebuilt (tests check that idle frames are free)."""
         self._frame: tuple[object, RenderResult] | None = None
+        self._drawn_view: ViewState | None = None
+        """The view of the last drawing: lines for another view are drawn at once."""
+        self._drawn_size = Size(0, 0)
+        self._drawn_at = -math.inf
+        self.build_s = 0.0
+        self._redraw_s = 0.0
+        """What a drawing of this chart costs (plotext calls, build, its text), smoothed."""
+        self._later: Timer | None = None
+        """The pending drawing of data that came within ``DATA_REDRAW_S`` of the last."""
 
     def key(self) -> object:
         """What the chart depends on: the same key, the same picture."""
@@ -157,7 +179,7 @@ class MetricPlot(PlotextPlot):
         self.redraw()
 
     def watch_snapshot(self) -> None:
-        self.redraw()
+        self.redraw(data=True)
 
     def watch_view(self) -> None:
         self.border_title = self._title()
@@ -181,19 +203,44 @@ class MetricPlot(PlotextPlot):
         self.border_title = self._title()
         self.redraw()
 
+    def _draw_later(self) -> None:
+        self._later = None
+        self.redraw()
+
     def render(self) -> RenderResult:
         """The figure built once per drawing: a repaint of an unchanged chart (another
         panel changed, the screen was exposed) reuses the frame instead of rebuilding it."""
         key = (self.draws, self.size, self.app.theme)
         if self._frame is None or self._frame[0] != key:
+            t0 = time.perf_counter()
             self._frame = (key, super().render())
+            took = self._redraw_s + time.perf_counter() - t0
+            self.build_s = took if not self.build_s else 0.7 * self.build_s + 0.3 * took
         return self._frame[1]
 
-    def redraw(self, force: bool = False) -> None:
+    def data_interval(self) -> float:
+        """How long new data waits after a drawing: the build's cost over ``CHART_SHARE``."""
+        return min(DATA_REDRAW_MAX_S, max(DATA_REDRAW_S, self.build_s / CHART_SHARE))
+
+    def redraw(self, force: bool = False, data: bool = False) -> None:
+        """Rebuild the figure if what it shows changed. ``data``: only new data came
+        (the same view and size), drawn at most every ``DATA_REDRAW_S``; the rest at once."""
         key = (self.key(), self.size)  # tick density follows the size
         if key == self._drawn and not force:
             return
+        same = self._drawn_view == self.view and self._drawn_size == self.size
+        wait = self._drawn_at + self.data_interval() - time.monotonic()
+        if data and not force and same and wait > 0:
+            if self._later is None:
+                self._later = self.set_timer(wait, self._draw_later, name="plot-later")
+            return
+        if self._later is not None:
+            self._later.stop()
+            self._later = None
         self._drawn = key
+        self._drawn_view = self.view
+        self._drawn_size = self.size
+        t0 = self._drawn_at = time.monotonic()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -205,6 +252,7 @@ class MetricPlot(PlotextPlot):
             ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
             self.set_xticks(ticks, [step_label(t) for t in ticks])
         self.draws += 1
+        self._redraw_s = time.monotonic() - t0  # its render adds the build
         self.refresh()
 
 
