@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.names import (
+    ERR_MISSING,
+    ERR_NO_MANIFEST,
+    EV_RESULT,
+    MANIFEST,
+    OP_RESOLVE,
+    OP_RUNS,
+    OP_STATUS,
+)
 from eagle3_tui.agent.processes import leftovers, verify_trainer
 
 
@@ -46,14 +54,14 @@ def resolve_run_dir(run_dir: str | None) -> Path:
     for entry in reversed(read_index()):
         if os.path.isdir(entry["run_dir"]):
             return Path(entry["run_dir"])
-    raise AgentError("missing", f"no run registered on this host (index {index_path()})")
+    raise AgentError(ERR_MISSING, f"no run registered on this host (index {index_path()})")
 
 
 def check_run_dir(run_dir: Path) -> None:
     if not run_dir.exists():
-        raise AgentError("missing", f"{run_dir}: no such run directory")
+        raise AgentError(ERR_MISSING, f"{run_dir}: no such run directory")
     if not run_dir.is_dir():
-        raise AgentError("missing", f"{run_dir}: not a directory")
+        raise AgentError(ERR_MISSING, f"{run_dir}: not a directory")
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -63,12 +71,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         obj = json.loads(path.read_text())
     except FileNotFoundError:
         raise AgentError(
-            "missing", f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"
+            ERR_NO_MANIFEST, f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"
         ) from None
     except (OSError, ValueError) as e:
-        raise AgentError("missing", f"{path}: unreadable manifest ({e})") from None
+        raise AgentError(ERR_MISSING, f"{path}: unreadable manifest ({e})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("pid"), int):
-        raise AgentError("missing", f"{path}: not a run manifest")
+        raise AgentError(ERR_NO_MANIFEST, f"{path}: not a run manifest")
     return obj
 
 
@@ -78,8 +86,8 @@ def op_resolve(req: dict[str, Any]) -> int:
     check_run_dir(run_dir)
     name = str(req.get("file") or "metrics.jsonl")
     emit(
-        "result",
-        op="resolve",
+        EV_RESULT,
+        op=OP_RESOLVE,
         run_dir=str(run_dir),
         has_file=(run_dir / name).exists(),
         has_manifest=(run_dir / MANIFEST).exists(),
@@ -137,8 +145,8 @@ def op_runs(req: dict[str, Any]) -> int:
     """The runs registered on this host (``all``: every user's), newest first."""
     runs, others = registered_rows(bool(req.get("all")))
     emit(
-        "result",
-        op="runs",
+        EV_RESULT,
+        op=OP_RUNS,
         runs=runs,
         others=others,
         index=str(index_path()),
@@ -157,8 +165,8 @@ def op_status(req: dict[str, Any]) -> int:
     trainer, problem = verify_trainer(m)
     alive = trainer is not None and problem is None
     emit(
-        "result",
-        op="status",
+        EV_RESULT,
+        op=OP_STATUS,
         run_dir=str(run_dir),
         alive=alive,
         problem=problem,
