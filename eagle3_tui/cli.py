@@ -696,8 +696,7 @@ async def with_nodes(
     for node in others:
         host = control.open_host(node)
         hosts.append(host)
-        info = await control.resolve(host, node.run_dir)
-        run_dir = str(info["run_dir"])
+        run_dir = (await control.resolve(host, node.run_dir)).run_dir
         node_pinned = node.with_run_dir(run_dir)
         sources.append(SshTransport(stream_host(node_pinned, host, ns), run_dir))
         app_control.nodes.append(RunControl.for_target(node_pinned, host))

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from eagle3_tui.agent.names import OP_KILL, OP_RESUME, OP_RUNS, OP_STATUS
+from eagle3_tui.agent.names import OP_KILL, OP_RESOLVE, OP_RESUME, OP_RUNS, OP_STATUS
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
@@ -33,6 +33,7 @@ from eagle3_tui.transport.replies import (
     CheckpointInfo,
     ErrorKind,
     KillReport,
+    Resolved,
     ResumeReport,
     RunEntry,
     RunsReport,
@@ -119,10 +120,10 @@ def _python(host: Host) -> str:
     return str(getattr(host, "python", "python3"))
 
 
-async def resolve(host: Host, run_dir: str | None) -> dict[str, Any]:
+async def resolve(host: Host, run_dir: str | None) -> Resolved:
     """The run directory a target means, checked to exist (the latest run when None)."""
-    ev = await call_agent(host, {"op": "resolve", "run_dir": run_dir}, python=_python(host))
-    return ev.fields
+    ev = await call_agent(host, {"op": OP_RESOLVE, "run_dir": run_dir}, python=_python(host))
+    return decode(Resolved, ev.fields, host.label)
 
 
 async def kill_run(
@@ -278,10 +279,10 @@ async def node_targets(target: Target) -> list[SshTarget]:
     async def find(host: Host) -> list[dict[str, Any]]:
         info = await resolve(host, target.run_dir)
         try:
-            status = await run_status(host, str(info["run_dir"]))
+            status = await run_status(host, info.run_dir)
         except TargetError:
             return []  # no manifest: a single node's run as far as anyone can tell
-        return other_nodes(status.manifest, str(info.get("host")), str(info["run_dir"]))
+        return other_nodes(status.manifest, str(info.host), info.run_dir)
 
     return [node_target(target, node) for node in await on_host(target, find)]
 

@@ -56,6 +56,15 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=False):
     op: str = ""
 
 
+class Resolved(Reply, kw_only=True):
+    """``resolve``: the run directory a target means, checked to exist."""
+
+    run_dir: str
+    has_file: bool = False
+    has_manifest: bool = False
+    host: str | None = None
+
+
 # ---- status ---------------------------------------------------------------------------
 
 
