@@ -35,7 +35,10 @@ from eagle3_tui.agent.names import (
     ERR_MISSING,
     ERR_NOT_TRAINING,
     ERR_PERMISSION,
+    EV_RESULT,
     MANIFEST,
+    OP_DESCRIBE,
+    OP_DISCOVER,
     RUN_ID_ENV,
 )
 from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
@@ -745,8 +748,8 @@ def op_discover(req: dict[str, Any]) -> int:
                 match[0]["run_dir"] = r["run_dir"]
                 match[0]["run_id"] = r.get("run_id")
     emit(
-        "result",
-        op="discover",
+        EV_RESULT,
+        op=OP_DISCOVER,
         live=live,
         runs=registered,
         others=others,
@@ -784,7 +787,7 @@ def op_choose(req: dict[str, Any]) -> int:
         named = row.get("named_pid")
         note = f"pid {pid} is the {named['role']} of " if named else ""
         emit(
-            "result",
+            EV_RESULT,
             choice="process",
             row=row,
             note=note + _describe_choice(row),
@@ -802,7 +805,7 @@ def op_choose(req: dict[str, Any]) -> int:
         if os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.exists(
             os.path.join(path, MANIFEST)
         ):
-            emit("result", choice="run", run_dir=path, note="", short="", **base)
+            emit(EV_RESULT, choice="run", run_dir=path, note="", short="", **base)
             return 0
         rows = [r for r in live_rows(health=False) if works_in(r, path)]
         scope = f"in {path}"
@@ -815,7 +818,7 @@ def op_choose(req: dict[str, Any]) -> int:
     skipped = f"; {len(others)} live training(s) of other users not shown" if others else ""
     if len(mine) > 1:
         emit(
-            "result",
+            EV_RESULT,
             choice="several",
             runs=mine,
             note=f"{len(mine)} live trainings {scope}{skipped}",
@@ -829,7 +832,7 @@ def op_choose(req: dict[str, Any]) -> int:
         short = f"the live training of {me}"
         if row.get("run_dir"):
             emit(
-                "result",
+                EV_RESULT,
                 choice="run",
                 run_dir=row["run_dir"],
                 row=row,
@@ -838,7 +841,7 @@ def op_choose(req: dict[str, Any]) -> int:
                 **base,
             )
         else:
-            emit("result", choice="process", row=row, note=note, short=short, **base)
+            emit(EV_RESULT, choice="process", row=row, note=note, short=short, **base)
         return 0
     if path:
         if others:
@@ -866,7 +869,7 @@ def op_choose(req: dict[str, Any]) -> int:
     except (OSError, ValueError, AttributeError):
         pass
     emit(
-        "result",
+        EV_RESULT,
         choice="run",
         run_dir=str(latest),
         note=f"no live training of {me} on {host}: the latest registered run, {latest} "
@@ -889,8 +892,8 @@ def op_describe(req: dict[str, Any]) -> int:
         if e.kind != ERR_GONE:
             raise
         emit(
-            "result",
-            op="describe",
+            EV_RESULT,
+            op=OP_DESCRIBE,
             alive=False,
             problem=str(e),
             manifest={"pid": pid, "start_ticks": start, "observed": True},
@@ -899,8 +902,8 @@ def op_describe(req: dict[str, Any]) -> int:
         )
         return 0
     emit(
-        "result",
-        op="describe",
+        EV_RESULT,
+        op=OP_DESCRIBE,
         alive=True,
         problem=None,
         row=row,

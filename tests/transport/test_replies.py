@@ -39,30 +39,38 @@ def test_the_clients_error_kinds_are_the_agents() -> None:
     assert ErrorKind.of(names.ERR_NO_MANIFEST) is ErrorKind.NO_MANIFEST
 
 
-def raised_kinds() -> list[tuple[str, int, str]]:
-    """Every ``AgentError(kind, ...)`` in the agent: (file, line, kind)."""
+def first_arguments(function: str) -> list[tuple[str, int, str]]:
+    """The first argument of every call of ``function`` in the agent: (file, line, value),
+    a name resolved through ``agent/names.py``."""
     out = []
     for path in sorted(AGENT.glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "AgentError"):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == function):
                 continue
             first = node.args[0]
             if isinstance(first, ast.Name):
-                kind = getattr(names, first.id, f"<{first.id}>")
+                value = getattr(names, first.id, f"<{first.id}>")
             elif isinstance(first, ast.Constant):
-                kind = str(first.value)
+                value = str(first.value)
             else:
-                kind = f"<{ast.unparse(first)}>"
-            out.append((path.name, node.lineno, kind))
+                value = f"<{ast.unparse(first)}>"
+            out.append((path.name, node.lineno, value))
     return out
 
 
 def test_every_error_the_agent_raises_has_a_known_kind() -> None:
-    found = raised_kinds()
+    found = first_arguments("AgentError")
     assert len(found) > 10  # the scan finds them
-    unknown = [f for f in found if f[2] not in names.ERROR_KINDS]
-    assert unknown == []
+    assert [f for f in found if f[2] not in names.ERROR_KINDS] == []
+
+
+def test_every_event_the_agent_emits_is_a_shared_name() -> None:
+    events = {v for k, v in vars(names).items() if k.startswith("EV_")}
+    found = first_arguments("emit")
+    assert len(found) > 20
+    assert [f for f in found if f[2] not in events] == []
+    assert set(names.FINAL_EVENTS) <= events
 
 
 def test_a_reply_of_the_wrong_shape_is_one_clear_error() -> None:
