@@ -417,19 +417,31 @@ async def host_status(host: Host, run_dir: str | None) -> Status | None:
         return None  # judged from the records alone
 
 
+def local_status(run_dir: Path) -> Status | None:
+    """A run on this machine: the agent's own ``status`` code, run in this process (no
+    agent process to start), decoded as its reply is; None without a manifest."""
+    from eagle3_tui.agent.frames import AgentError
+    from eagle3_tui.agent.runs import status_of
+    from eagle3_tui.transport.replies import Status, decode
+
+    try:
+        return decode(Status, {"op": "status", **status_of(str(run_dir))}, str(run_dir))
+    except AgentError:
+        return None  # no manifest (a user's own writer), an unreadable one: the records
+
+
 def load_target(target: Target, label: str) -> tuple[Run, float]:
-    """A run's records, manifest and whether its trainer lives (asked of the agent on
-    the run's host: this machine's for a local run)."""
+    """A run's records, manifest and whether its trainer lives (the agent's ``status``
+    on the run's host; in this process for a local run)."""
     import asyncio
 
-    from eagle3_tui.transport.channel import LocalHost
     from eagle3_tui.transport.replies import apply_status
     from eagle3_tui.transport.target import LocalTarget
 
     if isinstance(target, LocalTarget):
         run = load_local(target.run_dir)
         now = time.time()
-        status = asyncio.run(host_status(LocalHost(), str(target.run_dir)))
+        status = local_status(target.run_dir)
         if status is not None:
             apply_status(run.state, status, now)
     else:

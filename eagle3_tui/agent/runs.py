@@ -160,19 +160,22 @@ def op_status(req: dict[str, Any]) -> int:
     manifest, and when it is not alive, what of the run still is (``leftovers``: its
     dataloader workers and helpers, with memory and GPU): what a monitor needs to tell
     a dead run from a silent one, and to say what ``kill`` would still end."""
-    run_dir = resolve_run_dir(req.get("run_dir"))
-    m = read_manifest(run_dir)
+    emit(EV_RESULT, op=OP_STATUS, **status_of(req.get("run_dir")))
+    return 0
+
+
+def status_of(run_dir: str | None) -> dict[str, Any]:
+    """``status``'s answer (also read in-process by the CLI for a run on this machine)."""
+    path = resolve_run_dir(run_dir)
+    m = read_manifest(path)
     trainer, problem = verify_trainer(m)
     alive = trainer is not None and problem is None
-    emit(
-        EV_RESULT,
-        op=OP_STATUS,
-        run_dir=str(run_dir),
-        alive=alive,
-        problem=problem,
-        manifest=m,
-        leftovers=[] if alive else leftovers(m),
-        host=os.uname().nodename,
-        now=time.time(),
-    )
-    return 0
+    return {
+        "run_dir": str(path),
+        "alive": alive,
+        "problem": problem,
+        "manifest": m,
+        "leftovers": [] if alive else leftovers(m),
+        "host": os.uname().nodename,
+        "now": time.time(),
+    }
