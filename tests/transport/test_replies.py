@@ -5,8 +5,10 @@ run state in one place."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,28 @@ async def test_apply_status_moves_the_run_state_once(tmp_path: Path) -> None:
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_summary_of_a_local_run_applies_the_agents_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``summary RUN_DIR`` on this machine: the same status (the agent's ``status_of``,
+    decoded and applied as the app's probe is) says whether the trainer lives."""
+    from eagle3_tui.cli import main
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        lines = Lines(t0=time.time() - 12, dt=1.0)
+        data = lines.event("start", pid=sleeper.pid, global_step=0)
+        data += b"".join(lines.train(s, 1.0) for s in range(10))
+        (tmp_path / "metrics.jsonl").write_bytes(data)
+        fake_manifest(tmp_path, sleeper.pid, f"sum-{os.getpid()}")
+        assert main(["summary", str(tmp_path), "--json"]) == 0, capsys.readouterr()
+        assert json.loads(capsys.readouterr().out)["health"] == "running"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert main(["summary", str(tmp_path), "--json"]) == 5  # the same PID, gone now
+    assert json.loads(capsys.readouterr().out)["health"] == "dead"
+    (tmp_path / "run.json").unlink()  # a user's own writer: judged on its records alone
+    assert main(["summary", str(tmp_path), "--json"]) == 0
