@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     import subprocess
 
     from eagle3_tui.model.run import Run
+    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.control import Report
+    from eagle3_tui.transport.replies import Status
     from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target
 
 # Exit statuses (documented in the README).
@@ -356,10 +359,7 @@ def _command(args: list[str]) -> int:
         from eagle3_tui.transport.control import exit_status_of
 
         say(f"eagle3-tui: {printable(str(e))}", err=True)
-        status = exit_status_of(e)
-        if status is not None:
-            return status
-        return EXIT_REFUSED if type(e).__name__ == "AgentRefusedError" else EXIT_ERROR
+        return exit_status_of(e)
     except KeyboardInterrupt:
         return 130
 
@@ -383,31 +383,18 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     lives (one connection), and the host's clock. A multi-node run's other nodes (its
     manifest names them) are read too, each over its own connection."""
     from eagle3_tui.model.run import Run
-    from eagle3_tui.transport.channel import Host
-    from eagle3_tui.transport.control import (
-        node_target,
-        on_host,
-        other_nodes,
-        read_file,
-        run_status,
-    )
+    from eagle3_tui.transport.control import node_target, on_host, other_nodes, read_file
+    from eagle3_tui.transport.replies import apply_status
 
     run = Run()
 
-    async def read(host: Host) -> tuple[float, dict[str, Any]]:
+    async def read(host: Host) -> tuple[float, Status | None]:
         eof = await read_file(host, target.run_dir, lambda f: run.feed(f.offset, f.data))
-        try:
-            status = await run_status(host, target.run_dir)
-        except TargetError:
-            status = {}  # no manifest (a user's own writer): judge from the records
-        return float(eof.get("now") or time.time()), status
+        return float(eof.get("now") or time.time()), await host_status(host, target.run_dir)
 
     now, status = await on_host(target, read)
-    manifest = status.get("manifest")
-    if isinstance(manifest, dict) and manifest:
-        from eagle3_tui.model.state import leftovers_of
-
-        nodes = other_nodes(manifest, str(status.get("host")), str(status.get("run_dir")))
+    if status is not None:
+        nodes = other_nodes(status.manifest, str(status.host), str(status.run_dir))
         for i, node in enumerate(nodes, start=1):
             other = node_target(target, node)
 
@@ -415,59 +402,48 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
                 await read_file(host, other.run_dir, lambda f: run.feed(f.offset, f.data, i))
 
             await on_host(other, read_node)
-        run.state.set_manifest(manifest)
-        alive = status.get("alive")
-        run.state.set_process(
-            alive if isinstance(alive, bool) else None, now, leftovers_of(status.get("leftovers"))
-        )
+        apply_status(run.state, status, now)
     return run, now
 
 
-def local_process_alive(manifest: dict[str, Any]) -> bool | None:
-    """Whether the manifest's trainer still runs here (same PID, start time and boot)."""
-    from eagle3_tui.telemetry.procs import boot_id, start_ticks
-
-    pid, ticks = manifest.get("pid"), manifest.get("start_ticks")
-    if not isinstance(pid, int) or not isinstance(ticks, int):
-        return None
-    if manifest.get("boot_id") not in (None, boot_id()):
-        return False
-    return start_ticks(pid) == ticks
-
-
-def local_leftovers(manifest: dict[str, Any]) -> tuple[Any, ...]:
-    """The run's processes alive here though its trainer is not (as the agent finds them)."""
-    from eagle3_tui.agent.processes import leftovers
-    from eagle3_tui.model.state import leftovers_of
+async def host_status(host: Host, run_dir: str | None) -> Status | None:
+    """The run's status on its host (through its agent, as the app probes it), or None
+    when there is none to have: no manifest (a user's own writer), an unreadable one."""
+    from eagle3_tui.transport.control import run_status
 
     try:
-        return leftovers_of(leftovers(manifest))
-    except (OSError, ValueError, KeyError):
-        return ()
+        return await run_status(host, run_dir)
+    except TargetError:
+        return None  # judged from the records alone
 
 
-def load_manifest_local(run_dir: Path) -> dict[str, Any]:
-    from eagle3_tui.telemetry.manifest import read_manifest
+def local_status(run_dir: Path) -> Status | None:
+    """A run on this machine: the agent's own ``status`` code, run in this process (no
+    agent process to start), decoded as its reply is; None without a manifest."""
+    from eagle3_tui.agent.frames import AgentError
+    from eagle3_tui.agent.runs import status_of
+    from eagle3_tui.transport.replies import Status, decode
 
     try:
-        return read_manifest(run_dir / "run.json")
-    except (OSError, ValueError):
-        return {}  # no manifest (a user's own writer) or a torn one: judge from records
+        return decode(Status, {"op": "status", **status_of(str(run_dir))}, str(run_dir))
+    except AgentError:
+        return None  # no manifest (a user's own writer), an unreadable one: the records
 
 
 def load_target(target: Target, label: str) -> tuple[Run, float]:
-    """A run's records and manifest (and, on this machine, whether its process lives)."""
+    """A run's records, manifest and whether its trainer lives (the agent's ``status``
+    on the run's host; in this process for a local run)."""
     import asyncio
 
+    from eagle3_tui.transport.replies import apply_status
     from eagle3_tui.transport.target import LocalTarget
 
     if isinstance(target, LocalTarget):
-        run, now = load_local(target.run_dir), time.time()
-        manifest = load_manifest_local(target.run_dir)
-        if manifest:
-            run.state.set_manifest(manifest)
-            alive = local_process_alive(manifest)
-            run.state.set_process(alive, now, local_leftovers(manifest) if alive is False else ())
+        run = load_local(target.run_dir)
+        now = time.time()
+        status = local_status(target.run_dir)
+        if status is not None:
+            apply_status(run.state, status, now)
     else:
         run, now = asyncio.run(load_remote(target))
     if run.state.records == 0 and run.state.malformed_count == 0:
@@ -502,7 +478,7 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
     telemetry."""
     from eagle3_tui.model.run import Run
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.replies import apply_status
 
     async def go(host: Host) -> tuple[Run, float]:
         chosen = await control.choose(host, control.run_dir_of(target), pid)
@@ -514,15 +490,9 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
             run_dir = str(chosen["run_dir"])
             eof = await control.read_file(host, run_dir, lambda f: run.feed(f.offset, f.data))
             now = float(eof.get("now") or time.time())
-            try:
-                status = await control.run_status(host, run_dir)
-            except TargetError:
-                status = {}  # no manifest (a user's own writer): judge from the records
-            manifest = status.get("manifest")
-            if isinstance(manifest, dict) and manifest:
-                run.state.set_manifest(manifest)
-                alive = status.get("alive")
-                run.state.set_process(alive if isinstance(alive, bool) else None, now)
+            status = await host_status(host, run_dir)
+            if status is not None:
+                apply_status(run.state, status, now)
             return run, now
         end = await control.observe_once(
             host, chosen["row"], lambda f: run.feed(f.offset, f.data), OBSERVE_S
@@ -738,8 +708,7 @@ async def with_nodes(
     for node in others:
         host = control.open_host(node)
         hosts.append(host)
-        info = await control.resolve(host, node.run_dir)
-        run_dir = str(info["run_dir"])
+        run_dir = (await control.resolve(host, node.run_dir)).run_dir
         node_pinned = node.with_run_dir(run_dir)
         sources.append(SshTransport(stream_host(node_pinned, host, ns), run_dir))
         app_control.nodes.append(RunControl.for_target(node_pinned, host))
@@ -818,18 +787,18 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.replies import KillReport, to_json
 
     target = cli_target(ns)
     label = ns.target or f"pid {ns.pid}"
 
-    async def kill(host: Any, t: Target) -> dict[str, Any]:
+    async def kill(host: Host, t: Target) -> KillReport:
         run_dir = control.run_dir_of(t)
         return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> KillReport:
         if not needs_choice(target, ns.pid):
-            return await on_every_node(target, "kill", kill)
+            return await on_every_node(target, "kill", kill, KillReport)
 
         async def choose(host: Host) -> dict[str, Any]:
             return await control.choose(host, control.run_dir_of(target), ns.pid)
@@ -845,37 +814,46 @@ def cmd_kill(ns: argparse.Namespace) -> int:
                     h, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
                 ),
             )
-        return await on_every_node(pinned_to(target, str(chosen["run_dir"])), "kill", kill)
+        return await on_every_node(
+            pinned_to(target, str(chosen["run_dir"])), "kill", kill, KillReport
+        )
 
     result = asyncio.run(go())
-    say(json.dumps(result) if ns.json else control.format_kill(result))
+    say(to_json(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
 
-async def on_every_node(target: Target, op: str, call: Any) -> dict[str, Any]:
+async def on_every_node(
+    target: Target,
+    op: str,
+    call: Callable[[Host, Target], Awaitable[Report]],
+    kind: type[Report],
+) -> Report:
     """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
-    names its nodes, on every node at once; one (merged) result."""
+    names its nodes, on every node at once; one (merged) report."""
     from eagle3_tui.transport import control
 
-    nodes = await control.node_targets(target)
-    if not nodes:
-        return dict(await control.on_host(target, lambda h: call(h, target)))
-    return control.merge_results(op, await control.on_nodes([target, *nodes], call))
+    others: list[Target] = list(await control.node_targets(target))
+    if not others:
+        return await control.on_host(target, lambda h: call(h, target))
+    results = await control.on_nodes([target, *others], call, kind)
+    return control.merge_results(op, results)
 
 
 def cmd_resume(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
+    from eagle3_tui.transport.replies import ResumeReport, to_json
 
     target = cli_target(ns)
 
-    async def resume(host: Any, t: Target) -> dict[str, Any]:
+    async def resume(host: Host, t: Target) -> ResumeReport:
         return await control.resume_run(host, control.run_dir_of(t), ns.wait)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> ResumeReport:
         if not needs_choice(target, None):
-            return await on_every_node(target, "resume", resume)
+            return await on_every_node(target, "resume", resume, ResumeReport)
         # a work directory or a host alone: the run it means (a live one is refused
         # by the agent, as for a run directory: kill it first)
         chosen = await control.on_host(
@@ -889,10 +867,12 @@ def cmd_resume(ns: argparse.Namespace) -> int:
                 f"{chosen.get('short')} is running without telemetry: "
                 "nothing to resume (kill it first, or attach: eagle3-tui attach)"
             )
-        return await on_every_node(pinned_to(target, str(chosen["run_dir"])), "resume", resume)
+        return await on_every_node(
+            pinned_to(target, str(chosen["run_dir"])), "resume", resume, ResumeReport
+        )
 
     result = asyncio.run(go())
-    say(json.dumps(result) if ns.json else control.format_resume(result))
+    say(to_json(result) if ns.json else control.format_resume(result))
     return control.resume_exit_status(result)
 
 
@@ -970,7 +950,6 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.channel import Host
     from eagle3_tui.transport.target import LocalTarget
 
     target: Target = cli_target(ns) if ns.target is not None else LocalTarget(Path("."))
@@ -1100,7 +1079,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
                 ),
             )
         )
-        say(f"eagle3-tui demo: {result.get('status')}: {result.get('message')}", err=True)
+        say(f"eagle3-tui demo: {result.status}: {result.message}", err=True)
     except (TargetError, OSError) as e:
         say(f"eagle3-tui demo: could not stop the run cleanly: {e}", err=True)
     if proc.poll() is None:  # the launcher itself, if the agent could not reach it

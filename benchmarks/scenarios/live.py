@@ -23,10 +23,10 @@ from typing import Any
 from benchmarks.scenarios.timeline import Timeline
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
-from eagle3_tui.model.state import leftovers_of
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import format_kill, kill_run, resume_run, run_status
+from eagle3_tui.transport.replies import KillReport, Status, apply_status
 
 TICK_S = 1.0
 
@@ -53,7 +53,7 @@ class Monitor:
         self.offset = 0
         self.t0 = time.monotonic()
         self.last: Any = None
-        self.status: dict[str, Any] = {}
+        self.status: Status | None = None
 
     @property
     def t(self) -> float:
@@ -68,13 +68,9 @@ class Monitor:
         try:
             self.status = await run_status(LocalHost(), str(self.run_dir))
         except TargetError:
-            self.status = {}  # no manifest yet
-        if self.status:
-            state.set_manifest(self.status["manifest"])
-            state.set_host_clock(float(self.status["now"]), time.time())
-            state.set_process(
-                self.status["alive"], time.time(), leftovers_of(self.status.get("leftovers"))
-            )
+            self.status = None  # no manifest yet
+        if self.status is not None:
+            apply_status(state, self.status, time.time())
         if not state.records and not state.malformed_count:
             return "-"  # nothing written yet: nothing to judge
         d = diagnose(state, time.time())
@@ -171,7 +167,7 @@ async def _train_to_first_checkpoint(
     return proc
 
 
-async def _kill(mon: Monitor, label: str) -> dict[str, Any]:
+async def _kill(mon: Monitor, label: str) -> KillReport:
     """``k``: the agent's kill, the monitor judging meanwhile."""
     task = asyncio.ensure_future(kill_run(LocalHost(), str(mon.run_dir), grace_s=130.0))
     while not task.done():
@@ -201,7 +197,7 @@ async def resume(root: Path) -> Timeline:
         started = await resume_run(LocalHost(), str(run_dir), 30.0)
         tl.fault("resume", mon.t, "RUNNING")
         tl.expect("STOPPED", "WAITING", "RUNNING")
-        pid = int(started["pid"])
+        pid = int(started.pid or 0)
         await mon.until(lambda: not _alive(pid) or tl.final == "FINISHED", 600, "the end")
         tl.expect("RUNNING", "FINISHED")
         await mon.until(lambda: tl.final == "FINISHED", 30, "FINISHED")
@@ -251,14 +247,14 @@ async def kill_during_start_up(root: Path) -> Timeline:
         tl.fault("kill during start-up", mon.t, "STOPPED")
         result = await _kill(mon, "STOPPED")
         report = format_kill(result)
-        ours = result["checkpoints"]["interrupted"]
+        ours = result.checkpoints.interrupted
         tl.notes.append("report: " + " | ".join(x.strip() for x in report.splitlines()[-2:]))
-        if ours is None or ours.get("new") is not False or "nothing written" not in report:
+        if ours is None or ours.new is not False or "nothing written" not in report:
             tl.wrong_labels.append((mon.t, "kill report", "claims an earlier checkpoint"))
         await mon.until(lambda: tl.final == "STOPPED", 30, "STOPPED")
         await mon.ticks(2)
         tl.expected_final = "STOPPED"
-        tl.notes.append(f"run.json status {manifest(run_dir)['status']}; pid {started['pid']}")
+        tl.notes.append(f"run.json status {manifest(run_dir)['status']}; pid {started.pid}")
     finally:
         _stop(proc)
     return tl
@@ -287,10 +283,9 @@ async def sigkill_with_workers(root: Path) -> Timeline:
         result = await _kill(mon, "DEAD")
         after = await run_status(LocalHost(), str(run_dir))
         tl.notes.append(
-            f"k ended {len(result.get('processes') or [])} process(es); left after: "
-            f"{len(after.get('leftovers') or [])}"
+            f"k ended {len(result.processes)} process(es); left after: {len(after.leftovers)}"
         )
-        if after.get("leftovers"):
+        if after.leftovers:
             tl.wrong_labels.append((mon.t, "leftovers", "k did not end them"))
         await mon.ticks(2)
     finally:

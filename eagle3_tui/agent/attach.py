@@ -53,7 +53,7 @@ from typing import Any
 
 from eagle3_tui.agent.debugger import inject_gdb, inject_remote_exec
 from eagle3_tui.agent.frames import emit
-from eagle3_tui.agent.names import MANIFEST, OP_ATTACH, RUN_ID_ENV
+from eagle3_tui.agent.names import EV_RESULT, MANIFEST, OP_ATTACH, RUN_ID_ENV
 from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
 from eagle3_tui.agent.pyprocess import (
     PythonInfo,
@@ -549,15 +549,15 @@ def op_attach(req: dict[str, Any]) -> int:
     try:
         info = plan(req)
         if step == "plan":
-            emit("result", op=OP_ATTACH, status="plan", **info)
+            emit(EV_RESULT, op=OP_ATTACH, status="plan", **info)
             return 0
         if step != "inject":
             raise RefusedError(FAILED, f"unknown step {step!r}", status=FAILED)
         result = inject(info, req)
-        emit("result", op=OP_ATTACH, plan=info, **result)
+        emit(EV_RESULT, op=OP_ATTACH, plan=info, **result)
     except RefusedError as r:
         emit(
-            "result",
+            EV_RESULT,
             op=OP_ATTACH,
             status=r.status,
             reason=r.reason,

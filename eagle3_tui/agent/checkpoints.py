@@ -121,9 +121,10 @@ def checkpoint_info(d: Path) -> dict[str, Any]:
     try:
         state = json.loads((d / "training_state.json").read_text())
         if isinstance(state, dict):
-            info["global_step"] = state.get("global_step")
-            info["epoch"] = state.get("epoch")
-            info["local_step"] = state.get("local_step")
+            for key in ("global_step", "epoch", "local_step"):  # ints, or not said
+                value = state.get(key)
+                ok = isinstance(value, int) and not isinstance(value, bool)
+                info[key] = value if ok else None
     except (OSError, ValueError):
         pass
     return info

@@ -21,7 +21,17 @@ from eagle3_tui.agent.checkpoints import (
 )
 from eagle3_tui.agent.discover import describe, manifest_of
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import ERR_GONE, KILL_GRACE_S, MANIFEST
+from eagle3_tui.agent.names import (
+    ERR_GONE,
+    ERR_REFUSED,
+    EV_PROGRESS,
+    EV_RESOLVED,
+    EV_RESULT,
+    KILL_GRACE_S,
+    MANIFEST,
+    OP_KILL,
+    OP_RESUME,
+)
 from eagle3_tui.agent.processes import (
     Member,
     find_members,
@@ -61,15 +71,15 @@ def op_kill(req: dict[str, Any]) -> int:
         base: dict[str, Any] = {"pid": m["pid"], "run_dir": None, "run_id": None}
     else:
         run_dir = resolve_run_dir(req.get("run_dir"))
-        emit("resolved", run_dir=str(run_dir))
+        emit(EV_RESOLVED, run_dir=str(run_dir))
         m = read_manifest(run_dir)
         base = {"run_dir": str(run_dir), "run_id": m.get("run_id")}
     trainer, problem = verify_trainer(m)
     if trainer is not None and problem is not None:  # the PID was reused
         others = find_members(m, None)
         emit(
-            "result",
-            op="kill",
+            EV_RESULT,
+            op=OP_KILL,
             status="refused",
             message=problem,
             processes=[mb.report() for mb in others.values()],
@@ -79,7 +89,7 @@ def op_kill(req: dict[str, Any]) -> int:
     members = find_members(m, trainer)
     if not members:
         note = problem or "the run is not running"
-        emit("result", op="kill", status="not_running", message=note, processes=[], **base)
+        emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
         return 0
     # what interrupted/ holds now: the report names only what this kill produced
     before = files_state(interrupted_dir(m, run_dir))
@@ -97,7 +107,7 @@ def op_kill(req: dict[str, Any]) -> int:
             wait_gone(targets, min(5.0, grace - (time.monotonic() - t0)))
             left = [t for t in targets if t.alive()]
             if left:
-                emit("progress", step="waiting", pid=left[0].pid, elapsed=time.monotonic() - t0)
+                emit(EV_PROGRESS, step="waiting", pid=left[0].pid, elapsed=time.monotonic() - t0)
         settle(members)  # how each rank ended, read before its pidfd is reused
         target = next((t for t in targets if t.alive()), targets[0])
         # workers and stragglers spawned meanwhile
@@ -108,7 +118,7 @@ def op_kill(req: dict[str, Any]) -> int:
             else:
                 members[pid] = mb
         if target.alive():
-            emit("progress", step="timeout", pid=target.pid, grace_s=grace)
+            emit(EV_PROGRESS, step="timeout", pid=target.pid, grace_s=grace)
             for mb in members.values():
                 if mb.alive():
                     signal_member(mb, signal.SIGKILL)
@@ -137,8 +147,8 @@ def op_kill(req: dict[str, Any]) -> int:
         else f"all {len(members)} process(es) of the run are gone"
     )
     emit(
-        "result",
-        op="kill",
+        EV_RESULT,
+        op=OP_KILL,
         status=status,
         message=message,
         processes=[mb.report() for mb in members.values()],
@@ -174,7 +184,7 @@ def discovered_manifest(req: dict[str, Any]) -> tuple[dict[str, Any], Path]:
         m = {"pid": pid, "start_ticks": start, "observed": True}
     if req.get("boot_id"):
         m["boot_id"] = req["boot_id"]
-    emit("resolved", pid=pid)
+    emit(EV_RESOLVED, pid=pid)
     return m, Path(m.get("cwd") or "/")
 
 
@@ -208,43 +218,45 @@ def op_resume(req: dict[str, Any]) -> int:
     wait_s = float(req.get("wait_s", 30.0))
     if isinstance(req.get("pid"), int):
         raise AgentError(
-            "refused",
+            ERR_REFUSED,
             "this training was started without eagle3-tui: there is no resume command to "
             "rerun; start your script again (speculators resumes from the last numbered "
             "checkpoint), with telemetry attached",
         )
     run_dir = resolve_run_dir(req.get("run_dir"))
-    emit("resolved", run_dir=str(run_dir))
+    emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
     trainer, problem = verify_trainer(m)
     if trainer is not None and problem is None:
-        raise AgentError("refused", f"the run is still running (pid {trainer.pid}); kill it first")
+        raise AgentError(
+            ERR_REFUSED, f"the run is still running (pid {trainer.pid}); kill it first"
+        )
     alive = find_members(m, None)
     if alive:
         pids = ", ".join(str(p) for p in sorted(alive))
         raise AgentError(
-            "refused", f"processes of the run are still alive (pids {pids}); kill it first"
+            ERR_REFUSED, f"processes of the run are still alive (pids {pids}); kill it first"
         )
     ckpt = checkpoint_dir(m, run_dir)
     if ckpt is None:
-        raise AgentError("refused", "the manifest names no checkpoint_dir")
+        raise AgentError(ERR_REFUSED, "the manifest names no checkpoint_dir")
     latest = latest_numbered(ckpt)
     if latest is None:
         raise AgentError(
-            "refused",
+            ERR_REFUSED,
             f"{ckpt}: no numbered checkpoint, resuming would start over from step 0 "
             "(speculators ignores interrupted/)",
         )
     problems = checkpoint_problems(latest)
     if problems:
         raise AgentError(
-            "refused",
+            ERR_REFUSED,
             f"{latest}: incomplete checkpoint ({'; '.join(problems)}); speculators would "
             "resume from it and crash",
         )
     cmd = m.get("resume_command")
     if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
-        raise AgentError("refused", "the manifest has no resume_command")
+        raise AgentError(ERR_REFUSED, "the manifest has no resume_command")
     cmd = list(cmd)
     argv = m.get("argv") or []
     python = m.get("python")
@@ -253,7 +265,7 @@ def op_resume(req: dict[str, Any]) -> int:
     launcher = m.get("launcher") if isinstance(m.get("launcher"), dict) else None
     cwd = str((launcher or {}).get("cwd") or m.get("cwd") or run_dir)
     if not os.path.isdir(cwd):
-        raise AgentError("refused", f"{cwd}: the run's working directory is gone")
+        raise AgentError(ERR_REFUSED, f"{cwd}: the run's working directory is gone")
     env = dict(os.environ)
     saved = _saved_environment(run_dir, m)
     if saved is not None:  # a run attached to live: the environment it was started with
@@ -280,7 +292,7 @@ def op_resume(req: dict[str, Any]) -> int:
             close_fds=True,
         )
     except OSError as e:
-        raise AgentError("refused", f"cannot start {cmd[0]}: {e.strerror or e}") from None
+        raise AgentError(ERR_REFUSED, f"cannot start {cmd[0]}: {e.strerror or e}") from None
     finally:
         os.close(fd)
     info = checkpoint_info(latest)
@@ -290,8 +302,8 @@ def op_resume(req: dict[str, Any]) -> int:
         rc = proc.poll()
         if rc is not None:
             emit(
-                "result",
-                op="resume",
+                EV_RESULT,
+                op=OP_RESUME,
                 status="failed",
                 message=f"the resumed run exited at once with status {rc}",
                 pid=proc.pid,
@@ -311,8 +323,8 @@ def op_resume(req: dict[str, Any]) -> int:
         time.sleep(0.1)
     proc.returncode = 0  # detached on purpose: do not warn that it still runs
     emit(
-        "result",
-        op="resume",
+        EV_RESULT,
+        op=OP_RESUME,
         status="started",
         message=f"resumed from {latest}",
         pid=proc.pid,

@@ -35,7 +35,10 @@ from eagle3_tui.agent.names import (
     ERR_MISSING,
     ERR_NOT_TRAINING,
     ERR_PERMISSION,
+    EV_RESULT,
     MANIFEST,
+    OP_DESCRIBE,
+    OP_DISCOVER,
     RUN_ID_ENV,
 )
 from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
@@ -774,8 +777,8 @@ def op_discover(req: dict[str, Any]) -> int:
                 match[0]["run_dir"] = r["run_dir"]
                 match[0]["run_id"] = r.get("run_id")
     emit(
-        "result",
-        op="discover",
+        EV_RESULT,
+        op=OP_DISCOVER,
         live=live,
         runs=registered,
         others=others,
@@ -813,7 +816,7 @@ def op_choose(req: dict[str, Any]) -> int:
         named = row.get("named_pid")
         note = f"pid {pid} is the {named['role']} of " if named else ""
         emit(
-            "result",
+            EV_RESULT,
             choice="process",
             row=row,
             note=note + _describe_choice(row),
@@ -831,7 +834,7 @@ def op_choose(req: dict[str, Any]) -> int:
         if os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.exists(
             os.path.join(path, MANIFEST)
         ):
-            emit("result", choice="run", run_dir=path, note="", short="", **base)
+            emit(EV_RESULT, choice="run", run_dir=path, note="", short="", **base)
             return 0
         rows = [r for r in live_rows(health=False) if works_in(r, path)]
         scope = f"in {path}"
@@ -844,7 +847,7 @@ def op_choose(req: dict[str, Any]) -> int:
     skipped = f"; {len(others)} live training(s) of other users not shown" if others else ""
     if len(mine) > 1:
         emit(
-            "result",
+            EV_RESULT,
             choice="several",
             runs=mine,
             note=f"{len(mine)} live trainings {scope}{skipped}",
@@ -858,7 +861,7 @@ def op_choose(req: dict[str, Any]) -> int:
         short = f"the live training of {me}"
         if row.get("run_dir"):
             emit(
-                "result",
+                EV_RESULT,
                 choice="run",
                 run_dir=row["run_dir"],
                 row=row,
@@ -867,7 +870,7 @@ def op_choose(req: dict[str, Any]) -> int:
                 **base,
             )
         else:
-            emit("result", choice="process", row=row, note=note, short=short, **base)
+            emit(EV_RESULT, choice="process", row=row, note=note, short=short, **base)
         return 0
     if path:
         if others:
@@ -902,7 +905,7 @@ def op_choose(req: dict[str, Any]) -> int:
         ) from None
     status = _manifest_status(str(latest))
     emit(
-        "result",
+        EV_RESULT,
         choice="run",
         run_dir=str(latest),
         note=f"no live training of {me} on {host}: the latest registered run, {latest} "
@@ -925,8 +928,8 @@ def op_describe(req: dict[str, Any]) -> int:
         if e.kind != ERR_GONE:
             raise
         emit(
-            "result",
-            op="describe",
+            EV_RESULT,
+            op=OP_DESCRIBE,
             alive=False,
             problem=str(e),
             manifest={"pid": pid, "start_ticks": start, "observed": True},
@@ -935,8 +938,8 @@ def op_describe(req: dict[str, Any]) -> int:
         )
         return 0
     emit(
-        "result",
-        op="describe",
+        EV_RESULT,
+        op=OP_DESCRIBE,
         alive=True,
         problem=None,
         row=row,

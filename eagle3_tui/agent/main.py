@@ -11,7 +11,23 @@ from eagle3_tui.agent.control import op_kill, op_resume
 from eagle3_tui.agent.discover import op_choose, op_describe, op_discover
 from eagle3_tui.agent.follow import op_follow, op_read
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import ERR_INVALID, EV_ERROR, PROTOCOL
+from eagle3_tui.agent.names import (
+    ERR_INVALID,
+    EV_ERROR,
+    OP_ATTACH,
+    OP_CHOOSE,
+    OP_DESCRIBE,
+    OP_DISCOVER,
+    OP_FOLLOW,
+    OP_KILL,
+    OP_OBSERVE,
+    OP_READ,
+    OP_RESOLVE,
+    OP_RESUME,
+    OP_RUNS,
+    OP_STATUS,
+    PROTOCOL,
+)
 from eagle3_tui.agent.observe import op_observe
 from eagle3_tui.agent.runs import op_resolve, op_runs, op_status
 
@@ -24,18 +40,18 @@ def op_attach(req: dict[str, Any]) -> int:
 
 
 OPS: dict[str, Callable[[dict[str, Any]], int]] = {
-    "follow": op_follow,
-    "resolve": op_resolve,
-    "read": op_read,
-    "runs": op_runs,
-    "kill": op_kill,
-    "resume": op_resume,
-    "status": op_status,
-    "discover": op_discover,
-    "choose": op_choose,
-    "describe": op_describe,
-    "observe": op_observe,
-    "attach": op_attach,
+    OP_FOLLOW: op_follow,
+    OP_RESOLVE: op_resolve,
+    OP_READ: op_read,
+    OP_RUNS: op_runs,
+    OP_KILL: op_kill,
+    OP_RESUME: op_resume,
+    OP_STATUS: op_status,
+    OP_DISCOVER: op_discover,
+    OP_CHOOSE: op_choose,
+    OP_DESCRIBE: op_describe,
+    OP_OBSERVE: op_observe,
+    OP_ATTACH: op_attach,
 }
 
 

@@ -39,6 +39,7 @@ EV_ERROR = "error"
 EV_OBSERVED = "observed"  # observe: the process being observed (once, first)
 EV_CURSOR = "cursor"  # observe: where a reconnect resumes (after each data frame)
 EV_ENDED = "ended"  # observe: the trainer exited; nothing more will come
+FINAL_EVENTS = (EV_RESULT, EV_EOF, EV_ENDED)  # what ends an operation's answer
 
 # Error kinds (an error event's "kind").
 ERR_INVALID = "invalid"  # a request the agent does not understand
@@ -48,3 +49,14 @@ ERR_REFUSED = "refused"  # understood, and refused (resume a running run...)
 ERR_NOT_TRAINING = "not_training"  # it exists, but is not a speculators training
 ERR_PERMISSION = "permission"  # another user's process, unreadable to this one
 ERR_GONE = "gone"  # no such process (it exited, or its PID is another process now)
+ERR_NO_MANIFEST = "no_manifest"  # the run directory exists but has no run manifest
+ERROR_KINDS = (
+    ERR_INVALID,
+    ERR_MISSING,
+    ERR_REFUSED,
+    ERR_NOT_TRAINING,
+    ERR_PERMISSION,
+    ERR_GONE,
+    ERR_NO_MANIFEST,
+)
+"""Every kind an error event may carry (the client's ``replies.ErrorKind`` mirrors it)."""

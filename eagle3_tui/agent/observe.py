@@ -43,6 +43,7 @@ from eagle3_tui.agent.discover import (
 )
 from eagle3_tui.agent.frames import client_gone, emit, emit_data
 from eagle3_tui.agent.logparse import LineParser
+from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import nvml_from_env
 from eagle3_tui.telemetry.samplers import (
@@ -479,7 +480,7 @@ def op_observe(req: dict[str, Any]) -> int:
     interval = max(0.1, float(req.get("interval_s") or INTERVAL_S))
     until = req.get("until_s")
     cursor = req.get("cursor") if isinstance(req.get("cursor"), dict) else {}
-    emit("observed", row=row, host=os.uname().nodename, now=time.time())
+    emit(EV_OBSERVED, row=row, host=os.uname().nodename, now=time.time())
     obs = Observer(row, cursor or {}, interval)
     offset = 0
     t0 = time.monotonic()
@@ -492,12 +493,12 @@ def op_observe(req: dict[str, Any]) -> int:
                 obs.out.clear()
                 emit_data(offset, data)
                 offset += len(data)
-                emit("cursor", **obs.cursor())
+                emit(EV_CURSOR, **obs.cursor())
             if not obs.alive:
-                emit("ended", pid=obs.pid, now=time.time(), size=offset)
+                emit(EV_ENDED, pid=obs.pid, now=time.time(), size=offset)
                 return 0
             if until is not None and time.monotonic() - t0 >= float(until):
-                emit("eof", now=time.time(), size=offset)
+                emit(EV_EOF, now=time.time(), size=offset)
                 return 0
             if client_gone():
                 return 0

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from eagle3_tui.agent.frames import emit
-from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
+from eagle3_tui.agent.names import EV_PROGRESS, NVML_FIXTURE_ENV, RUN_ID_ENV
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.procs import cmdline, describe_exit, exit_status, open_pidfd
 
@@ -253,7 +253,7 @@ def signal_member(mb: Member, sig: signal.Signals) -> None:
     if result == "sent":
         mb.signals.append(sig.name)
     emit(
-        "progress",
+        EV_PROGRESS,
         step="signal",
         pid=mb.pid,
         role=mb.label or mb.role,

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.names import (
+    ERR_MISSING,
+    ERR_NO_MANIFEST,
+    EV_RESULT,
+    MANIFEST,
+    OP_RESOLVE,
+    OP_RUNS,
+    OP_STATUS,
+)
 from eagle3_tui.agent.processes import leftovers, verify_trainer
 
 
@@ -46,14 +54,14 @@ def resolve_run_dir(run_dir: str | None) -> Path:
     for entry in reversed(read_index()):
         if os.path.isdir(entry["run_dir"]):
             return Path(entry["run_dir"])
-    raise AgentError("missing", f"no run registered on this host (index {index_path()})")
+    raise AgentError(ERR_MISSING, f"no run registered on this host (index {index_path()})")
 
 
 def check_run_dir(run_dir: Path) -> None:
     if not run_dir.exists():
-        raise AgentError("missing", f"{run_dir}: no such run directory")
+        raise AgentError(ERR_MISSING, f"{run_dir}: no such run directory")
     if not run_dir.is_dir():
-        raise AgentError("missing", f"{run_dir}: not a directory")
+        raise AgentError(ERR_MISSING, f"{run_dir}: not a directory")
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -63,12 +71,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         obj = json.loads(path.read_text())
     except FileNotFoundError:
         raise AgentError(
-            "missing", f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"
+            ERR_NO_MANIFEST, f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"
         ) from None
     except (OSError, ValueError) as e:
-        raise AgentError("missing", f"{path}: unreadable manifest ({e})") from None
+        raise AgentError(ERR_MISSING, f"{path}: unreadable manifest ({e})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("pid"), int):
-        raise AgentError("missing", f"{path}: not a run manifest")
+        raise AgentError(ERR_NO_MANIFEST, f"{path}: not a run manifest")
     return obj
 
 
@@ -78,8 +86,8 @@ def op_resolve(req: dict[str, Any]) -> int:
     check_run_dir(run_dir)
     name = str(req.get("file") or "metrics.jsonl")
     emit(
-        "result",
-        op="resolve",
+        EV_RESULT,
+        op=OP_RESOLVE,
         run_dir=str(run_dir),
         has_file=(run_dir / name).exists(),
         has_manifest=(run_dir / MANIFEST).exists(),
@@ -137,8 +145,8 @@ def op_runs(req: dict[str, Any]) -> int:
     """The runs registered on this host (``all``: every user's), newest first."""
     runs, others = registered_rows(bool(req.get("all")))
     emit(
-        "result",
-        op="runs",
+        EV_RESULT,
+        op=OP_RUNS,
         runs=runs,
         others=others,
         index=str(index_path()),
@@ -152,19 +160,22 @@ def op_status(req: dict[str, Any]) -> int:
     manifest, and when it is not alive, what of the run still is (``leftovers``: its
     dataloader workers and helpers, with memory and GPU): what a monitor needs to tell
     a dead run from a silent one, and to say what ``kill`` would still end."""
-    run_dir = resolve_run_dir(req.get("run_dir"))
-    m = read_manifest(run_dir)
+    emit(EV_RESULT, op=OP_STATUS, **status_of(req.get("run_dir")))
+    return 0
+
+
+def status_of(run_dir: str | None) -> dict[str, Any]:
+    """``status``'s answer (also read in-process by the CLI for a run on this machine)."""
+    path = resolve_run_dir(run_dir)
+    m = read_manifest(path)
     trainer, problem = verify_trainer(m)
     alive = trainer is not None and problem is None
-    emit(
-        "result",
-        op="status",
-        run_dir=str(run_dir),
-        alive=alive,
-        problem=problem,
-        manifest=m,
-        leftovers=[] if alive else leftovers(m),
-        host=os.uname().nodename,
-        now=time.time(),
-    )
-    return 0
+    return {
+        "run_dir": str(path),
+        "alive": alive,
+        "problem": problem,
+        "manifest": m,
+        "leftovers": [] if alive else leftovers(m),
+        "host": os.uname().nodename,
+        "now": time.time(),
+    }

@@ -323,12 +323,16 @@ class MonitorApp(App[None]):
     async def _probe(self) -> None:
         assert self.control is not None
         from eagle3_tui.transport.base import TargetError
+        from eagle3_tui.transport.channel import AgentAnswerError
+        from eagle3_tui.transport.replies import ErrorKind
 
         try:
             status = await self.control.status()
-        except TargetError as e:
-            if "no run.json" in str(e) or "not a run manifest" in str(e):
+        except AgentAnswerError as e:
+            if e.kind is ErrorKind.NO_MANIFEST:
                 self._probe_ok = False  # a run without a manifest: judged from its records
+            return
+        except TargetError:
             return  # unreachable for now: the stream's link state says so
         await self.pipeline.set_status(status, self.clock())
 

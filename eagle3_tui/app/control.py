@@ -8,6 +8,7 @@ from an async worker, never on the UI thread's critical path.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from eagle3_tui.agent.names import KILL_GRACE_S
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
+from eagle3_tui.transport.replies import KillReport, ResumeReport, RunsReport, Status
 from eagle3_tui.transport.target import LocalTarget, Target
 
 
@@ -67,44 +69,53 @@ class RunControl:
             return cls(source.host, source.run_dir, source.label)
         return None
 
-    async def status(self) -> dict[str, Any]:
-        """``alive``, ``problem``, ``manifest``, ``host``, ``now`` (see control.run_status;
-        for a process, control.describe)."""
+    async def status(self) -> Status:
+        """Whether the trainer lives, the manifest, the host and its clock (see
+        control.run_status; for a process, control.describe)."""
         if self.process is not None:
             return await control.describe(self.host, self.process)
         return await control.run_status(self.host, self.run_dir)
 
-    async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+    async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:
             return await control.kill_run(
                 self.host, self.run_dir, self.kill_grace_s, on_progress, process=self.process
             )
-        return await self._every_node(
-            "kill", lambda c: control.kill_run(c.host, c.run_dir, c.kill_grace_s, on_progress)
-        )
 
-    async def resume(self) -> dict[str, Any]:
+        async def kill(c: RunControl) -> KillReport:
+            return await control.kill_run(c.host, c.run_dir, c.kill_grace_s, on_progress)
+
+        return await self._every_node("kill", kill, KillReport)
+
+    async def resume(self) -> ResumeReport:
         if not self.nodes:
             return await control.resume_run(
                 self.host, self.run_dir, self.resume_wait_s, process=self.process
             )
-        return await self._every_node(
-            "resume", lambda c: control.resume_run(c.host, c.run_dir, c.resume_wait_s)
-        )
 
-    async def _every_node(self, op: str, call: Any) -> dict[str, Any]:
-        """At once on every node (see control.on_nodes); one merged result."""
+        async def resume(c: RunControl) -> ResumeReport:
+            return await control.resume_run(c.host, c.run_dir, c.resume_wait_s)
+
+        return await self._every_node("resume", resume, ResumeReport)
+
+    async def _every_node(
+        self,
+        op: str,
+        call: Callable[[RunControl], Awaitable[control.Report]],
+        kind: type[control.Report],
+    ) -> control.Report:
+        """At once on every node (see control.on_nodes); one merged report."""
         every = [self, *self.nodes]
 
-        async def one(c: RunControl) -> tuple[str, dict[str, Any]]:
+        async def one(c: RunControl) -> tuple[str, control.Report]:
             try:
                 return c.where, await call(c)
             except TargetError as e:
-                return c.where, control.failure(e)
+                return c.where, control.failure(e, kind)
 
         return control.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
 
-    async def runs(self, all_users: bool = False) -> dict[str, Any]:
+    async def runs(self, all_users: bool = False) -> RunsReport:
         return await control.list_runs(self.host, all_users)
 
     async def attach_plan(self, pid: int | None) -> dict[str, Any]:

@@ -29,8 +29,8 @@ import numpy as np
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
-from eagle3_tui.model.state import leftovers_of
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
+from eagle3_tui.transport.replies import Status, apply_status
 
 LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED})
 """Link states in which no data can arrive."""
@@ -161,23 +161,11 @@ class Pipeline:
             snap = await asyncio.to_thread(build_snapshot, state, now, view, self._cache)
         return snap, generation
 
-    async def set_status(self, status: dict[str, Any], now: float) -> None:
+    async def set_status(self, status: Status, now: float) -> None:
         """Evidence from the host: the manifest, whether its trainer is alive, what of
         the run outlived it, and the host's clock (asked at ``now``, the client's)."""
         async with self.lock:
-            state = self.run.state
-            manifest = status.get("manifest")
-            if isinstance(manifest, dict):
-                state.set_manifest(manifest)
-            host_now = status.get("now")
-            if isinstance(host_now, int | float) and not isinstance(host_now, bool):
-                state.set_host_clock(float(host_now), now)
-            alive = status.get("alive")
-            state.set_process(
-                alive if isinstance(alive, bool) else None,
-                now,
-                leftovers_of(status.get("leftovers")),
-            )
+            apply_status(self.run.state, status, now)
             self.generation += 1
 
     async def export_csv(self, path: Path, window: int | None) -> tuple[Path, int]:

@@ -149,32 +149,6 @@ class Leftover:
     gpus: tuple[int, ...] = ()
 
 
-def leftovers_of(items: object) -> tuple[Leftover, ...]:
-    """The leftovers a host's ``status`` reports (``[{pid, comm, rss_bytes, gpu_bytes,
-    gpus}]``); entries that are not such are skipped."""
-    out: list[Leftover] = []
-    if not isinstance(items, list):
-        return ()
-
-    def num(v: object) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-    for item in items:
-        if not isinstance(item, dict) or num(item.get("pid")) is None:
-            continue
-        gpus = item.get("gpus")
-        out.append(
-            Leftover(
-                int(item["pid"]),
-                str(item.get("comm") or "?")[:32],
-                num(item.get("rss_bytes")),
-                num(item.get("gpu_bytes")),
-                tuple(g for g in gpus if isinstance(g, int)) if isinstance(gpus, list) else (),
-            )
-        )
-    return tuple(out)
-
-
 @dataclass(slots=True)
 class Activity:
     """Something long that legitimately stops metrics: a save or a validation epoch."""

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.agent.names import PROTOCOL
+from eagle3_tui.agent.names import EV_ERROR, FINAL_EVENTS, PROTOCOL
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.bundle import bundle
+from eagle3_tui.transport.replies import ErrorKind
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
 CONTROL_OPS = ("kill", "resume", "attach")  # finish on the host when the client goes away
@@ -195,15 +196,12 @@ class AgentFailedError(TargetError):
     """The agent could not run (no python3 on the host, a crash)."""
 
 
-class AgentRefusedError(TargetError):
-    """The agent refused a request it understood (resume a running run...)."""
-
-
 class AgentAnswerError(TargetError):
     """The agent's one-line answer to a request it could not serve, with its kind
-    (``missing``, ``not_training``, ``permission``, ``gone``: see agent/names.py)."""
+    (:class:`~eagle3_tui.transport.replies.ErrorKind`: ``REFUSED``, ``MISSING``,
+    ``NO_MANIFEST``, ``GONE``...): callers branch on the kind, never on the text."""
 
-    def __init__(self, message: str, kind: str) -> None:
+    def __init__(self, message: str, kind: ErrorKind) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -319,7 +317,8 @@ async def call_agent(
 ) -> Event:
     """Run one agent operation to its end; returns its ``result`` (or ``eof``) event.
 
-    An ``error`` event becomes a :class:`TargetError` with the agent's message.
+    An ``error`` event becomes an :class:`AgentAnswerError`: the agent's message and
+    its kind.
     """
     channel = await host.start_agent(request)
     final: Event | None = None
@@ -330,16 +329,14 @@ async def call_agent(
             if isinstance(frame, DataFrame):
                 if on_data is not None:
                     on_data(frame)
-            elif frame.event in ("result", "eof", "ended"):
+            elif frame.event in FINAL_EVENTS:
                 final = frame
-            elif frame.event == "error":
+            elif frame.event == EV_ERROR:
                 message = str(frame.get("message", "the agent refused"))
                 if host.prefix:  # name the host: "gpu-box:/runs/x: no such run directory"
                     sep = "" if message.startswith("/") else " "
                     message = f"{host.prefix}{sep}{message}"
-                if frame.get("kind") == "refused":
-                    raise AgentRefusedError(message)
-                raise AgentAnswerError(message, str(frame.get("kind") or ""))
+                raise AgentAnswerError(message, ErrorKind.of(frame.get("kind")))
             elif on_progress is not None:
                 on_progress(frame)
     except ChannelLostError as e:

@@ -16,7 +16,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from eagle3_tui.agent.names import COMPRESS_ZLIB
+import msgspec
+
+from eagle3_tui.agent.names import (
+    COMPRESS_ZLIB,
+    OP_KILL,
+    OP_RESOLVE,
+    OP_RESUME,
+    OP_RUNS,
+    OP_STATUS,
+)
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
@@ -26,6 +35,17 @@ from eagle3_tui.transport.channel import (
     LocalHost,
     ProgressCallback,
     call_agent,
+)
+from eagle3_tui.transport.replies import (
+    CheckpointInfo,
+    ErrorKind,
+    KillReport,
+    Resolved,
+    ResumeReport,
+    RunEntry,
+    RunsReport,
+    Status,
+    decode,
 )
 from eagle3_tui.transport.target import LocalTarget, SshTarget, Target
 
@@ -50,16 +70,21 @@ EXIT_NOT_TRAINING = 20  # the PID is not a speculators training
 EXIT_PERMISSION = 21  # another user's process, unreadable to the SSH user
 EXIT_GONE = 22  # no such process: it exited (meanwhile)
 EXIT_SEVERAL = 23  # several live trainings and no --pid (headless)
-EXIT_BY_KIND = {"not_training": EXIT_NOT_TRAINING, "permission": EXIT_PERMISSION, "gone": EXIT_GONE}
+EXIT_BY_KIND = {
+    ErrorKind.NOT_TRAINING: EXIT_NOT_TRAINING,
+    ErrorKind.PERMISSION: EXIT_PERMISSION,
+    ErrorKind.GONE: EXIT_GONE,
+    ErrorKind.REFUSED: EXIT_REFUSED,
+}
 
 
-def exit_status_of(error: TargetError) -> int | None:
-    """The exit status an agent's answer stands for (None: the generic error status)."""
+def exit_status_of(error: TargetError) -> int:
+    """The exit status an error stands for: by the agent's kind, else the generic one."""
     if isinstance(error, SeveralRunsError):
         return EXIT_SEVERAL
     if isinstance(error, AgentAnswerError):
-        return EXIT_BY_KIND.get(error.kind)
-    return None
+        return EXIT_BY_KIND.get(error.kind, EXIT_ERROR)
+    return EXIT_ERROR
 
 
 class SeveralRunsError(TargetError):
@@ -102,10 +127,10 @@ def _python(host: Host) -> str:
     return str(getattr(host, "python", "python3"))
 
 
-async def resolve(host: Host, run_dir: str | None) -> dict[str, Any]:
+async def resolve(host: Host, run_dir: str | None) -> Resolved:
     """The run directory a target means, checked to exist (the latest run when None)."""
-    ev = await call_agent(host, {"op": "resolve", "run_dir": run_dir}, python=_python(host))
-    return ev.fields
+    ev = await call_agent(host, {"op": OP_RESOLVE, "run_dir": run_dir}, python=_python(host))
+    return decode(Resolved, ev.fields, host.label)
 
 
 async def kill_run(
@@ -114,10 +139,10 @@ async def kill_run(
     grace_s: float,
     on_progress: ProgressCallback | None = None,
     process: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> KillReport:
     """Kill the run in ``run_dir``, or (``process``: a discovered training's row) that
     process tree, identified by PID, start time and boot id."""
-    request: dict[str, Any] = {"op": "kill", "run_dir": run_dir, "grace_s": grace_s}
+    request: dict[str, Any] = {"op": OP_KILL, "run_dir": run_dir, "grace_s": grace_s}
     if process is not None:
         request.update(
             pid=process["pid"],
@@ -125,24 +150,24 @@ async def kill_run(
             boot_id=process.get("boot_id"),
         )
     ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
-    return ev.fields
+    return decode(KillReport, ev.fields, host.label)
 
 
 async def resume_run(
     host: Host, run_dir: str | None, wait_s: float, process: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    request: dict[str, Any] = {"op": "resume", "run_dir": run_dir, "wait_s": wait_s}
+) -> ResumeReport:
+    request: dict[str, Any] = {"op": OP_RESUME, "run_dir": run_dir, "wait_s": wait_s}
     if process is not None:
         request["pid"] = process["pid"]
     ev = await call_agent(host, request, python=_python(host))
-    return ev.fields
+    return decode(ResumeReport, ev.fields, host.label)
 
 
-async def run_status(host: Host, run_dir: str | None) -> dict[str, Any]:
-    """``alive`` (the manifest's PID is still the trainer: start time and boot id match),
-    ``problem`` (why not, when known), ``manifest``, ``host`` and the host's clock ``now``."""
-    ev = await call_agent(host, {"op": "status", "run_dir": run_dir}, python=_python(host))
-    return ev.fields
+async def run_status(host: Host, run_dir: str | None) -> Status:
+    """Whether the manifest's PID is still the trainer (start time and boot id match),
+    why not, the manifest, what outlived it, the host and the host's clock."""
+    ev = await call_agent(host, {"op": OP_STATUS, "run_dir": run_dir}, python=_python(host))
+    return decode(Status, ev.fields, host.label)
 
 
 async def discover(host: Host, all_users: bool = False) -> dict[str, Any]:
@@ -163,12 +188,12 @@ async def choose(host: Host, run_dir: str | None, pid: int | None = None) -> dic
     return ev.fields
 
 
-async def describe(host: Host, process: dict[str, Any]) -> dict[str, Any]:
-    """A discovered training now: ``alive``, ``problem``, ``row``, a manifest-like
-    identity (``manifest``), ``host``, ``now`` (as ``run_status`` for a registered run)."""
+async def describe(host: Host, process: dict[str, Any]) -> Status:
+    """A discovered training now: alive or not, why, its ``row``, a manifest-like
+    identity, the host and its clock (as ``run_status`` for a registered run)."""
     request = {"op": "describe", "pid": process["pid"], "start_ticks": process.get("start_ticks")}
     ev = await call_agent(host, request, python=_python(host))
-    return ev.fields
+    return decode(Status, ev.fields, host.label)
 
 
 async def observe_once(
@@ -203,10 +228,10 @@ def describe_process(row: dict[str, Any]) -> str:
     return describe_row(row)
 
 
-async def list_runs(host: Host, all_users: bool = False) -> dict[str, Any]:
+async def list_runs(host: Host, all_users: bool = False) -> RunsReport:
     """The host's runs of the user we log in as (``all_users``: whoever owns them)."""
-    ev = await call_agent(host, {"op": "runs", "all": all_users}, python=_python(host))
-    return ev.fields
+    ev = await call_agent(host, {"op": OP_RUNS, "all": all_users}, python=_python(host))
+    return decode(RunsReport, ev.fields, host.label)
 
 
 async def read_file(
@@ -261,67 +286,69 @@ async def node_targets(target: Target) -> list[SshTarget]:
     async def find(host: Host) -> list[dict[str, Any]]:
         info = await resolve(host, target.run_dir)
         try:
-            status = await run_status(host, str(info["run_dir"]))
+            status = await run_status(host, info.run_dir)
         except TargetError:
             return []  # no manifest: a single node's run as far as anyone can tell
-        manifest = status.get("manifest") or {}
-        return other_nodes(manifest, str(info.get("host")), str(info["run_dir"]))
+        return other_nodes(status.manifest, str(info.host), info.run_dir)
 
     return [node_target(target, node) for node in await on_host(target, find)]
 
 
+Report = TypeVar("Report", KillReport, ResumeReport)
+
+
 async def on_nodes(
-    targets: Sequence[Target], call: Callable[[Host, Target], Awaitable[dict[str, Any]]]
-) -> list[tuple[str, dict[str, Any]]]:
+    targets: Sequence[Target],
+    call: Callable[[Host, Target], Awaitable[Report]],
+    kind: type[Report],
+) -> list[tuple[str, Report]]:
     """``call`` on every node at once (a kill must reach every rank of a job together:
     a rank that is still training waits in its next collective for one that is
     saving). Each answer with where it came from; a node's error is its answer."""
 
-    async def one(t: Target) -> tuple[str, dict[str, Any]]:
+    async def one(t: Target) -> tuple[str, Report]:
         try:
             return where(t, run_dir_of(t)), await on_host(t, lambda h: call(h, t))
         except TargetError as e:
-            return where(t, run_dir_of(t)), failure(e)
+            return where(t, run_dir_of(t)), failure(e, kind)
 
     return list(await asyncio.gather(*(one(t) for t in targets)))
 
 
-def failure(e: TargetError) -> dict[str, Any]:
-    """A node's error as its result: ``refused`` (nothing done) or ``error``."""
-    refused = type(e).__name__ == "AgentRefusedError"
-    return {"status": "refused" if refused else "error", "message": str(e)}
+def failure(e: TargetError, kind: type[Report]) -> Report:
+    """A node's error as its report: ``refused`` (nothing done) or ``error``."""
+    refused = isinstance(e, AgentAnswerError) and e.kind is ErrorKind.REFUSED
+    return kind(status="refused" if refused else "error", message=str(e))
 
 
-def merge_results(op: str, results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """One result from every node's (the first node's fields, ``nodes`` = all of them, a
+def merge_results(op: str, results: list[tuple[str, Report]]) -> Report:
+    """One report from every node's (the first node's fields, ``nodes`` = all of them, a
     status that is the worst of theirs)."""
     if len(results) == 1:
         return results[0][1]
     order = ("error", "refused", "remaining", "failed", "stopped", "started", "not_running")
-    statuses = [str(r.get("status")) for _, r in results]
+    statuses = [r.status for _, r in results]
     worst = min(statuses, key=lambda st: order.index(st) if st in order else 0)
-    merged = dict(results[0][1])
-    merged.update(
+    return msgspec.structs.replace(
+        results[0][1],
         op=op,
         status=worst,
-        message="; ".join(f"{w}: {r.get('message')}" for w, r in results),
-        nodes=[{"where": w, **r} for w, r in results],
+        message="; ".join(f"{w}: {r.message}" for w, r in results),
+        nodes=[msgspec.structs.replace(r, where=w) for w, r in results],
     )
-    return merged
 
 
 # ---- reports ------------------------------------------------------------------------
 
 
-def kill_exit_status(result: dict[str, Any]) -> int:
-    return KILL_EXIT.get(str(result.get("status")), EXIT_INCOMPLETE)
+def kill_exit_status(result: KillReport) -> int:
+    return KILL_EXIT.get(result.status, EXIT_INCOMPLETE)
 
 
-def resume_exit_status(result: dict[str, Any]) -> int:
-    status = result.get("status")
-    if status == "started":
+def resume_exit_status(result: ResumeReport) -> int:
+    if result.status == "started":
         return EXIT_OK
-    return {"refused": EXIT_REFUSED, "error": EXIT_ERROR}.get(str(status), EXIT_INCOMPLETE)
+    return {"refused": EXIT_REFUSED, "error": EXIT_ERROR}.get(result.status, EXIT_INCOMPLETE)
 
 
 def format_progress(ev: Event) -> str | None:
@@ -340,11 +367,13 @@ def format_progress(ev: Event) -> str | None:
     return None
 
 
-def _checkpoint_line(name: str, info: dict[str, Any] | None) -> str:
-    if not info:
+def _checkpoint_line(name: str, info: CheckpointInfo | None) -> str:
+    if info is None:
         return f"  {name}: none"
-    state = "complete" if not info.get("problems") else "INCOMPLETE: " + "; ".join(info["problems"])
-    return f"  {name}: {printable(str(info.get('path')))}{_checkpoint_at(info)}, {state}"
+    state = "complete" if not info.problems else "INCOMPLETE: " + "; ".join(info.problems)
+    return (
+        f"  {name}: {printable(info.path)}{_checkpoint_at(info.global_step, info.epoch)}, {state}"
+    )
 
 
 def _shown_step(global_step: object) -> object:
@@ -352,81 +381,77 @@ def _shown_step(global_step: object) -> object:
     return global_step + 1 if isinstance(global_step, int) else global_step
 
 
-def _checkpoint_at(info: dict[str, Any]) -> str:
+def _checkpoint_at(global_step: int | None, epoch: int | None) -> str:
     """ " (step 48, epoch 2)": numbered as every view numbers them (1-based). A checkpoint's
     ``global_step`` is the steps done, so the last step's number; its ``epoch`` is
     speculators' 0-based index of the epoch it was saved in."""
-    step, epoch = info.get("global_step"), info.get("epoch")
-    if not isinstance(step, int):
+    if global_step is None:
         return ""
-    return f" (step {step}" + (f", epoch {epoch + 1})" if isinstance(epoch, int) else ")")
+    return f" (step {global_step}" + (f", epoch {epoch + 1})" if epoch is not None else ")")
 
 
-def format_kill(result: dict[str, Any]) -> str:
-    nodes = result.get("nodes")
-    if isinstance(nodes, list):  # several nodes: each one's report under its name
-        return "\n".join(f"== {printable(str(n.get('where')))}\n{format_kill(n)}" for n in nodes)
-    lines = [f"{result.get('status')}: {printable(str(result.get('message')))}"]
-    procs = result.get("processes") or []
-    if procs:
+def format_kill(result: KillReport) -> str:
+    if result.nodes is not None:  # several nodes: each one's report under its name
+        return "\n".join(f"== {printable(str(n.where))}\n{format_kill(n)}" for n in result.nodes)
+    lines = [f"{result.status}: {printable(result.message)}"]
+    if result.processes:
         lines.append(f"  {'PID':>8}  {'ROLE':<18} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
-        for p in procs:
-            signals = ",".join(p.get("signals") or []) or "-"
-            role = printable(str(p.get("label") or p.get("role", "")))[:18]
-            ended = f" ({p['ended']})" if p.get("ended") else ""
+        for p in result.processes:
+            signals = ",".join(p.signals) or "-"
+            role = printable(p.label or p.role)[:18]
+            ended = f" ({p.ended})" if p.ended else ""
             lines.append(
-                f"  {p['pid']:>8}  {role:<18} {printable(str(p.get('comm')))[:16]:<16} "
-                f"{signals:<16} {p.get('outcome')}{ended}"
+                f"  {p.pid:>8}  {role:<18} {printable(str(p.comm))[:16]:<16} "
+                f"{signals:<16} {p.outcome}{ended}"
             )
-    ckpt = result.get("checkpoints") or {}
-    if ckpt:
+    ckpt = result.checkpoints
+    if ckpt.dir is not None:
         lines.append("checkpoints:")
-        lines.append(_interrupted_line(ckpt.get("interrupted"), result))
-        lines.append(_checkpoint_line("resume from", ckpt.get("latest")))
+        lines.append(_interrupted_line(ckpt.interrupted, result))
+        lines.append(_checkpoint_line("resume from", ckpt.latest))
     return "\n".join(lines)
 
 
-def _interrupted_line(info: dict[str, Any] | None, result: dict[str, Any]) -> str:
+def _interrupted_line(info: CheckpointInfo | None, result: KillReport) -> str:
     """What this kill saved: an ``interrupted/`` it did not write is not its result."""
-    if info is not None and info.get("new", True):
+    if info is not None and info.new:
         return _checkpoint_line("interrupted", info)
     why = (
         "the trainer exited without saving (it was still starting, or its save failed)"
-        if result.get("signalled_trainer")
+        if result.signalled_trainer
         else "no trainer was running to save it"
     )
     line = f"  interrupted: nothing written by this kill: {why}"
     if info is not None:
-        when = info.get("written_at")
+        when = info.written_at
         at = (
-            time.strftime(" from %Y-%m-%d %H:%M:%S", time.localtime(float(when)))
-            if isinstance(when, int | float)
+            time.strftime(" from %Y-%m-%d %H:%M:%S", time.localtime(when))
+            if when is not None
             else ""
         )
-        line += f"; {printable(str(info.get('path')))}{at} is an earlier stop's"
+        line += f"; {printable(info.path)}{at} is an earlier stop's"
     return line
 
 
-def format_resume(result: dict[str, Any]) -> str:
-    nodes = result.get("nodes")
-    if isinstance(nodes, list):
-        return "\n".join(f"== {printable(str(n.get('where')))}\n{format_resume(n)}" for n in nodes)
-    if result.get("status") in ("refused", "error"):  # one node's, in a multi-node report
-        return f"{result.get('status')}: {printable(str(result.get('message')))}"
-    if result.get("status") != "started":
-        lines = [f"failed: {printable(str(result.get('message')))} (pid {result.get('pid')})"]
-        tail = str(result.get("log_tail") or "")
-        if tail:
-            lines.append(f"last lines of {printable(str(result.get('log')))}:")
-            lines.extend("  " + printable(line) for line in tail.splitlines())
+def format_resume(result: ResumeReport) -> str:
+    if result.nodes is not None:
+        return "\n".join(f"== {printable(str(n.where))}\n{format_resume(n)}" for n in result.nodes)
+    if result.status in ("refused", "error"):  # one node's, in a multi-node report
+        return f"{result.status}: {printable(result.message)}"
+    if result.status != "started":
+        lines = [f"failed: {printable(result.message)} (pid {result.pid})"]
+        if result.log_tail:
+            lines.append(f"last lines of {printable(str(result.log))}:")
+            lines.extend("  " + printable(line) for line in result.log_tail.splitlines())
         return "\n".join(lines)
-    ck = result.get("checkpoint") or {}
-    confirmed = "" if result.get("confirmed") else " (its manifest has not been updated yet)"
+    ck = result.checkpoint
+    confirmed = "" if result.confirmed else " (its manifest has not been updated yet)"
+    at = "" if ck is None else _checkpoint_at(ck.global_step, ck.epoch)
     return "\n".join(
         [
-            f"started: pid {result.get('pid')}{confirmed}",
-            f"  from {printable(str(ck.get('path')))}{_checkpoint_at(ck)}",
-            f"  log  {printable(str(result.get('log')))}",
+            f"started: pid {result.pid}{confirmed}",
+            f"  from {printable(ck.path if ck is not None else 'None')}{at}",
+            f"  log  {printable(str(result.log))}",
         ]
     )
 
@@ -455,24 +480,21 @@ def format_discovered(result: dict[str, Any]) -> str:
             f"{r.get('pid'):>8}  {str(r.get('user'))[:10]:<10} "
             f"{'yes' if r.get('telemetry') else 'no':<9}  {printable(where + extra)}"
         )
-    for r in result.get("runs") or []:
-        if r.get("live_pid"):
+    for r in registered_entries(result):
+        if r.live_pid:
             continue  # shown above, as the live process it is
-        if not r.get("exists"):
-            status = "gone"
-        elif r.get("alive"):
-            status = "running"
-        elif r.get("status") == "running":
-            status = "dead"
-        else:
-            status = str(r.get("status") or "unknown")
         lines.append(
-            f"{_when(r.get('started_at')):<19}  {status:<9} {r.get('pid') or '-':>8}  "
-            f"{'-':<10} {'yes':<9}  {printable(str(r.get('run_dir')))}"
+            f"{_when(r.started_at):<19}  {r.state:<9} {r.pid or '-':>8}  "
+            f"{'-':<10} {'yes':<9}  {printable(r.run_dir)}"
         )
     if result.get("others"):
         lines.append(f"({result['others']} run(s) of other users not shown: --all)")
     return "\n".join(lines)
+
+
+def registered_entries(result: dict[str, Any]) -> list[RunEntry]:
+    """``discover``'s registered runs, typed (as ``runs`` reports them)."""
+    return decode(RunsReport, {"op": "discover", "runs": result.get("runs") or []}).runs
 
 
 def no_runs_error(result: dict[str, Any], label: str) -> TargetError:

@@ -19,15 +19,16 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
+from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_ERROR, EV_OBSERVED
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
     AgentChannel,
     AgentFailedError,
-    AgentRefusedError,
     ChannelLostError,
     DataFrame,
 )
+from eagle3_tui.transport.replies import ErrorKind
 
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 
@@ -43,7 +44,7 @@ class ObserveHost(Protocol):
 
 def _refused(e: BaseException) -> bool:
     """An answer that retrying will not change (a refused host key, a missing process)."""
-    if isinstance(e, AgentFailedError | AgentAnswerError | AgentRefusedError):
+    if isinstance(e, AgentFailedError | AgentAnswerError):
         return True
     ssh = sys.modules.get("eagle3_tui.transport.ssh")
     return ssh is not None and isinstance(e, ssh.HostRefusedError)
@@ -108,17 +109,17 @@ class ObservedTransport:
                     if isinstance(frame, DataFrame):
                         yield Chunk(position, frame.data)
                         position += len(frame.data)
-                    elif frame.event == "observed":
+                    elif frame.event == EV_OBSERVED:
                         attempt = 0
                         connected = True
                         yield LinkChanged(Link.CONNECTED, self.label)
-                    elif frame.event == "cursor":
+                    elif frame.event == EV_CURSOR:
                         cursor = dict(frame.fields)
-                    elif frame.event == "ended":
+                    elif frame.event == EV_ENDED:
                         self.ended = True
                         return  # the trainer exited: its last records said so
-                    elif frame.event == "error":
-                        if connected and frame.get("kind") == "gone":
+                    elif frame.event == EV_ERROR:
+                        if connected and ErrorKind.of(frame.get("kind")) is ErrorKind.GONE:
                             self.ended = True
                             return  # it exited while we were away: the probe says so
                         yield LinkChanged(Link.REFUSED, str(frame.get("message")))

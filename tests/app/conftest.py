@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +21,7 @@ from rich.console import Console
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, LocalHost, ProgressCallback
+from eagle3_tui.transport.replies import KillReport, Status, decode
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -91,7 +99,11 @@ MANIFEST = {
 
 
 class FakeControl(RunControl):
-    """A run host that answers from dicts (and counts what was asked)."""
+    """A run host with fixed answers, for pictures that must not move (snapshots: fixed
+    PIDs and times) and dialogs whose real part needs a debugger (attach). Its replies go
+    through the same decoding as the real agent's (``replies.decode``), so they have the
+    shape the agent's replies are checked to have; every other app test drives the real
+    agent (``real_control``, ``live_run``)."""
 
     def __init__(self, alive: bool = True, fail: str | None = None) -> None:
         super().__init__(LocalHost(), "/runs/exp7", "gpu-box:/runs/exp7", kill_grace_s=130)
@@ -99,19 +111,21 @@ class FakeControl(RunControl):
         self.fail = fail
         self.calls: list[str] = []
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         self.calls.append("status")
         if self.fail:
             raise TargetError(self.fail)
-        return {
+        reply = {
+            "op": "status",
             "alive": self.alive,
             "problem": None if self.alive else "pid 4242 is gone",
             "manifest": MANIFEST,
             "host": "gpu-box",
             "run_dir": "/runs/exp7",
         }
+        return decode(Status, reply)
 
-    async def kill(self, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+    async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         self.calls.append("kill")
         if on_progress is not None:
             on_progress(
@@ -127,57 +141,83 @@ class FakeControl(RunControl):
                 )
             )
         self.alive = False
-        return {
+        processes = [
+            (4242, "trainer", "python", ["SIGTERM"], "exited"),
+            (4243, "child", "pt_data_worker", [], "exited"),
+            (4244, "marked", "python", ["SIGTERM", "SIGKILL"], "killed"),
+        ]
+        reply = {
+            "op": "kill",
             "status": "stopped",
             "message": "all 3 process(es) of the run are gone",
             "processes": [
-                {
-                    "pid": 4242,
-                    "role": "trainer",
-                    "comm": "python",
-                    "signals": ["SIGTERM"],
-                    "outcome": "exited",
-                },
-                {
-                    "pid": 4243,
-                    "role": "child",
-                    "comm": "pt_data_worker",
-                    "signals": [],
-                    "outcome": "exited",
-                },
-                {
-                    "pid": 4244,
-                    "role": "marked",
-                    "comm": "python",
-                    "signals": ["SIGTERM", "SIGKILL"],
-                    "outcome": "killed",
-                },
+                {"pid": p, "role": r, "comm": c, "signals": s, "outcome": o}
+                for p, r, c, s, o in processes
             ],
         }
+        return decode(KillReport, reply)
 
-    async def resume(self) -> dict[str, Any]:
-        self.calls.append("resume")
-        self.alive = True
-        return {
-            "status": "started",
-            "pid": 5151,
-            "confirmed": True,
-            "checkpoint": {"path": "/runs/exp7/checkpoints/2", "global_step": 599, "epoch": 2},
-            "log": "/runs/exp7/train.log",
-        }
 
-    async def runs(self, all_users: bool = False) -> dict[str, Any]:
-        self.calls.append("runs of all users" if all_users else "runs")
-        return {
-            "host": "gpu-box",
-            "runs": [
-                {"run_dir": "/runs/exp7", "exists": True, "alive": True, "started_at": T0},
-                {
-                    "run_dir": "/runs/exp6 [bold]x",
-                    "exists": True,
-                    "alive": False,
-                    "status": "finished",
-                    "started_at": T0 - 86400,
-                },
-            ],
-        }
+TINY = (sys.executable, "-m", "eagle3_tui.train.tiny")
+
+
+@dataclass
+class LiveRun:
+    """A real tiny speculators training with telemetry, launched as a user would."""
+
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+    started: list[int] = field(default_factory=list)
+    """Every trainer PID (each its own session), for the cleanup."""
+
+    def manifest(self) -> dict[str, Any]:
+        m: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
+        return m
+
+    def log(self) -> str:
+        return (self.run_dir / "train.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
+    """A tiny training that runs until the module's tests stop it (many epochs, paced):
+    detached, its output in its log, the run marker in its environment."""
+    from eagle3_tui.telemetry.manifest import launch_env
+    from tests.conftest import need_training
+    from tests.transport.fakes import alive, marker_processes
+
+    need_training()
+    run_dir = tmp_path_factory.mktemp("app-live") / "run"
+    run_dir.mkdir()
+    with open(run_dir / "train.log", "ab") as log:
+        proc = subprocess.Popen(
+            [*TINY, "--run-dir", str(run_dir), "--epochs", "400", "--step-delay", "0.05"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, **launch_env(run_dir)),
+            start_new_session=True,
+        )
+    run = LiveRun(run_dir, proc, [proc.pid])
+    yield run
+    run_id = ""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        run_id = str(run.manifest()["run_id"])
+    for pid in run.started:  # only what this module started: its sessions
+        with contextlib.suppress(ProcessLookupError):
+            if alive(pid) and os.getsid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+    for pid in marker_processes(run_id) if run_id else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+async def wait_until(predicate: Any, timeout: float, what: str, run: LiveRun) -> None:
+    """Outside an app: poll until ``predicate()`` holds (the training's log on failure)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.log()}"
+        await asyncio.sleep(0.2)

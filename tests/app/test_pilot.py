@@ -1,29 +1,36 @@
-"""The monitor driven by Pilot over a replay transport, a frozen clock and a fake host:
-every key and every state change."""
+"""The monitor driven by Pilot over a replay transport and a frozen clock: every key and
+every state change; its control paths (status probes, kill, resume, the runs) through
+the real agent on this machine, acting on a real tiny training."""
 
 from __future__ import annotations
 
 import csv
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from textual.widgets import OptionList
 
 from eagle3_tui.app.app import MonitorApp, make_app
+from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
-from eagle3_tui.app.screens.runs import RunPicker
+from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.model.health import Health
 from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent
+from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.replay import ReplayTransport
-from tests.app.conftest import T0, FakeControl, text_of, training
+from eagle3_tui.transport.target import LocalTarget
+from tests.app.conftest import T0, LiveRun, text_of, training, wait_until
 from tests.conftest import until
 from tests.records import Lines
+from tests.transport.fakes import alive, dead_pid, fake_manifest, register
 
 NOW = T0 + 300.5 + 2  # just after the 600th step of training()
 
@@ -31,7 +38,7 @@ NOW = T0 + 300.5 + 2  # just after the 600th step of training()
 def app_with(
     data: bytes | Sequence[bytes | StreamEvent] = b"",
     *,
-    control: FakeControl | None = None,
+    control: RunControl | None = None,
     now: list[float] | None = None,
     export_dir: Path | None = None,
 ) -> tuple[MonitorApp, ReplayTransport]:
@@ -101,67 +108,109 @@ async def test_link_states_reconnecting_refused_and_back() -> None:
         assert "refused" in text_of(header)
 
 
-async def test_kill_shows_the_plan_then_the_verified_result() -> None:
-    control = FakeControl()
-    _, data = training(50)
-    app, _ = app_with(data, control=control)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: "status" in control.calls, what="the first probe")
-        await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        dialog = app.screen
-        assert isinstance(dialog, ControlDialog)
-        await until(pilot, lambda: dialog.state == "ready", what="the plan")
-        plan = text_of(dialog.query_one("#plan"))
-        assert "SIGTERM the trainer, pid 4242" in plan and "gpu-box" in plan
-        assert "start time (tick 987654)" in plan
-        assert "kill" not in control.calls  # nothing before the confirmation
-        await pilot.press("y")
-        await until(pilot, lambda: dialog.state == "done", what="the result")
-        outcome = text_of(dialog.query_one("#outcome"))
-        assert "stopped: all 3 process(es) of the run are gone" in outcome
-        assert "4244" in outcome and "killed" in outcome
-        await until(pilot, lambda: control.calls[-1] == "status", what="a probe after the kill")
-        await until(pilot, lambda: app.snapshot.health == Health.DEAD, what="judged dead")
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
-
-
-async def test_kill_cancelled_signals_nothing_and_errors_are_shown() -> None:
-    control = FakeControl()
-    app, _ = app_with(control=control)
+async def test_kill_cancelled_signals_nothing(live_run: LiveRun) -> None:
+    """The real agent on the real trainer: the plan names its PID and start time, and
+    ``n`` signals nothing."""
+    await wait_until(
+        lambda: (live_run.run_dir / "run.json").exists(), 120, "the manifest", live_run
+    )
+    pid = live_run.manifest()["pid"]
+    app, _ = app_with(control=RunControl.for_target(LocalTarget(live_run.run_dir)))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("k")
         await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        assert isinstance(app.screen, ControlDialog)
+        dialog: ControlDialog = app.screen
+        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        plan = text_of(dialog.query_one("#plan"))
+        assert f"SIGTERM the trainer, pid {pid}" in plan, plan
+        assert f"tick {live_run.manifest()['start_ticks']}" in plan
         await pilot.press("n")
         await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="cancelled")
-        assert "kill" not in control.calls
-        control.fail = "gpu-box:/runs/exp7: no run.json here [red]x[/red]"
+    assert alive(pid) and live_run.manifest()["pid"] == pid  # never signalled
+
+
+async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
+    """``k`` and ``r`` through the real agent on this machine: the probe says the trainer
+    lives, the kill stops it (checkpoint saved, every process gone, judged stopped), the
+    resume starts it again from its numbered checkpoint and the probe follows the new PID."""
+    ckpt0 = live_run.run_dir / "checkpoints" / "0" / "training_state.json"
+    await wait_until(ckpt0.exists, 240, "the first checkpoint", live_run)
+    pid = live_run.manifest()["pid"]
+    assert alive(pid), live_run.log()
+    app = make_app(
+        LocalTransport(live_run.run_dir),
+        control=RunControl.for_target(LocalTarget(live_run.run_dir)),
+        refresh_interval=0.05,
+        status_interval=60.0,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        state = app.pipeline.run.state
+        await until(pilot, lambda: state.process_alive is True, timeout=30, what="the probe")
+        assert state.manifest["pid"] == pid
+        await until(
+            pilot, lambda: app.snapshot.health == Health.RUNNING, timeout=60, what="running"
+        )
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        assert isinstance(app.screen, ControlDialog)
+        dialog: ControlDialog = app.screen
+        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        await pilot.press("y")
+        await until(pilot, lambda: dialog.state == "done", timeout=180, what="the kill's report")
+        outcome = text_of(dialog.query_one("#outcome"), 200)
+        assert "stopped: all" in outcome and "process(es) of the run are gone" in outcome
+        assert f"{pid}  trainer" in outcome and "SIGTERM" in outcome, outcome
+        interrupted = live_run.run_dir / "checkpoints" / "interrupted"
+        assert f"interrupted: {interrupted}" in outcome and "complete" in outcome
+        await until(pilot, lambda: state.process_alive is False, timeout=30, what="a probe")
+        await until(
+            pilot, lambda: app.snapshot.health == Health.STOPPED, timeout=30, what="stopped"
+        )
+        assert not alive(pid)
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
+
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        assert isinstance(app.screen, ControlDialog)
+        dialog = app.screen
+        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        assert "eagle3_tui.train.tiny" in text_of(dialog.query_one("#plan"), 300)
+        await pilot.click("#confirm")
+        await until(pilot, lambda: dialog.state != "working", timeout=90, what="the resume")
+        outcome = text_of(dialog.query_one("#outcome"), 200)
+        started = re.search(r"started: pid (\d+)", outcome)
+        assert started is not None, outcome + live_run.log()
+        new_pid = int(started.group(1))
+        live_run.started.append(new_pid)
+        assert "checkpoints/" in outcome and "global step" in outcome
+        await until(
+            pilot,
+            lambda: state.process_alive is True and state.manifest.get("pid") == new_pid,
+            timeout=60,
+            what="the probe of the resumed trainer",
+        )
+
+
+async def test_a_run_without_a_manifest_is_judged_from_its_records(tmp_path: Path) -> None:
+    """The agent says the directory has no run.json (its kind, not its text): the probe
+    stops asking, and ``k`` says why it cannot kill."""
+    control = RunControl.for_target(LocalTarget(tmp_path))
+    _, data = training(50)
+    app, _ = app_with(data, control=control)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 49, what="step 49")
+        await until(pilot, lambda: not app._probe_ok, timeout=30, what="the probe to stop")
         await pilot.press("k")
         await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
         dialog = app.screen
         assert isinstance(dialog, ControlDialog)
-        await until(pilot, lambda: dialog.state == "failed", what="the error")
-        assert "Cannot kill: gpu-box:/runs/exp7: no run.json here [red]x[/red]" in text_of(
-            dialog.query_one("#plan")
-        )
+        await until(pilot, lambda: dialog.state == "failed", timeout=30, what="the error")
+        shown = text_of(dialog.query_one("#plan"), 200)
+        assert f"Cannot kill: {tmp_path}: no run.json here" in shown
         await pilot.press("y")  # nothing to confirm
-        assert "kill" not in control.calls
-
-
-async def test_resume_confirms_and_shows_the_new_pid() -> None:
-    control = FakeControl(alive=False)
-    app, _ = app_with(control=control)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        dialog = app.screen
-        assert isinstance(dialog, ControlDialog)
-        await until(pilot, lambda: dialog.state == "ready", what="the plan")
-        assert "python -m train --resume" in text_of(dialog.query_one("#plan"))
-        await pilot.click("#confirm")
-        await until(pilot, lambda: dialog.state == "done", what="the result")
-        assert "started: pid 5151" in text_of(dialog.query_one("#outcome"))
+        assert dialog.state == "failed"
 
 
 async def test_pause_freezes_the_view_and_counts_steps_behind() -> None:
@@ -273,8 +322,14 @@ async def test_export_writes_the_window_as_csv(tmp_path: Path) -> None:
         assert rows[1][0] == "75" and rows[-1][0] == "99"
 
 
-async def test_help_compare_picker_and_quit() -> None:
-    control = FakeControl()
+async def test_help_compare_picker_and_quit(tmp_path: Path) -> None:
+    """The picker lists the runs the host's agent finds in its index (a registered run
+    with markup in its name among them) and opens the one picked."""
+    current, previous_dir = tmp_path / "exp7", tmp_path / "exp6 [bold]x"
+    fake_manifest(current, dead_pid(), f"cur-{os.getpid()}")
+    fake_manifest(previous_dir, dead_pid(), f"prev-{os.getpid()}", status="finished")
+    register(Path(os.environ["XDG_STATE_HOME"]), f"prev-{os.getpid()}", previous_dir)
+    control = RunControl.for_target(LocalTarget(current))
     _, data = training(300)
     _, previous = training(200)
     opened: list[str] = []
@@ -294,11 +349,18 @@ async def test_help_compare_picker_and_quit() -> None:
         await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
         picker = app.screen
         assert isinstance(picker, RunPicker)
-        runs = picker.query_one("#runs", OptionList)
-        await until(pilot, lambda: runs.option_count == 1, what="runs")
+        await until(
+            pilot, lambda: picker.query_one("#runs", OptionList).option_count > 0, what="runs"
+        )
+        listed = [r.run_dir for r in picker._runs]
+        assert str(previous_dir) in listed and str(current) not in listed
+        index = listed.index(str(previous_dir))
+        row = run_row(picker._runs[index]).plain
+        assert f"finished     {previous_dir}" in row  # markup kept as text
+        picker.query_one("#runs", OptionList).highlighted = index
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="the comparison")
-        assert opened == ["/runs/exp6 [bold]x"]
+        assert opened == [str(previous_dir)]
         screen = app.screen
         assert isinstance(screen, CompareScreen)
         await until(
@@ -345,9 +407,11 @@ async def test_run_text_is_inert_and_gpus_without_a_driver_are_said_plainly() ->
         assert "1 malformed" in str(app.query_one(LogPanel).border_subtitle)
 
 
-async def test_dialogs_closed_while_loading_and_keys_during_quit_are_harmless() -> None:
-    control = FakeControl()
-    app, _ = app_with(control=control)
+async def test_dialogs_closed_while_loading_and_keys_during_quit_are_harmless(
+    tmp_path: Path,
+) -> None:
+    fake_manifest(tmp_path / "run", dead_pid(), f"closed-{os.getpid()}")
+    app, _ = app_with(control=RunControl.for_target(LocalTarget(tmp_path / "run")))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("k", "escape", "c", "escape", "r", "escape")
         await until(

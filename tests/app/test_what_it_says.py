@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.telemetry import nvml
-from tests.app.conftest import T0, FakeControl, text_of, training
+from eagle3_tui.transport.channel import LocalHost
+from eagle3_tui.transport.replies import RunEntry, RunsReport
+from tests.app.conftest import T0, text_of, training
 from tests.app.test_pilot import app_with
 from tests.conftest import until
 from tests.records import Lines
@@ -224,17 +227,30 @@ async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legen
         assert "k=0" in legend and "k=1" in legend and "k=2" in legend and "τ" in legend
 
 
-async def test_the_run_picker_lists_your_runs_and_a_shows_all_users() -> None:
-    row = run_row(
-        {"run_dir": "/runs/exp6", "exists": True, "alive": False, "status": "interrupted"}
-    )
+class CountingControl(RunControl):
+    """The real agent, and which runs were asked of it."""
+
+    calls: list[str]
+
+    async def runs(self, all_users: bool = False) -> RunsReport:
+        self.calls.append("runs of all users" if all_users else "runs")
+        return await super().runs(all_users)
+
+
+async def test_the_run_picker_lists_your_runs_and_a_shows_all_users(tmp_path: Path) -> None:
+    row = run_row(RunEntry(run_dir="/runs/exp6", exists=True, alive=False, status="interrupted"))
     assert "interrupted  /runs/exp6" in row.plain  # the status never runs into the path
-    control = FakeControl()
+    control = CountingControl(LocalHost(), str(tmp_path), str(tmp_path))
+    control.calls = []
     app, _ = app_with(control=control)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
+        picker = app.screen
+        assert isinstance(picker, RunPicker)
         await until(pilot, lambda: "runs" in control.calls, what="the runs")
+        status = picker.query_one("#picker-status")
+        await until(pilot, lambda: "Listing" not in text_of(status), timeout=30, what="listed")
         assert "runs of all users" not in control.calls
         await pilot.press("a")
         await until(pilot, lambda: "runs of all users" in control.calls, what="all users")

@@ -26,7 +26,7 @@ from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import (
-    AgentRefusedError,
+    AgentAnswerError,
     DataFrame,
     Event,
     Frame,
@@ -35,6 +35,7 @@ from eagle3_tui.transport.channel import (
     call_agent,
 )
 from eagle3_tui.transport.control import kill_run, resume_run
+from eagle3_tui.transport.replies import ErrorKind
 from tests.transport.conftest import cli
 from tests.transport.fakes import (
     RESUMED,
@@ -264,22 +265,22 @@ async def test_kill_signals_the_trainer_then_sweeps_escaped_workers(tmp_path: Pa
         progress: list[Event] = []
         result = await kill_run(LocalHost(), str(run_dir), 20.0, on_progress=progress.append)
         trainer.wait(10)
-        by_pid = {p["pid"]: p for p in result["processes"]}
-        assert result["status"] == "stopped", result
-        assert by_pid[trainer.pid]["role"] == "trainer"
-        assert by_pid[trainer.pid]["signals"] == ["SIGTERM"]
-        assert by_pid[trainer.pid]["outcome"] == "exited"
-        assert by_pid[worker]["signals"] == [] and by_pid[worker]["outcome"] == "exited"
-        assert by_pid[escaped]["role"] == "marked"
-        assert by_pid[escaped]["signals"] == ["SIGTERM", "SIGKILL"]
-        assert by_pid[escaped]["outcome"] == "killed"
+        by_pid = {p.pid: p for p in result.processes}
+        assert result.status == "stopped", result
+        assert by_pid[trainer.pid].role == "trainer"
+        assert by_pid[trainer.pid].signals == ["SIGTERM"]
+        assert by_pid[trainer.pid].outcome == "exited"
+        assert by_pid[worker].signals == [] and by_pid[worker].outcome == "exited"
+        assert by_pid[escaped].role == "marked"
+        assert by_pid[escaped].signals == ["SIGTERM", "SIGKILL"]
+        assert by_pid[escaped].outcome == "killed"
         assert (run_dir / "saved").read_text() == "ok"  # SIGTERM, not SIGKILL, reached it
         assert not alive(worker) and not alive(escaped)
         run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
         assert marker_processes(run_id) == []
         assert any(e.get("step") == "signal" and e.get("pid") == trainer.pid for e in progress)
         again = await kill_run(LocalHost(), str(run_dir), 5.0)
-        assert again["status"] == "not_running" and again["processes"] == []
+        assert again.status == "not_running" and again.processes == []
     finally:
         for pid in (trainer.pid, worker, escaped):
             if alive(pid):
@@ -324,8 +325,9 @@ async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detach
         env={mf.RUN_ID_ENV: run_id, "FLAG": "from-manifest"},
     )
     host = LocalHost()
-    with pytest.raises(AgentRefusedError, match="no numbered checkpoint"):
+    with pytest.raises(AgentAnswerError, match="no numbered checkpoint") as refused:
         await resume_run(host, str(run_dir), 5.0)
+    assert refused.value.kind is ErrorKind.REFUSED
     write_checkpoint(run_dir / "checkpoints" / "0", global_step=20)
     write_checkpoint(run_dir / "checkpoints" / "1", global_step=40)
     model = run_dir / "checkpoints" / "1" / "model.safetensors"
@@ -336,16 +338,18 @@ async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detach
     (run_dir / "checkpoints" / "1").rename(run_dir / "checkpoints" / "broken")
     result = await resume_run(host, str(run_dir), 20.0)
     try:
-        assert result["status"] == "started" and result["confirmed"] is True, result
-        assert result["checkpoint"]["global_step"] == 20
+        assert result.status == "started" and result.confirmed is True, result
+        assert result.checkpoint is not None and result.checkpoint.global_step == 20
         seen = json.loads((run_dir / "resumed.json").read_text())
-        assert seen["pid"] == result["pid"] and seen["sid"] == result["pid"]  # setsid
+        assert seen["pid"] == result.pid and seen["sid"] == result.pid  # setsid
         assert seen["cwd"] == str(cwd) and seen["flag"] == "from-manifest"
         assert seen["marker"] == run_id
-        with pytest.raises(AgentRefusedError, match="still running"):
+        with pytest.raises(AgentAnswerError, match="still running") as refused:
             await resume_run(host, str(run_dir), 5.0)
+        assert refused.value.kind is ErrorKind.REFUSED
     finally:
-        os.kill(result["pid"], signal.SIGKILL)
+        assert result.pid is not None
+        os.kill(result.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while b"resumed output" not in (run_dir / "train.log").read_bytes():
         assert time.monotonic() < deadline

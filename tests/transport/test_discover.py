@@ -25,6 +25,7 @@ from eagle3_tui.model.run import Run
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
 from eagle3_tui.transport.control import EXIT_BY_KIND, choose, describe, observe_once
+from eagle3_tui.transport.replies import ErrorKind
 from tests.conftest import need_training
 
 RICH = "Epoch 3 100% ━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 24/24  [ 0:00:33 < 0:00:00 , 2 it/s ]"
@@ -260,10 +261,7 @@ async def test_choose_describe_and_observe_through_the_agent(
     chosen = await choose(host, None, pid)
     assert chosen["choice"] == "process" and chosen["short"] == f"pid {pid}"
     status = await describe(host, chosen["row"])
-    assert (
-        status["alive"] is True
-        and status["manifest"]["start_ticks"] == chosen["row"]["start_ticks"]
-    )
+    assert status.alive is True and status.manifest["start_ticks"] == chosen["row"]["start_ticks"]
     run = Run()
     end = await observe_once(host, chosen["row"], lambda f: run.feed(f.offset, f.data), 1.5)
     assert end.event == "eof"
@@ -275,7 +273,7 @@ async def test_choose_describe_and_observe_through_the_agent(
     assert state.malformed_count == 0
     with pytest.raises(AgentAnswerError) as e:
         await choose(host, None, 999_999_999)
-    assert e.value.kind == "gone" and EXIT_BY_KIND[e.value.kind] == 22
+    assert e.value.kind is ErrorKind.GONE and EXIT_BY_KIND[e.value.kind] == 22
 
 
 def test_observe_stream_survives_nothing_but_reports_the_end(
@@ -360,13 +358,13 @@ def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agen
         from eagle3_tui.transport.control import kill_run
 
         report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=row))
-        assert report["status"] == "stopped", report
+        assert report.status == "stopped", report
         # SIGTERM to every rank at once, not to the agent (it kills each rank's whole
         # group, the dataloader workers and the interrupted/ save with them)
-        first = {p["pid"] for p in report["processes"] if p["signals"][:1] == ["SIGTERM"]}
+        first = {p.pid for p in report.processes if p.signals[:1] == ["SIGTERM"]}
         assert {r["pid"] for r in row["ranks"]} <= first
-        agent = next(p for p in report["processes"] if p["pid"] == launcher.pid)
-        assert agent["role"] == "launcher" and "SIGKILL" not in agent["signals"]
+        agent = next(p for p in report.processes if p.pid == launcher.pid)
+        assert agent.role == "launcher" and "SIGKILL" not in agent.signals
         assert launcher.wait(30) is not None
         for m in row["members"]:
             st = procs.stat(m["pid"])

@@ -49,14 +49,14 @@ async def test_the_apps_control_acts_on_every_node_and_reports_each(tmp_path: Pa
     second = RunControl(LocalHost(), str(node1), "node1:run/node1")
     control = RunControl(LocalHost(), str(node0), "node0:run", nodes=[second])
     killed = await control.kill()
-    assert [(n["where"], n["status"]) for n in killed["nodes"]] == [
+    assert [(n.where, n.status) for n in killed.nodes or []] == [
         ("node0:run", "not_running"),
         ("node1:run/node1", "not_running"),
     ]
-    assert killed["status"] == "not_running"
+    assert killed.status == "not_running"
     assert "== node0:run\nnot_running" in format_kill(killed)
     assert "== node1:run/node1\nnot_running" in format_kill(killed)
     resumed = await control.resume()  # no numbered checkpoint on either: refused on both
-    assert [n["status"] for n in resumed["nodes"]] == ["refused", "refused"]
+    assert [n.status for n in resumed.nodes or []] == ["refused", "refused"]
     text = format_resume(resumed)
     assert resume_exit_status(resumed) == 9 and "== node1:run/node1\nrefused: " in text

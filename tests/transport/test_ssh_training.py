@@ -166,8 +166,8 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
     if live.proc.poll() is None:  # run alone: stop it first, once a checkpoint exists
         ckpt0 = live.run_dir / "checkpoints" / "0" / "training_state.json"
         wait_for(ckpt0.exists, 240, "the first checkpoint", live)
-        result = await kill_run(LocalHost(), str(live.run_dir), 200.0)
-        assert result["status"] == "stopped"
+        killed = await kill_run(LocalHost(), str(live.run_dir), 200.0)
+        assert killed.status == "stopped"
     latest = checkpoints.latest_numbered(live.run_dir / "checkpoints")
     assert latest is not None
     step = json.loads((latest / "training_state.json").read_text())["global_step"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
 from eagle3_tui.model.health import Health, diagnose
-from eagle3_tui.model.state import leftovers_of
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import format_kill, kill_run, run_status
+from eagle3_tui.transport.replies import apply_status
 from tests.conftest import wait_until
 from tests.model.test_health import T0, state_of
 from tests.records import Lines
@@ -51,7 +51,7 @@ async def test_status_names_what_outlived_the_trainer_and_kill_ends_it(
     run_dir = tmp_path / "run"
     worker = _worker(run_id)
     try:
-        m = fake_manifest(run_dir, dead_pid(), run_id)  # the trainer was SIGKILLed
+        fake_manifest(run_dir, dead_pid(), run_id)  # the trainer was SIGKILLed
         # NVML (recorded readings) sees the worker holding 5 GiB on device 3
         devices = [{"index": i, "name": "NVIDIA H200", "processes": []} for i in range(4)]
         devices[3]["processes"] = [{"pid": worker.pid, "used_memory": 5 * 2**30}]
@@ -62,17 +62,16 @@ async def test_status_names_what_outlived_the_trainer_and_kill_ends_it(
             status = await run_status(LocalHost(), str(run_dir))
         finally:
             del os.environ[NVML_FIXTURE_ENV]
-        assert status["alive"] is False
-        left = {x["pid"]: x for x in status["leftovers"]}
+        assert status.alive is False
+        left = {x.pid: x for x in status.leftovers}
         assert list(left) == [worker.pid]
-        assert left[worker.pid]["rss_bytes"] >= HOLD and left[worker.pid]["comm"] == "python"
-        assert left[worker.pid]["gpu_bytes"] == 5 * 2**30 and left[worker.pid]["gpus"] == [3]
+        assert (left[worker.pid].rss_bytes or 0) >= HOLD and left[worker.pid].comm == "python"
+        assert left[worker.pid].gpu_bytes == 5 * 2**30 and left[worker.pid].gpus == [3]
 
         # the dead diagnosis names them
         lines = Lines(t0=T0)
         state = state_of(b"".join(lines.train(s, 1.0) for s in range(20)))
-        state.set_manifest(m)
-        state.set_process(False, lines.ts, leftovers_of(status["leftovers"]))
+        apply_status(state, status, lines.ts)
         d = diagnose(state, lines.ts)
         assert d.health == Health.DEAD
         assert f"pid {worker.pid} python" in d.reason and "5.0 GiB on GPU 3" in d.reason
@@ -80,12 +79,12 @@ async def test_status_names_what_outlived_the_trainer_and_kill_ends_it(
 
         # and k ends them
         result = await kill_run(LocalHost(), str(run_dir), grace_s=5.0)
-        assert result["status"] == "stopped", result
-        assert [p["pid"] for p in result["processes"]] == [worker.pid]
+        assert result.status == "stopped", result
+        assert [p.pid for p in result.processes] == [worker.pid]
         worker.wait(timeout=10)
         assert not alive(worker.pid)
         after = await run_status(LocalHost(), str(run_dir))
-        assert after["leftovers"] == []
+        assert after.leftovers == []
     finally:
         worker.kill()
         worker.wait()
@@ -127,8 +126,9 @@ async def test_kill_reports_only_the_checkpoint_it_produced(tmp_path: Path) -> N
     finally:
         starting.kill()
         starting.wait()
-    assert result["status"] == "stopped"
-    assert result["checkpoints"]["interrupted"]["new"] is False
+    assert result.status == "stopped"
+    assert result.checkpoints.interrupted is not None
+    assert result.checkpoints.interrupted.new is False
     text = format_kill(result)
     assert "interrupted: nothing written by this kill" in text
     assert "still starting" in text and "is an earlier stop's" in text
@@ -147,6 +147,7 @@ async def test_kill_reports_only_the_checkpoint_it_produced(tmp_path: Path) -> N
     finally:
         saving.kill()
         saving.wait()
-    assert result["checkpoints"]["interrupted"]["new"] is True
+    assert result.checkpoints.interrupted is not None
+    assert result.checkpoints.interrupted.new is True
     assert "nothing written" not in format_kill(result)
     assert "interrupted: " + str(ckpt / "interrupted") in format_kill(result)

@@ -9,7 +9,7 @@ PID and how it ended, or the new PID. Refusals and errors are shown here.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -25,6 +25,7 @@ from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
+from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
 
 
 def _when(ts: object) -> str:
@@ -33,13 +34,13 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
-def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
+def kill_plan(status: Status, control: RunControl) -> RenderableType:
     """What ``k`` will signal, from the host's answer to ``status``."""
-    m = status.get("manifest") or {}
+    m = status.manifest
     lines: list[Text] = []
-    if not status.get("alive"):
-        why = status.get("problem") or "its trainer is not running"
-        left = [x for x in status.get("leftovers") or [] if isinstance(x, dict)]
+    if not status.alive:
+        why = status.problem or "its trainer is not running"
+        left = status.leftovers
         if not left:
             lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f", wrap=True))
             lines.append(
@@ -57,11 +58,9 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
             )
         )
         for x in left[:12]:
-            rss = x.get("rss_bytes")
-            gpu = x.get("gpu_bytes")
-            mem = f"  {size(rss)} RAM" if isinstance(rss, int) else ""
-            mem += f"  {size(gpu)} GPU" if isinstance(gpu, int) and gpu else ""
-            lines.append(inert(f"  pid {x.get('pid')}  {x.get('comm')}{mem}"))
+            mem = f"  {size(x.rss_bytes)} RAM" if x.rss_bytes is not None else ""
+            mem += f"  {size(x.gpu_bytes)} GPU" if x.gpu_bytes else ""
+            lines.append(inert(f"  pid {x.pid}  {x.comm}{mem}"))
         return Group(*lines)
     pid, pgid = m.get("pid"), m.get("pgid")
     launcher = m.get("launcher_pid")
@@ -74,7 +73,7 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
         head.append(f"the trainer, pid {pid} ", style="bold")
         head.append(f"(group {pgid}: not the whole group), ")
     head.append("on ")
-    head.append_text(inert(status.get("host") or m.get("host") or "?", style="bold"))
+    head.append_text(inert(status.host or m.get("host") or "?", style="bold"))
     lines.append(head)
     lines.append(
         inert(
@@ -83,7 +82,7 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
             wrap=True,
         )
     )
-    lines.append(inert(f"run  {status.get('run_dir') or control.where}", style="dim"))
+    lines.append(inert(f"run  {status.run_dir or control.where}", style="dim"))
     lines.append(
         Text(
             f"speculators then saves checkpoints/interrupted/ and exits; after "
@@ -94,11 +93,11 @@ def kill_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     return Group(*lines)
 
 
-def resume_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
+def resume_plan(status: Status, control: RunControl) -> RenderableType:
     """What ``r`` will launch."""
-    m = status.get("manifest") or {}
+    m = status.manifest
     lines: list[Text] = []
-    if status.get("alive"):
+    if status.alive:
         lines.append(
             inert(
                 f"The run is still running (pid {m.get('pid')}): resume will be refused.",
@@ -111,8 +110,8 @@ def resume_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     t.append("run ", style="bold")
     t.append_text(inert(shown, wrap=True))
     lines.append(t)
-    lines.append(inert(f"in   {m.get('cwd') or status.get('run_dir')}", style="dim"))
-    lines.append(inert(f"on   {status.get('host') or m.get('host') or '?'}", style="dim"))
+    lines.append(inert(f"in   {m.get('cwd') or status.run_dir}", style="dim"))
+    lines.append(inert(f"on   {status.host or m.get('host') or '?'}", style="dim"))
     lines.append(
         Text(
             "detached (new session, no hang-up), output appended to the run's log, only if the "
@@ -122,9 +121,9 @@ def resume_plan(status: dict[str, Any], control: RunControl) -> RenderableType:
     return Group(*lines)
 
 
-def report(op: str, result: dict[str, Any]) -> RenderableType:
-    text = format_kill(result) if op == "kill" else format_resume(result)
-    ok = result.get("status") in ("stopped", "not_running", "started")
+def report(result: KillReport | ResumeReport) -> RenderableType:
+    text = format_kill(result) if isinstance(result, KillReport) else format_resume(result)
+    ok = result.status in ("stopped", "not_running", "started")
     first, _, rest = text.partition("\n")
     return Group(
         inert(first, style="bold #5fd75f" if ok else "bold #ff5f5f", wrap=True),
@@ -143,7 +142,7 @@ class ControlDialog(ModalScreen[None]):
     class Finished(Message):
         """A kill or resume ran to its end (whatever it found)."""
 
-        def __init__(self, op: str, result: dict[str, Any]) -> None:
+        def __init__(self, op: str, result: KillReport | ResumeReport) -> None:
             super().__init__()
             self.op = op
             self.result = result
@@ -209,6 +208,7 @@ class ControlDialog(ModalScreen[None]):
     async def execute(self) -> None:
         outcome = self.query_one("#outcome", Static)
         outcome.update(Text("Stopping the run…" if self.op == "kill" else "Launching…"))
+        result: KillReport | ResumeReport
         try:
             if self.op == "kill":
                 result = await self.control.kill(on_progress=self._on_progress)
@@ -224,7 +224,7 @@ class ControlDialog(ModalScreen[None]):
             self.app.post_message(self.Finished(self.op, result))
             if not self.is_attached:
                 return
-            outcome.update(report(self.op, result))
+            outcome.update(report(result))
         close = self.query_one("#close", Button)
         close.label = "Close (esc)"
         close.focus()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -16,31 +16,24 @@ from textual.widgets.option_list import Option
 
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.text import inert
+from eagle3_tui.transport.replies import RunEntry
 
 STATUS_WIDTH = len("interrupted")
 """The longest status a manifest has (running, finished, interrupted, crashed)."""
 
 
-def run_row(r: dict[str, Any]) -> Text:
-    started = r.get("started_at")
-    when = (
-        time.strftime("%Y-%m-%d %H:%M", time.localtime(float(started)))
-        if isinstance(started, int | float)
-        else "?"
-    )
-    if not r.get("exists"):
-        status, style = "gone", "dim"
-    elif r.get("alive"):
-        status, style = "running", "green"
-    elif r.get("status") == "running":
-        status, style = "dead", "red"
-    else:
-        status, style = str(r.get("status") or "unknown"), ""
+STATE_STYLE = {"gone": "dim", "running": "green", "dead": "red"}
+
+
+def run_row(r: RunEntry) -> Text:
+    started = r.started_at
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "?"
+    state = r.state
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{when}  ", style="dim")
-    t.append(f"{status:<{STATUS_WIDTH}}", style=style)
+    t.append(f"{state:<{STATUS_WIDTH}}", style=STATE_STYLE.get(state, ""))
     t.append("  ")  # never run into the path, whatever the status's length
-    t.append_text(inert(r.get("run_dir", "?")))
+    t.append_text(inert(r.run_dir))
     return t
 
 
@@ -58,7 +51,7 @@ class RunPicker(ModalScreen[str | None]):
         self.control = control
         self.current = current
         self.all_users = False
-        self._runs: list[dict[str, Any]] = []
+        self._runs: list[RunEntry] = []
 
     def compose(self) -> ComposeResult:
         box = Vertical(id="picker", classes="dialog")
@@ -83,8 +76,8 @@ class RunPicker(ModalScreen[str | None]):
         if not self.is_attached:
             return  # closed meanwhile
         status = self.query_one("#picker-status", Static)
-        runs = [r for r in result.get("runs") or [] if r.get("run_dir") != self.current]
-        others = int(result.get("others") or 0)
+        runs = [r for r in result.runs if r.run_dir != self.current]
+        others = result.others
         hidden = f"; {others} of other users hidden (a: show)" if others else ""
         options = self.query_one(OptionList)
         options.clear_options()
@@ -92,7 +85,7 @@ class RunPicker(ModalScreen[str | None]):
             whose = "" if self.all_users else " of yours"
             status.update(Text(f"No other run{whose} on this host{hidden}.", style="bold"))
             return
-        where = result.get("host", "the host")
+        where = result.host or "the host"
         status.update(Text(f"{len(runs)} run(s) on {where}{hidden}: Enter picks"))
         for r in runs:
             options.add_option(Option(run_row(r), id=None))
@@ -102,7 +95,7 @@ class RunPicker(ModalScreen[str | None]):
 
     @on(OptionList.OptionSelected)
     def picked(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(str(self._runs[event.option_index]["run_dir"]))
+        self.dismiss(self._runs[event.option_index].run_dir)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
