@@ -184,7 +184,8 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         assert started is not None, outcome + live_run.log()
         new_pid = int(started.group(1))
         live_run.started.append(new_pid)
-        assert "checkpoints/" in outcome and "global step" in outcome
+        # the checkpoint it resumes from, with the step and the 1-based epoch it closes
+        assert re.search(r"checkpoints/\d+ \(step \d+, epoch [1-9]\d*\)", outcome), outcome
         await until(
             pilot,
             lambda: state.process_alive is True and state.manifest.get("pid") == new_pid,
