@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -55,6 +57,28 @@ def need(condition: bool, reason: str) -> None:
 def need_training() -> None:
     have = all(importlib.util.find_spec(m) is not None for m in ("torch", "speculators"))
     need(have, "torch and speculators are not installed (scripts/install.sh)")
+
+
+def need_gdb() -> str:
+    """gdb, installed (else skip, or fail under EAGLE3_TUI_REQUIRE_ALL) and able to call
+    into a process here. A gdb that cannot give a process back its registers after a
+    call (Debian's gdb 13.1 on a CPU with AMX) is a fact of the machine, not something
+    to install: the tests that inject for real skip with gdb's reason, and the tests of
+    the refusal itself run."""
+    gdb = shutil.which("gdb")
+    need(gdb is not None, "gdb is not installed (apt-get install gdb)")
+    assert gdb is not None
+    problem = _gdb_call_problem(gdb)
+    if problem is not None:
+        pytest.skip(f"gdb cannot call into a process on this machine: {problem}")
+    return gdb
+
+
+@functools.cache
+def _gdb_call_problem(gdb: str) -> str | None:
+    from eagle3_tui.agent.debugger import gdb_call_problem
+
+    return gdb_call_problem(gdb)
 
 
 def run_tiny(run_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.debugger import inject_gdb, inject_remote_exec
+from eagle3_tui.agent.debugger import gdb_call_problem, inject_gdb, inject_remote_exec
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_RESULT, MANIFEST, OP_ATTACH, RUN_ID_ENV
 from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
@@ -96,6 +96,7 @@ NOT_PYTHON = "not_python"  # not CPython
 UNSUPPORTED = "unsupported"  # CPython older than 3.8
 NOT_TRAINER = "not_trainer"  # no PyTorch loaded / no Trainer found inside
 NO_GDB = "no_gdb"  # gdb missing (3.8-3.13)
+GDB_UNUSABLE = "gdb_unusable"  # gdb cannot call into a process here (tried on a throwaway one)
 REMOTE_DEBUG_OFF = "remote_debug_off"  # 3.14+: -X disable_remote_debug, env, build
 ALREADY = "already"  # telemetry is attached already
 PENDING = "queued"  # an attach is queued in the process already
@@ -281,6 +282,7 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     root = str(cache_dir(uid))
     key = attach_key(pid, start, here)
     _refuse_if_attached_before(pid, root, key)
+    _refuse_if_gdb_cannot_call(pid, gdb)
     return {
         "pid": pid,
         "start_ticks": start,
@@ -376,7 +378,8 @@ def _mechanism(
     pid: int, py: PythonInfo, argv: list[str], env: dict[str, str] | None
 ) -> tuple[str, str | None]:
     """How the code gets in: ``remote_exec`` (3.14+) or ``gdb`` (and its path);
-    refused when that way is closed (no gdb, remote debugging off)."""
+    refused when that way is closed (no gdb, remote debugging off). Whether this gdb
+    can call into a process is tried last (:func:`_refuse_if_gdb_cannot_call`)."""
     assert py.version is not None  # _its_cpython
     if py.version < REMOTE_EXEC_VERSION:
         gdb = shutil.which("gdb")
@@ -398,6 +401,16 @@ def _mechanism(
     if problem is not None:
         raise RefusedError(REMOTE_DEBUG_OFF, problem, pid=pid)
     return "remote_exec", None
+
+
+def _refuse_if_gdb_cannot_call(pid: int, gdb: str | None) -> None:
+    """The last check, the costliest (~0.7 s): gdb calls a function in a throwaway
+    process first, so a gdb that would break the trainer's registers never reaches it."""
+    if gdb is None:
+        return
+    problem = gdb_call_problem(gdb)
+    if problem is not None:
+        raise RefusedError(GDB_UNUSABLE, problem, pid=pid)
 
 
 def _refuse_if_attached_before(pid: int, root: str, key: str) -> None:

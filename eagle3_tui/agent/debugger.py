@@ -10,6 +10,13 @@
 * CPython 3.14+: ``sys.remote_exec(pid, file)`` (PEP 768), run by the target's own
   interpreter binary (both sides must be the same version).
 
+Before gdb touches a trainer, :func:`gdb_call_problem` makes the same kind of call in
+a throwaway child: a gdb that cannot give a process back its registers after a call
+(Debian's gdb 13.1 on a CPU with AMX: ``Couldn't write extended state status: Bad
+address``) leaves the process with a broken state (measured here: the sleep it was
+in failed with errno 514 and the script died), so it is refused, never tried on the
+trainer.
+
 Standard library only (the agent).
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -113,6 +121,11 @@ def parse_gdb(output: str) -> dict[str, Any]:
     if "Operation not permitted" in output and "ptrace" in output:
         out["reason"] = PERMISSION
         out["problem"] = "ptrace was refused (Operation not permitted)" + container_hint()
+    elif XSTATE_BROKEN in output:
+        out["problem"] = (
+            "gdb could not give the trainer back its registers after the call "
+            '("Couldn\'t write extended state status"): the trainer may fail; use a newer gdb'
+        )
     elif "EAGLE3_MMAP_FAILED" in output:
         out["problem"] = "mmap failed in the trainer: nothing was queued"
     elif "No symbol" in output and "Py_AddPendingCall" in output:
@@ -123,6 +136,74 @@ def parse_gdb(output: str) -> dict[str, Any]:
         tail = " | ".join(ln for ln in output.strip().splitlines()[-4:] if ln.strip())
         out["problem"] = f"gdb did not queue the call: {tail[-400:]}"
     return out
+
+
+XSTATE_BROKEN = "Couldn't write extended state"
+"""gdb's words when it cannot write a process's registers back after a call."""
+CANARY_S = 30.0
+
+
+def gdb_call_problem(gdb: str) -> str | None:
+    """Whether ``gdb`` can call a function in a process here and give it back its
+    registers, tried on a throwaway child (``sleep``) exactly as the attach calls into
+    the trainer; None when it can, else why not (one line, with the fix)."""
+    sleeper = [shutil.which("sleep") or "/bin/sleep", str(int(CANARY_S))]
+    try:
+        child = subprocess.Popen(
+            sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    except OSError as e:
+        return f"no process to try gdb on ({e})"
+    try:
+        time.sleep(0.05)  # exec'd and in its sleep
+        script = "\n".join(
+            [
+                "set confirm off",
+                "set auto-solib-add off",
+                "set unwindonsignal on",
+                f"attach {child.pid}",
+                "sharedlibrary libc[.-]",
+                "print (int) getpid()",
+                "detach",
+            ]
+        )
+        fd, path = tempfile.mkstemp(prefix="eagle3-tui-canary-", suffix=".gdb")
+        try:
+            os.write(fd, (script + "\n").encode())
+            os.close(fd)
+            try:
+                proc = _run_tool(gdb_command(gdb, path))
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return f"gdb could not be tried on a throwaway process ({e})"
+        finally:
+            os.unlink(path)
+        output = proc.stdout + proc.stderr
+        if XSTATE_BROKEN in output:
+            return (
+                f"{gdb_version(gdb)} cannot give a process back its registers after a "
+                'call on this CPU ("Couldn\'t write extended state status", seen on a throwaway '
+                "process): it would break the trainer. Use a newer gdb (first on PATH), or "
+                "kill with a checkpoint and restart with telemetry"
+            )
+        if re.search(rf"^\$\d+ = {child.pid}\s*$", output, re.M) is None:
+            tail = " | ".join(ln for ln in output.strip().splitlines()[-3:] if ln.strip())
+            if "Operation not permitted" in output and "ptrace" in output:
+                return None  # ptrace itself: the plan's permission check speaks for that
+            return f"gdb could not call a function in a throwaway process: {tail[-300:]}"
+        return None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def gdb_version(gdb: str) -> str:
+    """``gdb 13.1`` (from ``gdb --version``), or the path when it does not say."""
+    try:
+        first = _run_tool([gdb, "--version"]).stdout.splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return gdb
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)\s*$", first)
+    return f"gdb {m.group(1)}" if m else gdb
 
 
 def _run_tool(argv: list[str]) -> subprocess.CompletedProcess[str]:

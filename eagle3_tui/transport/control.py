@@ -517,7 +517,7 @@ EXIT_QUEUED = 11  # injected; runs when the trainer's main thread next runs Pyth
 EXIT_NO_PROCESS = 12  # no such process (exited), or the PID is another process now
 EXIT_NO_PERMISSION = 13  # another user, ptrace_scope, no CAP_SYS_PTRACE
 EXIT_NOT_ATTACHABLE = 14  # not CPython 3.8+, not a training, no Trainer found inside
-EXIT_MISSING_TOOL = 15  # gdb not on PATH; remote debugging disabled (3.14+)
+EXIT_MISSING_TOOL = 15  # gdb not on PATH or unusable here; remote debugging disabled (3.14+)
 EXIT_ATTACH_FAILED = 16  # the injection or the attach inside failed (traceback shown)
 EXIT_CHOOSE = 17  # no --pid, and not exactly one training on the host
 
@@ -529,6 +529,7 @@ ATTACH_EXIT = {
     "unsupported": EXIT_NOT_ATTACHABLE,
     "not_trainer": EXIT_NOT_ATTACHABLE,
     "no_gdb": EXIT_MISSING_TOOL,
+    "gdb_unusable": EXIT_MISSING_TOOL,
     "remote_debug_off": EXIT_MISSING_TOOL,
     "already": EXIT_ALREADY,
     "queued": EXIT_QUEUED,

@@ -24,7 +24,7 @@ import pytest
 from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
-from tests.conftest import need, wait_until
+from tests.conftest import need, need_gdb, wait_until
 from tests.transport.conftest import cli
 
 pytestmark = pytest.mark.slow
@@ -48,13 +48,6 @@ def interpreters(minors: range = range(8, 14)) -> list[str]:
         if candidates:
             found[v] = candidates[-1]
     return [found[v] for v in sorted(found, key=lambda v: int(v.split(".")[1]))]
-
-
-def need_gdb() -> str:
-    gdb = shutil.which("gdb")
-    need(gdb is not None, "gdb is not installed (apt-get install gdb)")
-    assert gdb is not None
-    return gdb
 
 
 def start(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -230,6 +223,70 @@ def test_refused_for_python_without_pytorch(
     proc = python_loop(tmp_path, procs)
     rc, out = attach_cli("--pid", str(proc.pid))
     assert rc == 14 and out["reason"] == "not_trainer" and "no PyTorch" in out["message"]
+
+
+def test_the_gdb_check_agrees_with_a_call_into_a_live_interpreter(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Whatever this machine's gdb can do, the check made on a throwaway process says
+    so: where it finds no problem a real injection queues and the interpreter lives on;
+    where it finds one, the same injection (into a throwaway interpreter) fails with
+    gdb's reason."""
+    gdb = shutil.which("gdb")
+    need(gdb is not None, "gdb is not installed (apt-get install gdb)")
+    assert gdb is not None
+    problem = debugger.gdb_call_problem(gdb)
+    proc = python_loop(tmp_path, procs)
+    py = pyprocess.python_of(proc.pid)
+    assert py is not None
+    entry = tmp_path / "entry.py"
+    entry.write_text("pass\n")
+    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
+    if problem is None:
+        assert done["queued"], done.get("output")
+        time.sleep(0.5)
+        assert proc.poll() is None
+    else:
+        assert not done["queued"] and "extended state" in done["problem"], done
+        assert "extended state" in problem and "newer gdb" in problem
+
+
+def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """A gdb that fails the check (here a script in gdb's place that answers as Debian's
+    gdb 13.1 does on a CPU with AMX) refuses the attach, exit 15, and gdb is never
+    pointed at the trainer: only at the throwaway process."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        need(False, "torch is not installed")
+    ready = tmp_path / "ready"
+    (tmp_path / "torch_loop.py").write_text(
+        f"import time, torch\nopen({str(ready)!r}, 'w').close()\n{LOOP}"
+    )
+    proc = start([sys.executable, "torch_loop.py"], tmp_path)
+    procs.append(proc)
+    wait_until(ready.exists, 60, "torch imported")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    gdb = bindir / "gdb"
+    gdb.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'case "$*" in *--version*) echo "GNU gdb (Debian 13.1-3) 13.1"; exit 0;; esac\n'
+        'for a in "$@"; do [ -f "$a" ] && cat "$a" >> ' + str(calls) + "; done\n"
+        'echo "Couldn\'t write extended state status: Bad address."\n'
+        "exit 1\n"
+    )
+    gdb.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    rc, out = attach_cli(str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
+    assert rc == 15 and out["reason"] == "gdb_unusable", out
+    assert "gdb 13.1" in out["message"] and "newer gdb" in out["message"]
+    assert f"attach {proc.pid}" not in calls.read_text()
+    assert proc.poll() is None
 
 
 def test_refused_without_gdb_on_path(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:

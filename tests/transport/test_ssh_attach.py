@@ -31,7 +31,7 @@ import pytest
 
 from eagle3_tui.agent import checkpoints, processes
 from eagle3_tui.telemetry import manifest as mf
-from tests.conftest import need_training, read_jsonl, wait_until, wait_until_async
+from tests.conftest import need_gdb, need_training, read_jsonl, wait_until, wait_until_async
 from tests.transport.conftest import cli, remote_env
 from tests.transport.sshd import ALIAS, Sshd
 
@@ -147,6 +147,7 @@ def attach(sshd: Sshd, run: Silent, *extra: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_attach_over_ssh_then_the_run_ends_as_an_undisturbed_one(sshd: Sshd, launch: Any) -> None:
+    need_gdb()
     undisturbed = launch("undisturbed", "--epochs", "3", *PACE)
     silent = launch("attached", "--epochs", "3", *PACE)
     silent.started()
@@ -181,6 +182,7 @@ def test_attach_over_ssh_then_the_run_ends_as_an_undisturbed_one(sshd: Sshd, lau
 
 
 def test_kill_and_resume_an_attached_run(sshd: Sshd, launch: Any) -> None:
+    need_gdb()
     run = launch("killed", "--epochs", "30", "--step-delay", "0.1")
     run.started()
     rc, out = attach(sshd, run)
@@ -240,6 +242,7 @@ def test_kill_and_resume_an_attached_run(sshd: Sshd, launch: Any) -> None:
 
 
 async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> None:
+    need_gdb()
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
     from eagle3_tui.app.widgets.header import HealthBanner
@@ -291,6 +294,7 @@ async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> N
 async def test_the_a_key_attaches_and_the_waiting_view_comes_alive(sshd: Sshd, launch: Any) -> None:
     """The monitor opened over SSH on a directory with no metrics yet (waiting); ``a``,
     the host's training picked, ``y``: the metrics arrive in the same view."""
+    need_gdb()
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
     from eagle3_tui.app.screens.attach import AttachDialog
