@@ -53,7 +53,6 @@ from eagle3_tui.transport.replies import (
     ProcessRow,
     Resolved,
     ResumeReport,
-    RunEntry,
     RunsReport,
     Status,
     decode,
@@ -485,7 +484,7 @@ def format_discovered(result: DiscoverReport) -> str:
             f"{r.pid:>8}  {r.user[:10]:<10} "
             f"{'yes' if r.telemetry else 'no':<9}  {printable(where + extra)}"
         )
-    for e in registered_entries(result):
+    for e in result.runs:
         if e.live_pid:
             continue  # shown above, as the live process it is
         lines.append(
@@ -495,11 +494,6 @@ def format_discovered(result: DiscoverReport) -> str:
     if result.others:
         lines.append(f"({result.others} run(s) of other users not shown: --all)")
     return "\n".join(lines)
-
-
-def registered_entries(result: DiscoverReport) -> list[RunEntry]:
-    """``discover``'s registered runs (as ``runs`` reports them)."""
-    return result.runs
 
 
 def no_runs_error(result: DiscoverReport, label: str) -> TargetError:
