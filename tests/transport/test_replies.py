@@ -337,3 +337,28 @@ def test_replies_of_the_wrong_shape_name_the_field() -> None:
     assert isinstance(decode_plan({"op": "attach", "status": "plan", "pid": 5}), AttachPlan)
     refused = decode_plan({"op": "attach", "status": "refused", "reason": "no_gdb"})
     assert isinstance(refused, AttachResult) and control.attach_exit_status(refused) == 15
+
+
+def test_a_manifests_nodes_are_read_as_node_places() -> None:
+    """The other nodes a manifest names (not the one read, not an entry without a host),
+    and the SSH target of each."""
+    from eagle3_tui.transport.target import SshOptions, SshTarget
+
+    manifest = {
+        "node_rank": 0,
+        "nodes": [
+            {"node_rank": 0, "host": "n0", "run_dir": "/r0", "ranks": [0]},
+            {"node_rank": 1, "host": "n1", "run_dir": "/r1", "ranks": [1], "launcher_pid": 9},
+            {"node_rank": 2, "run_dir": "/r2"},  # no host: nothing to reach
+            {"node_rank": 3, "host": 42},
+            "not a node",
+        ],
+    }
+    nodes = control.other_nodes(manifest, "n0", "/r0")
+    assert [(n.host, n.run_dir, n.node_rank, n.launcher_pid) for n in nodes] == [
+        ("n1", "/r1", 1, 9)
+    ]
+    target = SshTarget("n0", user="alice", run_dir="/r0", options=SshOptions())
+    other = control.node_target(target, nodes[0])
+    assert (other.host, other.run_dir, other.user) == ("n1", "/r1", "alice")
+    assert control.other_nodes({"nodes": "?"}, "n0", "/r0") == []
