@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle3_tui.agent import debugger, pyprocess
 from eagle3_tui.transport.channel import Host, LocalHost
 from eagle3_tui.transport.control import attach_plan, attach_run
+from eagle3_tui.transport.replies import AttachPlan
 from tests.transport.sshd import ALIAS, Sshd
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "attach" / "silent_training.py"
@@ -204,18 +205,18 @@ async def one_trial(host: Host, root: Path, data: Path, label: str) -> dict[str,
         wait_mid_epoch(times, proc)
         run_dir = out / "eagle3"
         plan = await attach_plan(host, str(run_dir), proc.pid)
-        assert plan.get("status") == "plan", plan
+        assert isinstance(plan, AttachPlan), plan
         confirmed = time.time()
         task = asyncio.ensure_future(attach_run(host, plan, metric_wait_s=0.0))
         seen = await asyncio.to_thread(first_metric_seen, run_dir)
         result = await task
-        assert result.get("status") == "attached", result
+        assert result.status == "attached", result
         wait_steps(times, 2, proc)  # the interval that ends after the first metric
         attach_seen = observed_pause(times, confirmed, seen)
         return {
             "first_metric_s": seen - confirmed,
-            "stopped_ms": float(result.get("stopped_ms") or "nan"),
-            "attach_ms": float(result.get("pause_ms") or "nan"),
+            "stopped_ms": float(result.stopped_ms or "nan"),
+            "attach_ms": float(result.pause_ms or "nan"),
             "attach_seen_ms": attach_seen,
         }
     finally:

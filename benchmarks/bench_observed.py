@@ -43,6 +43,7 @@ from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import Chunk
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.observed import ObservedTransport
+from eagle3_tui.transport.replies import ProcessRow, decode
 from tests.transport.test_observed import TRAIN_PY
 
 
@@ -62,12 +63,12 @@ def launch(work: Path, delay: float) -> subprocess.Popen[bytes]:
         )
 
 
-def find_row(work: Path, timeout: float = 120) -> dict[str, Any]:
+def find_row(work: Path, timeout: float = 120) -> ProcessRow:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [t for t in discover.scan()[0] if t.cwd == str(work)]
         if found:
-            return discover._rows(found)[0]
+            return decode(ProcessRow, discover._rows(found)[0])
         time.sleep(0.5)
     raise SystemExit("the training was not found")
 
@@ -90,7 +91,7 @@ def first_evidence(run: Run, since: float) -> dict[str, float]:
     return seen
 
 
-async def watch(row: dict[str, Any], seconds: float) -> dict[str, Any]:
+async def watch(row: ProcessRow, seconds: float) -> dict[str, Any]:
     run = Run()
     source = ObservedTransport(LocalHost(), row)
     verdicts: list[tuple[float, Health]] = []
@@ -155,7 +156,7 @@ def main() -> None:
             found = time.time() - launched
             result = asyncio.run(watch(row, a.seconds))
             run: Run = result["run"]
-            started = row["started"] or launched
+            started = row.started or launched
             seen = first_evidence(run, started)
             print(f"run {i + 1}: found by discovery {found:.1f} s after launch")
             for what, ts in sorted(seen.items(), key=lambda kv: kv[1]):

@@ -478,16 +478,16 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
     telemetry."""
     from eagle3_tui.model.run import Run
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.replies import apply_status
+    from eagle3_tui.transport.replies import Choice, apply_status
 
     async def go(host: Host) -> tuple[Run, float]:
         chosen = await control.choose(host, control.run_dir_of(target), pid)
-        if chosen.get("choice") == "several":
+        if chosen.choice is Choice.SEVERAL:
             raise control.several_error(chosen, label)
-        say_chosen(chosen.get("note"))
+        say_chosen(chosen.note)
         run = Run()
-        if chosen.get("choice") == "run":
-            run_dir = str(chosen["run_dir"])
+        if chosen.choice is Choice.RUN:
+            run_dir = chosen.chosen_run_dir()
             eof = await control.read_file(host, run_dir, lambda f: run.feed(f.offset, f.data))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
@@ -495,7 +495,7 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
                 apply_status(run.state, status, now)
             return run, now
         end = await control.observe_once(
-            host, chosen["row"], lambda f: run.feed(f.offset, f.data), OBSERVE_S
+            host, chosen.chosen_row(), lambda f: run.feed(f.offset, f.data), OBSERVE_S
         )
         return run, float(end.get("now") or time.time())
 
@@ -615,6 +615,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     view, and kill/resume act on every node."""
     from eagle3_tui.transport import control
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
+    from eagle3_tui.transport.replies import Choice
     from eagle3_tui.transport.target import LocalTarget
 
     pid = getattr(ns, "pid", None)
@@ -636,9 +637,9 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             await app.run_async()
             return app_exit_status(app)
         chosen = await control.choose(host, control.run_dir_of(target), pid)
-        note, short = str(chosen.get("note") or ""), str(chosen.get("short") or "")
-        row = chosen.get("row")
-        if chosen.get("choice") == "several":
+        note, short = chosen.note, chosen.short
+        row = chosen.row
+        if chosen.choice is Choice.SEVERAL:
             from eagle3_tui.app.chooser import choose_live
 
             row = await choose_live(chosen)
@@ -646,14 +647,14 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
                 return EXIT_OK
             note = f"picked among {note}"
         export_dir: Path | None = None
-        if row is not None and not row.get("run_dir"):  # a training without telemetry
+        if row is not None and not row.run_dir:  # a training without telemetry
             from eagle3_tui.transport.observed import ObservedTransport
 
             source: Any = ObservedTransport(stream_host(target, host, ns), row)
             app_control = RunControl.for_process(target, host, row)
             compare, open_run = compare_source(ns, target, host), open_run_for(target, host)
         else:
-            run_dir = str(row["run_dir"]) if row is not None else str(chosen["run_dir"])
+            run_dir = row.run_dir if row is not None and row.run_dir else chosen.chosen_run_dir()
             if isinstance(target, LocalTarget):
                 export_dir = local_export_dir(Path(run_dir))
                 pinned_local = LocalTarget(Path(run_dir))
@@ -787,7 +788,7 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.replies import KillReport, to_json
+    from eagle3_tui.transport.replies import Choice, ChooseReply, KillReport, to_json
 
     target = cli_target(ns)
     label = ns.target or f"pid {ns.pid}"
@@ -800,22 +801,23 @@ def cmd_kill(ns: argparse.Namespace) -> int:
         if not needs_choice(target, ns.pid):
             return await on_every_node(target, "kill", kill, KillReport)
 
-        async def choose(host: Host) -> dict[str, Any]:
+        async def choose(host: Host) -> ChooseReply:
             return await control.choose(host, control.run_dir_of(target), ns.pid)
 
         chosen = await control.on_host(target, choose)
-        if chosen.get("choice") == "several":
+        if chosen.choice is Choice.SEVERAL:
             raise control.several_error(chosen, label)
-        say_chosen(chosen.get("note"))
-        if chosen.get("choice") == "process":
+        say_chosen(chosen.note)
+        if chosen.choice is Choice.PROCESS:
+            row = chosen.chosen_row()
             return await control.on_host(
                 target,
                 lambda h: control.kill_run(
-                    h, None, ns.grace, on_progress=_print_progress, process=chosen["row"]
+                    h, None, ns.grace, on_progress=_print_progress, process=row
                 ),
             )
         return await on_every_node(
-            pinned_to(target, str(chosen["run_dir"])), "kill", kill, KillReport
+            pinned_to(target, chosen.chosen_run_dir()), "kill", kill, KillReport
         )
 
     result = asyncio.run(go())
@@ -844,7 +846,7 @@ def cmd_resume(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
-    from eagle3_tui.transport.replies import ResumeReport, to_json
+    from eagle3_tui.transport.replies import Choice, ResumeReport, to_json
 
     target = cli_target(ns)
 
@@ -859,16 +861,16 @@ def cmd_resume(ns: argparse.Namespace) -> int:
         chosen = await control.on_host(
             target, lambda h: control.choose(h, control.run_dir_of(target))
         )
-        if chosen.get("choice") == "several":
+        if chosen.choice is Choice.SEVERAL:
             raise control.several_error(chosen, ns.target or "this machine")
-        say_chosen(chosen.get("note"))
-        if chosen.get("choice") == "process":
+        say_chosen(chosen.note)
+        if chosen.choice is Choice.PROCESS:
             raise TargetError(
-                f"{chosen.get('short')} is running without telemetry: "
+                f"{chosen.short} is running without telemetry: "
                 "nothing to resume (kill it first, or attach: eagle3-tui attach)"
             )
         return await on_every_node(
-            pinned_to(target, str(chosen["run_dir"])), "resume", resume, ResumeReport
+            pinned_to(target, chosen.chosen_run_dir()), "resume", resume, ResumeReport
         )
 
     result = asyncio.run(go())
@@ -880,6 +882,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
+    from eagle3_tui.transport.replies import to_json
     from eagle3_tui.transport.target import LocalTarget, parse_host, parse_target
 
     opts = ssh_options(ns)
@@ -890,9 +893,9 @@ def cmd_runs(ns: argparse.Namespace) -> int:
             target = parse_host(ns.target, opts)
 
     result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all)))
-    if not result.get("runs") and not result.get("live"):
+    if not result.runs and not result.live:
         raise control.no_runs_error(result, ns.target or "this machine")
-    say(json.dumps(result) if ns.json else control.format_discovered(result))
+    say(to_json(result) if ns.json else control.format_discovered(result))
     return EXIT_OK
 
 
@@ -950,27 +953,28 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     import asyncio
 
     from eagle3_tui.transport import control
+    from eagle3_tui.transport.replies import AttachPlan, AttachResult, to_json
     from eagle3_tui.transport.target import LocalTarget
 
     target: Target = cli_target(ns) if ns.target is not None else LocalTarget(Path("."))
     run_dir = control.run_dir_of(target) if ns.target is not None else None
 
-    async def attach(host: Host) -> dict[str, Any]:
+    async def attach(host: Host) -> AttachResult | None:
         plan = await control.attach_plan(host, run_dir, ns.pid)
-        if plan.get("status") != "plan":
-            return plan
+        if not isinstance(plan, AttachPlan):
+            return plan  # refused: which check, and why
         say(control.format_attach_plan(plan), err=True)
         if not ns.yes:
             ok = await asyncio.to_thread(_confirm, "attach? [y/N] ")
             if not ok:
-                return {"status": "declined", "message": "not confirmed: nothing done"}
+                return None
         return await control.attach_run(host, plan, wait_s=ns.wait)
 
     result = asyncio.run(control.on_host(target, attach))
-    if result.get("status") == "declined":
-        say(f"eagle3-tui: {result['message']}", err=True)
+    if result is None:
+        say("eagle3-tui: not confirmed: nothing done", err=True)
         return control.EXIT_DECLINED
-    say(json.dumps(result) if ns.json else control.format_attach(result))
+    say(to_json(result) if ns.json else control.format_attach(result))
     return control.attach_exit_status(result)
 
 

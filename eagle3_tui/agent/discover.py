@@ -31,12 +31,16 @@ from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import (
+    CHOICE_PROCESS,
+    CHOICE_RUN,
+    CHOICE_SEVERAL,
     ERR_GONE,
     ERR_MISSING,
     ERR_NOT_TRAINING,
     ERR_PERMISSION,
     EV_RESULT,
     MANIFEST,
+    OP_CHOOSE,
     OP_DESCRIBE,
     OP_DISCOVER,
     RUN_ID_ENV,
@@ -810,14 +814,14 @@ def op_choose(req: dict[str, Any]) -> int:
     host = os.uname().nodename
     me = user_name(os.geteuid())
     pid = req.get("pid")
-    base: dict[str, Any] = {"op": "choose", "host": host, "user": me}
+    base: dict[str, Any] = {"op": OP_CHOOSE, "host": host, "user": me}
     if isinstance(pid, int):
         row = describe(pid, req.get("start_ticks"))
         named = row.get("named_pid")
         note = f"pid {pid} is the {named['role']} of " if named else ""
         emit(
             EV_RESULT,
-            choice="process",
+            choice=CHOICE_PROCESS,
             row=row,
             note=note + _describe_choice(row),
             short=f"pid {pid}",
@@ -834,7 +838,7 @@ def op_choose(req: dict[str, Any]) -> int:
         if os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.exists(
             os.path.join(path, MANIFEST)
         ):
-            emit(EV_RESULT, choice="run", run_dir=path, note="", short="", **base)
+            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
             return 0
         rows = [r for r in live_rows(health=False) if works_in(r, path)]
         scope = f"in {path}"
@@ -848,7 +852,7 @@ def op_choose(req: dict[str, Any]) -> int:
     if len(mine) > 1:
         emit(
             EV_RESULT,
-            choice="several",
+            choice=CHOICE_SEVERAL,
             runs=mine,
             note=f"{len(mine)} live trainings {scope}{skipped}",
             short=f"one of {len(mine)} live trainings",
@@ -862,7 +866,7 @@ def op_choose(req: dict[str, Any]) -> int:
         if row.get("run_dir"):
             emit(
                 EV_RESULT,
-                choice="run",
+                choice=CHOICE_RUN,
                 run_dir=row["run_dir"],
                 row=row,
                 note=note,
@@ -870,7 +874,7 @@ def op_choose(req: dict[str, Any]) -> int:
                 **base,
             )
         else:
-            emit(EV_RESULT, choice="process", row=row, note=note, short=short, **base)
+            emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=short, **base)
         return 0
     if path:
         if others:
@@ -884,8 +888,8 @@ def op_choose(req: dict[str, Any]) -> int:
         if earlier is not None:  # a stopped run of this directory: what kill/resume mean
             status = _manifest_status(earlier)
             emit(
-                "result",
-                choice="run",
+                EV_RESULT,
+                choice=CHOICE_RUN,
                 run_dir=earlier,
                 note=f"no live training works in {path}: its latest run, {earlier} ({status})",
                 short=f"the latest run in {path} ({status})",
@@ -906,7 +910,7 @@ def op_choose(req: dict[str, Any]) -> int:
     status = _manifest_status(str(latest))
     emit(
         EV_RESULT,
-        choice="run",
+        choice=CHOICE_RUN,
         run_dir=str(latest),
         note=f"no live training of {me} on {host}: the latest registered run, {latest} "
         f"({status}){skipped}",

@@ -27,6 +27,11 @@ OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identit
 OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
 OP_ATTACH = "attach"
 
+# What ``choose`` found a target to mean (its result's "choice").
+CHOICE_RUN = "run"  # a run directory (``run_dir``)
+CHOICE_PROCESS = "process"  # a training without telemetry (``row``)
+CHOICE_SEVERAL = "several"  # several live trainings (``runs``): the client asks which
+
 # Events (a J frame's "event").
 EV_RESOLVED = "resolved"
 EV_WAITING = "waiting"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on
@@ -14,29 +14,26 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from eagle3_tui.app.text import inert
+from eagle3_tui.transport.replies import ChooseReply, ProcessRow
 
 
-def live_row(r: dict[str, Any]) -> Text:
+def live_row(r: ProcessRow) -> Text:
     """One live training: start, health, PID, telemetry, where, what."""
-    started = r.get("started")
-    when = (
-        time.strftime("%m-%d %H:%M", time.localtime(float(started)))
-        if isinstance(started, int | float)
-        else "?"
-    )
+    started = r.started
+    when = time.strftime("%m-%d %H:%M", time.localtime(started)) if started is not None else "?"
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{when}  ", style="dim")
-    t.append(f"{r.get('health') or 'live'!s:<8} ", style="bold")
-    t.append(f"pid {r.get('pid'):<8} ")
-    t.append("telemetry " if r.get("telemetry") else "no telemetry ", style="dim")
-    t.append_text(inert(str(r.get("run_dir") or r.get("cwd") or "?")))
-    command = " ".join(str(a) for a in (r.get("command") or [])[1:])
+    t.append(f"{r.health or 'live':<8} ", style="bold")
+    t.append(f"pid {r.pid:<8} ")
+    t.append("telemetry " if r.telemetry else "no telemetry ", style="dim")
+    t.append_text(inert(r.run_dir or r.cwd or "?"))
+    command = " ".join(r.command[1:])
     t.append("  ")
     t.append_text(inert(command, style="dim"))
     return t
 
 
-class LiveChooser(App[dict[str, Any] | None]):
+class LiveChooser(App[ProcessRow | None]):
     """Lists the live trainings; Enter opens one, Escape or q quits."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -47,11 +44,11 @@ class LiveChooser(App[dict[str, Any] | None]):
     #chooser-note { margin-bottom: 1; }
     """
 
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: ChooseReply) -> None:
         super().__init__()
-        self.rows: list[dict[str, Any]] = list(result.get("runs") or [])
-        self.host = str(result.get("host") or "the host")
-        self.note_text = str(result.get("note") or "")
+        self.rows: list[ProcessRow] = list(result.runs)
+        self.host = result.host or "the host"
+        self.note_text = result.note
 
     def compose(self) -> ComposeResult:
         box = Vertical(id="chooser")
@@ -77,6 +74,6 @@ class LiveChooser(App[dict[str, Any] | None]):
         self.exit(None)
 
 
-async def choose_live(result: dict[str, Any]) -> dict[str, Any] | None:
-    """The training picked among ``result["runs"]``, or None when the user quit."""
+async def choose_live(result: ChooseReply) -> ProcessRow | None:
+    """The training picked among ``result.runs``, or None when the user quit."""
     return await LiveChooser(result).run_async()

@@ -10,13 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from eagle3_tui.agent.names import KILL_GRACE_S
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
-from eagle3_tui.transport.replies import KillReport, ResumeReport, RunsReport, Status
+from eagle3_tui.transport.replies import (
+    AttachPlan,
+    AttachResult,
+    KillReport,
+    ProcessRow,
+    ResumeReport,
+    RunsReport,
+    Status,
+)
 from eagle3_tui.transport.target import LocalTarget, Target
 
 
@@ -30,7 +37,7 @@ class RunControl:
     """``host:run_dir`` (or the local path), for dialogs."""
     kill_grace_s: float = KILL_GRACE_S
     resume_wait_s: float = 30.0
-    process: dict[str, Any] | None = None
+    process: ProcessRow | None = None
     """A training without telemetry (its discovery row): acted on by PID, start time and
     boot id instead of a manifest."""
     nodes: list[RunControl] = field(default_factory=list)
@@ -44,7 +51,7 @@ class RunControl:
         return cls(host, run_dir, control.where(target, run_dir))
 
     @classmethod
-    def for_process(cls, target: Target, host: Host, row: dict[str, Any]) -> RunControl:
+    def for_process(cls, target: Target, host: Host, row: ProcessRow) -> RunControl:
         from eagle3_tui.transport.observed import describe_row
 
         prefix = getattr(host, "prefix", "")
@@ -118,10 +125,10 @@ class RunControl:
     async def runs(self, all_users: bool = False) -> RunsReport:
         return await control.list_runs(self.host, all_users)
 
-    async def attach_plan(self, pid: int | None) -> dict[str, Any]:
+    async def attach_plan(self, pid: int | None) -> AttachPlan | AttachResult:
         """What attaching ``pid`` (None: the host's only training) would do, metrics
         written into this run directory (see control.attach_plan)."""
         return await control.attach_plan(self.host, self.run_dir, pid)
 
-    async def attach(self, plan: dict[str, Any]) -> dict[str, Any]:
+    async def attach(self, plan: AttachPlan) -> AttachResult:
         return await control.attach_run(self.host, plan)

@@ -20,7 +20,12 @@ import msgspec
 
 from eagle3_tui.agent.names import (
     COMPRESS_ZLIB,
+    OP_ATTACH,
+    OP_CHOOSE,
+    OP_DESCRIBE,
+    OP_DISCOVER,
     OP_KILL,
+    OP_OBSERVE,
     OP_RESOLVE,
     OP_RESUME,
     OP_RUNS,
@@ -37,15 +42,21 @@ from eagle3_tui.transport.channel import (
     call_agent,
 )
 from eagle3_tui.transport.replies import (
+    AttachPlan,
+    AttachResult,
     CheckpointInfo,
+    ChooseReply,
+    DiscoverReport,
     ErrorKind,
     KillReport,
+    NodePlace,
+    ProcessRow,
     Resolved,
     ResumeReport,
-    RunEntry,
     RunsReport,
     Status,
     decode,
+    decode_plan,
 )
 from eagle3_tui.transport.target import LocalTarget, SshTarget, Target
 
@@ -138,27 +149,23 @@ async def kill_run(
     run_dir: str | None,
     grace_s: float,
     on_progress: ProgressCallback | None = None,
-    process: dict[str, Any] | None = None,
+    process: ProcessRow | None = None,
 ) -> KillReport:
     """Kill the run in ``run_dir``, or (``process``: a discovered training's row) that
     process tree, identified by PID, start time and boot id."""
     request: dict[str, Any] = {"op": OP_KILL, "run_dir": run_dir, "grace_s": grace_s}
     if process is not None:
-        request.update(
-            pid=process["pid"],
-            start_ticks=process.get("start_ticks"),
-            boot_id=process.get("boot_id"),
-        )
+        request.update(pid=process.pid, start_ticks=process.start_ticks, boot_id=process.boot_id)
     ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
     return decode(KillReport, ev.fields, host.label)
 
 
 async def resume_run(
-    host: Host, run_dir: str | None, wait_s: float, process: dict[str, Any] | None = None
+    host: Host, run_dir: str | None, wait_s: float, process: ProcessRow | None = None
 ) -> ResumeReport:
     request: dict[str, Any] = {"op": OP_RESUME, "run_dir": run_dir, "wait_s": wait_s}
     if process is not None:
-        request["pid"] = process["pid"]
+        request["pid"] = process.pid
     ev = await call_agent(host, request, python=_python(host))
     return decode(ResumeReport, ev.fields, host.label)
 
@@ -170,35 +177,35 @@ async def run_status(host: Host, run_dir: str | None) -> Status:
     return decode(Status, ev.fields, host.label)
 
 
-async def discover(host: Host, all_users: bool = False) -> dict[str, Any]:
+async def discover(host: Host, all_users: bool = False) -> DiscoverReport:
     """The host's live trainings (``live``, with or without telemetry) and its registered
     runs (``runs``: the login user's, or whoever owns them with ``all_users``; ``others``
     counts the ones left out)."""
-    ev = await call_agent(host, {"op": "discover", "all": all_users}, python=_python(host))
-    return ev.fields
+    ev = await call_agent(host, {"op": OP_DISCOVER, "all": all_users}, python=_python(host))
+    return decode(DiscoverReport, ev.fields, host.label)
 
 
-async def choose(host: Host, run_dir: str | None, pid: int | None = None) -> dict[str, Any]:
+async def choose(host: Host, run_dir: str | None, pid: int | None = None) -> ChooseReply:
     """What a target means: ``choice`` ``run`` (``run_dir``), ``process`` (``row``, a
     training without telemetry) or ``several`` (``runs``), and a ``note`` saying so."""
-    request: dict[str, Any] = {"op": "choose", "run_dir": run_dir}
+    request: dict[str, Any] = {"op": OP_CHOOSE, "run_dir": run_dir}
     if pid is not None:
         request["pid"] = pid
     ev = await call_agent(host, request, python=_python(host))
-    return ev.fields
+    return decode(ChooseReply, ev.fields, host.label)
 
 
-async def describe(host: Host, process: dict[str, Any]) -> Status:
+async def describe(host: Host, process: ProcessRow) -> Status:
     """A discovered training now: alive or not, why, its ``row``, a manifest-like
     identity, the host and its clock (as ``run_status`` for a registered run)."""
-    request = {"op": "describe", "pid": process["pid"], "start_ticks": process.get("start_ticks")}
+    request = {"op": OP_DESCRIBE, "pid": process.pid, "start_ticks": process.start_ticks}
     ev = await call_agent(host, request, python=_python(host))
     return decode(Status, ev.fields, host.label)
 
 
 async def observe_once(
     host: Host,
-    process: dict[str, Any],
+    process: ProcessRow,
     on_data: Callable[[DataFrame], object],
     seconds: float = 2.5,
 ) -> Event:
@@ -206,23 +213,23 @@ async def observe_once(
     the log read back from near its end); returns the ``eof`` event (``now``: the host's
     clock). A trainer that exits meanwhile ends it early (``ended``)."""
     request = {
-        "op": "observe",
-        "pid": process["pid"],
-        "start_ticks": process.get("start_ticks"),
+        "op": OP_OBSERVE,
+        "pid": process.pid,
+        "start_ticks": process.start_ticks,
         "until_s": seconds,
     }
     return await call_agent(host, request, on_data=on_data, python=_python(host))
 
 
-def several_error(result: dict[str, Any], label: str) -> SeveralRunsError:
-    rows = result.get("runs") or []
+def several_error(result: ChooseReply, label: str) -> SeveralRunsError:
+    rows = result.runs
     listed = "; ".join(describe_process(r) for r in rows[:6])
     return SeveralRunsError(
         f"{label}: {len(rows)} live trainings ({printable(listed)}): choose one with --pid PID"
     )
 
 
-def describe_process(row: dict[str, Any]) -> str:
+def describe_process(row: ProcessRow) -> str:
     from eagle3_tui.transport.observed import describe_row
 
     return describe_row(row)
@@ -251,31 +258,31 @@ async def read_file(
 # ---- the nodes of a multi-node run ----------------------------------------------------
 
 
-def other_nodes(manifest: dict[str, Any], host: str, run_dir: str) -> list[dict[str, Any]]:
-    """The nodes a run's manifest names besides the one read (``host``, ``run_dir``): each
-    ``{node_rank, host, run_dir, ...}`` (``nodes`` is filled in once every rank of a
-    torchrun job has put its place in the job's store)."""
+def other_nodes(manifest: dict[str, Any], host: str, run_dir: str) -> list[NodePlace]:
+    """The nodes a run's manifest names besides the one read (``host``, ``run_dir``)
+    (``nodes`` is filled in once every rank of a torchrun job has put its place in the
+    job's store; an entry without a host name is skipped)."""
     nodes = manifest.get("nodes")
     if not isinstance(nodes, list):
         return []
     mine = manifest.get("node_rank")
     out = []
-    for node in nodes:
-        if not isinstance(node, dict) or not isinstance(node.get("host"), str):
+    for entry in nodes:
+        try:
+            node = msgspec.convert(entry, NodePlace, str_keys=True)
+        except msgspec.ValidationError:
             continue
-        if node.get("node_rank") == mine or (
-            node.get("host") == host and node.get("run_dir") == run_dir
-        ):
+        if node.node_rank == mine or (node.host == host and node.run_dir == run_dir):
             continue
         out.append(node)
     return out
 
 
-def node_target(target: SshTarget, node: dict[str, Any]) -> SshTarget:
+def node_target(target: SshTarget, node: NodePlace) -> SshTarget:
     """Another node of the run, reached as ``target`` is (same user and ssh options): by
     the host name its telemetry recorded, which ssh resolves (a ~/.ssh/config alias,
     the cluster's DNS)."""
-    return replace(target, host=str(node["host"]), run_dir=node.get("run_dir"))
+    return replace(target, host=node.host, run_dir=node.run_dir)
 
 
 async def node_targets(target: Target) -> list[SshTarget]:
@@ -283,7 +290,7 @@ async def node_targets(target: Target) -> list[SshTarget]:
     if not isinstance(target, SshTarget):
         return []
 
-    async def find(host: Host) -> list[dict[str, Any]]:
+    async def find(host: Host) -> list[NodePlace]:
         info = await resolve(host, target.run_dir)
         try:
             status = await run_status(host, info.run_dir)
@@ -462,49 +469,40 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
-def format_discovered(result: dict[str, Any]) -> str:
+def format_discovered(result: DiscoverReport) -> str:
     """The host's live trainings (with or without telemetry), then the registered runs
     that are not live: one row per run."""
     lines = [f"{'STARTED':<19}  {'HEALTH':<9} {'PID':>8}  {'USER':<10} {'TELEMETRY':<9}  WHERE"]
-    for r in result.get("live") or []:
-        where = str(r.get("run_dir") or r.get("cwd") or "?")
-        command = " ".join(
-            str(a).rsplit("/", 1)[-1] if i == 0 else str(a)
-            for i, a in enumerate(r.get("command") or [])
-        )
+    for r in result.live:
+        where = r.run_dir or r.cwd or "?"
+        command = " ".join(a.rsplit("/", 1)[-1] if i == 0 else a for i, a in enumerate(r.command))
         extra = f"  {command[:60]}"
-        if r.get("log") and not r.get("telemetry"):
-            extra += f"  (log {r['log']})"
+        if r.log and not r.telemetry:
+            extra += f"  (log {r.log})"
         lines.append(
-            f"{_when(r.get('started')):<19}  {r.get('health') or 'live'!s:<9} "
-            f"{r.get('pid'):>8}  {str(r.get('user'))[:10]:<10} "
-            f"{'yes' if r.get('telemetry') else 'no':<9}  {printable(where + extra)}"
+            f"{_when(r.started):<19}  {r.health or 'live':<9} "
+            f"{r.pid:>8}  {r.user[:10]:<10} "
+            f"{'yes' if r.telemetry else 'no':<9}  {printable(where + extra)}"
         )
-    for r in registered_entries(result):
-        if r.live_pid:
+    for e in result.runs:
+        if e.live_pid:
             continue  # shown above, as the live process it is
         lines.append(
-            f"{_when(r.started_at):<19}  {r.state:<9} {r.pid or '-':>8}  "
-            f"{'-':<10} {'yes':<9}  {printable(r.run_dir)}"
+            f"{_when(e.started_at):<19}  {e.state:<9} {e.pid or '-':>8}  "
+            f"{'-':<10} {'yes':<9}  {printable(e.run_dir)}"
         )
-    if result.get("others"):
-        lines.append(f"({result['others']} run(s) of other users not shown: --all)")
+    if result.others:
+        lines.append(f"({result.others} run(s) of other users not shown: --all)")
     return "\n".join(lines)
 
 
-def registered_entries(result: dict[str, Any]) -> list[RunEntry]:
-    """``discover``'s registered runs, typed (as ``runs`` reports them)."""
-    return decode(RunsReport, {"op": "discover", "runs": result.get("runs") or []}).runs
-
-
-def no_runs_error(result: dict[str, Any], label: str) -> TargetError:
-    if result.get("others"):
+def no_runs_error(result: DiscoverReport, label: str) -> TargetError:
+    if result.others:
         return TargetError(
-            f"{label}: no run of yours registered, {result['others']} of other users (--all)"
+            f"{label}: no run of yours registered, {result.others} of other users (--all)"
         )
     return TargetError(
-        f"{label}: no live training and no run registered "
-        f"(index {printable(str(result.get('index')))})"
+        f"{label}: no live training and no run registered (index {printable(str(result.index))})"
     )
 
 
@@ -540,17 +538,17 @@ ATTACH_EXIT = {
 
 
 def attach_request(
-    step: str, run_dir: str | None, pid: int | None, confirmed: dict[str, Any] | None = None
+    step: str, run_dir: str | None, pid: int | None, confirmed: AttachPlan | None = None
 ) -> dict[str, Any]:
     """The agent request of an attach step; ``inject`` names the process confirmed
     (PID, start time, boot id) and carries the telemetry package."""
-    request: dict[str, Any] = {"op": "attach", "step": step, "run_dir": run_dir, "pid": pid}
+    request: dict[str, Any] = {"op": OP_ATTACH, "step": step, "run_dir": run_dir, "pid": pid}
     if confirmed is not None:
         request.update(
-            pid=confirmed.get("pid"),
-            start_ticks=confirmed.get("start_ticks"),
-            boot_id=confirmed.get("boot_id"),
-            run_dir=confirmed.get("run_dir"),
+            pid=confirmed.pid,
+            start_ticks=confirmed.start_ticks,
+            boot_id=confirmed.boot_id,
+            run_dir=confirmed.run_dir,
         )
     if step == "inject":
         from eagle3_tui.transport.bundle import telemetry_library
@@ -559,96 +557,99 @@ def attach_request(
     return request
 
 
-async def attach_plan(host: Host, run_dir: str | None, pid: int | None) -> dict[str, Any]:
-    """What attaching would do (every check done, nothing touched)."""
+async def attach_plan(
+    host: Host, run_dir: str | None, pid: int | None
+) -> AttachPlan | AttachResult:
+    """What attaching would do (every check done, nothing touched): the plan, or the
+    refusal (``reason``: which check; ``choose``: the ``candidates``)."""
     request = attach_request("plan", run_dir, pid)
     ev = await call_agent(host, request, python=_python(host))
-    return ev.fields
+    return decode_plan(ev.fields, host.label)
 
 
 async def attach_run(
-    host: Host, plan: dict[str, Any], wait_s: float = 10.0, metric_wait_s: float = 15.0
-) -> dict[str, Any]:
+    host: Host, plan: AttachPlan, wait_s: float = 10.0, metric_wait_s: float = 15.0
+) -> AttachResult:
     """Attach to the process ``plan`` showed (refused if the PID is another one now)."""
     request = attach_request("inject", None, None, plan)
     request.update(wait_s=wait_s, metric_wait_s=metric_wait_s)
     ev = await call_agent(host, request, python=_python(host))
-    return ev.fields
+    return decode(AttachResult, ev.fields, host.label)
 
 
-def attach_exit_status(result: dict[str, Any]) -> int:
-    status = result.get("status")
+def attach_exit_status(result: AttachPlan | AttachResult) -> int:
+    status = result.status
     if status in ("attached", "plan"):
         return EXIT_OK
     if status in ("already", "queued"):
-        return ATTACH_EXIT[str(status)]
-    return ATTACH_EXIT.get(str(result.get("reason")), EXIT_ATTACH_FAILED)
+        return ATTACH_EXIT[status]
+    reason = result.reason if isinstance(result, AttachResult) else None
+    return ATTACH_EXIT.get(str(reason), EXIT_ATTACH_FAILED)
 
 
 def _ms(value: Any) -> str:
     return f"{float(value):.0f} ms" if isinstance(value, int | float) else "?"
 
 
-def format_attach_plan(plan: dict[str, Any]) -> str:
+def format_attach_plan(plan: AttachPlan) -> str:
     """What attach will do, for the person who confirms it."""
-    py = plan.get("python") or {}
     how = (
         "gdb: Py_AddPendingCall, at the next safe point of its main thread (the process is "
         "stopped while gdb is attached: a few hundred ms)"
-        if plan.get("mechanism") == "gdb"
+        if plan.mechanism == "gdb"
         else "sys.remote_exec (PEP 768), at the next safe point of its main thread"
     )
-    argv = " ".join(str(a) for a in plan.get("argv") or [])
+    argv = " ".join(plan.argv)
     lines = [
-        f"attach telemetry to pid {plan.get('pid')} on {printable(str(plan.get('host')))} "
-        f"(user {printable(str(plan.get('user')))})",
+        f"attach telemetry to pid {plan.pid} on {printable(str(plan.host))} "
+        f"(user {printable(plan.user)})",
         f"  command  {printable(argv)[:300]}",
-        f"  python   {printable(str(py.get('label')))}",
+        f"  python   {printable(plan.python.label)}",
         f"  how      {how}",
-        f"  trainer  {printable(str(plan.get('evidence')))}",
-        f"  metrics  {printable(str(plan.get('run_dir')))}  (metrics.jsonl, run.json)",
+        f"  trainer  {printable(plan.evidence)}",
+        f"  metrics  {printable(str(plan.run_dir))}  (metrics.jsonl, run.json)",
     ]
-    if plan.get("log_file"):
-        lines.append(f"  log      {printable(str(plan['log_file']))}")
+    if plan.log_file:
+        lines.append(f"  log      {printable(plan.log_file)}")
     lines.append(
-        f"  files    {printable(str(plan.get('files')))}  (the telemetry package, private to "
-        f"{printable(str(plan.get('user')))}; nothing is installed)"
+        f"  files    {printable(str(plan.files))}  (the telemetry package, private to "
+        f"{printable(plan.user)}; nothing is installed)"
     )
-    if plan.get("torchrun"):
+    if plan.torchrun:
         lines.append("  note     under torchrun only this rank is attached; resume relaunches")
         lines.append("           torchrun's own command, without telemetry")
     return "\n".join(lines)
 
 
-def format_attach(result: dict[str, Any]) -> str:
-    status = str(result.get("status"))
-    lines = [f"{status}: {printable(str(result.get('message')))}"]
+def format_attach(result: AttachResult) -> str:
+    status = result.status
+    lines = [f"{status}: {printable(result.message)}"]
     if status == "attached":
-        run_dir = printable(str(result.get("run_dir")))
+        run_dir = printable(str(result.run_dir))
         bounds = ""
-        if result.get("total_steps"):
-            bounds = f" of {result['total_steps']} ({result.get('epochs')} epochs)"
-        lines.append(f"  step     {result.get('global_step')}{bounds}")
+        if result.total_steps:
+            bounds = f" of {result.total_steps} ({result.epochs} epochs)"
+        lines.append(f"  step     {result.global_step}{bounds}")
         lines.append(f"  run      {run_dir}")
-        if result.get("checkpoint_dir"):
-            lines.append(f"  ckpts    {printable(str(result['checkpoint_dir']))}")
+        if result.checkpoint_dir:
+            lines.append(f"  ckpts    {printable(result.checkpoint_dir)}")
     pause = []
-    if result.get("stopped_ms") is not None:
-        pause.append(f"process stopped {_ms(result['stopped_ms'])} by gdb")
-    if result.get("pause_ms") is not None:
-        pause.append(f"main thread ran the attach for {_ms(result['pause_ms'])}")
+    if result.stopped_ms is not None:
+        pause.append(f"process stopped {_ms(result.stopped_ms)} by gdb")
+    if result.pause_ms is not None:
+        pause.append(f"main thread ran the attach for {_ms(result.pause_ms)}")
     if pause:
         lines.append("  pause    " + "; ".join(pause))
-    if result.get("first_metric_s") is not None:
+    if result.first_metric_s is not None:
         lines.append(
-            f"  first    metrics of step {_shown_step(result.get('first_step'))} "
-            f"{float(result['first_metric_s']):.1f} s after the attach"
+            f"  first    metrics of step {_shown_step(result.first_step)} "
+            f"{result.first_metric_s:.1f} s after the attach"
         )
     elif status == "attached":
         lines.append("  first    no step logged yet (the next one brings the first metrics)")
-    if result.get("traceback"):
+    if result.traceback:
         lines.append("  traceback (in the trainer, caught there):")
-        lines.extend("    " + printable(t) for t in str(result["traceback"]).splitlines()[-12:])
-    if status == "queued" and result.get("result_file"):
+        lines.extend("    " + printable(t) for t in result.traceback.splitlines()[-12:])
+    if status == "queued" and result.result_file:
         lines.append("  ask again with the same command to see when it ran")
     return "\n".join(lines)

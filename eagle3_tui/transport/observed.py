@@ -28,7 +28,7 @@ from eagle3_tui.transport.channel import (
     ChannelLostError,
     DataFrame,
 )
-from eagle3_tui.transport.replies import ErrorKind
+from eagle3_tui.transport.replies import ErrorKind, ProcessRow
 
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 
@@ -50,13 +50,13 @@ def _refused(e: BaseException) -> bool:
     return ssh is not None and isinstance(e, ssh.HostRefusedError)
 
 
-def describe_row(row: dict[str, Any], middle: str = "") -> str:
+def describe_row(row: ProcessRow, middle: str = "") -> str:
     """``pid 4242 train.py in /work/exp7`` for labels and messages (``middle`` before
     the directory, which may be long)."""
-    command = [str(a) for a in row.get("command") or []]
+    command = row.command
     script = next((a for a in command[1:] if not a.startswith("-")), command[0] if command else "")
-    where = f" in {row['cwd']}" if row.get("cwd") else ""
-    return f"pid {row.get('pid')} {script.rsplit('/', 1)[-1]}{middle}{where}"
+    where = f" in {row.cwd}" if row.cwd else ""
+    return f"pid {row.pid} {script.rsplit('/', 1)[-1]}{middle}{where}"
 
 
 class ObservedTransport:
@@ -65,15 +65,15 @@ class ObservedTransport:
     def __init__(
         self,
         host: ObserveHost,
-        row: dict[str, Any],
+        row: ProcessRow,
         *,
         interval_s: float = 1.0,
         backoff: Sequence[float] = BACKOFF,
     ) -> None:
         self.host = host
         self.row = row
-        self.pid = int(row["pid"])
-        self.start_ticks = row.get("start_ticks")
+        self.pid = row.pid
+        self.start_ticks = row.start_ticks
         self.interval_s = interval_s
         self.backoff = tuple(backoff)
         self.reconnects = 0

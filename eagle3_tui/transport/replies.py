@@ -3,7 +3,9 @@
 The agent (standard library only) writes its results as JSON objects and names its
 events and error kinds in :mod:`eagle3_tui.agent.names`; here each operation's
 ``result`` becomes a msgspec Struct (:class:`Status`, :class:`KillReport`,
-:class:`ResumeReport`, :class:`RunsReport`), and an error event's kind an
+:class:`ResumeReport`, :class:`RunsReport`, :class:`DiscoverReport`,
+:class:`ChooseReply` with its :class:`ProcessRow`, :class:`AttachPlan`,
+:class:`AttachResult`), and an error event's kind an
 :class:`ErrorKind`. A reply that does not have the shape its operation promises is
 an :class:`AgentProtocolError` (one line, naming the field), never a ``KeyError``
 further up. The run state takes a status in one place: :func:`apply_status`.
@@ -93,7 +95,7 @@ class Status(Reply, kw_only=True):
     now: float | None = None
     """The host's clock when it answered."""
     run_dir: str | None = None
-    row: dict[str, Any] | None = None
+    row: ProcessRow | None = None
     """``describe`` only: the discovered training's row."""
 
 
@@ -224,6 +226,244 @@ class RunsReport(Reply, kw_only=True):
     host: str | None = None
 
 
+class DiscoverReport(Reply, kw_only=True):
+    """``discover``: the host's live trainings (with or without telemetry) and its
+    registered runs (the login user's; ``others`` counts the ones left out)."""
+
+    live: list[ProcessRow] = msgspec.field(default_factory=list)
+    runs: list[RunEntry] = msgspec.field(default_factory=list)
+    others: int = 0
+    index: str | None = None
+    host: str | None = None
+    user: str | None = None
+    uid: int | None = None
+    now: float | None = None
+
+
+# ---- live trainings ---------------------------------------------------------------------
+
+
+class Member(msgspec.Struct, kw_only=True):
+    """A process of a training's tree (``role``: launcher, trainer, rank, worker, helper,
+    spawned, child)."""
+
+    pid: int
+    role: str = ""
+    comm: str = ""
+
+
+class RankRow(msgspec.Struct, kw_only=True):
+    """A rank under a torchrun agent (``RANK`` and ``LOCAL_RANK`` as its environment
+    says them: strings)."""
+
+    pid: int
+    rank: str | None = None
+    local_rank: str | None = None
+
+
+class GpuUse(msgspec.Struct, kw_only=True):
+    """A GPU the training uses, and which of its processes hold it."""
+
+    index: int
+    pids: list[int] = msgspec.field(default_factory=list)
+
+
+class NamedPid(msgspec.Struct, kw_only=True):
+    """``describe`` of a worker or rank: the PID asked about, and its role."""
+
+    pid: int
+    role: str = ""
+
+
+class ProcessRow(msgspec.Struct, kw_only=True):
+    """A training found on the host by its processes (``discover``, ``choose``,
+    ``describe``): the trainer's identity (PID, start time, boot id), where it works,
+    whether telemetry is attached, its tree and why it is taken for a training."""
+
+    pid: int
+    start_ticks: int | None = None
+    boot_id: str | None = None
+    pgid: int | None = None
+    launcher_pid: int | None = None
+    """The torchrun agent (None: no torchrun)."""
+    uid: int | None = None
+    user: str = "?"
+    mine: bool = False
+    """Owned by the user the agent runs as."""
+    readable: bool = False
+    started: float | None = None
+    """When the trainer started (the host's clock)."""
+    command: list[str] = msgspec.field(default_factory=list)
+    """The launcher's command line (torchrun's), else the trainer's."""
+    cwd: str | None = None
+    log: str | None = None
+    """Where its output goes, when that is a file."""
+    telemetry: bool = False
+    run_dir: str | None = None
+    run_id: str | None = None
+    checkpoint_dir: str | None = None
+    epochs: int | None = None
+    ranks: list[RankRow] = msgspec.field(default_factory=list)
+    workers: list[int] = msgspec.field(default_factory=list)
+    members: list[Member] = msgspec.field(default_factory=list)
+    evidence: list[str] = msgspec.field(default_factory=list)
+    health: str | None = None
+    """``discover``'s first verdict: running, waiting, silent, stalled."""
+    health_reason: str | None = None
+    cpu_pct: float | None = None
+    gpus: list[GpuUse] = msgspec.field(default_factory=list)
+    named_pid: NamedPid | None = None
+
+
+class Choice(enum.StrEnum):
+    """What ``choose`` found a target to mean."""
+
+    RUN = names.CHOICE_RUN
+    PROCESS = names.CHOICE_PROCESS
+    SEVERAL = names.CHOICE_SEVERAL
+
+
+class ChooseReply(Reply, kw_only=True):
+    """``choose``: a ``run`` (``run_dir``; ``row`` when it is the live training), a
+    ``process`` (``row``: a training without telemetry) or ``several`` (``runs``: the
+    live trainings), with a ``note`` saying why and a ``short`` form of it."""
+
+    choice: Choice
+    run_dir: str | None = None
+    row: ProcessRow | None = None
+    runs: list[ProcessRow] = msgspec.field(default_factory=list)
+    note: str = ""
+    short: str = ""
+    host: str | None = None
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        # what each choice needs (a ValueError here is a ValidationError to decode)
+        if self.choice is Choice.RUN and not self.run_dir:
+            raise ValueError("a `run` choice without its `run_dir`")
+        if self.choice is Choice.PROCESS and self.row is None:
+            raise ValueError("a `process` choice without its `row`")
+
+    def chosen_run_dir(self) -> str:
+        """The run directory a ``run`` choice names."""
+        if not self.run_dir:
+            raise AgentProtocolError(f"the agent's {self.choice} choice names no run directory")
+        return self.run_dir
+
+    def chosen_row(self) -> ProcessRow:
+        """The training a ``process`` choice names."""
+        if self.row is None:
+            raise AgentProtocolError(f"the agent's {self.choice} choice names no process")
+        return self.row
+
+
+# ---- attach -----------------------------------------------------------------------------
+
+
+class PythonInfo(msgspec.Struct, kw_only=True):
+    """The interpreter a process runs, as ``/proc`` tells."""
+
+    exe: str = "?"
+    version: list[int] | None = None
+    implementation: str = ""
+    libpython: str | None = None
+    abiflags: str = ""
+    label: str = "?"
+
+
+class AttachPlan(Reply, kw_only=True):
+    """``attach`` ``plan``: every check passed; the process (PID, start time, boot id),
+    its Python, how the code gets in, where the metrics go."""
+
+    status: Literal["plan"] = "plan"
+    pid: int
+    start_ticks: int | None = None
+    boot_id: str | None = None
+    comm: str = ""
+    uid: int | None = None
+    gid: int | None = None
+    user: str = "?"
+    python: PythonInfo = msgspec.field(default_factory=PythonInfo)
+    mechanism: str = ""
+    """``gdb`` (CPython 3.8-3.13) or ``remote_exec`` (3.14+)."""
+    gdb: str | None = None
+    argv: list[str] = msgspec.field(default_factory=list)
+    cwd: str | None = None
+    run_dir: str | None = None
+    log_file: str | None = None
+    evidence: str = ""
+    speculators_seen: bool = False
+    files: str | None = None
+    """The private directory of the trainer's user the telemetry package goes to."""
+    key: str | None = None
+    torchrun: bool = False
+    host: str | None = None
+
+
+class AttachCandidate(msgspec.Struct, kw_only=True):
+    """A training ``attach`` could mean (several, and no PID given)."""
+
+    pid: int
+    argv: list[str] = msgspec.field(default_factory=list)
+    user: str = "?"
+
+
+class AttachResult(Reply, kw_only=True):
+    """``attach``'s outcome: ``attached``, ``already``, ``queued``, or refused or failed
+    (``reason`` names why: the exit status follows it). What the trainer wrote back
+    (its step, the pause it caused) when the injection ran; the plan it carried out."""
+
+    status: str
+    reason: str | None = None
+    message: str = ""
+    pid: int | None = None
+    run_dir: str | None = None
+    run_id: str | None = None
+    global_step: int | None = None
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+    checkpoint_dir: str | None = None
+    first_step: int | None = None
+    first_metric_s: float | None = None
+    """Seconds from the injection to the first step's metrics."""
+    stopped_ms: float | None = None
+    """How long gdb held the process stopped."""
+    pause_ms: float | None = None
+    """How long the trainer's main thread ran the attach."""
+    tool_s: float | None = None
+    traceback: str | None = None
+    output: str | None = None
+    """The tool's (gdb's) output, when it failed."""
+    result_file: str | None = None
+    lib: str | None = None
+    candidates: list[AttachCandidate] = msgspec.field(default_factory=list)
+    """``reason`` ``choose``: the trainings to choose among."""
+    sampler_pid: int | None = None
+    found_by: str | None = None
+    trainers: int | None = None
+    thread: str | None = None
+    python: str | None = None
+    """The trainer's Python version (as it reported it)."""
+    telemetry_from: str | None = None
+    finished_at: float | None = None
+    plan: AttachPlan | None = None
+
+
+# ---- the nodes of a multi-node run ------------------------------------------------------
+
+
+class NodePlace(msgspec.Struct, kw_only=True):
+    """A node of a torchrun job, as its manifest's ``nodes`` name it."""
+
+    host: str
+    run_dir: str | None = None
+    node_rank: int | None = None
+    run_id: str | None = None
+    launcher_pid: int | None = None
+    ranks: list[int | None] = msgspec.field(default_factory=list)
+
+
 # ---- decoding -------------------------------------------------------------------------
 
 R = TypeVar("R", bound=msgspec.Struct)
@@ -240,6 +480,13 @@ def decode(kind: type[R], fields: dict[str, Any], where: str = "the host") -> R:
             f"{where}: the agent's {op} reply is not understood ({e}); is the agent of "
             "another eagle3-tui version?"
         ) from None
+
+
+def decode_plan(fields: dict[str, Any], where: str = "the host") -> AttachPlan | AttachResult:
+    """An ``attach`` ``plan`` reply: the plan (``status`` ``plan``), or the refusal."""
+    if fields.get("status") == "plan":
+        return decode(AttachPlan, fields, where)
+    return decode(AttachResult, fields, where)
 
 
 def to_json(reply: msgspec.Struct) -> str:

@@ -485,17 +485,21 @@ async def test_a_run_without_telemetry_says_silent_and_what_is_not_available() -
 
 async def test_several_live_trainings_are_picked_before_the_monitor() -> None:
     from eagle3_tui.app.chooser import LiveChooser
+    from eagle3_tui.transport.replies import ChooseReply, decode
 
     rows = [
         {"pid": 11, "started": T0, "health": "silent", "cwd": "/work/a", "command": ["py", "a.py"]},
         {"pid": 22, "started": T0, "health": "running", "run_dir": "/runs/b", "telemetry": True,
          "command": ["py", "b.py"]},
     ]  # fmt: skip
-    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    reply = {"op": "choose", "choice": "several", "runs": rows, "host": "gpu-box",
+             "note": "2 live trainings"}  # fmt: skip
+    chooser = LiveChooser(decode(ChooseReply, reply))
     async with chooser.run_test(size=(100, 20)) as pilot:
         await pilot.press("down", "enter")
-    assert chooser.return_value == rows[1]
-    chooser = LiveChooser({"runs": rows, "host": "gpu-box", "note": "2 live trainings"})
+    assert chooser.return_value is not None and chooser.return_value.pid == 22
+    assert chooser.return_value.run_dir == "/runs/b"
+    chooser = LiveChooser(decode(ChooseReply, reply))
     async with chooser.run_test(size=(100, 20)) as pilot:
         await pilot.press("q")
     assert chooser.return_value is None

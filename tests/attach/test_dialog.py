@@ -8,6 +8,7 @@ from typing import Any
 from eagle3_tui.app.app import make_app
 from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.transport.replay import ReplayTransport
+from eagle3_tui.transport.replies import AttachPlan, AttachResult, decode, decode_plan
 from tests.app.conftest import FakeControl, text_of
 from tests.conftest import until
 
@@ -26,6 +27,8 @@ PLAN = {
 
 
 class AttachHost(FakeControl):
+    """The agent's replies as written here, decoded as the real agent's are."""
+
     def __init__(self, plans: list[dict[str, Any]], result: dict[str, Any]) -> None:
         super().__init__()
         self.plans = plans
@@ -33,13 +36,13 @@ class AttachHost(FakeControl):
         self.asked: list[int | None] = []
         self.attached: list[int] = []
 
-    async def attach_plan(self, pid: int | None) -> dict[str, Any]:
+    async def attach_plan(self, pid: int | None) -> AttachPlan | AttachResult:
         self.asked.append(pid)
-        return self.plans.pop(0)
+        return decode_plan({"op": "attach", **self.plans.pop(0)})
 
-    async def attach(self, plan: dict[str, Any]) -> dict[str, Any]:
-        self.attached.append(plan["pid"])
-        return self.result
+    async def attach(self, plan: AttachPlan) -> AttachResult:
+        self.attached.append(plan.pid)
+        return decode(AttachResult, {"op": "attach", **self.result})
 
 
 async def test_choose_a_training_confirm_and_see_the_result() -> None:

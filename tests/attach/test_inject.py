@@ -24,6 +24,7 @@ import pytest
 from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
+from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import need, need_gdb, wait_until
 from tests.transport.conftest import cli
 
@@ -301,11 +302,11 @@ async def test_refused_when_the_pid_is_another_process_now(
 ) -> None:
     proc = python_loop(tmp_path, procs)
     plan = await attach_plan(LocalHost(), str(tmp_path / "run"), proc.pid)
-    assert plan["status"] == "refused"  # no PyTorch; but the identity check comes first:
-    confirmed = {"pid": proc.pid, "start_ticks": 1, "boot_id": None, "run_dir": str(tmp_path)}
+    assert plan.status == "refused"  # no PyTorch; but the identity check comes first:
+    confirmed = AttachPlan(pid=proc.pid, start_ticks=1, boot_id=None, run_dir=str(tmp_path))
     out = await attach_run(LocalHost(), confirmed)
-    assert out["status"] == "refused" and out["reason"] == "reused"
-    assert "nothing was done" in out["message"]
+    assert out.status == "refused" and out.reason == "reused"
+    assert "nothing was done" in out.message
 
 
 def test_torch_without_speculators_is_queued_then_not_a_trainer(
@@ -406,7 +407,8 @@ def test_another_users_process_is_refused_and_root_may(
     pid = their_python()
     assert pid is not None
     plan = asyncio.run(attach_plan(LocalHost(), None, pid))
-    assert plan["reason"] == "not_trainer", plan  # past the permission and Python checks
+    assert isinstance(plan, AttachResult), plan
+    assert plan.reason == "not_trainer", plan  # past the permission and Python checks
     written = userfiles.as_user(uid, gid, lambda: str(userfiles.cache_dir(uid)))
     assert written == str(home / ".cache" / "eagle3-tui")
     package = {"eagle3_tui/__init__.py": "x = 1\n"}

@@ -24,6 +24,7 @@ from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry import rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
 from eagle3_tui.transport.control import ATTACH_EXIT, attach_exit_status, format_attach
+from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import wait_until
 from tests.records import Lines
 
@@ -275,31 +276,33 @@ def test_the_package_is_written_once_privately_and_imports(tmp_path: Path) -> No
 
 
 def test_each_refusal_has_its_exit_status() -> None:
-    assert attach_exit_status({"status": "attached"}) == 0
-    assert attach_exit_status({"status": "already", "reason": "already"}) == 10
-    assert attach_exit_status({"status": "queued"}) == 11
+    assert attach_exit_status(AttachResult(status="attached")) == 0
+    assert attach_exit_status(AttachPlan(pid=1)) == 0
+    assert attach_exit_status(AttachResult(status="already", reason="already")) == 10
+    assert attach_exit_status(AttachResult(status="queued")) == 11
     for reason in (at.GONE, at.REUSED, at.PERMISSION, at.NOT_PYTHON, at.UNSUPPORTED):
-        assert attach_exit_status({"status": "refused", "reason": reason}) == ATTACH_EXIT[reason]
-    assert attach_exit_status({"status": "no_trainer", "reason": at.NOT_TRAINER}) == 14
-    assert attach_exit_status({"status": "failed", "reason": at.FAILED}) == 16
+        refused = AttachResult(status="refused", reason=reason)
+        assert attach_exit_status(refused) == ATTACH_EXIT[reason]
+    assert attach_exit_status(AttachResult(status="no_trainer", reason=at.NOT_TRAINER)) == 14
+    assert attach_exit_status(AttachResult(status="failed", reason=at.FAILED)) == 16
     codes = {ATTACH_EXIT[r] for r in (at.GONE, at.PERMISSION, at.NOT_TRAINER, at.NO_GDB)}
     assert len(codes) == 4
 
 
 def test_the_report_shows_the_pause_and_the_first_metric() -> None:
     text = format_attach(
-        {
-            "status": "attached",
-            "message": "telemetry attached after step 7",
-            "global_step": 7,
-            "total_steps": 72,
-            "epochs": 3,
-            "run_dir": "/r",
-            "stopped_ms": 212.4,
-            "pause_ms": 38.9,
-            "first_step": 7,  # the record's 0-based step: the 8th step
-            "first_metric_s": 0.61,
-        }
+        AttachResult(
+            status="attached",
+            message="telemetry attached after step 7",
+            global_step=7,
+            total_steps=72,
+            epochs=3,
+            run_dir="/r",
+            stopped_ms=212.4,
+            pause_ms=38.9,
+            first_step=7,  # the record's 0-based step: the 8th step
+            first_metric_s=0.61,
+        )
     )
     assert "process stopped 212 ms by gdb" in text and "attach for 39 ms" in text
     assert "metrics of step 8 0.6 s after the attach" in text  # numbered as every view

@@ -25,7 +25,7 @@ from eagle3_tui.model.run import Run
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
 from eagle3_tui.transport.control import EXIT_BY_KIND, choose, describe, observe_once
-from eagle3_tui.transport.replies import ErrorKind
+from eagle3_tui.transport.replies import Choice, ErrorKind, ProcessRow, decode
 from tests.conftest import need_training
 
 RICH = "Epoch 3 100% ━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 24/24  [ 0:00:33 < 0:00:00 , 2 it/s ]"
@@ -256,14 +256,16 @@ async def test_choose_describe_and_observe_through_the_agent(
     pid = fake_training["trainer"].trainer.pid
     host = LocalHost()
     chosen = await choose(host, str(work), None)  # a work directory: its live training
-    assert chosen["choice"] == "process" and chosen["row"]["pid"] == pid
-    assert f"pid {pid}" in chosen["note"]
+    assert chosen.choice is Choice.PROCESS and chosen.chosen_row().pid == pid
+    assert f"pid {pid}" in chosen.note
     chosen = await choose(host, None, pid)
-    assert chosen["choice"] == "process" and chosen["short"] == f"pid {pid}"
-    status = await describe(host, chosen["row"])
-    assert status.alive is True and status.manifest["start_ticks"] == chosen["row"]["start_ticks"]
+    assert chosen.choice is Choice.PROCESS and chosen.short == f"pid {pid}"
+    row = chosen.chosen_row()
+    status = await describe(host, row)
+    assert status.alive is True and status.manifest["start_ticks"] == row.start_ticks
+    assert status.row is not None and status.row.pid == pid  # describe's row, typed
     run = Run()
-    end = await observe_once(host, chosen["row"], lambda f: run.feed(f.offset, f.data), 1.5)
+    end = await observe_once(host, row, lambda f: run.feed(f.offset, f.data), 1.5)
     assert end.event == "eof"
     state = run.state
     assert state.observed is not None and state.observed.alive
@@ -289,7 +291,7 @@ def test_observe_stream_survives_nothing_but_reports_the_end(
         while row is None:
             assert time.monotonic() < deadline
             found = [t for t in discover.scan()[0] if t.trainer.pid == proc.pid]
-            row = discover._rows(found)[0] if found else None
+            row = decode(ProcessRow, discover._rows(found)[0]) if found else None
             time.sleep(0.2)
         run = Run()
         end = asyncio.run(
@@ -357,7 +359,8 @@ def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agen
         assert discover.describe(row["ranks"][1]["pid"])["pid"] == row["pid"]  # a rank: its run
         from eagle3_tui.transport.control import kill_run
 
-        report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=row))
+        process = decode(ProcessRow, row)  # as discover sends it
+        report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=process))
         assert report.status == "stopped", report
         # SIGTERM to every rank at once, not to the agent (it kills each rank's whole
         # group, the dataloader workers and the interrupted/ save with them)
@@ -399,12 +402,12 @@ async def test_a_work_directory_means_its_latest_stopped_run(
     host = LocalHost()
     mf.register_run(older)
     chosen = await choose(host, str(work), None)
-    assert chosen["choice"] == "run" and chosen["run_dir"] == older["run_dir"]
-    assert "no live training works in" in chosen["note"] and "(interrupted)" in chosen["note"]
+    assert chosen.choice is Choice.RUN and chosen.run_dir == older["run_dir"]
+    assert "no live training works in" in chosen.note and "(interrupted)" in chosen.note
     mf.register_run(newer)
     mf.register_run(other)  # newest of all, but it worked elsewhere
     chosen = await choose(host, str(work), None)
-    assert chosen["run_dir"] == newer["run_dir"] and "(finished)" in chosen["note"]
+    assert chosen.run_dir == newer["run_dir"] and "(finished)" in chosen.note
     (tmp_path / "empty").mkdir()
     with pytest.raises(AgentAnswerError) as e:  # nothing ever worked here
         await choose(host, str(tmp_path / "empty"), None)

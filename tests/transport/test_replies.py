@@ -7,27 +7,44 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
+import sys
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 import eagle3_tui.agent
 from eagle3_tui.agent import names
 from eagle3_tui.model.health import Health, diagnose
-from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
+from eagle3_tui.telemetry import manifest as mf
+from eagle3_tui.transport import control
+from eagle3_tui.transport.channel import AgentAnswerError, LocalHost, call_agent
 from eagle3_tui.transport.control import exit_status_of, run_status
 from eagle3_tui.transport.replies import (
     AgentProtocolError,
+    AttachPlan,
+    AttachResult,
+    Choice,
+    ChooseReply,
+    DiscoverReport,
     ErrorKind,
     KillReport,
+    ProcessRow,
     RunEntry,
     RunsReport,
     Status,
     apply_status,
     decode,
+    decode_plan,
+    to_json,
 )
+from tests.conftest import need, need_training
 from tests.model.test_health import state_of
 from tests.records import Lines
 from tests.transport.fakes import dead_pid, fake_manifest
@@ -165,3 +182,183 @@ def test_summary_of_a_local_run_applies_the_agents_status(
     assert json.loads(capsys.readouterr().out)["health"] == "dead"
     (tmp_path / "run.json").unlink()  # a user's own writer: judged on its records alone
     assert main(["summary", str(tmp_path), "--json"]) == 0
+
+
+# ---- discover, choose, describe, attach: what the real agent sends ----------------------
+
+SILENT = textwrap.dedent(
+    """
+    import sys, time
+    import torch  # libtorch in the maps
+
+    def train():
+        import speculators  # what discovery reads in the script (never run here)
+
+    if __name__ == "__main__":
+        open(sys.argv[1], "w").write("ready")
+        time.sleep(300)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def silent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    """A training without telemetry as discovery sees one (torch loaded, its script
+    imports speculators): its working directory and PID."""
+    need_training()
+    work = tmp_path_factory.mktemp("silent")
+    (work / "silent_train.py").write_text(SILENT)
+    ready = work / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "silent_train.py", str(ready)], cwd=work, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "it did not start"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    yield work, proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def unread(fields: dict[str, Any], kind: type[msgspec.Struct]) -> set[str]:
+    """The keys of a reply that ``kind`` has no field for (dropped by decoding, and from
+    ``--json``)."""
+    return set(fields) - set(kind.__struct_fields__)
+
+
+async def raw(request: dict[str, Any]) -> dict[str, Any]:
+    ev = await call_agent(LocalHost(), request, python=sys.executable)
+    return ev.fields
+
+
+async def test_discover_choose_and_describe_decode_what_the_agent_sends(
+    silent: tuple[Path, int], tmp_path: Path
+) -> None:
+    work, pid = silent
+    finished = fake_manifest(tmp_path / "old", dead_pid(), f"old-{os.getpid()}")
+    mf.register_run(finished)
+    fields = await raw({"op": names.OP_DISCOVER, "all": False})
+    report = decode(DiscoverReport, fields)
+    mine = [r for r in fields["live"] if r["pid"] == pid]
+    assert len(mine) == 1, fields["live"]
+    assert unread(fields, DiscoverReport) == set()
+    assert unread(mine[0], ProcessRow) == set()  # every key the agent sends is read
+    assert all(unread(r, RunEntry) == set() for r in fields["runs"]), fields["runs"]
+    row = next(r for r in report.live if r.pid == pid)
+    assert row.cwd == str(work) and row.telemetry is False and row.run_dir is None
+    assert isinstance(row.start_ticks, int) and row.mine and row.health is not None
+    assert [m.role for m in row.members if m.pid == pid] == ["trainer"]
+    assert any("silent_train.py imports speculators" in e for e in row.evidence)
+    entry = next(e for e in report.runs if e.run_dir == finished["run_dir"])
+    assert entry.state == "dead"  # its manifest says running; its trainer is gone
+    # the same through the client's own call, and what it shows
+    report = await control.discover(LocalHost())
+    assert any(r.pid == pid for r in report.live)
+    shown = control.format_discovered(report)
+    assert str(work) in shown and "silent_train.py" in shown and finished["run_dir"] in shown
+    out = json.loads(to_json(report))  # runs --json: what the agent said, every key
+    assert set(next(r for r in out["live"] if r["pid"] == pid)) == set(mine[0]) | {"named_pid"}
+
+    # choose: a work directory means its live training
+    fields = await raw({"op": names.OP_CHOOSE, "run_dir": str(work)})
+    assert unread(fields, ChooseReply) == set()
+    assert fields["row"] is not None and unread(fields["row"], ProcessRow) == set()
+    chosen = await control.choose(LocalHost(), str(work))
+    assert chosen.choice is Choice.PROCESS and chosen.chosen_row().pid == pid
+    assert chosen.host == os.uname().nodename and f"pid {pid}" in chosen.note
+    # a run directory means that run
+    chosen = await control.choose(LocalHost(), finished["run_dir"])
+    assert chosen.choice is Choice.RUN and chosen.chosen_run_dir() == finished["run_dir"]
+
+    # describe: the process now, with its row
+    fields = await raw({"op": names.OP_DESCRIBE, "pid": pid, "start_ticks": row.start_ticks})
+    assert unread(fields, Status) == set() and unread(fields["row"], ProcessRow) == set()
+    status = await control.describe(LocalHost(), row)
+    assert status.alive is True and status.row is not None and status.row.pid == pid
+    assert control.describe_process(row) == f"pid {pid} silent_train.py in {work}"
+
+
+async def test_attach_replies_decode_what_the_agent_sends(
+    silent: tuple[Path, int], tmp_path: Path
+) -> None:
+    """The plan (every check passed) or the refusal that stands in for it, and a refusal
+    of the inject step, each with every key read."""
+    work, pid = silent
+    need(shutil.which("gdb") is not None, "gdb is not installed (apt-get install gdb)")
+    request = control.attach_request("plan", str(tmp_path / "run"), pid)
+    fields = await raw(request)
+    plan = decode_plan(fields)
+    if isinstance(plan, AttachPlan):
+        assert unread(fields, AttachPlan) == set()
+        assert plan.pid == pid and plan.cwd == str(work) and plan.mechanism == "gdb"
+        assert plan.python.version is not None and plan.python.label.startswith("CPython")
+        assert plan.run_dir == str(tmp_path / "run") and plan.argv[1:2] == ["silent_train.py"]
+        assert control.attach_exit_status(plan) == 0
+        assert f"attach telemetry to pid {pid}" in control.format_attach_plan(plan)
+        confirmed = msgspec.structs.replace(plan, start_ticks=(plan.start_ticks or 0) + 1)
+    else:  # ptrace is not allowed here: the refusal, typed as well
+        assert unread(fields, AttachResult) == set()
+        assert plan.reason == "permission", plan
+        confirmed = AttachPlan(pid=pid, start_ticks=1, run_dir=str(tmp_path / "run"))
+    # the inject step of a process that is not the one confirmed: refused, nothing done
+    fields = await raw(control.attach_request("inject", None, None, confirmed))
+    result = decode(AttachResult, fields)
+    assert unread(fields, AttachResult) == set()
+    assert result.status == "refused" and result.reason in ("reused", "permission"), result
+    assert control.attach_exit_status(result) in (12, 13)
+    assert not (tmp_path / "run").exists()
+
+
+def test_replies_of_the_wrong_shape_name_the_field() -> None:
+    """Each new reply: a mistyped or missing field is one AgentProtocolError line that
+    names it, never a KeyError or a traceback further up."""
+    cases: list[tuple[type[msgspec.Struct], dict[str, Any], str]] = [
+        (DiscoverReport, {"op": "discover", "live": [{"pid": "4242"}]}, "$.live[0].pid"),
+        (DiscoverReport, {"op": "discover", "live": [{"cwd": "/w"}]}, "`pid`"),
+        (DiscoverReport, {"op": "discover", "runs": [{"run_dir": 7}]}, "$.runs[0].run_dir"),
+        (ChooseReply, {"op": "choose", "choice": "maybe"}, "$.choice"),
+        (ChooseReply, {"op": "choose", "choice": "process"}, "`row`"),
+        (ChooseReply, {"op": "choose", "choice": "run"}, "`run_dir`"),
+        (ChooseReply, {"op": "choose", "choice": "several", "runs": [{}]}, "$.runs[0]"),
+        (Status, {"op": "describe", "alive": True, "row": {"pid": None}}, "$.row.pid"),
+        (AttachPlan, {"op": "attach", "status": "plan", "argv": ["python"]}, "`pid`"),
+        (AttachPlan, {"op": "attach", "pid": 1, "python": {"label": 3}}, "$.python.label"),
+        (AttachResult, {"op": "attach", "message": "?"}, "`status`"),
+        (AttachResult, {"op": "attach", "status": "refused", "candidates": [{}]}, "`pid`"),
+    ]
+    for kind, fields, field in cases:
+        with pytest.raises(AgentProtocolError) as e:
+            decode(kind, fields, "gpu-box")
+        message = str(e.value)
+        assert field in message and "\n" not in message, (kind, message)
+        assert message.startswith(f"gpu-box: the agent's {fields['op']} reply is not understood")
+    assert isinstance(decode_plan({"op": "attach", "status": "plan", "pid": 5}), AttachPlan)
+    refused = decode_plan({"op": "attach", "status": "refused", "reason": "no_gdb"})
+    assert isinstance(refused, AttachResult) and control.attach_exit_status(refused) == 15
+
+
+def test_a_manifests_nodes_are_read_as_node_places() -> None:
+    """The other nodes a manifest names (not the one read, not an entry without a host),
+    and the SSH target of each."""
+    from eagle3_tui.transport.target import SshOptions, SshTarget
+
+    manifest = {
+        "node_rank": 0,
+        "nodes": [
+            {"node_rank": 0, "host": "n0", "run_dir": "/r0", "ranks": [0]},
+            {"node_rank": 1, "host": "n1", "run_dir": "/r1", "ranks": [1], "launcher_pid": 9},
+            {"node_rank": 2, "run_dir": "/r2"},  # no host: nothing to reach
+            {"node_rank": 3, "host": 42},
+            "not a node",
+        ],
+    }
+    nodes = control.other_nodes(manifest, "n0", "/r0")
+    assert [(n.host, n.run_dir, n.node_rank, n.launcher_pid) for n in nodes] == [
+        ("n1", "/r1", 1, 9)
+    ]
+    target = SshTarget("n0", user="alice", run_dir="/r0", options=SshOptions())
+    other = control.node_target(target, nodes[0])
+    assert (other.host, other.run_dir, other.user) == ("n1", "/r1", "alice")
+    assert control.other_nodes({"nodes": "?"}, "n0", "/r0") == []

@@ -324,12 +324,13 @@ async def test_the_a_key_attaches_and_the_waiting_view_comes_alive(sshd: Sshd, l
                 pilot, lambda: dialog.state in ("choosing", "ready", "failed"), 60, "the plan"
             )
             if dialog.state == "choosing":  # other trainings run on this machine
-                pids = [c["pid"] for c in dialog.choices]
+                pids = [c.pid for c in dialog.choices]
                 if run.pid not in pids:
                     pytest.skip("more than 9 trainings run here: ours is not offered")
                 await pilot.press(str(pids.index(run.pid) + 1))
                 await until(pilot, lambda: dialog.state in ("ready", "failed"), 60, "the plan")
-            assert dialog.state == "ready" and dialog.plan["pid"] == run.pid, dialog.plan
+            assert dialog.state == "ready" and dialog.plan is not None, dialog.plan
+            assert dialog.plan.pid == run.pid, dialog.plan
             await pilot.press("y")
             await until(pilot, lambda: dialog.state in ("done", "failed"), 120, "the attach")
             assert dialog.state == "done"

@@ -11,7 +11,7 @@ the result; refusals shown here.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -26,6 +26,7 @@ from textual.widgets import Button, Static
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.text import inert
 from eagle3_tui.transport.control import format_attach, format_attach_plan
+from eagle3_tui.transport.replies import AttachCandidate, AttachPlan, AttachResult
 
 MAX_CHOICES = 9
 
@@ -49,7 +50,7 @@ class AttachDialog(ModalScreen[None]):
     class Finished(Message):
         """The attach ran to its end (whatever it found)."""
 
-        def __init__(self, result: dict[str, Any]) -> None:
+        def __init__(self, result: AttachResult) -> None:
             super().__init__()
             self.result = result
 
@@ -59,8 +60,8 @@ class AttachDialog(ModalScreen[None]):
         self.pid = pid
         self.state = "loading"
         """loading, choosing, ready, working, done, failed."""
-        self.plan: dict[str, Any] = {}
-        self.choices: list[dict[str, Any]] = []
+        self.plan: AttachPlan | None = None
+        self.choices: list[AttachCandidate] = []
 
     def compose(self) -> ComposeResult:
         box = Vertical(id="attach", classes="dialog")
@@ -78,14 +79,15 @@ class AttachDialog(ModalScreen[None]):
 
     @work(exclusive=True, group="attach", exit_on_error=False)
     async def load(self) -> None:
+        plan: AttachPlan | AttachResult
         try:
             plan = await self.control.attach_plan(self.pid)
         except Exception as e:  # shown: unreachable host, refused key...
-            plan = {"status": "error", "message": f"cannot ask the host: {e}"}
+            plan = AttachResult(status="error", message=f"cannot ask the host: {e}")
         if not self.is_attached:
             return
         shown = self.query_one("#plan", Static)
-        if plan.get("status") == "plan":
+        if isinstance(plan, AttachPlan):
             self.plan = plan
             self.state = "ready"
             shown.update(_lines(format_attach_plan(plan), "bold"))
@@ -93,25 +95,25 @@ class AttachDialog(ModalScreen[None]):
             confirm.disabled = False
             confirm.focus()
             return
-        candidates = plan.get("candidates") or []
-        if plan.get("reason") == "choose" and candidates:
-            self.choices = candidates[:MAX_CHOICES]
+        if plan.reason == "choose" and plan.candidates:
+            self.choices = plan.candidates[:MAX_CHOICES]
             self.state = "choosing"
             rows = [Text("Several trainings on the host; press the number of one:", style="bold")]
             for i, c in enumerate(self.choices, 1):
-                argv = " ".join(str(a) for a in c.get("argv") or [])
-                rows.append(inert(f"  {i}  pid {c.get('pid')}  {c.get('user')}  {argv}"[:200]))
+                argv = " ".join(c.argv)
+                rows.append(inert(f"  {i}  pid {c.pid}  {c.user}  {argv}"[:200]))
             shown.update(Group(*rows))
             return
         self.state = "failed"
-        status = str(plan.get("status"))
-        shown.update(_lines(f"{status}: {plan.get('message')}", "bold #d7af5f"))
+        shown.update(_lines(f"{plan.status}: {plan.message}", "bold #d7af5f"))
         self.query_one("#close", Button).label = "Close (esc)"
 
     @work(exclusive=True, group="attach", exit_on_error=False)
     async def execute(self) -> None:
         outcome = self.query_one("#outcome", Static)
         outcome.update(Text("Attaching…"))
+        if self.plan is None:  # only "ready" confirms (action_confirm): there is one
+            return
         try:
             result = await self.control.attach(self.plan)
         except Exception as e:  # shown: a lost link
@@ -123,7 +125,7 @@ class AttachDialog(ModalScreen[None]):
         self.app.post_message(self.Finished(result))
         if not self.is_attached:
             return
-        ok = result.get("status") in ("attached", "queued")
+        ok = result.status in ("attached", "queued")
         outcome.update(_lines(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
         close = self.query_one("#close", Button)
         close.label = "Close (esc)"
@@ -132,7 +134,7 @@ class AttachDialog(ModalScreen[None]):
     def action_choose(self, number: int) -> None:
         if self.state != "choosing" or not 1 <= number <= len(self.choices):
             return
-        self.pid = int(self.choices[number - 1]["pid"])
+        self.pid = self.choices[number - 1].pid
         self.state = "loading"
         self.query_one("#plan", Static).update(Text("Asking the host…", style="dim"))
         self.load()
