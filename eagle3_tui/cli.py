@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import __version__
-from eagle3_tui.agent.names import KILL_GRACE_S
+from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -859,7 +859,8 @@ def cmd_resume(ns: argparse.Namespace) -> int:
         # a work directory or a host alone: the run it means (a live one is refused
         # by the agent, as for a run directory: kill it first)
         chosen = await control.on_host(
-            target, lambda h: control.choose(h, control.run_dir_of(target))
+            target,
+            lambda h: control.choose(h, control.run_dir_of(target), purpose=PURPOSE_RESUME),
         )
         if chosen.choice is Choice.SEVERAL:
             raise control.several_error(chosen, ns.target or "this machine")

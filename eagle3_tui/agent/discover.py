@@ -43,6 +43,7 @@ from eagle3_tui.agent.names import (
     OP_CHOOSE,
     OP_DESCRIBE,
     OP_DISCOVER,
+    PURPOSE_RESUME,
     RUN_ID_ENV,
 )
 from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
@@ -748,6 +749,17 @@ def _manifest_status(run_dir: str) -> str:
         return "?"
 
 
+def latest_stopped_run(live_dirs: set[str]) -> str | None:
+    """The newest registered run of this user that is not running (its trainer gone)
+    and whose directory no live training uses: what ``resume HOST`` means."""
+    rows, _ = registered_rows(False)  # newest first
+    for r in rows:
+        run_dir = str(r.get("run_dir") or "")
+        if r.get("exists") and not r.get("alive") and run_dir not in live_dirs:
+            return run_dir
+    return None
+
+
 def run_working_in(directory: str) -> str | None:
     """The newest run of this user whose trainer worked in ``directory`` (its working
     directory, log, checkpoints or run directory there or below): a work directory
@@ -808,8 +820,10 @@ def op_choose(req: dict[str, Any]) -> int:
     ``pid``: that process's training. ``run_dir``: the run there (it has metrics.jsonl
     or run.json), else the live training that works in that directory. Neither: the
     SSH user's live training; when there is none, the latest registered run. A finished
-    run or another user's never pre-empts a live one of this user. The answer says what
-    was chosen and what was not (``note``); several candidates come back as a list.
+    run or another user's never pre-empts a live one of this user. ``purpose`` resume
+    with neither: the latest stopped run (a live one cannot be resumed), else as above.
+    The answer says what was chosen and what was not (``note``); several candidates
+    come back as a list.
     """
     host = os.uname().nodename
     me = user_name(os.geteuid())
@@ -849,6 +863,21 @@ def op_choose(req: dict[str, Any]) -> int:
     mine = [r for r in rows if r["mine"]]
     others = [r for r in rows if not r["mine"]]
     skipped = f"; {len(others)} live training(s) of other users not shown" if others else ""
+    if not path and req.get("purpose") == PURPOSE_RESUME:
+        stopped = latest_stopped_run({str(r.get("run_dir")) for r in rows if r.get("run_dir")})
+        if stopped is not None:  # a live run cannot be resumed: the stopped one is meant
+            status = _manifest_status(stopped)
+            left = f"; {len(mine)} live training(s) of {me} left as they are" if mine else ""
+            emit(
+                EV_RESULT,
+                choice=CHOICE_RUN,
+                run_dir=stopped,
+                note=f"the latest stopped run of {me} on {host}: {stopped} ({status}){left}"
+                f"{skipped}",
+                short=f"the latest stopped run ({status})",
+                **base,
+            )
+            return 0
     if len(mine) > 1:
         emit(
             EV_RESULT,

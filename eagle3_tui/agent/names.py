@@ -31,6 +31,7 @@ OP_ATTACH = "attach"
 CHOICE_RUN = "run"  # a run directory (``run_dir``)
 CHOICE_PROCESS = "process"  # a training without telemetry (``row``)
 CHOICE_SEVERAL = "several"  # several live trainings (``runs``): the client asks which
+PURPOSE_RESUME = "resume"  # a choose request's ``purpose``: a run to resume (a stopped one)
 
 # Events (a J frame's "event").
 EV_RESOLVED = "resolved"

@@ -185,12 +185,17 @@ async def discover(host: Host, all_users: bool = False) -> DiscoverReport:
     return decode(DiscoverReport, ev.fields, host.label)
 
 
-async def choose(host: Host, run_dir: str | None, pid: int | None = None) -> ChooseReply:
+async def choose(
+    host: Host, run_dir: str | None, pid: int | None = None, purpose: str | None = None
+) -> ChooseReply:
     """What a target means: ``choice`` ``run`` (``run_dir``), ``process`` (``row``, a
-    training without telemetry) or ``several`` (``runs``), and a ``note`` saying so."""
+    training without telemetry) or ``several`` (``runs``), and a ``note`` saying so.
+    ``purpose`` ``resume``: a host alone means its latest stopped run."""
     request: dict[str, Any] = {"op": OP_CHOOSE, "run_dir": run_dir}
     if pid is not None:
         request["pid"] = pid
+    if purpose is not None:
+        request["purpose"] = purpose
     ev = await call_agent(host, request, python=_python(host))
     return decode(ChooseReply, ev.fields, host.label)
 

@@ -412,3 +412,36 @@ async def test_a_work_directory_means_its_latest_stopped_run(
     with pytest.raises(AgentAnswerError) as e:  # nothing ever worked here
         await choose(host, str(tmp_path / "empty"), None)
     assert e.value.kind == "missing" and "no live training works" in str(e.value)
+
+
+async def test_resume_of_a_host_means_its_latest_stopped_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resume HOST`: a live run cannot be resumed, so the host alone means its newest
+    stopped run (said in the note), never the newer live one; with none stopped it
+    chooses as kill does."""
+    from eagle3_tui.agent.names import PURPOSE_RESUME
+    from eagle3_tui.telemetry import manifest as mf
+    from tests.transport.fakes import fake_manifest
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: ASYNC220 - exits at once
+    gone.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # noqa: ASYNC220
+    try:
+        host = LocalHost()
+        running = fake_manifest(tmp_path / "runs" / "live", live.pid, "r-live", status="running")
+        mf.register_run(running)
+        # only a live run registered: no stopped run is made up (the choice is kill's:
+        # the live training(s) here, or that run, which resume refuses: kill it first)
+        chosen = await choose(host, None, None, purpose=PURPOSE_RESUME)
+        assert "stopped run" not in chosen.note and chosen.run_dir in (None, running["run_dir"])
+        stopped = fake_manifest(tmp_path / "runs" / "old", gone.pid, "r-old", status="interrupted")
+        mf.register_run(stopped)
+        mf.register_run(running)  # registered again: the newest entry of the index
+        chosen = await choose(host, None, None, purpose=PURPOSE_RESUME)
+        assert chosen.choice is Choice.RUN and chosen.run_dir == stopped["run_dir"]
+        assert "latest stopped run" in chosen.note and "(interrupted)" in chosen.note
+    finally:
+        live.kill()
+        live.wait()
