@@ -97,6 +97,11 @@ class Host:
         if on:
             self.next_step = self.t
 
+    def finish(self) -> None:
+        """The run ends: its steps and the GPU stop, the script writes ``finish``."""
+        self.train(False)
+        self.event("finish", step=self.step)
+
 
 class Client:
     """The monitor's data path: a Pipeline fed by a ReplayTransport, on a given clock."""
@@ -201,8 +206,7 @@ async def link_outage(hang: bool = False) -> Timeline:
             tl.expected_final = "STALLED"
             return tl
         await _run(host, client, tl, 60)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.fault("finish", host.t, "FINISHED")
         tl.expect("RUNNING", "FINISHED")
         await _run(host, client, tl, 5)
@@ -220,8 +224,7 @@ async def nan_then_the_end() -> Timeline:
         tl.fault("loss becomes NaN", host.t, "DIVERGED")
         host.loss = lambda s: float("nan")
         await _run(host, client, tl, 60)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.expect("DIVERGED")
         await _run(host, client, tl, 10)
         status = EXIT_BY_HEALTH[client.summary()["health"]]
@@ -258,8 +261,7 @@ async def resume_start_up() -> Timeline:
         host.train()
         tl.expect("WAITING", "RUNNING")
         await _run(host, client, tl, 40)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.fault("finish", host.t, "FINISHED")
         await _run(host, client, tl, 5)
         tl.expected_final = "FINISHED"
