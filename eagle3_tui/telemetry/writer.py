@@ -185,10 +185,7 @@ class JsonlWriter:
                     self._write_lines([line])
                     return True
                 size = self._enqueue_locked(line, len(line))
-            if size is None:
-                return False
-            self._wake_if_full(size)
-            return True
+            return self._queued(size)
         except Exception as e:  # never into the trainer
             self._count_drop(e)
             return False
@@ -211,10 +208,7 @@ class JsonlWriter:
                 self._seq = seq + 1
                 est = self._estimate
                 size = self._enqueue_locked((kind, copy, step, seq, ts, est), est)
-            if size is None:
-                return False
-            self._wake_if_full(size)
-            return True
+            return self._queued(size)
         except Exception as e:  # never into the trainer
             self._count_drop(e)
             return False
@@ -231,9 +225,14 @@ class JsonlWriter:
             self.stats.queue_peak_bytes = size
         return size
 
-    def _wake_if_full(self, size: int) -> None:
+    def _queued(self, size: int | None) -> bool:
+        """Whether an item was queued (``size`` None: the queue was full, the drop is
+        counted); the writer thread is woken once the queue holds ``WAKE_BYTES``."""
+        if size is None:
+            return False
         if size > WAKE_BYTES and not self._wake.is_set():
             self._wake.set()
+        return True
 
     def _encode(
         self,
