@@ -97,6 +97,10 @@ class Host:
         if on:
             self.next_step = self.t
 
+    def start(self) -> None:
+        """The script starts (pid 1000, step 0): its ``start`` event."""
+        self.event("start", pid=1000, global_step=0)
+
     def finish(self) -> None:
         """The run ends: its steps and the GPU stop, the script writes ``finish``."""
         self.train(False)
@@ -185,7 +189,7 @@ async def link_outage(hang: bool = False) -> Timeline:
     tl = Timeline(name)
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 60)
         tl.fault("link down", host.t, "LINK DOWN")
@@ -218,7 +222,7 @@ async def nan_then_the_end() -> Timeline:
     tl = Timeline("NaN loss, then the run ends")
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 60)
         tl.fault("loss becomes NaN", host.t, "DIVERGED")
@@ -240,7 +244,7 @@ async def resume_start_up() -> Timeline:
     tl = Timeline("resume with a 25 s start-up (recorded)")
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.reads = 3e6  # loading: reads, no step yet
         await _run(host, client, tl, 12)
         host.train()
@@ -273,7 +277,7 @@ async def skewed_clock() -> Timeline:
     tl = Timeline("the client's clock 90 s ahead of the host's")
     host = Host()
     async with Client(host, clock_offset=90.0) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 120)
         tl.expected_final = "RUNNING"
