@@ -17,13 +17,13 @@ from eagle3_tui.transport.base import Link
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
-from eagle3_tui.transport.ssh import SshHost, SshTransport
+from eagle3_tui.transport.ssh import SshHost
 from eagle3_tui.transport.target import SshTarget
 from tests.conftest import LiveRun, live_training, read_jsonl
 from tests.transport.conftest import cli, remote_env, ssh_target
 from tests.transport.fakes import marker_processes
 from tests.transport.sshd import ALIAS, Sshd
-from tests.transport.test_ssh_stream import FAST_BACKOFF, Follower
+from tests.transport.test_ssh_stream import Follower
 
 pytestmark = pytest.mark.slow
 TRAINING = ("--epochs", "40", "--workers", "2", "--step-delay", "0.05")  # stopped, never done
@@ -55,7 +55,7 @@ def train_steps(run_dir: Path) -> list[int]:
 
 async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live: LiveRun) -> None:
     host = monitor_stream_host(ssh_target(sshd))
-    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, live.run_dir)
 
     def trains() -> int:
         return sum(1 for r in f.records if r.kind == "train")
@@ -66,7 +66,7 @@ async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live:
         assert sshd.kill_sessions() >= 1
         await f.until(lambda: trains() >= seen + 6, timeout=120, what="records after the kill")
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert f.count(Link.RECONNECTING) >= 1
     by_writer: dict[str, list[int]] = {}
@@ -133,7 +133,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
     assert result["status"] == "started" and result["checkpoint"]["global_step"] == step
 
     host = monitor_stream_host(ssh_target(sshd))
-    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, live.run_dir)
     try:
         await f.until(
             lambda: sum(1 for r in f.records if r.kind == "train") >= before + 3,
@@ -141,7 +141,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
             what="train records of the resumed run",
         )
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     resumed = [r for r in f.records if r.kind == "lifecycle" and r.event == "resume"]
     assert resumed and resumed[-1].pid == pid
