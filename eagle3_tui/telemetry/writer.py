@@ -242,30 +242,22 @@ class JsonlWriter:
         step: int | None = None,
         ts: float | None = None,
     ) -> bytes | None:
-        # one dict build: envelope, payload, step (no copy of the payload first)
-        if step is None:
-            rec: dict[str, Any] = {
-                "v": SCHEMA_VERSION,
-                "seq": seq,
-                "w": self.writer_id,
-                "ts": self._clock() if ts is None else ts,
-                "kind": kind,
-                "rank": self.rank,
-                **(payload or _EMPTY),
-            }
-            expected = 6 + len(payload or _EMPTY)
-        else:
-            rec = {
-                "v": SCHEMA_VERSION,
-                "seq": seq,
-                "w": self.writer_id,
-                "ts": self._clock() if ts is None else ts,
-                "kind": kind,
-                "rank": self.rank,
-                **(payload or _EMPTY),
-                "step": step,
-            }
-            expected = 7 + len(payload or _EMPTY) - ("step" in (payload or _EMPTY))
+        # one dict build: envelope, payload (no copy of the payload first); then the
+        # step, in the payload's place if it named one (as a dict literal would put it)
+        fields = payload or _EMPTY
+        rec: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "seq": seq,
+            "w": self.writer_id,
+            "ts": self._clock() if ts is None else ts,
+            "kind": kind,
+            "rank": self.rank,
+            **fields,
+        }
+        expected = 6 + len(fields)
+        if step is not None:
+            expected += "step" not in fields
+            rec["step"] = step
         if len(rec) != expected:  # the payload named an envelope field: the envelope wins
             rec.update(v=SCHEMA_VERSION, seq=seq, w=self.writer_id, kind=kind, rank=self.rank)
         try:
