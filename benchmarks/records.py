@@ -15,6 +15,12 @@ from typing import Any
 TTT = 3
 
 
+def record_line(kind: str, seq: int, ts: float, writer: str, **fields: Any) -> bytes:
+    """One record as the telemetry writes it: the schema-v1 envelope, then ``fields``."""
+    rec = {"v": 1, "seq": seq, "w": writer, "ts": ts, "kind": kind, "rank": 0, **fields}
+    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+
 def train_line(
     step: int, seq: int, ts: float, rng: random.Random, steps_per_epoch: int = 15_000
 ) -> bytes:
@@ -42,21 +48,18 @@ def train_line(
         "h2d_ms": rng.uniform(0, 2),
         "clip_ms": rng.uniform(1, 3),
     }
-    rec = {
-        "v": 1,
-        "seq": seq,
-        "w": "4242-a1b2c3",
-        "ts": ts,
-        "kind": "train",
-        "rank": 0,
-        "train": train,
-        "profile": profile,
-        "epoch": step // steps_per_epoch,
-        "lr": 1e-4 * rng.uniform(0.5, 1.0),
-        "global_step": step,
-        "step": step,
-    }
-    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    return record_line(
+        "train",
+        seq,
+        ts,
+        "4242-a1b2c3",
+        train=train,
+        profile=profile,
+        epoch=step // steps_per_epoch,
+        lr=1e-4 * rng.uniform(0.5, 1.0),
+        global_step=step,
+        step=step,
+    )
 
 
 def gpu_line(seq: int, ts: float, rng: random.Random, devices: int = 8) -> bytes:
@@ -74,17 +77,14 @@ def gpu_line(seq: int, ts: float, rng: random.Random, devices: int = 8) -> bytes
         }
         for i in range(devices)
     ]
-    rec = {
-        "v": 1,
-        "seq": seq,
-        "w": "4242-a1b2c3",
-        "ts": ts,
-        "kind": "gpu",
-        "rank": 0,
-        "status": "ok",
-        "devices": devs,
-    }
-    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    return record_line(
+        "gpu",
+        seq,
+        ts,
+        "4242-a1b2c3",
+        status="ok",
+        devices=devs,
+    )
 
 
 def io_line(seq: int, ts: float, rng: random.Random, workers: int = 8) -> bytes:
@@ -98,38 +98,32 @@ def io_line(seq: int, ts: float, rng: random.Random, workers: int = 8) -> bytes:
         }
         for i in range(workers)
     ]
-    rec = {
-        "v": 1,
-        "seq": seq,
-        "w": "4243-sidecar",
-        "ts": ts,
-        "kind": "io",
-        "rank": 0,
-        "interval_s": 1.0,
-        "workers": ws,
-        "bytes": sum(w["read_bytes"] for w in ws),
-        "files_read": workers,
-    }
-    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    return record_line(
+        "io",
+        seq,
+        ts,
+        "4243-sidecar",
+        interval_s=1.0,
+        workers=ws,
+        bytes=sum(w["read_bytes"] for w in ws),
+        files_read=workers,
+    )
 
 
 def heartbeat_line(seq: int, ts: float) -> bytes:
-    rec = {
-        "v": 1,
-        "seq": seq,
-        "w": "4243-sidecar",
-        "ts": ts,
-        "kind": "heartbeat",
-        "rank": 0,
-        "written": seq,
-        "dropped": 0,
-        "bytes": seq * 600,
-        "errors": {},
-        "overhead_us": {"p50": 6.5, "p99": 12.0},
-        "sampler_cpu_pct": 0.8,
-        "trainer": {"pid": 4242, "alive": True, "state": "R", "cpu_s": ts - 1.79e9},
-    }
-    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    return record_line(
+        "heartbeat",
+        seq,
+        ts,
+        "4243-sidecar",
+        written=seq,
+        dropped=0,
+        bytes=seq * 600,
+        errors={},
+        overhead_us={"p50": 6.5, "p99": 12.0},
+        sampler_cpu_pct=0.8,
+        trainer={"pid": 4242, "alive": True, "state": "R", "cpu_s": ts - 1.79e9},
+    )
 
 
 def train_lines(n: int, seed: int = 0, t0: float = 1.79e9, dt: float = 0.5) -> Iterator[bytes]:

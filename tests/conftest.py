@@ -14,10 +14,12 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,18 +83,75 @@ def _gdb_call_problem(gdb: str) -> str | None:
     return gdb_call_problem(gdb)
 
 
+TINY = (sys.executable, "-m", "eagle3_tui.train.tiny")
+"""The tiny training's command line (``train/tiny.py``)."""
+
+
 def run_tiny(run_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run the real tiny training to completion; its output is returned."""
     need_training()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(
-        [sys.executable, "-m", "eagle3_tui.train.tiny", "--run-dir", str(run_dir), *args],
+        [*TINY, "--run-dir", str(run_dir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
         check=False,
     )
+
+
+@dataclass
+class LiveRun:
+    """A real tiny speculators training with telemetry, launched as a user would."""
+
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+    started: list[int] = field(default_factory=list)
+    """Every trainer PID (each its own session), for the cleanup."""
+
+    def manifest(self) -> dict[str, Any]:
+        m: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
+        return m
+
+    def log(self) -> str:
+        return (self.run_dir / "train.log").read_text(errors="replace")[-3000:]
+
+
+@contextlib.contextmanager
+def live_training(run_dir: Path, args: Sequence[str], env: dict[str, str]) -> Iterator[LiveRun]:
+    """A tiny training that runs until the tests stop it: detached (a session of its
+    own), its output in ``run_dir/train.log``. On leaving, what the tests started is
+    killed, and only that: each trainer's session (a resumed one's PID is appended to
+    ``started``), then the processes marked with the run's id."""
+    from tests.transport.fakes import alive, marker_processes
+
+    need_training()
+    run_dir.mkdir()
+    with open(run_dir / "train.log", "ab") as log:
+        proc = subprocess.Popen(
+            [*TINY, "--run-dir", str(run_dir), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    run = LiveRun(run_dir, proc, [proc.pid])
+    try:
+        yield run
+    finally:
+        run_id = ""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            run_id = str(run.manifest()["run_id"])
+        for pid in run.started:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid) and os.getsid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+        for pid in marker_processes(run_id) if run_id else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -183,18 +183,9 @@ def _make_tiny_data(root: Path, cfg: TinyConfig) -> tuple[Path, Path]:
 def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     """Build the real speculators Trainer for the tiny configuration."""
     import torch
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
     from speculators.train.trainer import TrainerConfig
-    from transformers import AutoConfig
 
-    from eagle3_tui.train.cpu_shims import (
-        CPU_MODEL_KWARGS,
-        has_accelerator,
-        maybe_setup_distributed,
-        trainer_class,
-    )
+    from eagle3_tui.train.cpu_shims import has_accelerator, maybe_setup_distributed, trainer_class
     from eagle3_tui.train.observe import observe_transfer
 
     # before the process group: transformers saves only on rank 0 once one exists
@@ -202,12 +193,54 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
     # under torchrun: the process group and the library's topology (the sampler shards by it)
     maybe_setup_distributed()
     distributed = "LOCAL_RANK" in os.environ
-    torch.manual_seed(cfg.seed)
-    dataset_ids = _token_counts(data_dir)
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
-
-    d2t, t2d = build_vocab_mappings_from_distribution(dataset_ids, DRAFT_VOCAB, VOCAB)
     cpu = not has_accelerator()
+    model, train_kwargs, val_kwargs = tiny_model(verifier_dir, data_dir, cfg, cpu)
+    if cfg.step_delay > 0:  # demo pacing, so a person can watch the curves move
+        model.register_forward_pre_hook(lambda *_: time.sleep(cfg.step_delay))
+    debug_here = cfg.debug_rank in (-1, _rank())
+    if cfg.hang_at_step >= 0 and debug_here:
+        model.register_forward_pre_hook(_hang_hook(cfg.hang_at_step))
+    if cfg.debug_control:
+        model.register_forward_pre_hook(_debug_control_hook(cfg.debug_control, _rank()))
+    # float32 hidden states on CPU: bf16 autocast there is ~25x slower.
+    dtype = torch.float32 if cpu else torch.bfloat16
+    # the library's default transfer, reporting reads
+    transfer = observe_transfer(None, data_dir)
+    train_loader, val_loader = tiny_loaders(verifier_dir, data_dir, cfg, dtype, transfer)
+    config = TrainerConfig(
+        lr=cfg.lr,
+        num_epochs=cfg.epochs,
+        save_path=str(run_dir / "checkpoints"),
+        resume_from_checkpoint=True,
+        train_call_kwargs=train_kwargs,
+        val_call_kwargs=val_kwargs,
+        hidden_states_dtype=dtype,
+        scheduler_type="none",
+        log_freq=cfg.log_freq,
+        checkpoint_freq=cfg.checkpoint_freq,
+        fsdp_shard=distributed,
+    )
+    return trainer_class()(model, config, train_loader, val_loader)
+
+
+def tiny_model(
+    verifier_dir: Path, data_dir: Path, cfg: TinyConfig, cpu: bool
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The EAGLE-3 draft of the tiny verifier (seeded; its vocabulary mapped from the
+    dataset's token counts) and the Trainer's call arguments for it; on a CPU the
+    implementations that need no Triton or flex attention (shims 4 and 5).
+
+    Imports only torch and speculators (relative to this folder), so a test's
+    stand-in for a user's script can build the same model without eagle3_tui."""
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+    from transformers import AutoConfig
+
+    from .cpu_shims import CPU_MODEL_KWARGS
+
+    torch.manual_seed(cfg.seed)
+    d2t, t2d = build_vocab_mappings_from_distribution(_token_counts(data_dir), DRAFT_VOCAB, VOCAB)
     model_kwargs = CPU_MODEL_KWARGS if cpu else {}
     model = Eagle3DraftModel.from_training_args(
         verifier_config=AutoConfig.from_pretrained(verifier_dir),
@@ -220,26 +253,30 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
         target_layer_ids=TARGET_LAYERS,
         draft_attn_impl=model_kwargs.get("draft_attn_impl", "simple_flex_attention"),
     )
-    if cfg.step_delay > 0:  # demo pacing, so a person can watch the curves move
-        model.register_forward_pre_hook(lambda *_: time.sleep(cfg.step_delay))
-    debug_here = cfg.debug_rank in (-1, _rank())
-    if cfg.hang_at_step >= 0 and debug_here:
-        model.register_forward_pre_hook(_hang_hook(cfg.hang_at_step))
-    if cfg.debug_control:
-        model.register_forward_pre_hook(_debug_control_hook(cfg.debug_control, _rank()))
     train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
         loss_fn="kl_div",
         loss_implementation=model_kwargs.get("loss_implementation", "fused"),
         ttt_steps=TTT_STEPS,
         ttt_step_loss_decay=1.0,
     )
-    # float32 hidden states on CPU: bf16 autocast there is ~25x slower.
-    dtype = torch.float32 if cpu else torch.bfloat16
-    train_loader, val_loader = create_train_val_loaders(
+    return model, train_kwargs, val_kwargs
+
+
+def tiny_loaders(
+    verifier_dir: Path, data_dir: Path, cfg: TinyConfig, dtype: Any, transfer: Any = None
+) -> tuple[Any, Any]:
+    """The library's train and validation loaders over the tiny dataset: every hidden
+    state is on disk (``on_missing="raise"``: the vLLM endpoint is never asked);
+    ``transfer`` None for the library's default."""
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import create_train_val_loaders
+
+    optional = {"transfer": transfer} if transfer is not None else {}
+    return create_train_val_loaders(
         data_path=str(data_dir),
         total_seq_len=cfg.total_seq_len,
         hidden_states_dtype=dtype,
-        transfer=observe_transfer(None, data_dir),  # the library's default, reporting reads
+        **optional,
         vllm_endpoint="http://127.0.0.1:9/v1",  # never used: on_missing="raise"
         on_missing="raise",
         verifier_name_or_path=str(verifier_dir),
@@ -255,20 +292,6 @@ def build_trainer(run_dir: Path, cfg: TinyConfig) -> Any:
         train_data_ratio=0.8,
         seed=cfg.seed,
     )
-    config = TrainerConfig(
-        lr=cfg.lr,
-        num_epochs=cfg.epochs,
-        save_path=str(run_dir / "checkpoints"),
-        resume_from_checkpoint=True,
-        train_call_kwargs=train_kwargs,
-        val_call_kwargs=val_kwargs,
-        hidden_states_dtype=dtype,
-        scheduler_type="none",
-        log_freq=cfg.log_freq,
-        checkpoint_freq=cfg.checkpoint_freq,
-        fsdp_shard=distributed,
-    )
-    return trainer_class()(model, config, train_loader, val_loader)
 
 
 def _token_counts(data_dir: Path) -> dict[int, int]:

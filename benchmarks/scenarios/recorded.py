@@ -97,6 +97,15 @@ class Host:
         if on:
             self.next_step = self.t
 
+    def start(self) -> None:
+        """The script starts (pid 1000, step 0): its ``start`` event."""
+        self.event("start", pid=1000, global_step=0)
+
+    def finish(self) -> None:
+        """The run ends: its steps and the GPU stop, the script writes ``finish``."""
+        self.train(False)
+        self.event("finish", step=self.step)
+
 
 class Client:
     """The monitor's data path: a Pipeline fed by a ReplayTransport, on a given clock."""
@@ -180,7 +189,7 @@ async def link_outage(hang: bool = False) -> Timeline:
     tl = Timeline(name)
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 60)
         tl.fault("link down", host.t, "LINK DOWN")
@@ -201,8 +210,7 @@ async def link_outage(hang: bool = False) -> Timeline:
             tl.expected_final = "STALLED"
             return tl
         await _run(host, client, tl, 60)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.fault("finish", host.t, "FINISHED")
         tl.expect("RUNNING", "FINISHED")
         await _run(host, client, tl, 5)
@@ -214,14 +222,13 @@ async def nan_then_the_end() -> Timeline:
     tl = Timeline("NaN loss, then the run ends")
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 60)
         tl.fault("loss becomes NaN", host.t, "DIVERGED")
         host.loss = lambda s: float("nan")
         await _run(host, client, tl, 60)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.expect("DIVERGED")
         await _run(host, client, tl, 10)
         status = EXIT_BY_HEALTH[client.summary()["health"]]
@@ -237,7 +244,7 @@ async def resume_start_up() -> Timeline:
     tl = Timeline("resume with a 25 s start-up (recorded)")
     host = Host()
     async with Client(host) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.reads = 3e6  # loading: reads, no step yet
         await _run(host, client, tl, 12)
         host.train()
@@ -258,8 +265,7 @@ async def resume_start_up() -> Timeline:
         host.train()
         tl.expect("WAITING", "RUNNING")
         await _run(host, client, tl, 40)
-        host.train(False)
-        host.event("finish", step=host.step)
+        host.finish()
         tl.fault("finish", host.t, "FINISHED")
         await _run(host, client, tl, 5)
         tl.expected_final = "FINISHED"
@@ -271,7 +277,7 @@ async def skewed_clock() -> Timeline:
     tl = Timeline("the client's clock 90 s ahead of the host's")
     host = Host()
     async with Client(host, clock_offset=90.0) as client:
-        host.event("start", pid=1000, global_step=0)
+        host.start()
         host.train()
         await _run(host, client, tl, 120)
         tl.expected_final = "RUNNING"

@@ -34,6 +34,7 @@ from eagle3_tui.agent.names import (
 )
 from eagle3_tui.agent.processes import (
     Member,
+    Proc,
     find_members,
     settle,
     signal_member,
@@ -66,25 +67,12 @@ def op_kill(req: dict[str, Any]) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     grace = float(req.get("grace_s", KILL_GRACE_S))
     linger = float(req.get("linger_s", 3.0))
-    if isinstance(req.get("pid"), int):  # a training found on the host, no manifest
-        m, run_dir = discovered_manifest(req)
-        base: dict[str, Any] = {"pid": m["pid"], "run_dir": None, "run_id": None}
-    else:
-        run_dir = resolve_run_dir(req.get("run_dir"))
-        emit(EV_RESOLVED, run_dir=str(run_dir))
-        m = read_manifest(run_dir)
-        base = {"run_dir": str(run_dir), "run_id": m.get("run_id")}
+    m, run_dir, base = _kill_subject(req)
     trainer, problem = verify_trainer(m)
     if trainer is not None and problem is not None:  # the PID was reused
         others = find_members(m, None)
-        emit(
-            EV_RESULT,
-            op=OP_KILL,
-            status="refused",
-            message=problem,
-            processes=[mb.report() for mb in others.values()],
-            **base,
-        )
+        processes = [mb.report() for mb in others.values()]
+        emit(EV_RESULT, op=OP_KILL, status="refused", message=problem, processes=processes, **base)
         return 0
     members = find_members(m, trainer)
     if not members:
@@ -93,42 +81,106 @@ def op_kill(req: dict[str, Any]) -> int:
         return 0
     # what interrupted/ holds now: the report names only what this kill produced
     before = files_state(interrupted_dir(m, run_dir))
-    launcher = [mb for mb in members.values() if mb.role == "launcher"]
-    targets: list[Member] = []
-    if launcher:  # torchrun: the agent's children are this node's ranks (rank 0 gone or not)
-        targets = [mb for mb in members.values() if mb.ppid == launcher[0].pid] or launcher
-    elif trainer is not None:
-        targets = [members[trainer.pid]]
+    launcher, targets = _sigterm_targets(members, trainer)
     if targets:
-        for target in targets:
-            signal_member(target, signal.SIGTERM)
-        t0 = time.monotonic()
-        while any(t.alive() for t in targets) and time.monotonic() - t0 < grace:
-            wait_gone(targets, min(5.0, grace - (time.monotonic() - t0)))
-            left = [t for t in targets if t.alive()]
-            if left:
-                emit(EV_PROGRESS, step="waiting", pid=left[0].pid, elapsed=time.monotonic() - t0)
-        settle(members)  # how each rank ended, read before its pidfd is reused
-        target = next((t for t in targets if t.alive()), targets[0])
-        # workers and stragglers spawned meanwhile
-        still = trainer if trainer is not None and members[trainer.pid].alive() else None
-        for pid, mb in find_members(m, still).items():
-            if pid in members:
-                mb.ended()  # found again: let go of the second pidfd
-            else:
-                members[pid] = mb
-        if target.alive():
-            emit(EV_PROGRESS, step="timeout", pid=target.pid, grace_s=grace)
-            for mb in members.values():
-                if mb.alive():
-                    signal_member(mb, signal.SIGKILL)
-            wait_gone(list(members.values()), 5.0)
+        _stop_targets(m, members, trainer, targets, grace)
         if launcher and not wait_gone(launcher, linger):
             signal_member(launcher[0], signal.SIGTERM)  # its ranks are gone: it may go too
         wait_gone(list(members.values()), linger)
+    _stop_the_rest(members, linger)
+    remaining = [mb for mb in members.values() if mb.alive()]
+    emit(
+        EV_RESULT,
+        op=OP_KILL,
+        status="remaining" if remaining else "stopped",
+        message=(
+            f"{len(remaining)} process(es) of the run remain"
+            if remaining
+            else f"all {len(members)} process(es) of the run are gone"
+        ),
+        processes=[mb.report() for mb in members.values()],
+        checkpoints=checkpoint_report(m, run_dir, before),
+        signalled_trainer=bool(targets),
+        host=os.uname().nodename,
+        node_rank=m.get("node_rank"),
+        **base,
+    )
+    return 0
+
+
+def _kill_subject(req: dict[str, Any]) -> tuple[dict[str, Any], Path, dict[str, Any]]:
+    """What ``kill`` acts on: a run directory's manifest, or a training found on the
+    host by PID (no manifest); with the fields that every kill report carries."""
+    if isinstance(req.get("pid"), int):
+        m, run_dir = discovered_manifest(req)
+        return m, run_dir, {"pid": m["pid"], "run_dir": None, "run_id": None}
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit(EV_RESOLVED, run_dir=str(run_dir))
+    m = read_manifest(run_dir)
+    return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id")}
+
+
+def _sigterm_targets(
+    members: dict[int, Member], trainer: Proc | None
+) -> tuple[list[Member], list[Member]]:
+    """The torchrun agent (if any) and the processes that get the first SIGTERM: under
+    torchrun the agent's children, this node's ranks (rank 0 gone or not), else the
+    agent itself; else the trainer; none when the trainer is gone and no agent is."""
+    launcher = [mb for mb in members.values() if mb.role == "launcher"]
+    if launcher:
+        return launcher, [mb for mb in members.values() if mb.ppid == launcher[0].pid] or launcher
+    if trainer is not None:
+        return launcher, [members[trainer.pid]]
+    return launcher, []
+
+
+def _stop_targets(
+    m: dict[str, Any],
+    members: dict[int, Member],
+    trainer: Proc | None,
+    targets: list[Member],
+    grace: float,
+) -> None:
+    """SIGTERM the targets and give them ``grace`` seconds to save and exit; take in
+    the processes the run spawned meanwhile; SIGKILL everything alive if a target
+    outlived the grace (a rank that ignores SIGTERM)."""
+    for target in targets:
+        signal_member(target, signal.SIGTERM)
+    _wait_saving(targets, grace)
+    settle(members)  # how each rank ended, read before its pidfd is reused
+    target = next((t for t in targets if t.alive()), targets[0])
+    # workers and stragglers spawned meanwhile
+    still = trainer if trainer is not None and members[trainer.pid].alive() else None
+    for pid, mb in find_members(m, still).items():
+        if pid in members:
+            mb.ended()  # found again: let go of the second pidfd
+        else:
+            members[pid] = mb
+    if target.alive():
+        emit(EV_PROGRESS, step="timeout", pid=target.pid, grace_s=grace)
+        for mb in members.values():
+            if mb.alive():
+                signal_member(mb, signal.SIGKILL)
+        wait_gone(list(members.values()), 5.0)
+
+
+def _wait_saving(targets: list[Member], grace: float) -> None:
+    """Wait up to ``grace`` seconds for the targets to exit (their checkpoint save),
+    telling the client every 5 s which one it waits for."""
+    t0 = time.monotonic()
+    while any(t.alive() for t in targets) and time.monotonic() - t0 < grace:
+        wait_gone(targets, min(5.0, grace - (time.monotonic() - t0)))
+        left = [t for t in targets if t.alive()]
+        if left:
+            emit(EV_PROGRESS, step="waiting", pid=left[0].pid, elapsed=time.monotonic() - t0)
+
+
+def _stop_the_rest(members: dict[int, Member], linger: float) -> None:
+    """Escaped or stuck processes of the run: SIGTERM (unless sent already), then
+    SIGKILL; every member's ending read."""
     settle(members)
     rest = [mb for mb in members.values() if mb.alive()]
-    if rest:  # escaped or stuck processes of the run: SIGTERM, then SIGKILL
+    if rest:
         for mb in rest:
             if "SIGTERM" not in mb.signals:
                 signal_member(mb, signal.SIGTERM)
@@ -139,26 +191,6 @@ def op_kill(req: dict[str, Any]) -> int:
                 signal_member(mb, signal.SIGKILL)
         wait_gone(rest, 5.0)
     settle(members)
-    remaining = [mb for mb in members.values() if mb.alive()]
-    status = "remaining" if remaining else "stopped"
-    message = (
-        f"{len(remaining)} process(es) of the run remain"
-        if remaining
-        else f"all {len(members)} process(es) of the run are gone"
-    )
-    emit(
-        EV_RESULT,
-        op=OP_KILL,
-        status=status,
-        message=message,
-        processes=[mb.report() for mb in members.values()],
-        checkpoints=checkpoint_report(m, run_dir, before),
-        signalled_trainer=bool(targets),
-        host=os.uname().nodename,
-        node_rank=m.get("node_rank"),
-        **base,
-    )
-    return 0
 
 
 def discovered_manifest(req: dict[str, Any]) -> tuple[dict[str, Any], Path]:
@@ -213,7 +245,12 @@ def _saved_environment(run_dir: Path, m: dict[str, Any]) -> dict[str, str] | Non
 
 
 def op_resume(req: dict[str, Any]) -> int:
-    """Relaunch the manifest's resume command, detached, from a complete checkpoint."""
+    """Relaunch the manifest's resume command, detached, from a complete checkpoint.
+
+    Each check that could make the relaunch do harm refuses before anything starts:
+    a training started without eagle3-tui (nothing to rerun), a run with processes
+    alive, no complete numbered checkpoint, no resume command, no working directory.
+    """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
     wait_s = float(req.get("wait_s", 30.0))
     if isinstance(req.get("pid"), int):
@@ -226,6 +263,50 @@ def op_resume(req: dict[str, Any]) -> int:
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
+    _refuse_if_running(m)
+    latest = _resume_checkpoint(m, run_dir)
+    cmd = _resume_command(m)
+    launcher = m.get("launcher") if isinstance(m.get("launcher"), dict) else None
+    cwd = str((launcher or {}).get("cwd") or m.get("cwd") or run_dir)
+    if not os.path.isdir(cwd):
+        raise AgentError(ERR_REFUSED, f"{cwd}: the run's working directory is gone")
+    env = _resume_environment(run_dir, m, launcher)
+    log = run_dir / str(m.get("log_file") or "train.log")
+    proc = _start_detached(cmd, cwd, env, log, latest)
+    info = checkpoint_info(latest)
+    rc, confirmed = _await_manifest(proc, run_dir, wait_s)
+    if rc is not None:
+        emit(
+            EV_RESULT,
+            op=OP_RESUME,
+            status="failed",
+            message=f"the resumed run exited at once with status {rc}",
+            pid=proc.pid,
+            log=str(log),
+            log_tail=_tail(log),
+            checkpoint=info,
+            run_dir=str(run_dir),
+        )
+        return 0
+    proc.returncode = 0  # detached on purpose: do not warn that it still runs
+    emit(
+        EV_RESULT,
+        op=OP_RESUME,
+        status="started",
+        message=f"resumed from {latest}",
+        pid=proc.pid,
+        confirmed=confirmed,
+        log=str(log),
+        command=cmd,
+        checkpoint=info,
+        run_dir=str(run_dir),
+    )
+    return 0
+
+
+def _refuse_if_running(m: dict[str, Any]) -> None:
+    """Refuse while the trainer or any process of the run lives: two trainings would
+    write the same checkpoints."""
     trainer, problem = verify_trainer(m)
     if trainer is not None and problem is None:
         raise AgentError(
@@ -237,6 +318,11 @@ def op_resume(req: dict[str, Any]) -> int:
         raise AgentError(
             ERR_REFUSED, f"processes of the run are still alive (pids {pids}); kill it first"
         )
+
+
+def _resume_checkpoint(m: dict[str, Any], run_dir: Path) -> Path:
+    """The checkpoint speculators will resume from, the newest numbered one; refused
+    when there is none (it would start over) or it is incomplete (it would crash)."""
     ckpt = checkpoint_dir(m, run_dir)
     if ckpt is None:
         raise AgentError(ERR_REFUSED, "the manifest names no checkpoint_dir")
@@ -254,6 +340,12 @@ def op_resume(req: dict[str, Any]) -> int:
             f"{latest}: incomplete checkpoint ({'; '.join(problems)}); speculators would "
             "resume from it and crash",
         )
+    return latest
+
+
+def _resume_command(m: dict[str, Any]) -> list[str]:
+    """The manifest's resume command, its interpreter made absolute: "python" was
+    found on the launching shell's PATH, maybe not on the agent's."""
     cmd = m.get("resume_command")
     if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) for a in cmd):
         raise AgentError(ERR_REFUSED, "the manifest has no resume_command")
@@ -261,11 +353,16 @@ def op_resume(req: dict[str, Any]) -> int:
     argv = m.get("argv") or []
     python = m.get("python")
     if not os.path.isabs(cmd[0]) and argv and cmd[0] == argv[0] and python:
-        cmd[0] = str(python)  # "python" was found on the launching shell's PATH, maybe not ours
-    launcher = m.get("launcher") if isinstance(m.get("launcher"), dict) else None
-    cwd = str((launcher or {}).get("cwd") or m.get("cwd") or run_dir)
-    if not os.path.isdir(cwd):
-        raise AgentError(ERR_REFUSED, f"{cwd}: the run's working directory is gone")
+        cmd[0] = str(python)
+    return cmd
+
+
+def _resume_environment(
+    run_dir: Path, m: dict[str, Any], launcher: dict[str, Any] | None
+) -> dict[str, str]:
+    """The environment the run was started with, as far as it is known: the one a live
+    attach saved (else the agent's), the torchrun agent's, the manifest's variables
+    (except those torchrun sets per rank: the agent the command starts sets them again)."""
     env = dict(os.environ)
     saved = _saved_environment(run_dir, m)
     if saved is not None:  # a run attached to live: the environment it was started with
@@ -276,12 +373,19 @@ def op_resume(req: dict[str, Any]) -> int:
         if launcher is not None and key in TORCHRUN_ENV:
             continue  # set per rank by the torchrun agent the command starts again
         env[str(key)] = str(value)
-    log = run_dir / str(m.get("log_file") or "train.log")
+    return env
+
+
+def _start_detached(
+    cmd: list[str], cwd: str, env: dict[str, str], log: Path, latest: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in a session of its own (it outlives the agent), its output
+    appended to the run's log after a line that says when and from what."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.write(fd, f"\n--- eagle3-tui resume at {stamp} from {latest} ---\n".encode())
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             cmd,
             cwd=cwd,
             env=env,
@@ -295,43 +399,23 @@ def op_resume(req: dict[str, Any]) -> int:
         raise AgentError(ERR_REFUSED, f"cannot start {cmd[0]}: {e.strerror or e}") from None
     finally:
         os.close(fd)
-    info = checkpoint_info(latest)
-    confirmed = False
+
+
+def _await_manifest(
+    proc: subprocess.Popen[bytes], run_dir: Path, wait_s: float
+) -> tuple[int | None, bool]:
+    """Wait up to ``wait_s`` for the new process to write its PID into the manifest
+    (confirmed: the resume took); its exit status if it exited first, else None."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         rc = proc.poll()
         if rc is not None:
-            emit(
-                EV_RESULT,
-                op=OP_RESUME,
-                status="failed",
-                message=f"the resumed run exited at once with status {rc}",
-                pid=proc.pid,
-                log=str(log),
-                log_tail=_tail(log),
-                checkpoint=info,
-                run_dir=str(run_dir),
-            )
-            return 0
+            return rc, False
         try:
             now = json.loads((run_dir / MANIFEST).read_text())
-            confirmed = proc.pid in (now.get("pid"), now.get("launcher_pid"))
+            if proc.pid in (now.get("pid"), now.get("launcher_pid")):
+                return None, True
         except (OSError, ValueError, AttributeError):
-            confirmed = False
-        if confirmed:
-            break
+            pass
         time.sleep(0.1)
-    proc.returncode = 0  # detached on purpose: do not warn that it still runs
-    emit(
-        EV_RESULT,
-        op=OP_RESUME,
-        status="started",
-        message=f"resumed from {latest}",
-        pid=proc.pid,
-        confirmed=confirmed,
-        log=str(log),
-        command=cmd,
-        checkpoint=info,
-        run_dir=str(run_dir),
-    )
-    return 0
+    return None, False

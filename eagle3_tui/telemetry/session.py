@@ -536,16 +536,8 @@ def attach(
     os.environ[mf.RUN_DIR_ENV] = str(path.resolve())
     telemetry = _new_session(path, rank, place, run_id, interval)
 
-    previous: dict[str, Any] | None = None
-    try:
-        previous = mf.read_manifest(path / MANIFEST_FILE)
-    except (OSError, ValueError):
-        previous = None
-    if trainer is not None and checkpoint_dir is None:
-        checkpoint_dir = getattr(getattr(trainer, "config", None), "save_path", None)
-    ckpt_dir = str(Path(checkpoint_dir).resolve()) if checkpoint_dir is not None else None
-    if ckpt_dir is None and previous is not None:
-        ckpt_dir = previous.get("checkpoint_dir")
+    previous = _previous_manifest(path)
+    ckpt_dir = _checkpoint_dir(checkpoint_dir, trainer, previous)
     if rank == 0 or (place.launcher_pid is not None and place.node_leader):
         _write_manifest(
             telemetry,
@@ -565,12 +557,38 @@ def attach(
         telemetry.watch_trainer(trainer)
     if rank == 0:  # lifecycle events of the run come from rank 0 (a crash from any rank)
         _first_event(telemetry, previous, trainer, ckpt_dir)
+    _install_exit_hooks(telemetry, rank)
+    return telemetry
+
+
+def _previous_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest an earlier process of the run wrote (this is a resume), if any."""
+    try:
+        return mf.read_manifest(path / MANIFEST_FILE)
+    except (OSError, ValueError):
+        return None
+
+
+def _checkpoint_dir(
+    checkpoint_dir: str | os.PathLike[str] | None, trainer: Any, previous: dict[str, Any] | None
+) -> str | None:
+    """Where the run saves checkpoints: as given, else the trainer's ``save_path``,
+    else what the earlier manifest said."""
+    if trainer is not None and checkpoint_dir is None:
+        checkpoint_dir = getattr(getattr(trainer, "config", None), "save_path", None)
+    if checkpoint_dir is not None:
+        return str(Path(checkpoint_dir).resolve())
+    return previous.get("checkpoint_dir") if previous is not None else None
+
+
+def _install_exit_hooks(telemetry: Telemetry, rank: int) -> None:
+    """What ends the session whatever ends the process: the excepthook (a crash), the
+    exit handler (the final event, the queue written) and, on rank 0, the stop signal."""
     telemetry._prev_excepthook = sys.excepthook
     sys.excepthook = telemetry._excepthook
     atexit.register(telemetry._at_exit)
     if rank == 0:
         telemetry._install_stop_handler()
-    return telemetry
 
 
 def _sampler_names(samplers: bool | Iterable[str], sampler_host: str, interval: float) -> list[str]:

@@ -185,10 +185,7 @@ class JsonlWriter:
                     self._write_lines([line])
                     return True
                 size = self._enqueue_locked(line, len(line))
-            if size is None:
-                return False
-            self._wake_if_full(size)
-            return True
+            return self._queued(size)
         except Exception as e:  # never into the trainer
             self._count_drop(e)
             return False
@@ -211,10 +208,7 @@ class JsonlWriter:
                 self._seq = seq + 1
                 est = self._estimate
                 size = self._enqueue_locked((kind, copy, step, seq, ts, est), est)
-            if size is None:
-                return False
-            self._wake_if_full(size)
-            return True
+            return self._queued(size)
         except Exception as e:  # never into the trainer
             self._count_drop(e)
             return False
@@ -231,9 +225,14 @@ class JsonlWriter:
             self.stats.queue_peak_bytes = size
         return size
 
-    def _wake_if_full(self, size: int) -> None:
+    def _queued(self, size: int | None) -> bool:
+        """Whether an item was queued (``size`` None: the queue was full, the drop is
+        counted); the writer thread is woken once the queue holds ``WAKE_BYTES``."""
+        if size is None:
+            return False
         if size > WAKE_BYTES and not self._wake.is_set():
             self._wake.set()
+        return True
 
     def _encode(
         self,
@@ -243,30 +242,22 @@ class JsonlWriter:
         step: int | None = None,
         ts: float | None = None,
     ) -> bytes | None:
-        # one dict build: envelope, payload, step (no copy of the payload first)
-        if step is None:
-            rec: dict[str, Any] = {
-                "v": SCHEMA_VERSION,
-                "seq": seq,
-                "w": self.writer_id,
-                "ts": self._clock() if ts is None else ts,
-                "kind": kind,
-                "rank": self.rank,
-                **(payload or _EMPTY),
-            }
-            expected = 6 + len(payload or _EMPTY)
-        else:
-            rec = {
-                "v": SCHEMA_VERSION,
-                "seq": seq,
-                "w": self.writer_id,
-                "ts": self._clock() if ts is None else ts,
-                "kind": kind,
-                "rank": self.rank,
-                **(payload or _EMPTY),
-                "step": step,
-            }
-            expected = 7 + len(payload or _EMPTY) - ("step" in (payload or _EMPTY))
+        # one dict build: envelope, payload (no copy of the payload first); then the
+        # step, in the payload's place if it named one (as a dict literal would put it)
+        fields = payload or _EMPTY
+        rec: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "seq": seq,
+            "w": self.writer_id,
+            "ts": self._clock() if ts is None else ts,
+            "kind": kind,
+            "rank": self.rank,
+            **fields,
+        }
+        expected = 6 + len(fields)
+        if step is not None:
+            expected += "step" not in fields
+            rec["step"] = step
         if len(rec) != expected:  # the payload named an envelope field: the envelope wins
             rec.update(v=SCHEMA_VERSION, seq=seq, w=self.writer_id, kind=kind, rank=self.rank)
         try:

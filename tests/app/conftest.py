@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +15,7 @@ from eagle3_tui.app.control import RunControl
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, LocalHost, ProgressCallback
 from eagle3_tui.transport.replies import KillReport, Status, decode
+from tests.conftest import LiveRun, live_training
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -158,59 +152,16 @@ class FakeControl(RunControl):
         return decode(KillReport, reply)
 
 
-TINY = (sys.executable, "-m", "eagle3_tui.train.tiny")
-
-
-@dataclass
-class LiveRun:
-    """A real tiny speculators training with telemetry, launched as a user would."""
-
-    run_dir: Path
-    proc: subprocess.Popen[bytes]
-    started: list[int] = field(default_factory=list)
-    """Every trainer PID (each its own session), for the cleanup."""
-
-    def manifest(self) -> dict[str, Any]:
-        m: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
-        return m
-
-    def log(self) -> str:
-        return (self.run_dir / "train.log").read_text(errors="replace")[-3000:]
-
-
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     """A tiny training that runs until the module's tests stop it (many epochs, paced):
     detached, its output in its log, the run marker in its environment."""
     from eagle3_tui.telemetry.manifest import launch_env
-    from tests.conftest import need_training
-    from tests.transport.fakes import alive, marker_processes
 
-    need_training()
     run_dir = tmp_path_factory.mktemp("app-live") / "run"
-    run_dir.mkdir()
-    with open(run_dir / "train.log", "ab") as log:
-        proc = subprocess.Popen(
-            [*TINY, "--run-dir", str(run_dir), "--epochs", "400", "--step-delay", "0.05"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, **launch_env(run_dir)),
-            start_new_session=True,
-        )
-    run = LiveRun(run_dir, proc, [proc.pid])
-    yield run
-    run_id = ""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        run_id = str(run.manifest()["run_id"])
-    for pid in run.started:  # only what this module started: its sessions
-        with contextlib.suppress(ProcessLookupError):
-            if alive(pid) and os.getsid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-    for pid in marker_processes(run_id) if run_id else []:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(30)
+    args = ("--epochs", "400", "--step-delay", "0.05")
+    with live_training(run_dir, args, dict(os.environ, **launch_env(run_dir))) as run:
+        yield run
 
 
 async def wait_until(predicate: Any, timeout: float, what: str, run: LiveRun) -> None:

@@ -27,8 +27,8 @@ from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.replay import ReplayTransport
 from eagle3_tui.transport.target import LocalTarget
-from tests.app.conftest import T0, LiveRun, text_of, training, wait_until
-from tests.conftest import until
+from tests.app.conftest import T0, text_of, training, wait_until
+from tests.conftest import LiveRun, until
 from tests.records import Lines
 from tests.transport.fakes import alive, dead_pid, fake_manifest, register
 

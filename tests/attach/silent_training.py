@@ -1,7 +1,9 @@
 """A user's own speculators training script, as eagle3-tui has never seen it: the tiny
-CPU configuration of ``train/tiny.py`` rebuilt from the library's pieces, with no
-handler on ``speculators.metrics`` and no import of eagle3_tui. The attach tests
-launch it detached (``nohup``-style, output to a log) and add telemetry to it live.
+configuration of ``train/tiny.py`` (its data, model, loaders and CPU shims, imported
+from the checkout's ``train/`` folder as the package ``train``, never as
+``eagle3_tui.train``), with no handler on ``speculators.metrics`` and no import of
+eagle3_tui. The attach tests launch it detached (``nohup``-style, output to a log)
+and add telemetry to it live.
 
     python silent_training.py --out DIR [--data DIR] [--epochs 3] [--step-delay 0.1]
                               [--hang-when FILE] [--prepare-only] [--step-times FILE]
@@ -26,87 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-VOCAB, HIDDEN, DRAFT_VOCAB, TTT_STEPS = 256, 64, 64, 3
-TARGET_LAYERS = [0, 1, 2]
-ROWS, SEQ_LEN, TOTAL_SEQ_LEN = 60, 48, 128
-
-
-def make_data(root: Path) -> tuple[Path, Path]:
-    import torch
-    from datasets import Dataset
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    verifier_dir, data_dir = root / "verifier", root / "data"
-    if (root / ".complete").exists():
-        return verifier_dir, data_dir
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
-    verifier = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=HIDDEN,
-            intermediate_size=2 * HIDDEN,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=4 * TOTAL_SEQ_LEN,
-            tie_word_embeddings=False,
-        )
-    ).eval()
-    verifier.save_pretrained(verifier_dir)
-    (data_dir / "hidden_states").mkdir(parents=True, exist_ok=True)
-    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    for i in range(ROWS):
-        start = int(torch.randint(0, VOCAB, (1,), generator=gen))
-        stride = int(torch.randint(1, 12, (1,), generator=gen))
-        ids = torch.tensor([(start + stride * k) % 251 for k in range(SEQ_LEN)])
-        with torch.no_grad():
-            out = verifier(ids[None], output_hidden_states=True)
-        layers = [out.hidden_states[j + 1][0] for j in TARGET_LAYERS] + [out.hidden_states[-1][0]]
-        save_file(
-            {"token_ids": ids.contiguous(), "hidden_states": torch.stack(layers, 1).contiguous()},
-            str(data_dir / "hidden_states" / f"hs_{i}.safetensors"),
-        )
-        rows["input_ids"].append(ids.tolist())
-        rows["loss_mask"].append([1] * SEQ_LEN)
-        rows["seq_len"].append(SEQ_LEN)
-    dataset = Dataset.from_dict(rows)
-    dataset.set_format("torch")
-    dataset.save_to_disk(str(data_dir))
-    (root / ".complete").write_text("ok\n")
-    return verifier_dir, data_dir
-
-
-def cpu_trainer() -> type:
-    """speculators' Trainer with the CPU shims (see eagle3_tui/train/cpu_shims.py)."""
-    import importlib
-
-    # Any: replacing their functions is the point
-    checkpointer: Any = importlib.import_module("speculators.train.checkpointer")
-    trainer: Any = importlib.import_module("speculators.train.trainer")
-
-    def mark(self: Any, name: str) -> None:
-        if self.enabled:
-            self._marks[name] = time.perf_counter()
-
-    def now(self: Any) -> float | None:
-        return time.perf_counter() if self.enabled else None
-
-    trainer._StepTimer.mark = mark
-    trainer._StepTimer.now = now
-    checkpointer.get_current_device = lambda: "cpu"
-
-    from speculators.train.trainer import Trainer
-
-    class CpuTrainer(Trainer):
-        def setup_trainer(self) -> None:
-            # the library declares an int (a CUDA index); .to() and autocast take "cpu"
-            self.local_rank = "cpu"  # type: ignore[assignment]
-            self.device_type = "cpu"
-            super().setup_trainer()  # type: ignore[no-untyped-call]  # speculators: unannotated
-
-    return CpuTrainer
+# the checkout: train/ imports as the package ``train`` (its modules import one another
+# relatively, so nothing of eagle3_tui comes with them)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def wait_for_a_lost_rank() -> None:
@@ -125,34 +49,17 @@ def main() -> int:
     p.add_argument("--step-times", type=Path)
     a = p.parse_args()
     import torch
-    from datasets import load_from_disk
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
     from speculators.train.trainer import TrainerConfig
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
-    from transformers import AutoConfig
 
-    verifier_dir, data_dir = make_data(a.data or a.out / "tiny")
+    from train.cpu_shims import has_accelerator, trainer_class
+    from train.tiny import TinyConfig, make_tiny_data, tiny_loaders, tiny_model
+
+    cfg = TinyConfig(epochs=a.epochs)
+    verifier_dir, data_dir = make_tiny_data(a.data or a.out / "tiny", cfg)
     if a.prepare_only:
         return 0
-    torch.manual_seed(0)
-    counts: dict[int, int] = {}
-    for ids in load_from_disk(str(data_dir)).with_format(None)["input_ids"]:
-        for t in ids:
-            counts[t] = counts.get(t, 0) + 1
-    d2t, t2d = build_vocab_mappings_from_distribution(counts, DRAFT_VOCAB, VOCAB)
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=AutoConfig.from_pretrained(verifier_dir),
-        t2d=t2d,
-        d2t=d2t,
-        verifier_name_or_path=str(verifier_dir),
-        draft_vocab_size=DRAFT_VOCAB,
-        norm_before_residual=True,
-        ttt_steps=TTT_STEPS,
-        target_layer_ids=TARGET_LAYERS,
-        draft_attn_impl="sdpa",
-    )
+    cpu = not has_accelerator()
+    model, train_kwargs, val_kwargs = tiny_model(verifier_dir, data_dir, cfg, cpu)
     calls = [0]
     times = open(a.step_times, "a", buffering=1) if a.step_times else None  # noqa: SIM115
 
@@ -168,41 +75,21 @@ def main() -> int:
         time.sleep(a.step_delay)
 
     model.register_forward_pre_hook(pace)
-    train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
-        loss_fn="kl_div", loss_implementation="eager", ttt_steps=TTT_STEPS, ttt_step_loss_decay=1.0
-    )
-    train_loader, val_loader = create_train_val_loaders(
-        data_path=str(data_dir),
-        total_seq_len=TOTAL_SEQ_LEN,
-        hidden_states_dtype=torch.float32,
-        vllm_endpoint="http://127.0.0.1:9/v1",
-        on_missing="raise",
-        verifier_name_or_path=str(verifier_dir),
-        request_timeout=1.0,
-        max_retries=0,
-        generation_validation_retries=0,
-        max_consecutive_generation_failures=1,
-        hidden_size=HIDDEN,
-        num_target_layers=len(TARGET_LAYERS),
-        num_workers=0,
-        prefetch_factor=2,
-        preprocess=shift_batch,
-        train_data_ratio=0.8,
-        seed=0,
-    )
+    dtype = torch.float32 if cpu else torch.bfloat16
+    train_loader, val_loader = tiny_loaders(verifier_dir, data_dir, cfg, dtype)
     config = TrainerConfig(
-        lr=3e-3,
-        num_epochs=a.epochs,
+        lr=cfg.lr,
+        num_epochs=cfg.epochs,
         save_path=str(a.out / "checkpoints"),
         resume_from_checkpoint=True,
         train_call_kwargs=train_kwargs,
         val_call_kwargs=val_kwargs,
-        hidden_states_dtype=torch.float32,
+        hidden_states_dtype=dtype,
         scheduler_type="none",
         log_freq=1,
         checkpoint_freq=1.0,
     )
-    trainer = cpu_trainer()(model, config, train_loader, val_loader)
+    trainer = trainer_class()(model, config, train_loader, val_loader)
     print(f"training started pid={os.getpid()}", flush=True)
     trainer.run_training()
     print(f"done global_step={trainer.global_step}", flush=True)

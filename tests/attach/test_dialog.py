@@ -45,6 +45,15 @@ class AttachHost(FakeControl):
         return decode(AttachResult, {"op": "attach", **self.result})
 
 
+async def open_dialog(app: Any, pilot: Any) -> AttachDialog:
+    """``a`` pressed in the monitor: the attach dialog, once it is on screen."""
+    await pilot.press("a")
+    await until(pilot, lambda: isinstance(app.screen, AttachDialog), what="the dialog")
+    dialog = app.screen
+    assert isinstance(dialog, AttachDialog)
+    return dialog
+
+
 async def test_choose_a_training_confirm_and_see_the_result() -> None:
     choose = {
         "status": "refused",
@@ -68,10 +77,7 @@ async def test_choose_a_training_confirm_and_see_the_result() -> None:
     host = AttachHost([choose, PLAN], result)
     app = make_app(ReplayTransport([], label="gpu-box:/runs/exp7"), control=host)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("a")
-        await until(pilot, lambda: isinstance(app.screen, AttachDialog), what="the dialog")
-        dialog = app.screen
-        assert isinstance(dialog, AttachDialog)
+        dialog = await open_dialog(app, pilot)
         await until(pilot, lambda: dialog.state == "choosing", what="the choice")
         assert "pid 5151" in text_of(dialog.query_one("#plan"))
         await pilot.press("y")  # nothing to confirm yet
@@ -100,10 +106,7 @@ async def test_a_refusal_is_shown_and_nothing_is_attached() -> None:
     host = AttachHost([refused], {})
     app = make_app(ReplayTransport([], label="gpu-box:/runs/exp7"), control=host)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("a")
-        await until(pilot, lambda: isinstance(app.screen, AttachDialog), what="the dialog")
-        dialog = app.screen
-        assert isinstance(dialog, AttachDialog)
+        dialog = await open_dialog(app, pilot)
         await until(pilot, lambda: dialog.state == "failed", what="the refusal")
         assert "apt-get install gdb" in text_of(dialog.query_one("#plan"))
         await pilot.press("y")

@@ -31,12 +31,11 @@ from eagle3_tui.transport.channel import (
     agent_payload,
     read_frames,
 )
-from eagle3_tui.transport.ssh import SshTransport
 from tests.model.test_state import mixed_stream
 from tests.records import Lines
 from tests.transport.conftest import ssh_target
 from tests.transport.sshd import Sshd
-from tests.transport.test_ssh_stream import FAST_BACKOFF, Follower, append, client, stream_host
+from tests.transport.test_ssh_stream import Follower, append, client, stream_host
 
 __all__ = ["client"]  # the fixture, used by name
 
@@ -215,7 +214,7 @@ async def test_a_disconnect_in_the_middle_of_a_compressed_catch_up_loses_and_rep
 
     monkeypatch.setattr(channel, "_inflate", counted)
     host = stream_host(client, ssh_target(sshd))
-    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, run_dir)
     try:
         await f.until(lambda: len(f.records) > 0, what="the first records")
         at_kill = f.reader.next_offset
@@ -226,7 +225,7 @@ async def test_a_disconnect_in_the_middle_of_a_compressed_catch_up_loses_and_rep
         append(path, more)  # the live tail goes on meanwhile
         await f.until(lambda: len(f.records) >= n + 100, what="every record", timeout=120)
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert f.count(Link.RECONNECTING) >= 1
     assert seen >= 1 and len(inflated) > seen, "Z frames before the kill and after it"

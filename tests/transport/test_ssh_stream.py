@@ -57,6 +57,15 @@ class Follower:
         self.malformed: list[Any] = []
         self.links: list[LinkChanged] = []
 
+    @classmethod
+    def ssh(cls, host: SshHost | OpenSshHost, run_dir: Path | str) -> Follower:
+        """Following ``run_dir`` over ``host`` from its start, reconnecting fast."""
+        return cls(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+
+    async def close(self) -> None:
+        """Ends the stream (its connection's reader with it)."""
+        await self.stream.aclose()  # type: ignore[attr-defined]
+
     async def until(self, predicate: object, timeout: float = 60.0, what: str = "") -> None:
         deadline = time.monotonic() + timeout
         while not predicate():  # type: ignore[operator]
@@ -123,7 +132,7 @@ async def test_every_record_exactly_once_while_sessions_are_killed(
         target=append_lines, args=(run_dir / "metrics.jsonl", Lines(), n, 0.004), daemon=True
     )
     host = stream_host(client, ssh_target(sshd))
-    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, run_dir)
     try:
         await f.until(lambda: f.count(Link.WAITING) >= 1, what="the waiting state")
         writer.start()
@@ -139,7 +148,7 @@ async def test_every_record_exactly_once_while_sessions_are_killed(
             what=f"all {n} records and the 4th reconnection",
         )
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
         writer.join(30)
     assert kills >= 4
@@ -160,7 +169,7 @@ async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
     path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(5)))
     target = ssh_target(sshd, keepalive_interval=0.3, keepalive_count_max=2)
     host = stream_host(client, target)
-    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, run_dir)
     frozen: list[int] = []
     try:
         await f.until(lambda: len(f.records) == 5, what="the first records")
@@ -171,7 +180,7 @@ async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert frozen
     assert f.count(Link.RECONNECTING) >= 1
@@ -186,7 +195,7 @@ async def test_truncation_and_replacement_are_noticed_also_while_disconnected(
     path = run_dir / "metrics.jsonl"
     path.write_bytes(Lines("old").train(0, 1.0) + Lines("old").train(1, 1.0))
     host = stream_host(client, ssh_target(sshd))
-    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, run_dir)
     try:
         await f.until(lambda: len(f.records) == 2, what="two records")
         path.write_bytes(Lines("trunc").train(0, 1.0))  # truncated in place
@@ -204,7 +213,7 @@ async def test_truncation_and_replacement_are_noticed_also_while_disconnected(
         os.replace(away, path)
         await f.until(lambda: len(f.records) == 10, what="the records written while away")
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert len(f.restarts) == 3
     assert [r.w for r in f.records[6:]] == ["away"] * 4
@@ -234,7 +243,7 @@ async def test_a_file_that_does_not_exist_yet_is_waited_for_with_inotify(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     host = stream_host(client, ssh_target(sshd))
-    f = Follower(SshTransport(host, str(run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, run_dir)
     try:
         await f.until(lambda: f.count(Link.WAITING) == 1, what="the waiting state")
         assert f.links[-1].detail.endswith("metrics.jsonl")
@@ -243,7 +252,7 @@ async def test_a_file_that_does_not_exist_yet_is_waited_for_with_inotify(
         (run_dir / "metrics.jsonl").write_bytes(Lines().train(0, 1.0))
         await f.until(lambda: len(f.records) == 1, what="the first record")
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert [x.link for x in f.links] == [Link.CONNECTING, Link.WAITING, Link.CONNECTED]
 

@@ -5,15 +5,9 @@ the tests run in order, and each prepares what it needs if run alone."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,35 +17,16 @@ from eagle3_tui.transport.base import Link
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
-from eagle3_tui.transport.ssh import SshHost, SshTransport
+from eagle3_tui.transport.ssh import SshHost
 from eagle3_tui.transport.target import SshTarget
-from tests.conftest import need_training, read_jsonl
+from tests.conftest import LiveRun, live_training, read_jsonl
 from tests.transport.conftest import cli, remote_env, ssh_target
-from tests.transport.fakes import alive, marker_processes
+from tests.transport.fakes import marker_processes
 from tests.transport.sshd import ALIAS, Sshd
-from tests.transport.test_ssh_stream import FAST_BACKOFF, Follower
+from tests.transport.test_ssh_stream import Follower
 
 pytestmark = pytest.mark.slow
-TINY = (sys.executable, "-m", "eagle3_tui.train.tiny")
 TRAINING = ("--epochs", "40", "--workers", "2", "--step-delay", "0.05")  # stopped, never done
-
-
-@dataclass
-class LiveRun:
-    run_dir: Path
-    proc: subprocess.Popen[bytes]
-    started: list[int] = field(default_factory=list)  # every trainer PID, for cleanup
-
-    @property
-    def target(self) -> str:
-        return f"{ALIAS}:{self.run_dir}"
-
-    def manifest(self) -> dict[str, object]:
-        m: dict[str, object] = json.loads((self.run_dir / "run.json").read_text())
-        return m
-
-    def log(self) -> str:
-        return (self.run_dir / "train.log").read_text(errors="replace")[-3000:]
 
 
 def wait_for(predicate: object, timeout: float, what: str, run: LiveRun) -> None:
@@ -65,32 +40,8 @@ def wait_for(predicate: object, timeout: float, what: str, run: LiveRun) -> None
 def live(sshd: Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     """A tiny training launched on "the host" as a user would: detached, output to its log,
     many epochs (it is stopped by the tests, never finished)."""
-    need_training()
-    run_dir = tmp_path_factory.mktemp("live") / "run"
-    run_dir.mkdir()
-    with open(run_dir / "train.log", "ab") as log:
-        proc = subprocess.Popen(
-            [*TINY, "--run-dir", str(run_dir), *TRAINING],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=remote_env(sshd),
-            start_new_session=True,
-        )
-    run = LiveRun(run_dir, proc, [proc.pid])
-    yield run
-    run_id = ""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        run_id = str(run.manifest()["run_id"])
-    for pid in run.started:  # only what this module started: its sessions
-        try:
-            if alive(pid) and os.getsid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in marker_processes(run_id) if run_id else []:
-        os.kill(pid, signal.SIGKILL)
-    proc.wait(30)
+    with live_training(tmp_path_factory.mktemp("live") / "run", TRAINING, remote_env(sshd)) as run:
+        yield run
 
 
 def monitor_stream_host(target: SshTarget) -> SshHost | OpenSshHost:
@@ -104,7 +55,7 @@ def train_steps(run_dir: Path) -> list[int]:
 
 async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live: LiveRun) -> None:
     host = monitor_stream_host(ssh_target(sshd))
-    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, live.run_dir)
 
     def trains() -> int:
         return sum(1 for r in f.records if r.kind == "train")
@@ -115,7 +66,7 @@ async def test_stream_a_live_training_through_a_killed_session(sshd: Sshd, live:
         assert sshd.kill_sessions() >= 1
         await f.until(lambda: trains() >= seen + 6, timeout=120, what="records after the kill")
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     assert f.count(Link.RECONNECTING) >= 1
     by_writer: dict[str, list[int]] = {}
@@ -137,7 +88,7 @@ def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, liv
     workers = [p for p in family if procs[p].comm == "pt_data_worker"]
     assert len(workers) == 2, {p: procs[p].comm for p in family}
 
-    proc = cli("kill", *sshd.args(), live.target, "--json", timeout=240)
+    proc = cli("kill", *sshd.args(), f"{ALIAS}:{live.run_dir}", "--json", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     by_pid = {p["pid"]: p for p in report["processes"]}
@@ -174,7 +125,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
     before = len(train_steps(live.run_dir))
     assert step > 0 and max(train_steps(live.run_dir)) >= step - 1  # saved after step - 1
 
-    proc = cli("resume", *sshd.args(), live.target, "--json", timeout=120)
+    proc = cli("resume", *sshd.args(), f"{ALIAS}:{live.run_dir}", "--json", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     pid = result["pid"]
@@ -182,7 +133,7 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
     assert result["status"] == "started" and result["checkpoint"]["global_step"] == step
 
     host = monitor_stream_host(ssh_target(sshd))
-    f = Follower(SshTransport(host, str(live.run_dir), backoff=FAST_BACKOFF).stream(0))
+    f = Follower.ssh(host, live.run_dir)
     try:
         await f.until(
             lambda: sum(1 for r in f.records if r.kind == "train") >= before + 3,
@@ -190,14 +141,14 @@ async def test_resume_continues_the_step_count(sshd: Sshd, live: LiveRun) -> Non
             what="train records of the resumed run",
         )
     finally:
-        await f.stream.aclose()  # type: ignore[attr-defined]
+        await f.close()
         await host.close()
     resumed = [r for r in f.records if r.kind == "lifecycle" and r.event == "resume"]
     assert resumed and resumed[-1].pid == pid
     after = [r.step for r in f.records[f.records.index(resumed[-1]) :] if r.kind == "train"]
     assert after[:3] == [step, step + 1, step + 2]  # continues from the checkpoint, not 0
 
-    proc = cli("kill", *sshd.args(), live.target, "--json", timeout=240)
+    proc = cli("kill", *sshd.args(), f"{ALIAS}:{live.run_dir}", "--json", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "stopped"
