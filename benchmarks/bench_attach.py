@@ -290,7 +290,11 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=3, help="trainings attached to, per host")
     p.add_argument("--pause-trials", type=int, default=5, help="no-op injections of each kind")
     p.add_argument("--no-ssh", action="store_true", help="only this machine's agent")
-    return asyncio.run(main_async(p.parse_args()))
+    ns = p.parse_args()
+    # the attached runs register in an index of their own, not the user's
+    with tempfile.TemporaryDirectory(prefix="bench-attach-state-") as state:
+        os.environ["XDG_STATE_HOME"] = state
+        return asyncio.run(main_async(ns))
 
 
 if __name__ == "__main__":

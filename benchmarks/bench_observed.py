@@ -147,6 +147,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=150.0)
     a = ap.parse_args()
+    # whatever registers a run does so in an index of its own, not the user's
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="e3-bench-observed-state-")
     for i in range(a.runs):
         work = Path(tempfile.mkdtemp(prefix="e3-bench-observed-"))
         proc = launch(work, a.step_delay)

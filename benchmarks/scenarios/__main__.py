@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -32,6 +33,9 @@ async def run(ns: argparse.Namespace, root: Path) -> list[Timeline]:
         return out
     from benchmarks.scenarios.live import LIVE
 
+    # the trainings register their runs in an index of their own, not the user's
+    # (`eagle3-tui runs` would list them, gone, for ever after)
+    os.environ["XDG_STATE_HOME"] = str(root / "state")
     for live in LIVE:
         if ns.only and ns.only not in live.__name__:
             continue
