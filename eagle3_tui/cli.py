@@ -96,6 +96,23 @@ def build_monitor_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``eagle3-tui NAME``."""
+    return argparse.ArgumentParser(prog=f"eagle3-tui {name}", description=description)
+
+
+def add_json_and_ssh_options(p: argparse.ArgumentParser, json_help: str) -> argparse.ArgumentParser:
+    """A command's last options: ``--json`` (what its JSON object is), then ssh's."""
+    p.add_argument("--json", action="store_true", help=json_help)
+    add_ssh_options(p)
+    return p
+
+
+def add_seconds_option(p: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
+    """An option that is a duration (``--grace``, ``--wait``)."""
+    p.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help)
+
+
 def add_pid_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pid",
@@ -171,9 +188,9 @@ def cli_target(ns: argparse.Namespace) -> Target:
 
 
 def build_kill_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui kill",
-        description=(
+    p = command_parser(
+        "kill",
+        (
             "Stop a run so that it saves its checkpoint: SIGTERM to the trainer (or the "
             "torchrun agent) after checking its PID is still the run's, wait for the save, "
             "then make sure every process of the run is gone (SIGKILL after the grace "
@@ -188,23 +205,20 @@ def build_kill_parser() -> argparse.ArgumentParser:
         help="a local run or work directory, or [USER@]HOST[:DIR]",
     )
     add_pid_option(p)
-    p.add_argument(
+    add_seconds_option(
+        p,
         "--grace",
-        type=float,
-        default=KILL_GRACE_S,
-        metavar="SECONDS",
-        help=f"how long the trainer may take to save and exit before SIGKILL (default "
+        KILL_GRACE_S,
+        f"how long the trainer may take to save and exit before SIGKILL (default "
         f"{KILL_GRACE_S:.0f}: speculators gives up on its save after 120 s)",
     )
-    p.add_argument("--json", action="store_true", help="the report as one JSON object")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "the report as one JSON object")
 
 
 def build_resume_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui resume",
-        description=(
+    p = command_parser(
+        "resume",
+        (
             "Relaunch a stopped run with its manifest's resume command, detached, in its "
             "directory and environment, appending to its log and metrics, only when its "
             "latest checkpoint is complete. Exit status: 0 started (its PID is printed), "
@@ -215,22 +229,19 @@ def build_resume_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
     )
-    p.add_argument(
+    add_seconds_option(
+        p,
         "--wait",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the new run to take over its manifest (default 30)",
+        30.0,
+        "how long to wait for the new run to take over its manifest (default 30)",
     )
-    p.add_argument("--json", action="store_true", help="the report as one JSON object")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "the report as one JSON object")
 
 
 def build_runs_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui runs",
-        description="List the live trainings on a host (this machine without HOST), with "
+    p = command_parser(
+        "runs",
+        "List the live trainings on a host (this machine without HOST), with "
         "or without telemetry, then your registered runs (--all: every user's), newest "
         "first. Exit status: 0 listed, 2 none found or error.",
     )
@@ -238,15 +249,13 @@ def build_runs_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--all", action="store_true", help="runs of every user (default: the login user's own)"
     )
-    p.add_argument("--json", action="store_true", help="one JSON object")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "one JSON object")
 
 
 def build_demo_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui demo",
-        description=(
+    p = command_parser(
+        "demo",
+        (
             "Train a tiny EAGLE-3 draft with the real speculators Trainer on the CPU, "
             "in the background, and monitor it."
         ),
@@ -274,9 +283,9 @@ def build_demo_parser() -> argparse.ArgumentParser:
 
 
 def build_summary_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui summary",
-        description="Print the state of a run, or of a training without telemetry (watched "
+    p = command_parser(
+        "summary",
+        "Print the state of a run, or of a training without telemetry (watched "
         "from outside for a few seconds). Exit status: 0 running/finished/waiting, "
         "3 silent, 4 stalled, 5 dead, 6 diverged (also after the end), 7 stopped "
         "(interrupted), 10 unreadable (no valid record, only malformed lines), 2 error; "
@@ -291,9 +300,7 @@ def build_summary_parser() -> argparse.ArgumentParser:
         "training there, else its latest run)",
     )
     add_pid_option(p)
-    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "one JSON object instead of text")
 
 
 def say(text: str, *, err: bool = False) -> None:
@@ -338,21 +345,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(args: list[str]) -> int:
+    commands: dict[
+        str, tuple[Callable[[], argparse.ArgumentParser], Callable[[argparse.Namespace], int]]
+    ] = {
+        "demo": (build_demo_parser, cmd_demo),
+        "summary": (build_summary_parser, cmd_summary),
+        "kill": (build_kill_parser, cmd_kill),
+        "resume": (build_resume_parser, cmd_resume),
+        "runs": (build_runs_parser, cmd_runs),
+        "attach": (build_attach_parser, cmd_attach),
+        "compare": (build_compare_parser, cmd_compare),
+    }
     try:
-        if args and args[0] == "demo":
-            return cmd_demo(build_demo_parser().parse_args(args[1:]))
-        if args and args[0] == "summary":
-            return cmd_summary(build_summary_parser().parse_args(args[1:]))
-        if args and args[0] == "kill":
-            return cmd_kill(build_kill_parser().parse_args(args[1:]))
-        if args and args[0] == "resume":
-            return cmd_resume(build_resume_parser().parse_args(args[1:]))
-        if args and args[0] == "runs":
-            return cmd_runs(build_runs_parser().parse_args(args[1:]))
-        if args and args[0] == "attach":
-            return cmd_attach(build_attach_parser().parse_args(args[1:]))
-        if args and args[0] == "compare":
-            return cmd_compare(build_compare_parser().parse_args(args[1:]))
+        if args and args[0] in commands:
+            build, run = commands[args[0]]
+            return run(build().parse_args(args[1:]))
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
         from eagle3_tui.transport.base import printable
@@ -533,9 +540,9 @@ def cmd_summary(ns: argparse.Namespace) -> int:
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui compare",
-        description="Compare run A (this one) with run B (the previous one) at the furthest "
+    p = command_parser(
+        "compare",
+        "Compare run A (this one) with run B (the previous one) at the furthest "
         "point both reached: loss, each TTT step's accuracies, tau, a verdict, validation "
         "per epoch and the hyperparameters that differ. Exit status: 0, or 2 on error.",
     )
@@ -549,9 +556,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
         default="step",
         help="align by global step (default), training tokens or training time",
     )
-    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "one JSON object instead of text")
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
@@ -904,9 +909,9 @@ def cmd_runs(ns: argparse.Namespace) -> int:
 
 
 def build_attach_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="eagle3-tui attach",
-        description=(
+    p = command_parser(
+        "attach",
+        (
             "Add eagle3-tui telemetry to a speculators training that runs without it, "
             "without restarting it: shows what will be done, asks, then has the trainer's "
             "own interpreter attach it at a safe point of its main thread (gdb for CPython "
@@ -927,17 +932,14 @@ def build_attach_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pid", type=int, help="the trainer's PID (default: the host's only training)")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    p.add_argument(
+    add_seconds_option(
+        p,
         "--wait",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long to wait for the attach to run in the trainer before reporting it "
+        10.0,
+        "how long to wait for the attach to run in the trainer before reporting it "
         "queued (default 10)",
     )
-    p.add_argument("--json", action="store_true", help="the result as one JSON object")
-    add_ssh_options(p)
-    return p
+    return add_json_and_ssh_options(p, "the result as one JSON object")
 
 
 def _confirm(question: str) -> bool:
@@ -993,6 +995,25 @@ def _check_training_installed() -> None:
         )
 
 
+def demo_training_command(
+    run_dir: Path, *, epochs: int, step_delay: float, workers: int
+) -> list[str]:
+    """The demo's trainer: the tiny launcher writing into ``run_dir``."""
+    return [
+        sys.executable,
+        "-m",
+        "eagle3_tui.train.tiny",
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        str(epochs),
+        "--step-delay",
+        str(step_delay),
+        "--workers",
+        str(workers),
+    ]
+
+
 def cmd_demo(ns: argparse.Namespace) -> int:
     import subprocess
     import tempfile
@@ -1009,19 +1030,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         run_dir = Path(tempfile.mkdtemp(prefix="eagle3-tui-demo-"))
     epochs = ns.epochs if ns.epochs is not None else (3 if ns.headless else 6)
     delay = ns.step_delay if ns.step_delay is not None else (0.0 if ns.headless else 0.15)
-    cmd = [
-        sys.executable,
-        "-m",
-        "eagle3_tui.train.tiny",
-        "--run-dir",
-        str(run_dir),
-        "--epochs",
-        str(epochs),
-        "--step-delay",
-        str(delay),
-        "--workers",
-        str(ns.workers),
-    ]
+    cmd = demo_training_command(run_dir, epochs=epochs, step_delay=delay, workers=ns.workers)
     log_path = run_dir / "train.log"
     from eagle3_tui.telemetry.manifest import launch_env
 

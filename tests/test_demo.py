@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_tui.agent import processes
-from eagle3_tui.cli import EXIT_CRASHED, stop_demo_run
+from eagle3_tui.cli import EXIT_CRASHED, demo_training_command, stop_demo_run
 from eagle3_tui.transport.target import LocalTarget
 from tests.conftest import need_training, read_jsonl, wait_for_a_training_step
 
@@ -74,19 +74,7 @@ def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
     need_training()
     run_dir = tmp_path / "run"
     trainer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "eagle3_tui.train.tiny",
-            "--run-dir",
-            str(run_dir),
-            "--epochs",
-            "5",
-            "--step-delay",
-            "0.3",
-            "--workers",
-            "1",
-        ],
+        demo_training_command(run_dir, epochs=5, step_delay=0.3, workers=1),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

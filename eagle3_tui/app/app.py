@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
@@ -109,6 +109,15 @@ class MonitorApp(App[None]):
         chosen: str = "",
         quit_stops_run: bool = False,
     ) -> None:
+        """The monitor of ``source``.
+
+        ``source`` streams the run; ``control`` acts on its host (kill, resume, probes,
+        the runs there); ``compare`` streams a previous run to compare with, and
+        ``open_run`` opens one picked on the host by its directory; ``note`` says what was
+        chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
+        for the header; ``quit_stops_run``:
+        the caller stops the run after ``q`` (the demo).
+        """
         super().__init__()
         self.source = source
         self.note = note
@@ -157,20 +166,8 @@ class MonitorApp(App[None]):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        self.run_worker(
-            self.pipeline.pump(self.source, self._link_changed),
-            name="stream",
-            group="stream",
-            exclusive=True,
-            exit_on_error=False,
-        )
-        self.run_worker(
-            self.pipeline.ingest(),
-            name="ingest",
-            group="ingest",
-            exclusive=True,
-            exit_on_error=False,
-        )
+        self._worker(self.pipeline.pump(self.source, self._link_changed), "stream")
+        self._worker(self.pipeline.ingest(), "ingest")
         self.set_interval(self.refresh_interval, self._tick, name="refresh")
         if self.compare_source is not None:
             self._start_compare(self.compare_source)
@@ -254,29 +251,16 @@ class MonitorApp(App[None]):
         self.compare_label = source.label
         self.compare_pipeline = other = Pipeline()
         self._compared = None
-        self.run_worker(
-            other.pump(source, lambda _event: None),
-            name="compare-stream",
-            group="compare-stream",
-            exclusive=True,
-            exit_on_error=False,
-        )
-        self.run_worker(
-            other.ingest(),
-            name="compare-ingest",
-            group="compare-ingest",
-            exclusive=True,
-            exit_on_error=False,
-        )
+        self._worker(other.pump(source, lambda _event: None), "compare-stream")
+        self._worker(other.ingest(), "compare-ingest")
         control = RunControl.for_source(source)
         if control is not None:  # its manifest: the recipe half of "what differs"
-            self.run_worker(
-                self._probe_compared(control, other),
-                name="compare-status",
-                group="compare-status",
-                exclusive=True,
-                exit_on_error=False,
-            )
+            self._worker(self._probe_compared(control, other), "compare-status")
+
+    def _worker(self, work: Coroutine[Any, Any, object], name: str) -> None:
+        """Run ``work`` as the one worker of its group ``name`` (a new one replaces the
+        old); an error ends the worker, not the app."""
+        self.run_worker(work, name=name, group=name, exclusive=True, exit_on_error=False)
 
     async def _probe_compared(self, control: RunControl, other: Pipeline) -> None:
         from eagle3_tui.transport.base import TargetError
@@ -312,13 +296,7 @@ class MonitorApp(App[None]):
         """Ask the host whether the trainer lives (and for its manifest)."""
         if self.control is not None and self._probe_ok:
             self._probed_at = time.monotonic() if now is None else now
-            self.run_worker(
-                self._probe(),
-                name="status",
-                group="status",
-                exclusive=True,
-                exit_on_error=False,
-            )
+            self._worker(self._probe(), "status")
 
     async def _probe(self) -> None:
         assert self.control is not None
@@ -423,9 +401,7 @@ class MonitorApp(App[None]):
         self.push_screen(RunPicker(control, control.run_dir), picked)
 
     def action_export(self) -> None:
-        self.run_worker(
-            self._export(), name="export", group="export", exclusive=True, exit_on_error=False
-        )
+        self._worker(self._export(), "export")
 
     async def _export(self) -> None:
         snap = self.snapshot
@@ -477,39 +453,6 @@ _HELP = {
 }
 
 
-def make_app(
-    source: Source,
-    *,
-    control: RunControl | None = None,
-    clock: Callable[[], float] = time.time,
-    refresh_interval: float = 0.5,
-    status_interval: float = 5.0,
-    export_dir: Path | None = None,
-    compare: Source | None = None,
-    open_run: Callable[[str], Source] | None = None,
-    note: str = "",
-    chosen: str = "",
-    quit_stops_run: bool = False,
-) -> MonitorApp:
-    """The one way to build the monitor: the CLI and the tests both come through here.
-
-    ``source`` streams the run; ``control`` acts on its host (kill, resume, probes,
-    the runs there); ``compare`` streams a previous run to compare with, and
-    ``open_run`` opens one picked on the host by its directory; ``note`` says what was
-    chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
-    for the header; ``quit_stops_run``:
-    the caller stops the run after ``q`` (the demo).
-    """
-    return MonitorApp(
-        source,
-        control=control,
-        clock=clock,
-        refresh_interval=refresh_interval,
-        status_interval=status_interval,
-        export_dir=export_dir,
-        compare=compare,
-        open_run=open_run,
-        note=note,
-        chosen=chosen,
-        quit_stops_run=quit_stops_run,
-    )
+make_app = MonitorApp
+"""The one way to build the monitor: the CLI and the tests both come through here
+(its arguments: :meth:`MonitorApp.__init__`)."""

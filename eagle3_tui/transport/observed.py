@@ -14,7 +14,6 @@ No textual here; asyncssh only when the host is an SSH host.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
@@ -28,9 +27,8 @@ from eagle3_tui.transport.channel import (
     ChannelLostError,
     DataFrame,
 )
+from eagle3_tui.transport.reconnect import BACKOFF, Reconnecting, StreamOver
 from eagle3_tui.transport.replies import ErrorKind, ProcessRow
-
-BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 
 
 class ObserveHost(Protocol):
@@ -59,7 +57,7 @@ def describe_row(row: ProcessRow, middle: str = "") -> str:
     return f"pid {row.pid} {script.rsplit('/', 1)[-1]}{middle}{where}"
 
 
-class ObservedTransport:
+class ObservedTransport(Reconnecting):
     """Records about a discovered training process (no telemetry), as a stream."""
 
     def __init__(
@@ -85,66 +83,50 @@ class ObservedTransport:
         return f"{prefix}{describe_row(self.row, ' (no telemetry)')}"
 
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
-        position = offset  # where the next byte goes in the stream the model reads
-        cursor: dict[str, Any] = {}
-        attempt = 0
-        connected = False
-        yield LinkChanged(Link.CONNECTING, self.host.label)
-        while True:
-            reason = "the agent stopped"
-            channel: AgentChannel | None = None
-            status: int | None = None
-            stderr = ""
-            try:
-                channel = await self.host.start_agent(
-                    {
-                        "op": "observe",
-                        "pid": self.pid,
-                        "start_ticks": self.start_ticks,
-                        "cursor": cursor,
-                        "interval_s": self.interval_s,
-                    }
-                )
-                async for frame in channel.frames():
-                    if isinstance(frame, DataFrame):
-                        yield Chunk(position, frame.data)
-                        position += len(frame.data)
-                    elif frame.event == EV_OBSERVED:
-                        attempt = 0
-                        connected = True
-                        yield LinkChanged(Link.CONNECTED, self.label)
-                    elif frame.event == EV_CURSOR:
-                        cursor = dict(frame.fields)
-                    elif frame.event == EV_ENDED:
-                        self.ended = True
-                        return  # the trainer exited: its last records said so
-                    elif frame.event == EV_ERROR:
-                        if connected and ErrorKind.of(frame.get("kind")) is ErrorKind.GONE:
-                            self.ended = True
-                            return  # it exited while we were away: the probe says so
-                        yield LinkChanged(Link.REFUSED, str(frame.get("message")))
-                        return
-            except ChannelLostError as e:
-                reason = str(e)
-            except TargetError as e:
-                if _refused(e):
-                    yield LinkChanged(Link.REFUSED, str(e))
-                    return
-                reason = str(e)
-            finally:
-                if channel is not None:
-                    channel.close()
-                    status, stderr = await channel.finish()
-            problem = getattr(self.host, "exit_problem", None)
-            if channel is not None and problem is not None:
-                found = problem(status, stderr)
-                if found is not None:
-                    refused, reason = found
-                    if refused:
-                        yield LinkChanged(Link.REFUSED, reason)
-                        return
-            delay = self.backoff[min(attempt, len(self.backoff) - 1)]
-            attempt += 1
-            self.reconnects += 1
-            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay)
-            await asyncio.sleep(delay)
+        self._position = offset  # where the next byte goes in the stream the model reads
+        self._cursor: dict[str, Any] = {}
+        self._seen = False  # observed once: an answer "gone" afterwards is its end
+        async for event in self._reconnecting():
+            yield event
+
+    def _host_label(self) -> str:
+        return self.host.label
+
+    async def _start(self) -> AgentChannel:
+        return await self.host.start_agent(
+            {
+                "op": "observe",
+                "pid": self.pid,
+                "start_ticks": self.start_ticks,
+                "cursor": self._cursor,
+                "interval_s": self.interval_s,
+            }
+        )
+
+    async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:
+        async for frame in channel.frames():
+            if isinstance(frame, DataFrame):
+                yield Chunk(self._position, frame.data)
+                self._position += len(frame.data)
+            elif frame.event == EV_OBSERVED:
+                self._connected()
+                self._seen = True
+                yield LinkChanged(Link.CONNECTED, self.label)
+            elif frame.event == EV_CURSOR:
+                self._cursor = dict(frame.fields)
+            elif frame.event == EV_ENDED:
+                self.ended = True
+                raise StreamOver  # the trainer exited: its last records said so
+            elif frame.event == EV_ERROR:
+                if self._seen and ErrorKind.of(frame.get("kind")) is ErrorKind.GONE:
+                    self.ended = True
+                    raise StreamOver  # it exited while we were away: the probe says so
+                yield LinkChanged(Link.REFUSED, str(frame.get("message")))
+                raise StreamOver
+
+    def _refusal(self, e: TargetError | ChannelLostError) -> bool:
+        return isinstance(e, TargetError) and _refused(e)
+
+    def _exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
+        problem = getattr(self.host, "exit_problem", None)
+        return None if problem is None else problem(status, stderr)

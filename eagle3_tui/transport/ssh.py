@@ -47,6 +47,7 @@ from eagle3_tui.transport.channel import (
     keeps_stdin,
     read_frames,
 )
+from eagle3_tui.transport.reconnect import BACKOFF, Reconnecting, StreamOver
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEEPALIVE_COUNT_MAX,
@@ -58,7 +59,6 @@ from eagle3_tui.transport.target import (
     parse_port,
 )
 
-BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 FAST_CIPHERS = (
     # asyncssh's defaults, AES-GCM first: with AES-NI it costs ~0.15 ms less per
     # record than chacha20-poly1305 in asyncssh (measured on loopback); all are
@@ -454,7 +454,7 @@ class StreamHost(Protocol):
     def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None: ...
 
 
-class SshTransport:
+class SshTransport(Reconnecting):
     """Follows ``RUN_DIR/metrics.jsonl`` on an SSH host; yields chunks and link changes."""
 
     def __init__(
@@ -478,81 +478,66 @@ class SshTransport:
         return f"{self.host.label}:{self.run_dir or '(latest run)'}"
 
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
-        complete = offset  # just past the last complete line delivered
-        identity: str | None = None
-        attempt = 0
-        yield LinkChanged(Link.CONNECTING, self.host.label)
-        while True:
-            reason = "the agent stopped"
-            channel: AgentChannel | None = None
-            status: int | None = None
-            stderr = ""
-            try:
-                request = {
-                    "op": "follow",
-                    "run_dir": self.run_dir,
-                    "file": self.file,
-                    "offset": complete,
-                    "identity": identity,
-                }
-                if self.compress:
-                    request["compress"] = COMPRESS_ZLIB
-                channel = await self.host.start_agent(request)
-                async for frame in channel.frames():
-                    if isinstance(frame, DataFrame):
-                        off, data = frame.offset, frame.data
-                        if off < complete:
-                            complete = off  # restarted (truncated or replaced)
-                        yield Chunk(off, data)
-                        nl = data.rfind(b"\n")
-                        if nl >= 0:
-                            complete = off + nl + 1
-                    elif frame.event == "resolved":
-                        self.run_dir = str(frame.get("run_dir"))  # pinned for reconnects
-                    elif frame.event == "waiting":
-                        yield LinkChanged(Link.WAITING, f"waiting for {frame.get('path')}")
-                    elif frame.event == "opened":
-                        identity = str(frame.get("identity"))
-                        attempt = 0
-                        size, now = frame.get("size"), frame.get("now")
-                        yield LinkChanged(
-                            Link.CONNECTED,
-                            self.label,
-                            size=size if isinstance(size, int) else None,
-                            host_time=float(now) if isinstance(now, int | float) else None,
-                        )
-                    elif frame.event == "restarted":
-                        complete = 0
-                    elif frame.event == "error":
-                        yield LinkChanged(Link.REFUSED, str(frame.get("message")))
-                        return
-            except HostRefusedError as e:
-                yield LinkChanged(Link.REFUSED, str(e))
-                return
-            except AgentFailedError as e:
-                yield LinkChanged(Link.REFUSED, str(e))
-                return
-            except (HostUnreachableError, ChannelLostError) as e:
-                reason = str(e)
-            finally:
-                if channel is not None:  # on every way out, the consumer's aclose() too
-                    channel.close()
-                    status, stderr = await channel.finish()
-            if channel is not None:
-                problem = self.host.exit_problem(status, stderr)
-                if problem is not None:
-                    refused, reason = problem
-                    if refused:
-                        yield LinkChanged(Link.REFUSED, reason)
-                        return
-                elif status not in (None, 0):
-                    err = agent_error(self.host.label, self.host.python, status, stderr)
-                    if status == NOT_FOUND_STATUS:
-                        yield LinkChanged(Link.REFUSED, str(err))
-                        return
-                    reason = str(err)
-            delay = self.backoff[min(attempt, len(self.backoff) - 1)]
-            attempt += 1
-            self.reconnects += 1
-            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay)
-            await asyncio.sleep(delay)
+        self._complete = offset  # just past the last complete line delivered
+        self._identity: str | None = None
+        async for event in self._reconnecting():
+            yield event
+
+    def _host_label(self) -> str:
+        return self.host.label
+
+    async def _start(self) -> AgentChannel:
+        request = {
+            "op": "follow",
+            "run_dir": self.run_dir,
+            "file": self.file,
+            "offset": self._complete,
+            "identity": self._identity,
+        }
+        if self.compress:
+            request["compress"] = COMPRESS_ZLIB
+        return await self.host.start_agent(request)
+
+    async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:
+        async for frame in channel.frames():
+            if isinstance(frame, DataFrame):
+                off, data = frame.offset, frame.data
+                if off < self._complete:
+                    self._complete = off  # restarted (truncated or replaced)
+                yield Chunk(off, data)
+                nl = data.rfind(b"\n")
+                if nl >= 0:
+                    self._complete = off + nl + 1
+            elif frame.event == "resolved":
+                self.run_dir = str(frame.get("run_dir"))  # pinned for reconnects
+            elif frame.event == "waiting":
+                yield LinkChanged(Link.WAITING, f"waiting for {frame.get('path')}")
+            elif frame.event == "opened":
+                self._identity = str(frame.get("identity"))
+                self._connected()
+                size, now = frame.get("size"), frame.get("now")
+                yield LinkChanged(
+                    Link.CONNECTED,
+                    self.label,
+                    size=size if isinstance(size, int) else None,
+                    host_time=float(now) if isinstance(now, int | float) else None,
+                )
+            elif frame.event == "restarted":
+                self._complete = 0
+            elif frame.event == "error":
+                yield LinkChanged(Link.REFUSED, str(frame.get("message")))
+                raise StreamOver
+
+    def _refusal(self, e: TargetError | ChannelLostError) -> bool | None:
+        if isinstance(e, HostRefusedError | AgentFailedError):
+            return True
+        if isinstance(e, HostUnreachableError | ChannelLostError):
+            return False
+        return None  # not a link's problem: raised
+
+    def _exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
+        problem = self.host.exit_problem(status, stderr)
+        if problem is None and status not in (None, 0):
+            err = agent_error(self.host.label, self.host.python, status, stderr)
+            return status == NOT_FOUND_STATUS, str(err)
+        return problem

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rich.console import Group, RenderableType
+from rich.console import Group
 from rich.text import Text
-from textual import on, work
-from textual.app import ComposeResult
+from textual import work
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Static
 
 from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import inert
 from eagle3_tui.transport.control import format_attach, format_attach_plan
 from eagle3_tui.transport.replies import AttachCandidate, AttachPlan, AttachResult
@@ -31,19 +29,12 @@ from eagle3_tui.transport.replies import AttachCandidate, AttachPlan, AttachResu
 MAX_CHOICES = 9
 
 
-def _lines(text: str, first_style: str) -> RenderableType:
-    first, _, rest = text.partition("\n")
-    return Group(
-        inert(first, style=first_style, wrap=True), *(inert(ln) for ln in rest.splitlines())
-    )
+class AttachDialog(ConfirmDialog):
+    """Attach: which training, the plan, a confirmation, the result.
 
-
-class AttachDialog(ModalScreen[None]):
-    """Attach: which training, the plan, a confirmation, the result."""
+    ``state`` is also ``choosing``: several trainings, one is picked by its number."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "confirm", "Confirm"),
-        Binding("escape,n", "close", "Cancel"),
         *(Binding(str(i), f"choose({i})", show=False) for i in range(1, MAX_CHOICES + 1)),
     ]
 
@@ -55,27 +46,17 @@ class AttachDialog(ModalScreen[None]):
             self.result = result
 
     def __init__(self, control: RunControl, pid: int | None = None) -> None:
-        super().__init__()
-        self.control = control
+        super().__init__(
+            control,
+            box_id="attach",
+            title=f"attach telemetry to a live training · {control.where}",
+            asking="Asking the host…",
+            confirm="Attach (y)",
+            variant="warning",
+        )
         self.pid = pid
-        self.state = "loading"
-        """loading, choosing, ready, working, done, failed."""
         self.plan: AttachPlan | None = None
         self.choices: list[AttachCandidate] = []
-
-    def compose(self) -> ComposeResult:
-        box = Vertical(id="attach", classes="dialog")
-        box.border_title = f"attach telemetry to a live training · {self.control.where}"
-        with box:
-            with VerticalScroll(id="control-body"):
-                yield Static(Text("Asking the host…", style="dim"), id="plan")
-                yield Static("", id="outcome")
-            with Horizontal(id="buttons"):
-                yield Button("Attach (y)", id="confirm", variant="warning", disabled=True)
-                yield Button("Cancel (esc)", id="close")
-
-    def on_mount(self) -> None:
-        self.load()
 
     @work(exclusive=True, group="attach", exit_on_error=False)
     async def load(self) -> None:
@@ -86,14 +67,9 @@ class AttachDialog(ModalScreen[None]):
             plan = AttachResult(status="error", message=f"cannot ask the host: {e}")
         if not self.is_attached:
             return
-        shown = self.query_one("#plan", Static)
         if isinstance(plan, AttachPlan):
             self.plan = plan
-            self.state = "ready"
-            shown.update(_lines(format_attach_plan(plan), "bold"))
-            confirm = self.query_one("#confirm", Button)
-            confirm.disabled = False
-            confirm.focus()
+            self.ready(headed(format_attach_plan(plan), "bold"))
             return
         if plan.reason == "choose" and plan.candidates:
             self.choices = plan.candidates[:MAX_CHOICES]
@@ -102,11 +78,9 @@ class AttachDialog(ModalScreen[None]):
             for i, c in enumerate(self.choices, 1):
                 argv = " ".join(c.argv)
                 rows.append(inert(f"  {i}  pid {c.pid}  {c.user}  {argv}"[:200]))
-            shown.update(Group(*rows))
+            self.query_one("#plan", Static).update(Group(*rows))
             return
-        self.state = "failed"
-        shown.update(_lines(f"{plan.status}: {plan.message}", "bold #d7af5f"))
-        self.query_one("#close", Button).label = "Close (esc)"
+        self.failed(headed(f"{plan.status}: {plan.message}", "bold #d7af5f"))
 
     @work(exclusive=True, group="attach", exit_on_error=False)
     async def execute(self) -> None:
@@ -126,10 +100,8 @@ class AttachDialog(ModalScreen[None]):
         if not self.is_attached:
             return
         ok = result.status in ("attached", "queued")
-        outcome.update(_lines(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
-        close = self.query_one("#close", Button)
-        close.label = "Close (esc)"
-        close.focus()
+        outcome.update(headed(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
+        self.closing(focus=True)
 
     def action_choose(self, number: int) -> None:
         if self.state != "choosing" or not 1 <= number <= len(self.choices):
@@ -138,24 +110,3 @@ class AttachDialog(ModalScreen[None]):
         self.state = "loading"
         self.query_one("#plan", Static).update(Text("Asking the host…", style="dim"))
         self.load()
-
-    def action_confirm(self) -> None:
-        if self.state != "ready":
-            return
-        self.state = "working"
-        self.query_one("#confirm", Button).disabled = True
-        self.execute()
-
-    def action_close(self) -> None:
-        if self.state == "working":
-            self.notify("still working: the host finishes it either way", timeout=3)
-            return
-        self.dismiss(None)
-
-    @on(Button.Pressed, "#confirm")
-    def _confirm_pressed(self) -> None:
-        self.action_confirm()
-
-    @on(Button.Pressed, "#close")
-    def _close_pressed(self) -> None:
-        self.action_close()

@@ -9,19 +9,15 @@ PID and how it ended, or the new PID. Refusals and errors are shown here.
 from __future__ import annotations
 
 import time
-from typing import ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
-from textual import on, work
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual import work
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Static
 
 from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
@@ -124,20 +120,11 @@ def resume_plan(status: Status, control: RunControl) -> RenderableType:
 def report(result: KillReport | ResumeReport) -> RenderableType:
     text = format_kill(result) if isinstance(result, KillReport) else format_resume(result)
     ok = result.status in ("stopped", "not_running", "started")
-    first, _, rest = text.partition("\n")
-    return Group(
-        inert(first, style="bold #5fd75f" if ok else "bold #ff5f5f", wrap=True),
-        *(inert(line) for line in rest.splitlines()),
-    )
+    return headed(text, "bold #5fd75f" if ok else "bold #ff5f5f")
 
 
-class ControlDialog(ModalScreen[None]):
+class ControlDialog(ConfirmDialog):
     """Kill or resume: the plan, a confirmation, the verified result."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "confirm", "Confirm"),
-        Binding("escape,n", "close", "Cancel"),
-    ]
 
     class Finished(Message):
         """A kill or resume ran to its end (whatever it found)."""
@@ -148,28 +135,17 @@ class ControlDialog(ModalScreen[None]):
             self.result = result
 
     def __init__(self, op: str, control: RunControl) -> None:
-        super().__init__()
+        title = "kill the run" if op == "kill" else "resume the run"
+        super().__init__(
+            control,
+            box_id="control",
+            title=f"{title} · {control.where}",
+            asking="Asking the host about the run…",
+            confirm="Kill (y)" if op == "kill" else "Resume (y)",
+            variant="error",
+        )
         self.op = op
-        self.control = control
-        self.state = "loading"
-        """loading, ready, working, done, failed."""
         self.progress: list[str] = []
-
-    def compose(self) -> ComposeResult:
-        verb = "Kill" if self.op == "kill" else "Resume"
-        title = "kill the run" if self.op == "kill" else "resume the run"
-        box = Vertical(id="control", classes="dialog")
-        box.border_title = f"{title} · {self.control.where}"
-        with box:
-            with VerticalScroll(id="control-body"):
-                yield Static(Text("Asking the host about the run…", style="dim"), id="plan")
-                yield Static("", id="outcome")
-            with Horizontal(id="buttons"):
-                yield Button(f"{verb} (y)", id="confirm", variant="error", disabled=True)
-                yield Button("Cancel (esc)", id="close")
-
-    def on_mount(self) -> None:
-        self.load()
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
@@ -178,23 +154,15 @@ class ControlDialog(ModalScreen[None]):
         except Exception as e:  # shown: no manifest, unreachable host, refused key...
             if not self.is_attached:
                 return  # closed meanwhile
-            plan = self.query_one("#plan", Static)
-            self.state = "failed"
-            plan.update(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f", wrap=True))
-            self.query_one("#close", Button).label = "Close (esc)"
+            self.failed(inert(f"Cannot {self.op}: {e}", style="bold #ff5f5f", wrap=True))
             return
         if not self.is_attached:
             return
-        plan = self.query_one("#plan", Static)
-        plan.update(
+        self.ready(
             kill_plan(status, self.control)
             if self.op == "kill"
             else resume_plan(status, self.control)
         )
-        self.state = "ready"
-        confirm = self.query_one("#confirm", Button)
-        confirm.disabled = False
-        confirm.focus()
 
     def _on_progress(self, ev: Event) -> None:
         line = format_progress(ev)
@@ -225,27 +193,4 @@ class ControlDialog(ModalScreen[None]):
             if not self.is_attached:
                 return
             outcome.update(report(result))
-        close = self.query_one("#close", Button)
-        close.label = "Close (esc)"
-        close.focus()
-
-    def action_confirm(self) -> None:
-        if self.state != "ready":
-            return
-        self.state = "working"
-        self.query_one("#confirm", Button).disabled = True
-        self.execute()
-
-    def action_close(self) -> None:
-        if self.state == "working":
-            self.notify("still working: the host finishes it either way", timeout=3)
-            return
-        self.dismiss(None)
-
-    @on(Button.Pressed, "#confirm")
-    def _confirm_pressed(self) -> None:
-        self.action_confirm()
-
-    @on(Button.Pressed, "#close")
-    def _close_pressed(self) -> None:
-        self.action_close()
+        self.closing(focus=True)
