@@ -189,7 +189,7 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         assert [n["host"] for n in result["nodes"]] == [node0, node1]
         assert all(n["status"] == "stopped" for n in result["nodes"]), killed.stdout
         labels = {p["label"] for n in result["nodes"] for p in n["processes"]}
-        assert {"rank 0", "rank 1", "torchrun agent"} <= labels
+        assert {"rank 0", "rank 1", "torchrun agent"} <= labels, killed.stdout
         interrupted = result["nodes"][0]["checkpoints"]["interrupted"]
         assert interrupted is not None and interrupted["problems"] == [], killed.stdout
         assert not leftovers(run_dir), leftovers(run_dir)
