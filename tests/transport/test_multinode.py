@@ -158,8 +158,13 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
 
         # ---- each node's telemetry, and one view from node 0 alone -------------------
         def started() -> bool:
+            """A checkpoint, and each node's manifest knows its ranks (node 1's run.json is
+            written at start, its ranks once the ranks' exchange is done: a kill before that
+            could not name node 1's rank)."""
             nodes = manifest(run_dir).get("nodes") or []
-            return checkpointed(run_dir) and len(nodes) == 2 and (node1_dir / "run.json").exists()
+            if not (checkpointed(run_dir) and len(nodes) == 2):
+                return False
+            return (node1_dir / "run.json").exists() and bool(manifest(node1_dir).get("ranks"))
 
         wait_until(started, 360, "both nodes, a checkpoint", log)
         recs0, recs1 = records(run_dir / "metrics.jsonl"), records(node1_dir / "metrics.jsonl")
