@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eagle3_tui.agent import BOOTSTRAP
@@ -65,6 +65,24 @@ def parse(output: bytes, cuts: list[int]) -> list[DataFrame]:
     return frames
 
 
+def frame_kinds(output: bytes) -> list[str]:
+    """The kind of each frame of the agent's output (J, D, Z), read header by header:
+    a D frame's payload may hold any bytes, ``\nZ `` too."""
+    kinds: list[str] = []
+    pos = 0
+    while pos < len(output):
+        end = output.index(b"\n", pos)
+        head = output[pos:end].split(b" ")
+        kind = head[0].decode()
+        kinds.append(kind)
+        pos = end + 1
+        if kind == "D":
+            pos += int(head[2])
+        elif kind == "Z":
+            pos += int(head[3])
+    return kinds
+
+
 def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
     """Everything the model holds after these frames, exactly (floats unrounded)."""
     run = Run()
@@ -98,6 +116,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@example(  # junk that looks like Z frame headers, inside a D frame (CI once drew b"Z ")
+    seed=0, steps=1, junk=b"Z \n{}\nZ 1 2 3\n", torn=0, cuts=[], level=None
+)
 @given(
     seed=st.integers(0, 10_000),
     steps=st.integers(1, 9000),
@@ -124,9 +145,9 @@ def test_the_compressed_catch_up_gives_exactly_the_state_of_the_plain_one(
     plain = agent_output(run_dir)
     extra: dict[str, Any] = {} if level is None else {"level": level}
     packed = agent_output(run_dir, compress=COMPRESS_ZLIB, **extra)
-    assert b"\nZ " not in plain and not plain.startswith(b"Z ")
+    assert "Z" not in frame_kinds(plain)
     if len(data) >= 16 * 1024 and level != 0:
-        assert b"\nZ " in packed, "a catch-up this big travels compressed"
+        assert "Z" in frame_kinds(packed), "a catch-up this big travels compressed"
         assert len(packed) < len(plain) / 2
     frames = parse(packed, cuts)
     assert b"".join(f.data for f in frames) == data
