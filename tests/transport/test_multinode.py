@@ -158,13 +158,19 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
 
         # ---- each node's telemetry, and one view from node 0 alone -------------------
         def started() -> bool:
-            """A checkpoint, and each node's manifest knows its ranks (node 1's run.json is
+            """A checkpoint, each node's manifest knows its ranks (node 1's run.json is
             written at start, its ranks once the ranks' exchange is done: a kill before that
-            could not name node 1's rank)."""
+            could not name node 1's rank), and steps after the checkpoint."""
             nodes = manifest(run_dir).get("nodes") or []
             if not (checkpointed(run_dir) and len(nodes) == 2):
                 return False
-            return (node1_dir / "run.json").exists() and bool(manifest(node1_dir).get("ranks"))
+            if not ((node1_dir / "run.json").exists() and manifest(node1_dir).get("ranks")):
+                return False
+            # and training has gone on past that checkpoint: a SIGTERM during its save ends
+            # the ranks once the numbered checkpoint is written, with no interrupted/ of its own
+            saved = json.loads((run_dir / "checkpoints" / "0" / "training_state.json").read_text())
+            steps = train_steps(records(run_dir / "metrics.jsonl"))
+            return bool(steps) and max(steps) > int(saved.get("global_step") or 0) + 1
 
         wait_until(started, 360, "both nodes, a checkpoint", log)
         recs0, recs1 = records(run_dir / "metrics.jsonl"), records(node1_dir / "metrics.jsonl")
