@@ -74,6 +74,24 @@ def python_ready(proc: subprocess.Popen[bytes]) -> None:
     time.sleep(0.3)
 
 
+def torch_process(
+    cwd: Path, procs: list[subprocess.Popen[bytes]], body: str
+) -> subprocess.Popen[bytes]:
+    """A Python process with PyTorch imported (no speculators) that then runs ``body``."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        need(False, "torch is not installed")
+    ready = cwd / "ready"
+    (cwd / "torch_main.py").write_text(
+        f"import time, torch\nopen({str(ready)!r}, 'w').close()\n{body}"
+    )
+    proc = start([sys.executable, "torch_main.py"], cwd)
+    procs.append(proc)
+    wait_until(ready.exists, 60, "torch imported")
+    return proc
+
+
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
@@ -258,17 +276,7 @@ def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
     """A gdb that fails the check (here a script in gdb's place that answers as Debian's
     gdb 13.1 does on a CPU with AMX) refuses the attach, exit 15, and gdb is never
     pointed at the trainer: only at the throwaway process."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        need(False, "torch is not installed")
-    ready = tmp_path / "ready"
-    (tmp_path / "torch_loop.py").write_text(
-        f"import time, torch\nopen({str(ready)!r}, 'w').close()\n{LOOP}"
-    )
-    proc = start([sys.executable, "torch_loop.py"], tmp_path)
-    procs.append(proc)
-    wait_until(ready.exists, 60, "torch imported")
+    proc = torch_process(tmp_path, procs, LOOP)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
@@ -315,17 +323,7 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
     """PyTorch loaded, speculators nowhere: the attach is injected, stays queued while
     the main thread sleeps in C, and inside finds no Trainer and changes nothing."""
     need_gdb()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        need(False, "torch is not installed")
-    ready = tmp_path / "ready"
-    (tmp_path / "torch_sleep.py").write_text(
-        f"import time, torch\nopen({str(ready)!r}, 'w').close()\ntime.sleep(6)\n{LOOP}"
-    )
-    proc = start([sys.executable, "torch_sleep.py"], tmp_path)
-    procs.append(proc)
-    wait_until(ready.exists, 60, "torch imported")
+    proc = torch_process(tmp_path, procs, f"time.sleep(6)\n{LOOP}")
     run_dir = tmp_path / "run"
     rc, out = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "0.5")
     assert rc == 11 and out["status"] == "queued", out
