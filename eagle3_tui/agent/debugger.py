@@ -167,16 +167,10 @@ def gdb_call_problem(gdb: str) -> str | None:
                 "detach",
             ]
         )
-        fd, path = tempfile.mkstemp(prefix="eagle3-tui-canary-", suffix=".gdb")
         try:
-            os.write(fd, (script + "\n").encode())
-            os.close(fd)
-            try:
-                proc = _run_tool(gdb_command(gdb, path))
-            except (OSError, subprocess.TimeoutExpired) as e:
-                return f"gdb could not be tried on a throwaway process ({e})"
-        finally:
-            os.unlink(path)
+            proc = run_gdb_script(gdb, script + "\n", "eagle3-tui-canary-")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"gdb could not be tried on a throwaway process ({e})"
         output = proc.stdout + proc.stderr
         if XSTATE_BROKEN in output:
             return (
@@ -186,9 +180,9 @@ def gdb_call_problem(gdb: str) -> str | None:
                 "kill with a checkpoint and restart with telemetry"
             )
         if re.search(rf"^\$\d+ = {child.pid}\s*$", output, re.M) is None:
-            tail = " | ".join(ln for ln in output.strip().splitlines()[-3:] if ln.strip())
             if "Operation not permitted" in output and "ptrace" in output:
                 return None  # ptrace itself: the plan's permission check speaks for that
+            tail = " | ".join(ln for ln in output.strip().splitlines()[-3:] if ln.strip())
             return f"gdb could not call a function in a throwaway process: {tail[-300:]}"
         return None
     finally:
@@ -220,26 +214,33 @@ def _run_tool(argv: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
-    fd, script = tempfile.mkstemp(prefix="eagle3-tui-attach-", suffix=".gdb")
+def run_gdb_script(gdb: str, script: str, prefix: str) -> subprocess.CompletedProcess[str]:
+    """gdb in batch mode on ``script`` (a command file of its own, removed after)."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".gdb")
     try:
-        os.write(fd, gdb_script(pid, python_line(entry), libpython).encode())
+        os.write(fd, script.encode())
         os.close(fd)
-        t0 = time.monotonic()
-        try:
-            proc = _run_tool(gdb_command(gdb, script))
-        except subprocess.TimeoutExpired as e:
-            return {
-                "queued": False,
-                "problem": f"gdb did not finish in {TOOL_TIMEOUT_S:.0f} s (it was stopped)",
-                "output": str(e.output or "")[-2000:],
-            }
-        out = parse_gdb(proc.stdout + proc.stderr)
-        out["gdb_s"] = round(time.monotonic() - t0, 3)
-        out["output"] = (proc.stdout + proc.stderr)[-2000:]
-        return out
+        return _run_tool(gdb_command(gdb, path))
     finally:
-        os.unlink(script)
+        os.unlink(path)
+
+
+def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        proc = run_gdb_script(
+            gdb, gdb_script(pid, python_line(entry), libpython), "eagle3-tui-attach-"
+        )
+    except subprocess.TimeoutExpired as e:
+        return {
+            "queued": False,
+            "problem": f"gdb did not finish in {TOOL_TIMEOUT_S:.0f} s (it was stopped)",
+            "output": str(e.output or "")[-2000:],
+        }
+    out = parse_gdb(proc.stdout + proc.stderr)
+    out["gdb_s"] = round(time.monotonic() - t0, 3)
+    out["output"] = (proc.stdout + proc.stderr)[-2000:]
+    return out
 
 
 def remote_exec_command(exe: str, pid: int, entry: str) -> list[str]:
