@@ -227,7 +227,10 @@ def build_resume_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
-        "target", metavar="TARGET", help="a local run directory, or [USER@]HOST[:RUN_DIR]"
+        "target",
+        metavar="TARGET",
+        help="a local run directory, or [USER@]HOST[:RUN_DIR] (HOST alone: your latest "
+        "stopped run there)",
     )
     add_seconds_option(
         p,
