@@ -17,10 +17,16 @@ Everything goes through the relay, connection set-up included, and prints:
   carried by the ``ssh`` binary, the ingest in a worker thread) from nothing until
   the whole file as it was at connection time is in the model and a snapshot of it
   is built (what the panels draw; drawing them adds ~40-80 ms, benchmarks/bench_app.py);
-  once with the compressed catch-up and once plain (``"compress"`` left out of the
-  request, as an older client sends it).
+  three ways: as the monitor asks (the steps as columns from the run's companion file,
+  telemetry/columns.py, the other lines zlib-packed), zlib-packed lines only (no
+  ``"columns"`` in the request), and plain (no ``"compress"`` either).
 
-Rounds alternate (baseline, summary, frame, plain frame, ...) so all see the same
+The file is written as lines (not by the real writer, which keeps the companion as
+it writes), so its companion is made first with ``index_file``, as
+``python -m eagle3_tui.telemetry.columns RUN/metrics.jsonl`` makes one for a run
+written before the writer kept one.
+
+Rounds alternate (baseline, summary, frame, zlib, plain, ...) so all see the same
 load; medians, and medians of the per-round ratios to the baseline.
 Targets (issue 15): summary and first frame <= 2.5 s, catch-up bytes <= 1/10 of the file.
 """
@@ -46,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.records import mixed_lines, train_line, train_lines
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
+from eagle3_tui.telemetry.columns import index_file
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.openssh import OpenSshHost
 from eagle3_tui.transport.ssh import SshTransport
@@ -69,6 +76,10 @@ def make_file(path: Path, steps: int, dt: float | None) -> int:
     if path.exists():
         path.unlink()
     shutil.copyfile(cache, path)  # a copy: the live tail is appended to it
+    # the companion the writer keeps as it goes (telemetry/columns.py), for this copy
+    t = time.perf_counter()
+    blocks = index_file(str(path))
+    print(f"indexed {blocks} blocks of steps in {time.perf_counter() - t:.0f} s")
     return path.stat().st_size
 
 
@@ -180,7 +191,7 @@ class Tail:
 
 
 async def first_frame(
-    cfg: Path, run_dir: Path, compressed: bool, tail: Tail
+    cfg: Path, run_dir: Path, how: str, tail: Tail
 ) -> tuple[float, int, list[tuple[bool, float]]]:
     """Seconds from nothing to the snapshot of the whole file as it was when the stream
     opened; the steps it shows; the lags of the records appended meanwhile and in the
@@ -197,7 +208,9 @@ async def first_frame(
         elif ev.link == Link.REFUSED:
             raise RuntimeError(ev.detail)
 
-    transport = SshTransport(OpenSshHost(target), str(run_dir), compress=compressed)
+    transport = SshTransport(
+        OpenSshHost(target), str(run_dir), compress=how != "plain", columns=how == "frame"
+    )
     tasks = [
         asyncio.ensure_future(pipeline.pump(transport, on_link)),
         asyncio.ensure_future(pipeline.ingest()),
@@ -255,9 +268,9 @@ def main() -> None:
         link = SlowLink(sshd.port, ns.rate, ns.delay, root)
         cfg = config_through(sshd, link.port, root)
         rows: dict[str, list[tuple[float, int]]] = {
-            k: [] for k in ("cat", "summary", "frame", "plain")
+            k: [] for k in ("cat", "summary", "frame", "zlib", "plain")
         }
-        tails: dict[str, list[list[tuple[bool, float]]]] = {"frame": [], "plain": []}
+        tails: dict[str, list[list[tuple[bool, float]]]] = {"frame": [], "zlib": [], "plain": []}
         next_step = ns.steps
         try:
             for r in range(ns.rounds):
@@ -269,9 +282,7 @@ def main() -> None:
                         took = summary(cfg, run_dir, ns.steps)
                     else:
                         tail = Tail(path, next_step)
-                        took, steps, lags = asyncio.run(
-                            first_frame(cfg, run_dir, name == "frame", tail)
-                        )
+                        took, steps, lags = asyncio.run(first_frame(cfg, run_dir, name, tail))
                         next_step = tail.step
                         if steps < ns.steps:
                             raise RuntimeError(f"the first frame has {steps} steps")
@@ -292,6 +303,7 @@ def main() -> None:
         "cat": "ssh HOST cat metrics.jsonl",
         "summary": "eagle3-tui summary",
         "frame": "first full frame",
+        "zlib": "first full frame, zlib only",
         "plain": "first full frame, plain",
     }
     for name, label in labels.items():
@@ -304,7 +316,7 @@ def main() -> None:
             f"{statistics.median(bs) / 1e6:8.2f} MB on the wire ({br:5.3f}x cat, "
             f"{statistics.median(bs) / size:5.3f} of the file)"
         )
-    for name in ("frame", "plain"):
+    for name in ("frame", "zlib", "plain"):
         during = [max((lag for d, lag in r if d), default=0.0) for r in tails[name]]
         late = [lag for r in tails[name] for d, lag in r if not d]
         print(

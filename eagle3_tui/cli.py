@@ -399,7 +399,7 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     run = Run()
 
     async def read(host: Host) -> tuple[float, Status | None]:
-        eof = await read_file(host, target.run_dir, lambda f: run.feed(f.offset, f.data))
+        eof = await read_file(host, target.run_dir, lambda f: run.feed_frame(f))
         return float(eof.get("now") or time.time()), await host_status(host, target.run_dir)
 
     now, status = await on_host(target, read)
@@ -409,7 +409,7 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
             other = node_target(target, node)
 
             async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
-                await read_file(host, other.run_dir, lambda f: run.feed(f.offset, f.data, i))
+                await read_file(host, other.run_dir, lambda f: run.feed_frame(f, i))
 
             await on_host(other, read_node)
         apply_status(run.state, status, now)
@@ -498,14 +498,14 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
         run = Run()
         if chosen.choice is Choice.RUN:
             run_dir = chosen.chosen_run_dir()
-            eof = await control.read_file(host, run_dir, lambda f: run.feed(f.offset, f.data))
+            eof = await control.read_file(host, run_dir, lambda f: run.feed_frame(f))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
             if status is not None:
                 apply_status(run.state, status, now)
             return run, now
         end = await control.observe_once(
-            host, chosen.chosen_row(), lambda f: run.feed(f.offset, f.data), OBSERVE_S
+            host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S
         )
         return run, float(end.get("now") or time.time())
 

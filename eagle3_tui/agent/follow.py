@@ -14,7 +14,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.frames import AgentError, client_gone, emit, emit_data, emit_zdata
+from eagle3_tui.agent.columns import column_plan
+from eagle3_tui.agent.frames import (
+    AgentError,
+    client_gone,
+    emit,
+    emit_columns,
+    emit_data,
+    emit_zdata,
+)
 from eagle3_tui.agent.names import COMPRESS_ZLIB
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 
@@ -109,8 +117,9 @@ def deflater_for(req: dict[str, Any]) -> Deflater | None:
     return Deflater(level if isinstance(level, int) and not isinstance(level, bool) else ZLIB_LEVEL)
 
 
-def _pump(fd: int, offset: int, z: Deflater | None = None) -> int:
-    """Send the file from ``offset`` to its current end; returns the new offset.
+def _pump(fd: int, offset: int, z: Deflater | None = None, stop: int | None = None) -> int:
+    """Send the file from ``offset`` to its current end (or to ``stop``); returns the
+    new offset.
 
     Reads what fstat says is there (a pread of a fixed 1 MiB would allocate and free
     1 MiB per appended line); an append after the fstat wakes the next round. With
@@ -124,7 +133,7 @@ def _pump(fd: int, offset: int, z: Deflater | None = None) -> int:
         if client_gone():
             return offset
         if len(ahead) < depth:
-            left = os.fstat(fd).st_size - end
+            left = (os.fstat(fd).st_size if stop is None else stop) - end
             if left > 0:
                 data = os.pread(fd, min(left, READ_SIZE), end)
                 if data:
@@ -144,6 +153,23 @@ def _pump(fd: int, offset: int, z: Deflater | None = None) -> int:
             else:
                 emit_data(at, data)
         offset = at + len(data)
+
+
+def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[str, Any]) -> int:
+    """Where the client asked for ``"columns"`` and the file has a companion, send
+    what it indexes as C frames and the rest as lines, up to the file's size now;
+    returns the new offset (the rest is :func:`_pump`'s)."""
+    keep = req.get("columns")
+    if not isinstance(keep, dict):
+        return offset
+    size = os.fstat(fd).st_size
+    for seg in column_plan(fd, str(path), offset, size):
+        offset = _pump(fd, offset, z, stop=seg.start)
+        if client_gone() or offset != seg.start:
+            return offset
+        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep))
+        offset = seg.end
+    return offset
 
 
 def _stdin_closed() -> bool:
@@ -200,6 +226,7 @@ def op_follow(req: dict[str, Any]) -> int:
                     offset=offset,
                     now=time.time(),  # the host's clock: the records' ts are in its time
                 )
+                offset = _catch_up(fd, path, offset, z, req)
         if fd is not None:
             offset = _pump(fd, offset, z)
             st = os.fstat(fd)
@@ -242,7 +269,9 @@ def op_read(req: dict[str, Any]) -> int:
     except OSError as e:
         raise AgentError("missing", f"{path}: {e.strerror}") from None
     try:
-        offset = _pump(fd, int(req.get("offset") or 0), deflater_for(req))
+        z = deflater_for(req)
+        offset = _catch_up(fd, path, int(req.get("offset") or 0), z, req)
+        offset = _pump(fd, offset, z)
     finally:
         os.close(fd)
     emit("eof", size=offset, now=time.time())

@@ -4,6 +4,9 @@
 ``Z <offset> <length> <zlength>\\n`` followed by ``zlength`` bytes: those same
 ``length`` bytes at ``offset``, zlib-compressed on their own (sent only to a client
 that asked for them: ``"compress": "zlib"`` in its request);
+``C <offset> <length> <size>\\n`` followed by ``size`` bytes: the ``length`` bytes at
+``offset`` as columns (their training steps) and the other lines (see
+:mod:`eagle3_tui.agent.columns`; only to a client that asked: ``"columns"``);
 ``J <json>\\n`` an event (see :mod:`eagle3_tui.agent.names`).
 """
 
@@ -55,3 +58,8 @@ def emit_data(offset: int, data: bytes) -> None:
 def emit_zdata(offset: int, length: int, packed: bytes) -> None:
     """``length`` bytes of the file at ``offset``, as ``zlib.compress`` packed them."""
     _write_all(b"Z %d %d %d\n" % (offset, length, len(packed)) + packed)
+
+
+def emit_columns(offset: int, length: int, payload: bytes) -> None:
+    """The ``length`` bytes at ``offset`` as a columns payload (agent/columns.py)."""
+    _write_all(b"C %d %d %d\n" % (offset, length, len(payload)) + payload)

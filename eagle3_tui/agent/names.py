@@ -3,6 +3,8 @@ operations, events and error kinds. Standard library only (the agent runs on the
 
 from __future__ import annotations
 
+from eagle3_tui.telemetry.columns import MONITOR_PROFILE
+
 PROTOCOL = 1
 MANIFEST = "run.json"
 RUN_ID_ENV = "EAGLE3_TUI_RUN_ID"
@@ -11,6 +13,9 @@ KILL_GRACE_S = 130.0
 gives up on its own save after 120 s (its watchdog)."""
 COMPRESS_ZLIB = "zlib"
 """A follow or read request's ``"compress"``: send the catch-up as zlib Z frames."""
+COLUMNS_WANTED = {"profile": list(MONITOR_PROFILE)}
+"""A follow or read request's ``"columns"``: send the steps the companion file indexes
+as C frames (agent/columns.py), with only these fields of these groups."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 
 # Operations (the request's "op").

@@ -52,6 +52,12 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
     parts: list[bytes] = []
     start = end = stream = 0
     for c in chunks:
+        if c.span >= 0:  # a columns payload: never joined to bytes
+            if parts:
+                out.append(Chunk(start, b"".join(parts), stream))
+                parts = []
+            out.append(c)
+            continue
         if parts and c.offset == end and c.stream == stream:
             parts.append(c.data)
             end += len(c.data)
@@ -146,7 +152,7 @@ class Pipeline:
 
     def _feed(self, chunks: list[Chunk]) -> None:
         for c in chunks:
-            self.run.feed(c.offset, c.data, c.stream)
+            self.run.feed(c.offset, c.data, c.stream, c.span)
 
     @property
     def global_step(self) -> int | None:

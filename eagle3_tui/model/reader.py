@@ -58,6 +58,34 @@ class LineReader:
         """Offset just past the last complete line: resume a broken stream here."""
         return self._buf_offset
 
+    @property
+    def line_no(self) -> int:
+        """Lines completed so far."""
+        return self._line_no
+
+    def skip(self, offset: int, span: int, lines: int) -> None:
+        """``lines`` whole lines, ``span`` bytes at ``offset``, were read another way (a
+        columns frame): go on after them. ``offset`` must be where the next line starts."""
+        if self._buf or self._buf_offset != offset or self._skipping_long:
+            raise ValueError(
+                f"a columns frame at {offset}, but the stream is at {self.next_offset}"
+            )
+        self._buf_offset = offset + span
+        self._line_no += lines
+
+    def decode_lines(self, offset: int, data: bytes, line_no: int) -> list[Item]:
+        """Whole lines (``data`` ends with a newline) at ``offset``, the first one
+        numbered ``line_no + 1``, decoded as :meth:`feed` decodes them; the stream's
+        position does not move."""
+        end = len(data) - 1
+        newlines = np.frombuffer(memoryview(data)[:end], dtype=np.uint8) == 10
+        recs = self.decoders.lines(data, 0, end, newlines) if end > 0 else None
+        if recs is not None:
+            return recs  # type: ignore[return-value]
+        out: list[Item] = []
+        self._decode(data[:end].split(b"\n"), offset, line_no + 1, out)
+        return out
+
     def pending(self) -> int:
         """Bytes of a torn last line still waiting for their newline."""
         return len(self._buf)

@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.telemetry.columns import MONITOR_PROFILE
 from eagle3_tui.telemetry.schema import Kind
 
 SUPPORTED_SCHEMA = 1
@@ -69,7 +70,7 @@ class IoWorker(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     host: str = ""
 
 
-PROFILE_FIELDS = ("step_ms", "tokens_per_s", "fetch_frac")
+PROFILE_FIELDS = MONITOR_PROFILE
 
 
 class Profile(msgspec.Struct, kw_only=True, gc=False):

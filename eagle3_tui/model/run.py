@@ -5,10 +5,24 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from eagle3_tui.model.columns import segment_items
 from eagle3_tui.model.reader import LineReader
 from eagle3_tui.model.state import RunState
 
 SLICE = 1024 * 1024
+
+
+class DataFrameLike(Protocol):
+    """``transport.channel.DataFrame``, as this layer sees it."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def span(self) -> int: ...
 
 
 class Run:
@@ -30,8 +44,10 @@ class Run:
         self._state.settle()
         return self._state
 
-    def feed(self, offset: int, data: bytes, stream: int = 0) -> int:
+    def feed(self, offset: int, data: bytes, stream: int = 0, span: int = -1) -> int:
         """Feed a chunk; returns how many items (records, malformed lines) it completed.
+        ``span`` >= 0: ``data`` is a columns payload standing for ``span`` bytes of the
+        file (a ``C`` frame: see :mod:`eagle3_tui.model.columns`).
 
         A big chunk (a catch-up) is fed in slices of ~1 MiB, without copying
         them: decoding and the column path run fastest on batches whose decoded
@@ -42,11 +58,19 @@ class Run:
         reader = self._readers.get(stream)
         if reader is None:
             reader = self._readers[stream] = LineReader()
+        if span >= 0:
+            items = segment_items(reader, offset, span, data)
+            self._state.apply_all(items)
+            return len(items)
         for start in range(0, max(len(data), 1), SLICE):
             items = reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
             self._state.apply_all(items)
             n += len(items)
         return n
+
+    def feed_frame(self, frame: DataFrameLike, stream: int = 0) -> int:
+        """Feed an agent's data frame (bytes, or columns)."""
+        return self.feed(frame.offset, frame.data, stream, frame.span)
 
     def set_link(self, up: bool, at: float, detail: str = "") -> None:
         """Whether data can reach the client (see :meth:`RunState.set_link`); cheap, no

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from eagle3_tui.telemetry.columns import ColumnLog
 from eagle3_tui.telemetry.schema import SCHEMA_VERSION, scalar_or_list, to_jsonable
 
 try:  # optional fast path
@@ -123,8 +124,11 @@ class JsonlWriter:
         background: bool = True,
         max_queue_bytes: int = MAX_QUEUE_BYTES,
         tick: tuple[float, Callable[[], None]] | None = None,
+        columns: bool = True,
     ) -> None:
         self.path = os.fspath(path)
+        self._columns = ColumnLog(self.path) if columns else None
+        """The columnar companion of the training steps written (telemetry/columns.py)."""
         self.rank = rank
         self.writer_id = writer_id or f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._clock = clock
@@ -300,6 +304,8 @@ class JsonlWriter:
                 except Exception as e:
                     self._count_error(e)
                 self._drain()
+            if self._columns is not None and self._columns.due():
+                self._columns.flush()
             self._thread_cpu = time.thread_time() - cpu0
             if self._closing and not self._queue:
                 break
@@ -350,6 +356,8 @@ class JsonlWriter:
         if n == len(data):
             self.stats.written += len(lines)
             self.stats.bytes += n
+            if self._columns is not None and self._ident is not None:
+                self._index(lines, n)
             return
         # A short write (a full disk): count the whole lines that made it, end the torn
         # one so that it cannot swallow the next line, and drop the rest.
@@ -366,6 +374,20 @@ class JsonlWriter:
             with contextlib.suppress(OSError):
                 os.write(self._fd, b"\n")
         self._count_drop(OSError(errno.ENOSPC, "short write"), len(lines) - whole)
+
+    def _index(self, lines: list[bytes], n: int) -> None:
+        """Hand the lines just appended, at their offsets, to the companion: with
+        ``O_APPEND`` our descriptor's position is the end of our own write, whatever
+        other writers appended before or after it."""
+        assert self._fd is not None and self._columns is not None and self._ident is not None
+        try:
+            at = os.lseek(self._fd, 0, os.SEEK_CUR) - n
+            for line in lines:
+                self._columns.add(self._ident, at, line)
+                at += len(line)
+        except Exception as e:  # the companion only speeds reading up: never fatal
+            self._columns.forget()
+            self._count_error(e)
 
     def _open(self) -> None:
         try:
@@ -397,6 +419,8 @@ class JsonlWriter:
         return False
 
     def _close_fd(self) -> None:
+        if self._columns is not None:
+            self._columns.close()
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -483,6 +507,7 @@ class JsonlWriter:
         # has no writer thread: it drops and counts instead.
         self._forked = True
         self._lock = threading.Lock()
+        self._columns = None  # the parent's rows and descriptor: not ours to write
 
 
 _live_writers: weakref.WeakSet[JsonlWriter] = weakref.WeakSet()

@@ -45,6 +45,14 @@ class Chunk:
     data: bytes
     stream: int = 0
     """Which file, when one run is read from several (the nodes of a multi-node run)."""
+    span: int = -1
+    """-1: ``data`` is bytes of the file; else a columns payload standing for ``span``
+    bytes at ``offset`` (see ``channel.DataFrame``)."""
+
+    @property
+    def end(self) -> int:
+        """The file offset just past what this chunk stands for."""
+        return self.offset + (len(self.data) if self.span < 0 else self.span)
 
 
 StreamEvent = Chunk | LinkChanged

@@ -50,6 +50,10 @@ def agent_payload(request: dict[str, Any]) -> bytes:
 class DataFrame:
     offset: int
     data: bytes
+    span: int = -1
+    """-1: ``data`` is the file's bytes at ``offset``. Otherwise ``data`` is a columns
+    payload (a ``C`` frame, agent/columns.py) standing for ``span`` bytes at ``offset``:
+    feed it with ``Run.feed(offset, data, stream, span)``, never as text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,8 @@ class FrameParser:
     def __init__(self) -> None:
         self._buf = bytearray()
         self._pending: tuple[int, int, int] | None = None
-        """A data frame's (offset, bytes to read, length unpacked: -1 for a D frame)."""
+        """A data frame's (offset, bytes to read, length unpacked: -1 for a D frame,
+        -2 - the bytes it stands for for a C frame)."""
 
     @property
     def partial(self) -> bool:
@@ -105,6 +110,11 @@ class FrameParser:
                 data = bytes(buf[pos : pos + length])
                 if unpacked >= 0:
                     data = _inflate(data, unpacked, offset)
+                elif unpacked < -1:  # a C frame: -2 - the bytes it stands for
+                    out.append(DataFrame(offset, data, -2 - unpacked))
+                    pos += length
+                    self._pending = None
+                    continue
                 out.append(DataFrame(offset, data))
                 pos += length
                 self._pending = None
@@ -132,6 +142,15 @@ class FrameParser:
                 if not (0 <= length <= MAX_FRAME and 0 <= unpacked <= MAX_FRAME):
                     raise ChannelLostError(f"bad frame length {length} ({unpacked} unpacked)")
                 self._pending = (offset, length, unpacked)
+            elif header.startswith(b"C "):
+                try:
+                    _, off, n, size = header.split()
+                    offset, span, length = int(off), int(n), int(size)
+                except ValueError:
+                    continue
+                if not (0 <= length <= MAX_FRAME and span >= 0 and offset >= 0):
+                    raise ChannelLostError(f"bad columns frame length {length} ({span} bytes)")
+                self._pending = (offset, length, -2 - span)
             elif header.startswith(b"J "):
                 try:
                     obj = json.loads(header[2:])

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from eagle3_tui.agent.names import (
+    COLUMNS_WANTED,
     COMPRESS_ZLIB,
     OP_ATTACH,
     OP_CHOOSE,
@@ -253,8 +254,14 @@ async def read_file(
     file: str | None = None,
 ) -> Event:
     """Every byte of the run's file (metrics.jsonl) now; returns the ``eof`` event
-    (``size``, and ``now``: the host's clock, for health judged against it)."""
-    request: dict[str, Any] = {"op": "read", "run_dir": run_dir, "compress": COMPRESS_ZLIB}
+    (``size``, and ``now``: the host's clock, for health judged against it). Frames
+    may carry columns (``span``): feed them with ``Run.feed_frame``."""
+    request: dict[str, Any] = {
+        "op": "read",
+        "run_dir": run_dir,
+        "compress": COMPRESS_ZLIB,
+        "columns": COLUMNS_WANTED,
+    }
     if file:
         request["file"] = file
     return await call_agent(host, request, on_data=on_data, python=_python(host))

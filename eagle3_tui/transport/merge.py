@@ -74,7 +74,7 @@ class MergedSource:
                 if event is None:
                     running -= 1
                 elif isinstance(event, Chunk):
-                    yield Chunk(event.offset, event.data, stream=i)
+                    yield Chunk(event.offset, event.data, stream=i, span=event.span)
                 else:
                     self._links[i] = event
                     now = self.link()

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.agent.names import COMPRESS_ZLIB
+from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
@@ -464,6 +464,7 @@ class SshTransport(Reconnecting):
         file: str = METRICS_FILE,
         backoff: Sequence[float] = BACKOFF,
         compress: bool = True,
+        columns: bool = True,
     ) -> None:
         self.host = host
         self.run_dir = run_dir
@@ -471,6 +472,9 @@ class SshTransport(Reconnecting):
         self.backoff = tuple(backoff)
         self.compress = compress
         """Ask for the catch-up in zlib Z frames (an older agent sends D frames anyway)."""
+        self.columns = columns
+        """Ask for the training steps the run's companion file indexes as columns (C
+        frames: agent/columns.py), with the compressed catch-up."""
         self.reconnects = 0
 
     @property
@@ -487,7 +491,7 @@ class SshTransport(Reconnecting):
         return self.host.label
 
     async def _start(self) -> AgentChannel:
-        request = {
+        request: dict[str, Any] = {
             "op": "follow",
             "run_dir": self.run_dir,
             "file": self.file,
@@ -496,6 +500,8 @@ class SshTransport(Reconnecting):
         }
         if self.compress:
             request["compress"] = COMPRESS_ZLIB
+            if self.columns:
+                request["columns"] = COLUMNS_WANTED
         return await self.host.start_agent(request)
 
     async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:
@@ -504,7 +510,10 @@ class SshTransport(Reconnecting):
                 off, data = frame.offset, frame.data
                 if off < self._complete:
                     self._complete = off  # restarted (truncated or replaced)
-                yield Chunk(off, data)
+                yield Chunk(off, data, span=frame.span)
+                if frame.span >= 0:  # whole lines, as columns
+                    self._complete = off + frame.span
+                    continue
                 nl = data.rfind(b"\n")
                 if nl >= 0:
                     self._complete = off + nl + 1

@@ -1,0 +1,163 @@
+"""The columnar catch-up: ship ``metrics.cols`` blocks instead of the lines they index.
+
+:func:`column_plan` reads the companion (telemetry/columns.py) of the file being
+sent and keeps the blocks that can stand for their lines: blocks of this very file
+(device and inode), after the client's offset, inside the file as it is now, not
+overlapping each other, and whose every row is checked against the file: a whole
+line at the offset the block says, with the sequence number it says. The last such
+block is left out: its steps travel as JSON, so the client's newest values are
+the exact ones written, not float32 copies.
+
+A segment is the byte range from a block's first row to the end of its last one.
+Its payload (a ``C`` frame, agent/frames.py) holds the block's columns (the ones
+the client keeps: the request's ``"columns"`` names, per group, the only fields it
+wants, e.g. ``{"profile": ["step_ms"]}``), and every other line of the range (other
+kinds, other writers' lines) as zlib-packed text with their offsets::
+
+    u32 header length | header JSON | the columns' packed bytes | runs | text
+    header: the block's header, "cols" cut to the kept columns, and
+            "gaps": [runs size, text size packed, text size]
+
+``runs`` is a packed ``q`` column of (offset in the range, length) pairs, one per
+run of consecutive other lines. Python 3.8+, standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any
+
+from eagle3_tui.telemetry.columns import Block, companion_path, pack_column, read_blocks
+
+HEADER_LEN = struct.Struct("<I")
+TEXT_LEVEL = 1
+MAX_COMPANION = 1 << 31
+
+
+class Segment:
+    """A block that stands for the bytes ``start``..``end`` of the file."""
+
+    __slots__ = ("block", "data", "end", "lengths", "offsets", "start")
+
+    def __init__(self, block: Block, offsets: list[int], lengths: list[int]) -> None:
+        self.block = block
+        self.offsets = offsets
+        self.lengths = lengths
+        self.start = offsets[0]
+        self.end = offsets[-1] + lengths[-1]
+        self.data = b""
+
+    def check(self, fd: int) -> bool:
+        """Whether every row is a whole line of the file with the block's sequence number."""
+        before = 1 if self.start > 0 else 0  # the range must start a line too
+        data = os.pread(fd, self.end - self.start + before, self.start - before)
+        if len(data) != self.end - self.start + before or (before and data[0] != 10):
+            return False
+        data = data[before:]
+        seqs = self.block.ints("seq")
+        base = self.start
+        for off, n, seq in zip(self.offsets, self.lengths, seqs):  # noqa: B905 (3.8: no strict)
+            rel = off - base
+            if n <= 0 or data[rel + n - 1] != 10 or (rel > 0 and data[rel - 1] != 10):
+                return False
+            if _seq_of(data, rel, min(rel + n, rel + 200)) != seq:
+                return False
+        self.data = data
+        return True
+
+    def payload(self, keep: dict[str, Any]) -> bytes:
+        """The C frame's payload; ``keep``: per group, the only fields to send."""
+        header = dict(self.block.header)
+        cols: list[list[Any]] = []
+        parts: list[bytes] = []
+        for path, (kind, packed) in self.block.chunks.items():
+            group, _, name = path.partition(".")
+            wanted = keep.get(group) if name else None
+            if isinstance(wanted, list) and name not in wanted:
+                continue
+            cols.append([path, kind, len(packed)])
+            parts.append(packed)
+        header["cols"] = cols
+        runs: list[int] = []
+        text: list[bytes] = []
+        at = 0  # in the range: the end of the last row
+        data, base = self.data, self.start
+        for off, n in zip(self.offsets, self.lengths):  # noqa: B905 (3.8: no strict)
+            rel = off - base
+            if rel > at:
+                runs += [at, rel - at]
+                text.append(data[at:rel])
+            at = rel + n
+        raw = b"".join(text)
+        packed_runs = pack_column("q", runs) if runs else b""
+        packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
+        header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
+        head = json.dumps(header, separators=(",", ":")).encode()
+        return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
+
+
+def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment]:
+    """The segments to send for the file (open as ``fd``) from ``start`` to ``size``,
+    in file order; empty when there is no usable companion."""
+    data = _read_companion(companion_path(jsonl_path))
+    if not data:
+        return []
+    st = os.fstat(fd)
+    candidates: list[Segment] = []
+    for block in read_blocks(data):
+        h = block.header
+        if h.get("dev") != st.st_dev or h.get("ino") != st.st_ino:
+            continue  # another file's (the run's file was replaced)
+        try:
+            offsets, lengths = block.ints("@off"), block.ints("@len")
+        except (ValueError, zlib.error):
+            continue
+        if len(offsets) != block.n or offsets != sorted(offsets):
+            continue
+        seg = Segment(block, offsets, lengths)
+        if seg.start >= start and seg.end <= size:
+            candidates.append(seg)
+    candidates.sort(key=lambda s: s.start)
+    plan: list[Segment] = []
+    at = start
+    for seg in candidates[:-1]:  # the last block's steps go as JSON (the exact latest)
+        if seg.start < at:
+            continue  # overlaps one taken (two writers' blocks)
+        try:
+            ok = seg.check(fd)
+        except (OSError, ValueError, zlib.error):
+            ok = False
+        if ok:
+            plan.append(seg)
+            at = seg.end
+    return plan
+
+
+def _seq_of(data: bytes, start: int, end: int) -> int | None:
+    """The ``seq`` of the line at ``start`` (its envelope is near the start)."""
+    at = data.find(b'"seq"', start, end)
+    if at < 0:
+        return None
+    at += 5
+    while at < end and data[at] in b" :":
+        at += 1
+    stop = at
+    while stop < end and data[stop] in b"-0123456789":
+        stop += 1
+    try:
+        return int(data[at:stop])
+    except ValueError:
+        return None
+
+
+def _read_companion(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_COMPANION:
+                return None
+            return f.read()
+    except OSError:
+        return None

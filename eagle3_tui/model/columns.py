@@ -1,0 +1,157 @@
+"""A columns payload (a ``C`` frame, agent/columns.py) back into the records it stands for.
+
+The agent sends a range of ``metrics.jsonl`` as the training steps' columns (from
+the companion the writer keeps, telemetry/columns.py) and the range's other lines
+as text. Here the steps become :class:`~eagle3_tui.model.records.Record` values
+again and the other lines are decoded as :class:`~eagle3_tui.model.reader.LineReader`
+decodes any line; both are put back in file order, so the state applies them
+exactly as it applies the lines themselves. The one difference: the steps'
+``train``, ``profile`` and ``lr`` values are float32, which is all the step table
+keeps; the newest values, kept at full precision, come from the JSON lines after
+the last block (the agent never sends the last block as columns).
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from eagle3_tui.model.reader import Item, LineReader
+from eagle3_tui.model.records import Malformed, Profile, Record, TrainMetrics, train_metrics_type
+
+_HEADER_LEN = struct.Struct("<I")
+_WIDTH = {"q": 8, "d": 8, "f": 4}
+_DTYPE = {"q": "<i8", "d": "<f8", "f": "<f4"}
+
+
+class BadColumnsError(ValueError):
+    """A payload that cannot be what the agent sends."""
+
+
+@functools.cache
+def _metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
+    return train_metrics_type(keys)
+
+
+def _column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    width = _WIDTH[kind]
+    raw = zlib.decompress(packed, bufsize=n * width + 1)
+    if len(raw) != n * width:
+        raise BadColumnsError(f"a column of {len(raw)} bytes, not {n} values")
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, n)
+    values = np.ascontiguousarray(planes.T).view(_DTYPE[kind]).reshape(n)
+    return np.cumsum(values) if kind == "q" else values
+
+
+def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
+    """The records of the ``span`` bytes at ``offset`` that ``payload`` stands for,
+    in file order; the reader's position moves past them. A payload that cannot be
+    read is one malformed line naming the range (its lines are not in the state)."""
+    out: list[Item] = reader.feed(offset, b"")  # a restart, if the stream jumped
+    line_no = reader.line_no
+    try:
+        items, lines = _decode(reader, offset, span, payload, line_no)
+    except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
+        reader.skip(offset, span, 1)
+        reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
+        return [*out, Malformed(line_no + 1, offset, reason[:200], "")]
+    reader.skip(offset, span, lines)
+    return out + items
+
+
+def _decode(
+    reader: LineReader, offset: int, span: int, payload: bytes, line_no: int
+) -> tuple[list[Item], int]:
+    (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
+    header = json.loads(payload[4 : 4 + hlen])
+    n = header["n"]
+    if not isinstance(n, int) or n <= 0:
+        raise BadColumnsError(f"{n!r} rows")
+    at = 4 + hlen
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for path, kind, size in header["cols"]:
+        cols[path] = _column(kind, payload[at : at + size], n)
+        at += size
+    runs_size, text_size, text_len = header["gaps"]
+    runs = _runs(payload[at : at + runs_size])
+    at += runs_size
+    text = zlib.decompress(payload[at : at + text_size]) if text_size else b""
+    if len(text) != text_len or at + text_size != len(payload):
+        raise BadColumnsError("the other lines do not add up")
+    offsets, lengths = cols["@off"], cols["@len"]
+    if int(lengths.sum()) + len(text) != span or int(offsets[0]) < offset:
+        raise BadColumnsError("rows and lines do not cover the range")
+    rows = _records(header, cols, n)
+    # the other lines, run by run, numbered as the file numbers them
+    row_offsets = offsets.tolist()
+    items: list[Item] = []
+    r = 0
+    lines = 0
+    pos = 0
+    for rel, size in runs:
+        start = offset + rel
+        while r < n and row_offsets[r] < start:
+            items.append(rows[r])
+            r += 1
+        chunk = text[pos : pos + size]
+        pos += size
+        if not chunk.endswith(b"\n"):
+            raise BadColumnsError("a run of lines without its newline")
+        items.extend(reader.decode_lines(start, chunk, line_no + r + lines))
+        lines += chunk.count(b"\n")
+    items.extend(rows[r:])
+    return items, n + lines
+
+
+def _runs(packed: bytes) -> list[tuple[int, int]]:
+    if not packed:
+        return []
+    raw = zlib.decompress(packed)
+    if len(raw) % 16:
+        raise BadColumnsError("runs of odd length")
+    flat = _column("q", packed, len(raw) // 8).tolist()
+    return list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def _records(header: dict[str, Any], cols: dict[str, npt.NDArray[Any]], n: int) -> list[Record]:
+    """The rows as the records the decoder makes of their lines (values at float32)."""
+    const = header["const"]
+    w, kind = str(const["w"]), str(const["kind"])
+    groups = set(header.get("groups", ()))
+    order: list[str] = header["order"]
+    fields: dict[str, list[Any]] = {}
+    for key in ("v", "seq", "rank", "epoch", "step", "global_step", "ts"):
+        if key in cols:
+            fields[key] = cols[key].tolist()
+    if "lr" in cols:
+        fields["lr"] = cols["lr"].astype(np.float64).tolist()
+    train_keys = tuple(p[6:] for p in order if p.startswith("train."))
+    metrics = _metrics_type(train_keys)
+    train_cols = [cols["train." + k].astype(np.float64).tolist() for k in train_keys]
+    fields["train"] = list(map(metrics, *train_cols))
+    if "profile" in groups:
+        names = [p[8:] for p in order if p.startswith("profile.") and p in cols]
+        if names:
+            pcols = [cols["profile." + k].astype(np.float64).tolist() for k in names]
+            fields["profile"] = [
+                Profile(**dict(zip(names, vals, strict=True))) for vals in zip(*pcols, strict=True)
+            ]
+        else:
+            fields["profile"] = [Profile()] * n
+    if "lr" in groups:
+        names = [p[3:] for p in order if p.startswith("lr.")]
+        lcols = [cols["lr." + k].astype(np.float64).tolist() for k in names]
+        fields["lr"] = [dict(zip(names, vals, strict=True)) for vals in zip(*lcols, strict=True)]
+    keys = list(fields)
+    return [
+        Record(kind=kind, w=w, **dict(zip(keys, vals, strict=True)))
+        for vals in zip(*(fields[k] for k in keys), strict=True)
+    ]
