@@ -48,7 +48,8 @@ import struct
 import time
 import zlib
 from array import array
-from typing import Any
+from itertools import accumulate
+from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
@@ -70,7 +71,7 @@ MONITOR_PROFILE = ("step_ms", "tokens_per_s", "fetch_frac")
 """The ``profile`` timings the monitor keeps (model/records.py's ``Profile``): the
 only ones it asks the agent to ship."""
 
-Shape = tuple[tuple[str, str], ...]
+Shape = Tuple[Tuple[str, str], ...]  # noqa: UP006 (evaluated: Python 3.8 cannot subscript tuple)
 
 
 def companion_path(jsonl_path: str) -> str:
@@ -172,12 +173,7 @@ def unpack_ints(packed: bytes, n: int) -> list[int]:
         diffs.byteswap()
     if len(diffs) != n:
         raise ValueError(f"{len(diffs)} values, not {n}")
-    out: list[int] = []
-    total = 0
-    for d in diffs:
-        total += d
-        out.append(total)
-    return out
+    return list(accumulate(diffs))
 
 
 def encode_block(
