@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from eagle3_tui.model.reader import Item, LineReader
 from eagle3_tui.model.records import Malformed, Profile, Record, TrainMetrics, train_metrics_type
+from eagle3_tui.model.state import RunState, StepColumns
 
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}
@@ -51,25 +52,116 @@ def _column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
     return np.cumsum(values) if kind == "q" else values
 
 
-def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
-    """The records of the ``span`` bytes at ``offset`` that ``payload`` stands for,
-    in file order; the reader's position moves past them. A payload that cannot be
-    read is one malformed line naming the range (its lines are not in the state)."""
-    out: list[Item] = reader.feed(offset, b"")  # a restart, if the stream jumped
+def apply_segment(
+    reader: LineReader, state: RunState, offset: int, span: int, payload: bytes
+) -> int:
+    """Apply the ``span`` bytes at ``offset`` that ``payload`` stands for to ``state``;
+    the reader's position moves past them. Returns the items applied. A payload that
+    cannot be read is one malformed line naming the range (its lines are not in the
+    state: never half of them)."""
+    restart: list[Item] = reader.feed(offset, b"")  # a restart, if the stream jumped
+    state.apply_all(restart)
     line_no = reader.line_no
     try:
-        items, lines = _decode(reader, offset, span, payload, line_no)
+        seg = _decode(reader, offset, span, payload, line_no)
+    except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
+        reader.skip(offset, span, 1)
+        reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
+        state.apply(Malformed(line_no + 1, offset, reason[:200], ""))
+        return len(restart) + 1
+    reader.skip(offset, span, seg.lines)
+    seg.teach(reader)
+    rows = seg.step_columns()
+    if rows is None or not state.apply_steps(rows, seg.others, seg.before):
+        state.apply_all(seg.items())  # as records, line by line, in file order
+    return len(restart) + seg.n + len(seg.others)
+
+
+def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
+    """What :func:`apply_segment` applies, as items in file order (the steps as
+    records): for a reader of records rather than of state."""
+    out: list[Item] = reader.feed(offset, b"")
+    line_no = reader.line_no
+    try:
+        seg = _decode(reader, offset, span, payload, line_no)
     except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
         reader.skip(offset, span, 1)
         reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
         return [*out, Malformed(line_no + 1, offset, reason[:200], "")]
-    reader.skip(offset, span, lines)
-    return out + items
+    reader.skip(offset, span, seg.lines)
+    seg.teach(reader)
+    return out + seg.items()
 
 
-def _decode(
-    reader: LineReader, offset: int, span: int, payload: bytes, line_no: int
-) -> tuple[list[Item], int]:
+class _Segment:
+    """A decoded payload: the steps' columns and the other lines' items."""
+
+    def __init__(
+        self,
+        header: dict[str, Any],
+        cols: dict[str, npt.NDArray[Any]],
+        others: list[Item],
+        before: list[int],
+        lines: int,
+    ) -> None:
+        self.header = header
+        self.cols = cols
+        self.n: int = header["n"]
+        self.others = others
+        self.before = before
+        """How many steps come before each of ``others``."""
+        self.lines = lines
+
+    def teach(self, reader: LineReader) -> None:
+        """The reader's decoders learn from these steps as from their lines."""
+        order: list[str] = self.header["order"]
+        keys = tuple(p[6:] for p in order if p.startswith("train."))
+        lr_keys = tuple(p[3:] for p in order if p.startswith("lr."))
+        reader.decoders.saw(keys, lr_keys)
+
+    def step_columns(self) -> StepColumns | None:
+        """The steps as :class:`StepColumns`, where they have what the batch path needs:
+        a sequence number, a step, an epoch and one float ``lr``."""
+        h, cols = self.header, self.cols
+        order: list[str] = h["order"]
+        step = cols.get("step", cols.get("global_step"))
+        if step is None or "seq" not in cols or "epoch" not in cols or "lr" not in cols:
+            return None
+        if "v" not in cols or "ts" not in cols or h["const"]["kind"] != "train":
+            return None
+        keys = tuple(p[6:] for p in order if p.startswith("train."))
+        columns: dict[str, npt.NDArray[Any]] = {"train/" + k: cols["train." + k] for k in keys}
+        columns.update(
+            ("profile/" + p[8:], cols[p]) for p in order if p.startswith("profile.") and p in cols
+        )
+        columns["lr"] = cols["lr"]
+        columns["epoch"] = cols["epoch"].astype(np.float64)
+        return StepColumns(
+            str(h["const"]["w"]),
+            cols["seq"],
+            step,
+            cols["ts"],
+            cols["epoch"],
+            cols["v"],
+            keys,
+            columns,
+        )
+
+    def items(self) -> list[Item]:
+        """Steps and other lines as records, in file order."""
+        rows = _records(self.header, self.cols, self.n)
+        out: list[Item] = []
+        r = 0
+        for item, b in zip(self.others, self.before, strict=True):
+            if b > r:
+                out.extend(rows[r:b])
+                r = b
+            out.append(item)
+        out.extend(rows[r:])
+        return out
+
+
+def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no: int) -> _Segment:
     (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
     header = json.loads(payload[4 : 4 + hlen])
     n = header["n"]
@@ -89,26 +181,23 @@ def _decode(
     offsets, lengths = cols["@off"], cols["@len"]
     if int(lengths.sum()) + len(text) != span or int(offsets[0]) < offset:
         raise BadColumnsError("rows and lines do not cover the range")
-    rows = _records(header, cols, n)
     # the other lines, run by run, numbered as the file numbers them
-    row_offsets = offsets.tolist()
-    items: list[Item] = []
-    r = 0
+    others: list[Item] = []
+    before: list[int] = []
     lines = 0
     pos = 0
     for rel, size in runs:
         start = offset + rel
-        while r < n and row_offsets[r] < start:
-            items.append(rows[r])
-            r += 1
+        r = int(np.searchsorted(offsets, start))  # the steps before this run
         chunk = text[pos : pos + size]
         pos += size
         if not chunk.endswith(b"\n"):
             raise BadColumnsError("a run of lines without its newline")
-        items.extend(reader.decode_lines(start, chunk, line_no + r + lines))
+        decoded = reader.decode_lines(start, chunk, line_no + r + lines)
+        others.extend(decoded)
+        before.extend([r] * len(decoded))
         lines += chunk.count(b"\n")
-    items.extend(rows[r:])
-    return items, n + lines
+    return _Segment(header, cols, others, before, n + lines)
 
 
 def _runs(packed: bytes) -> list[tuple[int, int]]:

@@ -738,6 +738,16 @@ class Decoders:
         )
         self._lean = msgspec.json.Decoder(lean, strict=False)
 
+    def saw(self, keys: tuple[str, ...], lr_keys: tuple[str, ...] = ()) -> None:
+        """Training steps with these keys were read another way (a columns frame):
+        learn as decoding their lines would have, so that the lines after them decode
+        the same way (a learned key a step lacks decodes as NaN; a key not learned
+        fails the typed decode, which re-learns)."""
+        if self.keys is None or not set(keys) <= set(self.keys):
+            self.learn(keys, lr_keys)
+        elif lr_keys and not set(lr_keys) <= set(self.lr_keys):
+            self.learn(keys, lr_keys)
+
     def _learn_from(self, data: bytes, start: int, end: int) -> None:
         """Learn the training keys from the first lines of ``data[start:end]``, so that
         a run's first batch is decoded lean too (decoding all of it generically first

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from eagle3_tui.model.columns import segment_items
+from eagle3_tui.model.columns import apply_segment
 from eagle3_tui.model.reader import LineReader
 from eagle3_tui.model.state import RunState
 
@@ -59,9 +59,7 @@ class Run:
         if reader is None:
             reader = self._readers[stream] = LineReader()
         if span >= 0:
-            items = segment_items(reader, offset, span, data)
-            self._state.apply_all(items)
-            return len(items)
+            return apply_segment(reader, self._state, offset, span, data)
         for start in range(0, max(len(data), 1), SLICE):
             items = reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
             self._state.apply_all(items)

@@ -490,6 +490,60 @@ class RunState:
         self._store_steps(batch, starts)
         return True
 
+    def apply_steps(self, rows: StepColumns, others: list[Item], before: list[int]) -> bool:
+        """A columns frame (model/columns.py): its training steps as columns, and the
+        range's other lines decoded (``others``, in file order; ``before[i]``: how many
+        steps come before ``others[i]``), applied as :meth:`_apply_batch` applies the
+        lines themselves. False, with nothing applied, where it would not take them as
+        one batch (the caller then applies the steps as records, line by line)."""
+        n = len(rows.steps)
+        if n < BATCH_MIN or not rows.w or not _rows_valid(rows):
+            return False
+        recs = [r for r in others if type(r) is not Malformed]
+        if any(type(r) is Restarted or _KIND(r) == "train" or not _W(r) for r in recs):
+            return False
+        spans = self._row_spans(rows, recs, [b for r, b in zip(others, before, strict=True) if type(r) is not Malformed])
+        if spans is None:
+            return False
+        starts = [self._starting] if self._starting is not None else []
+        events_before = len(self.events)
+        if recs:
+            rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
+            kinds = np.fromiter(map(_KIND, recs), object, len(recs))
+            self._apply_others(_Batch(set(), cast("list[AnyRecord]", recs), [], {}, rows.steps, kinds, rec_arr))
+        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
+        self._advance_writers(spans)
+        for bad in others:
+            if type(bad) is Malformed:
+                self.apply(bad)
+        last = Record(kind="train", ts=float(rows.ts[-1]), epoch=int(rows.epoch[-1]))
+        self._store_columns(rows.steps, rows.ts, rows.columns, rows.keys, True, last, starts)
+        return True
+
+    def _row_spans(
+        self, rows: StepColumns, recs: list[Item], before: list[int]
+    ) -> dict[str, tuple[int, int]] | None:
+        """:meth:`_batch_spans` of the steps and the other records, in file order."""
+        by_writer: dict[str, list[tuple[int, int]]] = {}
+        for r, b in zip(recs, before, strict=True):
+            by_writer.setdefault(_W(r), []).append((b, _SEQ(r)))
+        mine = by_writer.pop(rows.w, [])
+        seqs = rows.seqs
+        if mine:
+            seqs = np.insert(seqs, [b for b, _ in mine], [s for _, s in mine])
+        groups = {rows.w: seqs}
+        groups.update((w, np.array([s for _, s in pairs], dtype=np.int64)) for w, pairs in by_writer.items())
+        spans: dict[str, tuple[int, int]] = {}
+        for writer, arr in groups.items():
+            first = int(arr[0])
+            if first < 0 or (len(arr) > 1 and not bool((np.diff(arr) == 1).all())):
+                return None
+            known = self.writers.get(writer)
+            if known is not None and first < known.next_seq:
+                return None
+            spans[writer] = (first, int(arr[-1]))
+        return spans
+
     def _batch_spans(self, batch: _Batch) -> dict[str, tuple[int, int]] | None:
         """Each writer's first and last sequence number in ``batch``; None unless they
         are consecutive and continue the writer's (a repeat: the careful path drops it)."""
@@ -564,26 +618,44 @@ class RunState:
     def _store_steps(self, batch: _Batch, starts: list[Event]) -> None:
         """The batch's training steps into the table, column by column."""
         cols, trains = batch.cols, batch.trains
-        steps, ts = batch.steps, cols["ts"]
         keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
-        self._redo_check(int(steps[0]), float(ts[0]))
         columns = {"train/" + k: cols["train/m" + str(i)] for i, k in enumerate(keys)}
         for k in PROFILE_FIELDS:
             col = cols.get("profile/" + k)
-            if col is not None and not bool(np.isnan(col).all()):
+            if col is not None:
                 columns["profile/" + k] = col
         columns.update((k, v) for k, v in cols.items() if k == "lr" or k.startswith("lr/"))
         columns["epoch"] = cols["epoch"]
+        last = cast("TrainStep", trains[-1])
+        self._store_columns(batch.steps, cols["ts"], columns, keys, "v" in cols, last, starts)
+
+    def _store_columns(
+        self,
+        steps: npt.NDArray[np.int64],
+        ts: npt.NDArray[np.float64],
+        columns: dict[str, npt.NDArray[Any]],
+        keys: tuple[str, ...],
+        ours: bool,
+        last: Record | TrainStep,
+        starts: list[Event],
+    ) -> None:
+        """Steps into the table, column by column (a profile timing no step logged is
+        left out); ``ours``: lines with our envelope; ``last``: the last step."""
+        self._redo_check(int(steps[0]), float(ts[0]))
+        for k in PROFILE_FIELDS:
+            col = columns.get("profile/" + k)
+            if col is not None and bool(np.isnan(col).all()):
+                del columns["profile/" + k]
         self.table.extend_columns(steps, ts, columns)
-        n = len(trains)
+        n = len(steps)
         self.records += n
         self._touch(float(ts.min()))
         self._touch(float(ts.max()))
         self._note_ttt(keys)
         first_ts = self._batch_startups(ts, starts)
-        if "v" not in cols:  # lines without our envelope (another writer's)
+        if not ours:  # lines without our envelope (another writer's)
             self.plain_records += n
-        self._note_train(cast("TrainStep", trains[-1]), first_ts)
+        self._note_train(last, first_ts)
 
     # ---- other kinds ----------------------------------------------------------
     def _batch_startups(self, ts: npt.NDArray[np.float64], starts: list[Event]) -> float | None:
@@ -849,6 +921,34 @@ class _Batch:
     kinds: npt.NDArray[np.object_] | None = None
     """Each record's kind, when not all are training steps; ``rec_arr`` the records."""
     rec_arr: npt.NDArray[np.object_] | None = None
+
+
+@dataclass(slots=True)
+class StepColumns:
+    """Training steps of one writer as columns (a columns frame's, model/columns.py)."""
+
+    w: str
+    seqs: npt.NDArray[np.int64]
+    steps: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.float64]
+    epoch: npt.NDArray[np.int64]
+    versions: npt.NDArray[np.int64]
+    keys: tuple[str, ...]
+    """The ``train`` keys, in the lines' order."""
+    columns: dict[str, npt.NDArray[Any]]
+    """The table's columns: ``train/<key>``, ``profile/<field>``, ``lr``, ``epoch``."""
+
+
+def _rows_valid(rows: StepColumns) -> bool:
+    """:func:`_steps_valid` and :func:`_record_columns`'s demands, of columns."""
+    steps, ts, v = rows.steps, rows.ts, rows.versions
+    if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
+        return False
+    if not bool((v >= 1).all()) or bool((v > SUPPORTED_SCHEMA).any()):
+        return False
+    if not bool((ts > 0).all()) or not np.isfinite(ts).all():
+        return False
+    return int(steps[0]) >= 0 and int(rows.seqs[0]) >= 0
 
 
 def _split_batch(items: list[Item]) -> _Batch | None:

@@ -286,8 +286,9 @@ class ColumnLog:
     speeds up reading, and the lines are there either way.
     """
 
-    def __init__(self, jsonl_path: str) -> None:
+    def __init__(self, jsonl_path: str, block_rows: int = BLOCK_ROWS) -> None:
         self.path = companion_path(jsonl_path)
+        self.block_rows = block_rows
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
         self._shape: Shape | None = None
@@ -318,7 +319,7 @@ class ColumnLog:
         self._offsets.append(offset)
         self._lengths.append(len(line))
         self._rows.append(values)
-        if len(self._rows) >= BLOCK_ROWS:
+        if len(self._rows) >= self.block_rows:
             self.flush()
 
     def due(self) -> bool:
@@ -357,10 +358,10 @@ class ColumnLog:
             self._fd = None
 
 
-def index_file(jsonl_path: str) -> int:
+def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS) -> int:
     """Write the companion of an existing ``metrics.jsonl`` (one written before the
     writer kept one); returns the blocks written. The file must not be growing."""
-    log = ColumnLog(jsonl_path)
+    log = ColumnLog(jsonl_path, block_rows)
     if os.path.exists(log.path):
         os.unlink(log.path)
     with open(jsonl_path, "rb") as f:

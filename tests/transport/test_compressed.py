@@ -66,7 +66,7 @@ def parse(output: bytes, cuts: list[int]) -> list[DataFrame]:
 
 
 def frame_kinds(output: bytes) -> list[str]:
-    """The kind of each frame of the agent's output (J, D, Z), read header by header:
+    """The kind of each frame of the agent's output (J, D, Z, C), read header by header:
     a D frame's payload may hold any bytes, ``\nZ `` too."""
     kinds: list[str] = []
     pos = 0
@@ -78,7 +78,7 @@ def frame_kinds(output: bytes) -> list[str]:
         pos = end + 1
         if kind == "D":
             pos += int(head[2])
-        elif kind == "Z":
+        elif kind in ("Z", "C"):
             pos += int(head[3])
     return kinds
 

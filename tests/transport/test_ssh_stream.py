@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from eagle3_tui.model.columns import segment_items
 from eagle3_tui.model.reader import LineReader, Restarted
 from eagle3_tui.model.records import Malformed
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
@@ -81,7 +82,11 @@ class Follower:
                     f"links {[(x.link.value, x.detail) for x in self.links][-6:]}"
                 ) from None
             if isinstance(ev, Chunk):
-                for item in self.reader.feed(ev.offset, ev.data):
+                if ev.span >= 0:  # a columns frame
+                    items = segment_items(self.reader, ev.offset, ev.span, ev.data)
+                else:
+                    items = self.reader.feed(ev.offset, ev.data)
+                for item in items:
                     if isinstance(item, Restarted):
                         self.restarts.append(item)
                     elif isinstance(item, Malformed):

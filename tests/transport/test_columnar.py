@@ -1,0 +1,289 @@
+"""The columnar catch-up (telemetry/columns.py, agent/columns.py, model/columns.py):
+whatever the file and its companion hold, the model ends exactly where the lines
+themselves take it, and a disconnect in the middle loses and repeats nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.summary import summarize
+from eagle3_tui.telemetry.columns import COLUMNS_FILE, index_file, read_blocks
+from eagle3_tui.telemetry.writer import JsonlWriter
+from eagle3_tui.transport.base import Link
+from eagle3_tui.transport.channel import DataFrame
+from tests.records import Lines
+from tests.transport.conftest import ssh_target
+from tests.transport.sshd import Sshd
+from tests.transport.test_compressed import agent_output, frame_kinds, parse
+from tests.transport.test_ssh_stream import Follower, append, client, stream_host
+
+__all__ = ["client"]  # the fixture, used by name
+
+COLUMNS = {"compress": COMPRESS_ZLIB, "columns": COLUMNS_WANTED}
+
+
+def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
+    """Everything the model holds after these frames, exactly (floats unrounded)."""
+    run = Run()
+    for f in frames:
+        run.feed_frame(f)
+    s = run.state
+    return (
+        list(s.table.steps),
+        list(s.table.ts),
+        {k: bytes(v) for k, v in sorted(s.table.columns.items())},
+        # the newest value of each metric at full precision; one of a metric the last step
+        # lacks is None or NaN by how the plain read itself decoded that step (a learned
+        # typed decoder fills a missing key with NaN; the general one leaves it out)
+        {k: "-" if v is None or v != v else repr(v) for k, v in sorted(s.table.latest.items())},
+        s.records,
+        s.malformed_count,
+        [m.reason for m in s.malformed],  # (where one is reported differs by decode path)
+        {w: (x.next_seq, x.lost, x.duplicates) for w, x in sorted(s.writers.items())},
+        [(r.first, r.last) for r in s.redos],
+        [(e.event, e.ts) for e in s.events],
+        list(s.startups),
+        (s.epoch, s.ttt_steps, s.first_ts, s.last_ts, s.last_train_ts, s.plain_records),
+        [(c.event, c.path) for c in s.ckpt_events],
+        len(s.logs),
+        sorted(s.gpu_devices),
+        len(s.gpu_samples),
+        json.dumps(summarize(s, 2_000_000.0), sort_keys=True, default=str).replace('"NaN"', "null"),
+        run.reader.complete_offset,
+        run.reader.next_offset,
+        run.reader.line_no,
+    )
+
+
+def messy_run(n: int, seed: int) -> bytes:
+    """A run's file as runs write them: steps among logs, checkpoints and samples of
+    other writers, lost and repeated records, a resume that redoes steps under a new
+    writer, broken and blank lines, non-finite losses, a change of metrics."""
+    rng = random.Random(seed)
+    trainer, sampler = Lines("rank0"), Lines("sampler")
+    parts: list[bytes] = []
+    step = 0
+    extra = False
+    while step < n:
+        r = rng.random()
+        if r < 0.06:
+            parts.append(sampler.gpu(rng.uniform(0, 100)))
+        elif r < 0.07:
+            parts.append(sampler.heartbeat(written=step))
+        elif r < 0.08:
+            parts.append(trainer.log("Training epoch 1/2 started"))  # the steps' own writer
+        elif r < 0.085:
+            parts.append(trainer.ckpt("saved", f"/ckpt/{step}", complete=True))
+        elif r < 0.088:
+            parts.append(rng.choice([b"{broken\n", b"\n", b"[1, 2]\n", b'{"v": 1}\n']))
+        elif r < 0.09:
+            trainer.seq += rng.randint(1, 3)  # records lost
+        elif r < 0.092 and trainer.seq > 2:
+            trainer.seq -= 1  # one repeated
+        elif r < 0.094 and step > 5:
+            trainer = Lines(f"rank0-resumed-{step}", t0=trainer.ts)  # a resume, from a checkpoint
+            parts.append(trainer.event("resume"))
+            step -= rng.randint(1, 5)
+        elif r < 0.096:
+            parts.append(trainer.train(step, float("nan")))  # written as "NaN": not a row
+            step += 1
+        elif r < 0.097:
+            extra = not extra  # the metrics change: a block of another shape
+        else:
+            line = trainer.train(step, rng.uniform(0, 3), epoch=step // 100)
+            if extra:
+                rec = json.loads(line)
+                rec["train"]["extra_metric"] = rng.random()
+                line = json.dumps(rec).encode() + b"\n"
+            parts.append(line)
+            step += 1
+    return b"".join(parts)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cols")
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(0, 10_000),
+    steps=st.integers(1, 3000),
+    block=st.integers(1, 400),
+    tail=st.binary(max_size=120),
+    cuts=st.lists(st.integers(0, 10**7), max_size=12),
+)
+def test_the_columnar_catch_up_gives_exactly_the_state_of_the_plain_one(
+    run_dir: Path, seed: int, steps: int, block: int, tail: bytes, cuts: list[int]
+) -> None:
+    """Any file, any block size, a torn last line, the agent's output split anywhere:
+    the columns read ends in the plain read's state (table, newest values at full
+    precision, writers' sequence numbers, malformed lines and their numbers...)."""
+    path = run_dir / "metrics.jsonl"
+    data = messy_run(steps, seed) + tail
+    path.write_bytes(data)
+    blocks = index_file(str(path), block_rows=block)
+    plain = agent_output(run_dir)
+    cols = agent_output(run_dir, **COLUMNS)
+    if blocks >= 3:
+        assert "C" in frame_kinds(cols), "the blocks before the last travel as columns"
+    frames = parse(cols, cuts)
+    ends = [f.offset + (f.span if f.span >= 0 else len(f.data)) for f in frames]
+    assert [f.offset for f in frames[1:]] == ends[:-1], "frames tile the file"
+    assert (ends[-1] if ends else 0) == len(data)
+    assert state_of(frames) == state_of(parse(plain, []))
+
+
+def test_the_writer_keeps_the_companion_as_it_writes(tmp_path: Path) -> None:
+    """The real writer, a sampler writing into the same file meanwhile, and a second
+    writer (a resumed run) appending later: the blocks index exactly the steps' lines."""
+    path = tmp_path / "metrics.jsonl"
+    sampler = JsonlWriter(path, writer_id="sampler", background=False)
+    first = JsonlWriter(path, writer_id="rank0")
+    rng = random.Random(1)
+    for i in range(2500):
+        first.write_deferred(
+            "train",
+            {"train": {"loss": rng.random(), "full_acc_0": rng.random()}, "epoch": 0, "lr": 1e-4},
+            step=i,
+        )
+        if i % 50 == 0:
+            first.write("ckpt", {"event": "saved", "path": f"/c/{i}"})
+            sampler.write("gpu", {"status": "ok", "devices": []})
+    first.close()
+    resumed = JsonlWriter(path, writer_id="rank0-resumed")
+    for i in range(2400, 3000):
+        resumed.write_deferred("train", {"train": {"loss": 1.0}, "epoch": 1, "lr": 1e-4}, step=i)
+    resumed.close()
+    sampler.close()
+    blocks = read_blocks((tmp_path / COLUMNS_FILE).read_bytes())
+    assert [b.n for b in blocks] == [1024, 1024, 452, 600]
+    data = path.read_bytes()
+    st_ = os.stat(path)
+    for b in blocks:
+        assert (b.header["dev"], b.header["ino"]) == (st_.st_dev, st_.st_ino)
+        for off, n, seq in zip(b.ints("@off"), b.ints("@len"), b.ints("seq"), strict=True):
+            rec = json.loads(data[off : off + n])
+            assert data[off + n - 1 : off + n] == b"\n" and (off == 0 or data[off - 1] == 10)
+            assert (rec["kind"], rec["seq"], rec["w"]) == ("train", seq, b.header["const"]["w"])
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert frame_kinds(cols).count("C") == 3, "every block but the last"
+    assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
+
+
+def damage(path: Path, how: str, rng: random.Random) -> None:
+    comp = path.with_name(COLUMNS_FILE)
+    raw = bytearray(comp.read_bytes())
+    if how == "flip":
+        for _ in range(5):
+            raw[rng.randrange(len(raw))] ^= 0xFF
+    elif how == "torn":
+        raw = raw[: rng.randrange(len(raw))]
+    elif how == "rewritten":  # the file rewritten in place (same inode): rows point at other lines
+        data = path.read_bytes()
+        with open(path, "r+b") as f:
+            f.write(data[100:] + data[:100])
+        return
+    elif how == "replaced":  # another file by the same name: the blocks name the old inode
+        fresh = path.with_name("new.jsonl")
+        fresh.write_bytes(path.read_bytes())  # made while the old one exists: another inode
+        os.replace(fresh, path)
+        return
+    comp.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["flip", "torn", "rewritten", "replaced"])
+def test_a_damaged_or_stale_companion_changes_nothing(tmp_path: Path, how: str) -> None:
+    """Blocks that fail their checksum, a torn last block, blocks of a file rewritten in
+    place or replaced: those lines travel as lines, the state is the plain one's."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 7))
+    assert index_file(str(path), block_rows=200) > 5
+    damage(path, how, random.Random(3))
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
+    if how in ("rewritten", "replaced"):
+        assert "C" not in frame_kinds(cols)
+
+
+def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines()
+    path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(900)))
+    index_file(str(path), block_rows=300)
+    frames = parse(agent_output(tmp_path, **COLUMNS), [])
+    spans = [i for i, f in enumerate(frames) if f.span >= 0]
+    assert spans
+    i = spans[0]
+    bad = frames[i].data[:40] + b"\x00" * 8 + frames[i].data[48:]
+    frames[i] = DataFrame(frames[i].offset, bad, frames[i].span)
+    run = Run()
+    for f in frames:
+        run.feed_frame(f)
+    s = run.state
+    assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
+    assert s.train_steps == 600, "the frame's 300 steps are missing, nothing else"
+    assert run.reader.complete_offset == len(path.read_bytes())
+
+
+@pytest.mark.slow
+async def test_a_disconnect_in_the_middle_of_a_columnar_catch_up_loses_and_repeats_nothing(
+    sshd: Sshd, tmp_path: Path, client: str
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    lines = Lines()
+    n = 150_000
+    path.write_bytes(b"".join(lines.train(i, 3.0 - i * 1e-5) for i in range(n)))
+    size = path.stat().st_size
+    assert index_file(str(path), block_rows=2000) == 75
+    host = stream_host(client, ssh_target(sshd))
+    f = Follower.ssh(host, run_dir)
+    spans: list[int] = []
+    real = f.reader.skip
+
+    def skip(offset: int, span: int, count: int) -> None:
+        spans.append(offset)
+        real(offset, span, count)
+
+    f.reader.skip = skip  # type: ignore[method-assign]
+    try:
+        await f.until(lambda: len(spans) >= 3, what="the first columns frames")
+        at_kill = f.reader.next_offset
+        assert 0 < at_kill < size, "the catch-up is under way"
+        assert sshd.kill_sessions() >= 1
+        seen = len(spans)
+        more = b"".join(lines.train(n + i, 1.0) for i in range(100))
+        append(path, more)  # the live tail goes on meanwhile
+        await f.until(lambda: len(f.records) >= n + 100, what="every record", timeout=120)
+    finally:
+        await f.close()
+        await host.close()
+    assert f.count(Link.RECONNECTING) >= 1
+    assert len(spans) > seen, "columns frames before the kill and after it"
+    assert len(spans) == len(set(spans)), "no range came twice"
+    assert [r.seq for r in f.records] == list(range(n + 100)), "a record was lost or repeated"
+    assert f.restarts == [] and f.malformed == []
+    assert f.reader.complete_offset == size + len(more)
+
+
+def test_an_agent_asked_for_no_columns_sends_none(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines()
+    path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(900)))
+    index_file(str(path), block_rows=100)
+    assert "C" not in frame_kinds(agent_output(tmp_path, compress=COMPRESS_ZLIB))
