@@ -743,9 +743,8 @@ class Decoders:
         learn as decoding their lines would have, so that the lines after them decode
         the same way (a learned key a step lacks decodes as NaN; a key not learned
         fails the typed decode, which re-learns)."""
-        if self.keys is None or not set(keys) <= set(self.keys):
-            self.learn(keys, lr_keys)
-        elif lr_keys and not set(lr_keys) <= set(self.lr_keys):
+        new_keys = self.keys is None or not set(keys) <= set(self.keys)
+        if new_keys or not set(lr_keys) <= set(self.lr_keys):
             self.learn(keys, lr_keys)
 
     def _learn_from(self, data: bytes, start: int, end: int) -> None:

@@ -502,7 +502,8 @@ class RunState:
         recs = [r for r in others if type(r) is not Malformed]
         if any(type(r) is Restarted or _KIND(r) == "train" or not _W(r) for r in recs):
             return False
-        spans = self._row_spans(rows, recs, [b for r, b in zip(others, before, strict=True) if type(r) is not Malformed])
+        at = [b for r, b in zip(others, before, strict=True) if type(r) is not Malformed]
+        spans = self._row_spans(rows, recs, at)
         if spans is None:
             return False
         starts = [self._starting] if self._starting is not None else []
@@ -510,7 +511,8 @@ class RunState:
         if recs:
             rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
             kinds = np.fromiter(map(_KIND, recs), object, len(recs))
-            self._apply_others(_Batch(set(), cast("list[AnyRecord]", recs), [], {}, rows.steps, kinds, rec_arr))
+            batch = _Batch(set(), cast("list[AnyRecord]", recs), [], {}, rows.steps, kinds, rec_arr)
+            self._apply_others(batch)
         starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
         self._advance_writers(spans)
         for bad in others:
@@ -532,7 +534,8 @@ class RunState:
         if mine:
             seqs = np.insert(seqs, [b for b, _ in mine], [s for _, s in mine])
         groups = {rows.w: seqs}
-        groups.update((w, np.array([s for _, s in pairs], dtype=np.int64)) for w, pairs in by_writer.items())
+        for w, pairs in by_writer.items():
+            groups[w] = np.array([s for _, s in pairs], dtype=np.int64)
         spans: dict[str, tuple[int, int]] = {}
         for writer, arr in groups.items():
             first = int(arr[0])

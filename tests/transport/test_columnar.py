@@ -260,7 +260,7 @@ async def test_a_disconnect_in_the_middle_of_a_columnar_catch_up_loses_and_repea
         spans.append(offset)
         real(offset, span, count)
 
-    f.reader.skip = skip  # type: ignore[method-assign]
+    f.reader.skip = skip  # type: ignore[method-assign, assignment]
     try:
         await f.until(lambda: len(spans) >= 3, what="the first columns frames")
         at_kill = f.reader.next_offset
