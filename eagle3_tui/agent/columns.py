@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import zlib
 from typing import Any
@@ -34,6 +35,7 @@ from eagle3_tui.telemetry.columns import Block, companion_path, pack_column, rea
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
+CHUNK = 4 << 20
 MAX_COMPANION = 1 << 31
 
 
@@ -76,8 +78,10 @@ class Segment:
         self.data = data
         return True
 
-    def payload(self, keep: dict[str, Any]) -> bytes:
-        """The C frame's payload; ``keep``: per group, the only fields to send."""
+    def payload(self, keep: dict[str, Any], cutoffs: dict[str, int] | None = None) -> bytes:
+        """The C frame's payload; ``keep``: per group, the only fields to send;
+        ``cutoffs``: per sampler kind, where the lines the client keeps begin (the ones
+        before go as envelopes, see :func:`sample_cutoffs`)."""
         header = dict(self.block.header)
         cols: list[list[Any]] = []
         parts: list[bytes] = []
@@ -91,20 +95,142 @@ class Segment:
         header["cols"] = cols
         runs: list[int] = []
         text: list[bytes] = []
+        stubs = _Stubs()
         at = 0  # in the range: the end of the last row
         data, base = self.data, self.start
         for off, n in zip(self.offsets, self.lengths):  # noqa: B905 (3.8: no strict)
             rel = off - base
             if rel > at:
-                runs += [at, rel - at]
-                text.append(data[at:rel])
+                if cutoffs:
+                    stubs.split(data, at, rel, base, cutoffs, runs, text)
+                else:
+                    runs += [at, rel - at]
+                    text.append(data[at:rel])
             at = rel + n
+        if stubs.n:
+            header["stubs"] = stubs.header()
+            parts += stubs.parts
         raw = b"".join(text)
         packed_runs = pack_column("q", runs) if runs else b""
         packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
         header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
         head = json.dumps(header, separators=(",", ":")).encode()
         return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
+
+
+ENVELOPE = re.compile(
+    rb'\{"v": ?1, ?"seq": ?(\d+), ?"w": ?"([^"\\]*)", ?"ts": ?([-0-9.eE+]+), ?"kind": ?"(\w+)"'
+)
+"""A line's envelope as our writer writes it (its fields first, in this order)."""
+
+
+class _Stubs:
+    """The sampler lines of a range that go as envelopes only: where each is, its
+    kind, writer, sequence number and time. The client keeps the newest few hundred
+    samples of each kind; the older ones only count (records, sequence numbers,
+    times), so only their envelopes travel."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cols: dict[str, list[Any]] = {"@off": [], "@len": [], "kind": [], "w": [], "seq": []}
+        self.ts: list[float] = []
+        self.kinds: dict[str, int] = {}
+        self.writers: dict[str, int] = {}
+        self.parts: list[bytes] = []
+
+    def split(
+        self,
+        data: bytes,
+        lo: int,
+        hi: int,
+        base: int,
+        cutoffs: dict[str, int],
+        runs: list[int],
+        text: list[bytes],
+    ) -> None:
+        """The lines of ``data[lo:hi]`` into runs of text and stubs."""
+        run_start = lo
+        pos = lo
+        match = ENVELOPE.match
+        while pos < hi:
+            nl = data.find(b"\n", pos, hi)
+            end = hi if nl < 0 else nl + 1
+            m = match(data, pos, end)
+            if m is not None and base + pos < cutoffs.get(m.group(4).decode(), 0):
+                try:
+                    ts = float(m.group(3))
+                    w = m.group(2).decode()
+                except ValueError:
+                    ts = -1.0
+                if ts == ts and 0 < ts < 1e300:
+                    if pos > run_start:
+                        runs += [run_start, pos - run_start]
+                        text.append(data[run_start:pos])
+                    self._add(pos, end - pos, m.group(4).decode(), w, int(m.group(1)), ts)
+                    run_start = end
+            pos = end
+        if hi > run_start:
+            runs += [run_start, hi - run_start]
+            text.append(data[run_start:hi])
+
+    def _add(self, rel: int, n: int, kind: str, w: str, seq: int, ts: float) -> None:
+        c = self.cols
+        c["@off"].append(rel)
+        c["@len"].append(n)
+        c["kind"].append(self.kinds.setdefault(kind, len(self.kinds)))
+        c["w"].append(self.writers.setdefault(w, len(self.writers)))
+        c["seq"].append(seq)
+        self.ts.append(ts)
+        self.n += 1
+
+    def header(self) -> dict[str, Any]:
+        meta: list[list[Any]] = []
+        for name, values in self.cols.items():
+            packed = pack_column("q", values)
+            meta.append([name, "q", len(packed)])
+            self.parts.append(packed)
+        packed = pack_column("d", self.ts)
+        meta.append(["ts", "d", len(packed)])
+        self.parts.append(packed)
+        return {"n": self.n, "kinds": list(self.kinds), "writers": list(self.writers), "cols": meta}
+
+
+def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:
+    """Per sampler kind the client keeps ``keep[kind]`` of, the offset of the first of
+    the newest that many lines of that kind (0: the file has no more than that): the
+    lines of that kind before it may go as envelopes. Read backwards, line by line only
+    in chunks that name a kind still counted."""
+    if not isinstance(keep, dict):
+        return {}
+    left = {str(k): v for k, v in keep.items() if isinstance(v, int) and v > 0}
+    cutoffs = {k: 0 for k in left}
+    hi = size
+    while left and hi > 0:
+        lo = max(0, hi - CHUNK)
+        data = os.pread(fd, hi - lo, lo)
+        first = 0 if lo == 0 else data.find(b"\n") + 1
+        if first == 0 and lo > 0:  # one line longer than a chunk: look further back
+            hi = lo
+            continue
+        if any(('"' + k + '"').encode() in data for k in left):
+            lines = data[first:].split(b"\n")
+            end = hi - len(lines[-1])  # the last piece: a torn line, or nothing
+            for line in reversed(lines[:-1]):  # whole lines only
+                start = end - 1 - len(line)
+                end = start
+                m = ENVELOPE.match(line)
+                if m is None:
+                    continue
+                kind = m.group(4).decode()
+                if kind in left:
+                    left[kind] -= 1
+                    if left[kind] == 0:
+                        cutoffs[kind] = start
+                        del left[kind]
+                        if not left:
+                            break
+        hi = lo + first
+    return cutoffs
 
 
 def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment]:

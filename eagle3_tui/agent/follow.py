@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.columns import column_plan
+from eagle3_tui.agent.columns import column_plan, sample_cutoffs
 from eagle3_tui.agent.frames import (
     AgentError,
     client_gone,
@@ -158,18 +158,22 @@ def _pump(fd: int, offset: int, z: Deflater | None = None, stop: int | None = No
 def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[str, Any]) -> int:
     """Where the client asked for ``"columns"`` and the file has a companion, send
     what it indexes as C frames and the rest as lines, up to the file's size now;
-    returns the new offset (the rest is :func:`_pump`'s)."""
+    returns the new offset (the rest is :func:`_pump`'s). ``"samples"`` (per sampler
+    kind, how many of the newest the client keeps) lets the older ones in those frames
+    go as envelopes."""
     keep = req.get("columns")
     if not isinstance(keep, dict):
         return offset
     size = os.fstat(fd).st_size
-    for seg in column_plan(fd, str(path), offset, size):
+    plan = column_plan(fd, str(path), offset, size)
+    cutoffs = sample_cutoffs(fd, size, req.get("samples")) if plan else {}
+    for seg in plan:
         if not seg.check(fd):
             continue  # its lines go as lines
         offset = _pump(fd, offset, z, stop=seg.start)
         if client_gone() or offset != seg.start:
             return offset
-        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep))
+        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep, cutoffs))
         offset = seg.end
     return offset
 

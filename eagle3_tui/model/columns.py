@@ -25,8 +25,15 @@ import numpy as np
 import numpy.typing as npt
 
 from eagle3_tui.model.reader import Item, LineReader
-from eagle3_tui.model.records import Malformed, Profile, Record, TrainMetrics, train_metrics_type
-from eagle3_tui.model.state import RunState, StepColumns
+from eagle3_tui.model.records import (
+    Deferred,
+    Malformed,
+    Profile,
+    Record,
+    TrainMetrics,
+    train_metrics_type,
+)
+from eagle3_tui.model.state import SAMPLES_KEPT, RunState, StepColumns
 
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}
@@ -172,6 +179,9 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     for path, kind, size in header["cols"]:
         cols[path] = _column(kind, payload[at : at + size], n)
         at += size
+    stubs: list[tuple[int, int, Deferred]] = []
+    if "stubs" in header:
+        stubs, at = _stubs(header["stubs"], payload, at, offset)
     runs_size, text_size, text_len = header["gaps"]
     runs = _runs(payload[at : at + runs_size])
     at += runs_size
@@ -179,18 +189,30 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     if len(text) != text_len or at + text_size != len(payload):
         raise BadColumnsError("the other lines do not add up")
     offsets, lengths = cols["@off"], cols["@len"]
-    if int(lengths.sum()) + len(text) != span or int(offsets[0]) < offset:
+    covered = int(lengths.sum()) + len(text) + sum(size for _, size, _ in stubs)
+    if covered != span or int(offsets[0]) < offset:
         raise BadColumnsError("rows and lines do not cover the range")
-    # the other lines, run by run, numbered as the file numbers them
+    # the other lines (runs of text, and samples as envelopes), in file order,
+    # numbered as the file numbers them
+    pieces: list[tuple[int, int, int, Deferred | None]] = [
+        (start, size, -1, stub) for start, size, stub in stubs
+    ]
+    pos = 0
+    for rel, size in runs:
+        pieces.append((offset + rel, size, pos, None))
+        pos += size
+    pieces.sort(key=lambda p: p[0])
     others: list[Item] = []
     before: list[int] = []
     lines = 0
-    pos = 0
-    for rel, size in runs:
-        start = offset + rel
-        r = int(np.searchsorted(offsets, start))  # the steps before this run
+    for start, size, pos, stub in pieces:
+        r = int(np.searchsorted(offsets, start))  # the steps before this piece
+        if stub is not None:
+            others.append(stub)
+            before.append(r)
+            lines += 1
+            continue
         chunk = text[pos : pos + size]
-        pos += size
         if not chunk.endswith(b"\n"):
             raise BadColumnsError("a run of lines without its newline")
         decoded = reader.decode_lines(start, chunk, line_no + r + lines)
@@ -198,6 +220,34 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
         before.extend([r] * len(decoded))
         lines += chunk.count(b"\n")
     return _Segment(header, cols, others, before, n + lines)
+
+
+def _stubs(
+    meta: dict[str, Any], payload: bytes, at: int, offset: int
+) -> tuple[list[tuple[int, int, Deferred]], int]:
+    """The samples sent as envelopes (agent/columns.py's ``_Stubs``): (offset, length,
+    a :class:`Deferred` without its line, which only counts) each."""
+    n = meta["n"]
+    kinds, writers = [str(k) for k in meta["kinds"]], [str(w) for w in meta["writers"]]
+    if not isinstance(n, int) or n <= 0 or not set(kinds) <= set(SAMPLES_KEPT):
+        raise BadColumnsError(f"envelopes of {kinds}")
+    cols: dict[str, npt.NDArray[Any]] = {}
+    for name, kind, size in meta["cols"]:
+        cols[name] = _column(kind, payload[at : at + size], n)
+        at += size
+    out = [
+        (offset + rel, size, Deferred(kinds[k], float(seq), writers[w], ts, b"", 0, 0))
+        for rel, size, k, w, seq, ts in zip(
+            cols["@off"].tolist(),
+            cols["@len"].tolist(),
+            cols["kind"].tolist(),
+            cols["w"].tolist(),
+            cols["seq"].tolist(),
+            cols["ts"].tolist(),
+            strict=True,
+        )
+    ]
+    return out, at
 
 
 def _runs(packed: bytes) -> list[tuple[int, int]]:

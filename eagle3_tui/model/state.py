@@ -63,6 +63,9 @@ GPU_HISTORY = 600  # samples (10 min at 1 s)
 IO_HISTORY = 600
 RECENT_FILES = 50
 _KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 256}
+SAMPLES_KEPT = dict(_KEEP_LAST)
+"""How many of the newest sampler records of each kind the state keeps (a columns
+catch-up may send the older ones as envelopes only: agent/columns.py)."""
 """Sampler kinds and how many of their newest records the state keeps."""
 _ACTIVITIES = ("saving", "validating")
 
@@ -330,6 +333,8 @@ class RunState:
         for kind, queue in self._pending.items():
             while queue:
                 item = queue.popleft()
+                if isinstance(item, Deferred) and item.stub:
+                    continue  # an envelope only (an old sample of a catch-up): counted
                 rec = item.resolve() if isinstance(item, Deferred) else item
                 if isinstance(rec, Malformed):
                     self._malformed(rec)

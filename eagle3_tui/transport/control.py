@@ -32,6 +32,7 @@ from eagle3_tui.agent.names import (
     OP_RUNS,
     OP_STATUS,
 )
+from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
@@ -261,6 +262,7 @@ async def read_file(
         "run_dir": run_dir,
         "compress": COMPRESS_ZLIB,
         "columns": COLUMNS_WANTED,
+        "samples": SAMPLES_KEPT,
     }
     if file:
         request["file"] = file

@@ -32,6 +32,7 @@ import asyncssh
 
 from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
+from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
@@ -502,6 +503,7 @@ class SshTransport(Reconnecting):
             request["compress"] = COMPRESS_ZLIB
             if self.columns:
                 request["columns"] = COLUMNS_WANTED
+                request["samples"] = SAMPLES_KEPT
         return await self.host.start_agent(request)
 
     async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:

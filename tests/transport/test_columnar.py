@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.run import Run
+from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry.columns import COLUMNS_FILE, index_file, read_blocks
 from eagle3_tui.telemetry.writer import JsonlWriter
@@ -28,7 +29,7 @@ from tests.transport.test_ssh_stream import Follower, append, client, stream_hos
 
 __all__ = ["client"]  # the fixture, used by name
 
-COLUMNS = {"compress": COMPRESS_ZLIB, "columns": COLUMNS_WANTED}
+COLUMNS = {"compress": COMPRESS_ZLIB, "columns": COLUMNS_WANTED, "samples": SAMPLES_KEPT}
 
 
 def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
@@ -56,7 +57,11 @@ def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
         [(c.event, c.path) for c in s.ckpt_events],
         len(s.logs),
         sorted(s.gpu_devices),
-        len(s.gpu_samples),
+        [(t, [(d.index, d.util) for d in devs]) for t, devs in s.gpu_samples],
+        [(p.ts, p.bytes, p.files_read) for p in s.io_history],
+        list(s.recent_files),
+        (s.heartbeat.seq if s.heartbeat else None, s.last_heartbeat_ts),
+        sorted((r, h.seq) for r, h in s.rank_heartbeats.items()),
         json.dumps(summarize(s, 2_000_000.0), sort_keys=True, default=str).replace('"NaN"', "null"),
         run.reader.complete_offset,
         run.reader.next_offset,
@@ -64,16 +69,25 @@ def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
     )
 
 
-def messy_run(n: int, seed: int) -> bytes:
+def messy_run(n: int, seed: int, samples: float = 0.0) -> bytes:
     """A run's file as runs write them: steps among logs, checkpoints and samples of
     other writers, lost and repeated records, a resume that redoes steps under a new
-    writer, broken and blank lines, non-finite losses, a change of metrics."""
+    writer, broken and blank lines, non-finite losses, a change of metrics.
+    ``samples``: a sidecar's GPU, read and heartbeat records after that share of steps."""
     rng = random.Random(seed)
     trainer, sampler = Lines("rank0"), Lines("sampler")
     parts: list[bytes] = []
     step = 0
     extra = False
     while step < n:
+        if rng.random() < samples:
+            parts.append(sampler.gpu(rng.uniform(0, 100), devices=rng.choice([1, 2, 8])))
+            if rng.random() < 0.5:
+                parts.append(sampler.io(rng.uniform(0, 1e8), (f"hs_{step}.safetensors",)))
+            if rng.random() < 0.3:
+                parts.append(sampler.heartbeat(written=step))
+            if rng.random() < 0.01:
+                sampler.seq += 1  # a sample lost
         r = rng.random()
         if r < 0.06:
             parts.append(sampler.gpu(rng.uniform(0, 100)))
@@ -145,6 +159,41 @@ def test_the_columnar_catch_up_gives_exactly_the_state_of_the_plain_one(
     assert [f.offset for f in frames[1:]] == ends[:-1], "frames tile the file"
     assert (ends[-1] if ends else 0) == len(data)
     assert state_of(frames) == state_of(parse(plain, []))
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(0, 10_000),
+    steps=st.integers(2000, 5000),
+    block=st.sampled_from([7, 100, 1024]),
+    cuts=st.lists(st.integers(0, 10**7), max_size=6),
+)
+def test_old_samples_sent_as_envelopes_leave_exactly_the_plain_state(
+    run_dir: Path, seed: int, steps: int, block: int, cuts: list[int]
+) -> None:
+    """A sidecar's samples, far more than the histories keep: the older ones travel as
+    envelopes (a sequence number and a time), the newest as lines; the state (GPU and
+    read histories, heartbeats, counts, lost records) is the plain read's."""
+    path = run_dir / "metrics.jsonl"
+    data = messy_run(steps, seed, samples=0.9)
+    path.write_bytes(data)
+    index_file(str(path), block_rows=block)
+    plain = agent_output(run_dir)
+    cols = agent_output(run_dir, **COLUMNS)
+    frames = parse(cols, cuts)
+    assert any(b'"stubs"' in f.data[:2000] for f in frames if f.span >= 0), "envelopes sent"
+    got, want = state_of(frames), state_of(parse(plain, []))
+    assert got == want
+    run = Run()
+    for f in frames:
+        run.feed_frame(f)
+    s = run.state
+    assert len(s.gpu_samples) == SAMPLES_KEPT["gpu"], "the GPU history is full of real samples"
+    assert all(devices for _, devices in s.gpu_samples)
 
 
 def test_the_writer_keeps_the_companion_as_it_writes(tmp_path: Path) -> None:
