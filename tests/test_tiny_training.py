@@ -69,3 +69,36 @@ def test_the_same_trainer_without_telemetry_writes_no_metric_anywhere(tmp_path: 
             text = path.read_text(errors="replace")
             if "full_acc_0" in text:
                 assert path.name == "val_metrics.json" and '"full_acc_0"' not in text, path
+
+
+def test_the_companion_indexes_every_training_step_with_its_values(tiny_run: Path) -> None:
+    """metrics.cols, kept by the writer as the real Trainer logs: every training step's
+    line, at its offset, with its sequence number, step and values (float32)."""
+    import json
+
+    import numpy as np
+
+    from eagle3_tui.model.columns import _column  # the client's own unpacking
+    from eagle3_tui.telemetry.columns import COLUMNS_FILE, read_blocks
+
+    data = (tiny_run / "metrics.jsonl").read_bytes()
+    blocks = read_blocks((tiny_run / COLUMNS_FILE).read_bytes())
+    assert blocks, "the writer kept a companion"
+    seen = []
+    for b in blocks:
+        offsets, lengths = b.ints("@off"), b.ints("@len")
+        for i, (off, n) in enumerate(zip(offsets, lengths, strict=True)):
+            rec = json.loads(data[off : off + n])
+            assert rec["kind"] == "train" and rec["seq"] == b.ints("seq")[i]
+            assert rec["step"] == b.ints("step")[i]
+            kind, packed = b.chunks["train.loss"]
+            loss = _column(kind, packed, b.n)[i]
+            assert loss == np.float32(rec["train"]["loss"])
+            seen.append(off)
+    train_offsets = []
+    at = 0
+    for line in data.splitlines(keepends=True):
+        if json.loads(line)["kind"] == "train":
+            train_offsets.append(at)
+        at += len(line)
+    assert seen == train_offsets, "every step, once, in order (the run closed its writer)"
