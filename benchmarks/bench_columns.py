@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eagle3_tui.telemetry.columns import COLUMNS_FILE
 from eagle3_tui.telemetry.writer import JsonlWriter
 
-PROFILE = ("fetch_ms", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "tokens_per_s", "fetch_frac")
-PROFILE += ("queue_ms", "h2d_ms", "clip_ms")
+PROFILE = "fetch_ms fwd_ms bwd_ms opt_ms step_ms tokens_per_s fetch_frac queue_ms h2d_ms clip_ms"
 
 
 def payload(rng: random.Random) -> dict[str, object]:
@@ -34,7 +33,7 @@ def payload(rng: random.Random) -> dict[str, object]:
     train |= {"loss": rng.random() * 6, "error_records": 0.0}
     return {
         "train": train,
-        "profile": {p: rng.random() * 500 for p in PROFILE},
+        "profile": {p: rng.random() * 500 for p in PROFILE.split()},
         "epoch": 0,
         "lr": rng.random() * 1e-4,
     }

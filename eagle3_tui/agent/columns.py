@@ -35,6 +35,7 @@ from eagle3_tui.telemetry.columns import Block, companion_path, pack_column, rea
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
+STUB_LEVEL = 1
 CHUNK = 4 << 20
 MAX_COMPANION = 1 << 31
 
@@ -96,13 +97,14 @@ class Segment:
         runs: list[int] = []
         text: list[bytes] = []
         stubs = _Stubs()
+        cuts = {k.encode(): v for k, v in cutoffs.items() if v > 0} if cutoffs else {}
         at = 0  # in the range: the end of the last row
         data, base = self.data, self.start
         for off, n in zip(self.offsets, self.lengths):  # noqa: B905 (3.8: no strict)
             rel = off - base
             if rel > at:
-                if cutoffs:
-                    stubs.split(data, at, rel, base, cutoffs, runs, text)
+                if cuts:
+                    stubs.split(data, at, rel, base, cuts, runs, text)
                 else:
                     runs += [at, rel - at]
                     text.append(data[at:rel])
@@ -122,6 +124,8 @@ ENVELOPE = re.compile(
     rb'\{"v": ?1, ?"seq": ?(\d+), ?"w": ?"([^"\\]*)", ?"ts": ?([-0-9.eE+]+), ?"kind": ?"(\w+)"'
 )
 """A line's envelope as our writer writes it (its fields first, in this order)."""
+NL_ENVELOPE = re.compile(b"\n" + ENVELOPE.pattern)
+"""The same after a newline: a literal start, which the regex engine scans for fast."""
 
 
 class _Stubs:
@@ -131,12 +135,12 @@ class _Stubs:
     times), so only their envelopes travel."""
 
     def __init__(self) -> None:
-        self.n = 0
-        self.cols: dict[str, list[Any]] = {"@off": [], "@len": [], "kind": [], "w": [], "seq": []}
-        self.ts: list[float] = []
-        self.kinds: dict[str, int] = {}
-        self.writers: dict[str, int] = {}
+        self.rows: list[tuple[int, int, bytes, bytes, int, float]] = []
         self.parts: list[bytes] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
 
     def split(
         self,
@@ -144,55 +148,64 @@ class _Stubs:
         lo: int,
         hi: int,
         base: int,
-        cutoffs: dict[str, int],
+        cutoffs: dict[bytes, int],
         runs: list[int],
         text: list[bytes],
     ) -> None:
-        """The lines of ``data[lo:hi]`` into runs of text and stubs."""
+        """The lines of ``data[lo:hi]`` (whole lines) into runs of text and stubs."""
         run_start = lo
-        pos = lo
-        match = ENVELOPE.match
-        while pos < hi:
-            nl = data.find(b"\n", pos, hi)
-            end = hi if nl < 0 else nl + 1
-            m = match(data, pos, end)
-            if m is not None and base + pos < cutoffs.get(m.group(4).decode(), 0):
-                try:
-                    ts = float(m.group(3))
-                    w = m.group(2).decode()
-                except ValueError:
-                    ts = -1.0
-                if ts == ts and 0 < ts < 1e300:
-                    if pos > run_start:
-                        runs += [run_start, pos - run_start]
-                        text.append(data[run_start:pos])
-                    self._add(pos, end - pos, m.group(4).decode(), w, int(m.group(1)), ts)
-                    run_start = end
-            pos = end
+        find = data.find
+        rows = self.rows
+        first = ENVELOPE.match(data, lo, hi) if lo == 0 else None
+        found = NL_ENVELOPE.finditer(data, max(lo - 1, 0), hi)  # data[lo - 1] is a newline
+        for m in [first, *found] if first is not None else found:
+            pos = m.start() if m is first else m.start() + 1
+            seq, w, ts_b, kind = m.groups()
+            if base + pos >= cutoffs.get(kind, 0):
+                continue
+            nl = find(b"\n", m.end(), hi)
+            if nl < 0:
+                continue
+            try:
+                ts = float(ts_b)
+            except ValueError:
+                continue
+            if not 0 < ts < 1e300:
+                continue
+            if pos > run_start:
+                runs += [run_start, pos - run_start]
+                text.append(data[run_start:pos])
+            rows.append((pos, nl + 1 - pos, kind, w, int(seq), ts))
+            run_start = nl + 1
         if hi > run_start:
             runs += [run_start, hi - run_start]
             text.append(data[run_start:hi])
 
-    def _add(self, rel: int, n: int, kind: str, w: str, seq: int, ts: float) -> None:
-        c = self.cols
-        c["@off"].append(rel)
-        c["@len"].append(n)
-        c["kind"].append(self.kinds.setdefault(kind, len(self.kinds)))
-        c["w"].append(self.writers.setdefault(w, len(self.writers)))
-        c["seq"].append(seq)
-        self.ts.append(ts)
-        self.n += 1
-
     def header(self) -> dict[str, Any]:
+        offs, lens, kinds_b, ws_b, seqs, ts = zip(*self.rows)  # noqa: B905 (3.8: no strict)
+        kinds = {k: i for i, k in enumerate(dict.fromkeys(kinds_b))}
+        writers = {w: i for i, w in enumerate(dict.fromkeys(ws_b))}
+        cols = {
+            "@off": list(offs),
+            "@len": list(lens),
+            "kind": [kinds[k] for k in kinds_b],
+            "w": [writers[w] for w in ws_b],
+            "seq": list(seqs),
+        }
         meta: list[list[Any]] = []
-        for name, values in self.cols.items():
-            packed = pack_column("q", values)
+        for name, values in cols.items():
+            packed = pack_column("q", values, STUB_LEVEL)
             meta.append([name, "q", len(packed)])
             self.parts.append(packed)
-        packed = pack_column("d", self.ts)
+        packed = pack_column("d", list(ts), STUB_LEVEL)
         meta.append(["ts", "d", len(packed)])
         self.parts.append(packed)
-        return {"n": self.n, "kinds": list(self.kinds), "writers": list(self.writers), "cols": meta}
+        return {
+            "n": self.n,
+            "kinds": [k.decode() for k in kinds],
+            "writers": [w.decode("utf-8", "replace") for w in writers],
+            "cols": meta,
+        }
 
 
 def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:

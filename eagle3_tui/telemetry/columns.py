@@ -146,7 +146,7 @@ def _unshuffle(data: bytes, width: int) -> bytes:
     return bytes(out)
 
 
-def pack_column(kind: str, values: list[Any]) -> bytes:
+def pack_column(kind: str, values: list[Any], level: int = ZLIB_LEVEL) -> bytes:
     if kind == "q":
         prev = 0
         diffs = array("q")
@@ -161,7 +161,7 @@ def pack_column(kind: str, values: list[Any]) -> bytes:
         swapped = array("q" if width == 8 else "f", raw)
         swapped.byteswap()
         raw = swapped.tobytes()
-    return zlib.compress(_shuffle(raw, width), ZLIB_LEVEL)
+    return zlib.compress(_shuffle(raw, width), level)
 
 
 def unpack_ints(packed: bytes, n: int) -> list[int]:
