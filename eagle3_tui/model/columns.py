@@ -179,7 +179,7 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     for path, kind, size in header["cols"]:
         cols[path] = _column(kind, payload[at : at + size], n)
         at += size
-    stubs: list[tuple[int, int, Deferred]] = []
+    stubs = _Stubs.none()
     if "stubs" in header:
         stubs, at = _stubs(header["stubs"], payload, at, offset)
     runs_size, text_size, text_len = header["gaps"]
@@ -189,44 +189,54 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     if len(text) != text_len or at + text_size != len(payload):
         raise BadColumnsError("the other lines do not add up")
     offsets, lengths = cols["@off"], cols["@len"]
-    covered = int(lengths.sum()) + len(text) + sum(size for _, size, _ in stubs)
+    covered = int(lengths.sum()) + len(text) + stubs.size
     if covered != span or int(offsets[0]) < offset:
         raise BadColumnsError("rows and lines do not cover the range")
     # the other lines (runs of text, and samples as envelopes), in file order,
-    # numbered as the file numbers them
-    pieces: list[tuple[int, int, int, Deferred | None]] = [
-        (start, size, -1, stub) for start, size, stub in stubs
-    ]
-    pos = 0
-    for rel, size in runs:
-        pieces.append((offset + rel, size, pos, None))
-        pos += size
-    pieces.sort(key=lambda p: p[0])
+    # numbered as the file numbers them; the envelopes by slices, not one by one
+    stub_before = np.searchsorted(offsets, stubs.offsets).tolist()
     others: list[Item] = []
     before: list[int] = []
     lines = 0
-    for start, size, pos, stub in pieces:
-        r = int(np.searchsorted(offsets, start))  # the steps before this piece
-        if stub is not None:
-            others.append(stub)
-            before.append(r)
-            lines += 1
-            continue
+    pos = 0
+    si = 0
+    for rel, size in runs:
+        start = offset + rel
+        sj = int(np.searchsorted(stubs.offsets, start))
+        others.extend(stubs.items[si:sj])
+        before.extend(stub_before[si:sj])
+        lines += sj - si
+        si = sj
+        r = int(np.searchsorted(offsets, start))  # the steps before this run
         chunk = text[pos : pos + size]
+        pos += size
         if not chunk.endswith(b"\n"):
             raise BadColumnsError("a run of lines without its newline")
         decoded = reader.decode_lines(start, chunk, line_no + r + lines)
         others.extend(decoded)
         before.extend([r] * len(decoded))
         lines += chunk.count(b"\n")
+    others.extend(stubs.items[si:])
+    before.extend(stub_before[si:])
+    lines += len(stubs.items) - si
     return _Segment(header, cols, others, before, n + lines)
 
 
-def _stubs(
-    meta: dict[str, Any], payload: bytes, at: int, offset: int
-) -> tuple[list[tuple[int, int, Deferred]], int]:
-    """The samples sent as envelopes (agent/columns.py's ``_Stubs``): (offset, length,
-    a :class:`Deferred` without its line, which only counts) each."""
+class _Stubs:
+    """Samples sent as envelopes (agent/columns.py's ``_Stubs``): where they are, and
+    each as a :class:`Deferred` without its line, which only counts."""
+
+    def __init__(self, offsets: npt.NDArray[np.int64], size: int, items: list[Deferred]) -> None:
+        self.offsets = offsets
+        self.size = size
+        self.items = items
+
+    @classmethod
+    def none(cls) -> _Stubs:
+        return cls(np.zeros(0, dtype=np.int64), 0, [])
+
+
+def _stubs(meta: dict[str, Any], payload: bytes, at: int, offset: int) -> tuple[_Stubs, int]:
     n = meta["n"]
     kinds, writers = [str(k) for k in meta["kinds"]], [str(w) for w in meta["writers"]]
     if not isinstance(n, int) or n <= 0 or not set(kinds) <= set(SAMPLES_KEPT):
@@ -235,19 +245,20 @@ def _stubs(
     for name, kind, size in meta["cols"]:
         cols[name] = _column(kind, payload[at : at + size], n)
         at += size
-    out = [
-        (offset + rel, size, Deferred(kinds[k], float(seq), writers[w], ts, b"", 0, 0))
-        for rel, size, k, w, seq, ts in zip(
-            cols["@off"].tolist(),
-            cols["@len"].tolist(),
+    offsets = cols["@off"] + offset
+    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+        raise BadColumnsError("envelopes out of order")
+    items = [
+        Deferred(kinds[k], seq, writers[w], ts, b"", 0, 0)
+        for k, w, seq, ts in zip(
             cols["kind"].tolist(),
             cols["w"].tolist(),
-            cols["seq"].tolist(),
+            cols["seq"].astype(np.float64).tolist(),
             cols["ts"].tolist(),
             strict=True,
         )
     ]
-    return out, at
+    return _Stubs(offsets, int(cols["@len"].sum()), items), at
 
 
 def _runs(packed: bytes) -> list[tuple[int, int]]:

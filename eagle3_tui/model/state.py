@@ -531,16 +531,27 @@ class RunState:
         self, rows: StepColumns, recs: list[Item], before: list[int]
     ) -> dict[str, tuple[int, int]] | None:
         """:meth:`_batch_spans` of the steps and the other records, in file order."""
-        by_writer: dict[str, list[tuple[int, int]]] = {}
-        for r, b in zip(recs, before, strict=True):
-            by_writer.setdefault(_W(r), []).append((b, _SEQ(r)))
-        mine = by_writer.pop(rows.w, [])
-        seqs = rows.seqs
-        if mine:
-            seqs = np.insert(seqs, [b for b, _ in mine], [s for _, s in mine])
-        groups = {rows.w: seqs}
-        for w, pairs in by_writer.items():
-            groups[w] = np.array([s for _, s in pairs], dtype=np.int64)
+        groups = {rows.w: rows.seqs}
+        if recs:
+            try:  # a Deferred's seq_f is None without a seq: the careful path then
+                seqs = np.fromiter(
+                    (r.seq_f if type(r) is Deferred else _SEQ(r) for r in recs),
+                    np.float64,
+                    len(recs),
+                )
+            except (TypeError, ValueError):
+                return None
+            if not bool(np.isfinite(seqs).all()):
+                return None
+            seqs_i = seqs.astype(np.int64)
+            names = np.fromiter(map(_W, recs), object, len(recs))
+            at = np.asarray(before, dtype=np.int64)
+            for w in set(names.tolist()):
+                mask = names == w
+                if w == rows.w:  # the steps' own writer: its other records among them
+                    groups[w] = np.insert(rows.seqs, at[mask], seqs_i[mask])
+                else:
+                    groups[w] = seqs_i[mask]
         spans: dict[str, tuple[int, int]] = {}
         for writer, arr in groups.items():
             first = int(arr[0])
