@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from eagle3_tui.model.run import Run
-    from eagle3_tui.transport.channel import Host
+    from eagle3_tui.transport.channel import DataFrame, Host
     from eagle3_tui.transport.control import Report
     from eagle3_tui.transport.replies import Status
     from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target
@@ -399,7 +400,8 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     run = Run()
 
     async def read(host: Host) -> tuple[float, Status | None]:
-        eof = await read_file(host, target.run_dir, lambda f: run.feed_frame(f))
+        with Feeder(run) as feed:
+            eof = await read_file(host, target.run_dir, feed)
         return float(eof.get("now") or time.time()), await host_status(host, target.run_dir)
 
     now, status = await on_host(target, read)
@@ -409,11 +411,43 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
             other = node_target(target, node)
 
             async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
-                await read_file(host, other.run_dir, lambda f: run.feed_frame(f, i))
+                with Feeder(run, i) as feed:
+                    await read_file(host, other.run_dir, feed)
 
             await on_host(other, read_node)
         apply_status(run.state, status, now)
     return run, now
+
+
+class Feeder:
+    """Frames fed to a run in a thread of their own as they arrive, so that the ingest
+    overlaps the transfer (fed in the event loop, it would hold the next frames up);
+    leaving the ``with`` waits until all are in (and raises what feeding raised)."""
+
+    def __init__(self, run: Run, stream: int = 0) -> None:
+        self.run, self.stream = run, stream
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-feed")
+        self._error: BaseException | None = None
+
+    def _feed(self, frame: DataFrame) -> None:
+        if self._error is None:  # after a failure, nothing more: it is raised
+            try:
+                self.run.feed_frame(frame, self.stream)
+            except BaseException as e:
+                self._error = e
+
+    def __call__(self, frame: DataFrame) -> None:
+        if self._error is not None:
+            raise self._error
+        self._pool.submit(self._feed, frame)
+
+    def __enter__(self) -> Feeder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+        if self._error is not None and exc[0] is None:
+            raise self._error
 
 
 async def host_status(host: Host, run_dir: str | None) -> Status | None:
@@ -498,7 +532,8 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
         run = Run()
         if chosen.choice is Choice.RUN:
             run_dir = chosen.chosen_run_dir()
-            eof = await control.read_file(host, run_dir, lambda f: run.feed_frame(f))
+            with Feeder(run) as feed:
+                eof = await control.read_file(host, run_dir, feed)
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
             if status is not None:
