@@ -124,6 +124,8 @@ ENVELOPE = re.compile(
     rb'\{"v": ?1, ?"seq": ?(\d+), ?"w": ?"([^"\\]*)", ?"ts": ?([-0-9.eE+]+), ?"kind": ?"(\w+)"'
 )
 """A line's envelope as our writer writes it (its fields first, in this order)."""
+_TIME = re.compile(rb"[1-9][0-9]{0,11}(\.[0-9]+)?")
+"""A time a stub may carry: positive, finite, plain decimal (else the line goes whole)."""
 NL_ENVELOPE = re.compile(b"\n" + ENVELOPE.pattern)
 """The same after a newline: a literal start, which the regex engine scans for fast."""
 
@@ -135,7 +137,8 @@ class _Stubs:
     times), so only their envelopes travel."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int, bytes, bytes, int, float]] = []
+        self.rows: list[tuple[int, int, bytes, bytes, bytes, bytes]] = []
+        """(offset, length, kind, writer, seq, ts): the last four as written."""
         self.parts: list[bytes] = []
 
     @property
@@ -160,22 +163,16 @@ class _Stubs:
         found = NL_ENVELOPE.finditer(data, max(lo - 1, 0), hi)  # data[lo - 1] is a newline
         for m in [first, *found] if first is not None else found:
             pos = m.start() if m is first else m.start() + 1
-            seq, w, ts_b, kind = m.groups()
+            seq, w, ts, kind = m.groups()
             if base + pos >= cutoffs.get(kind, 0):
                 continue
             nl = find(b"\n", m.end(), hi)
-            if nl < 0:
-                continue
-            try:
-                ts = float(ts_b)
-            except ValueError:
-                continue
-            if not 0 < ts < 1e300:
+            if nl < 0 or not _TIME.fullmatch(ts):
                 continue
             if pos > run_start:
                 runs += [run_start, pos - run_start]
                 text.append(data[run_start:pos])
-            rows.append((pos, nl + 1 - pos, kind, w, int(seq), ts))
+            rows.append((pos, nl + 1 - pos, kind, w, seq, ts))
             run_start = nl + 1
         if hi > run_start:
             runs += [run_start, hi - run_start]
@@ -190,14 +187,14 @@ class _Stubs:
             "@len": list(lens),
             "kind": [kinds[k] for k in kinds_b],
             "w": [writers[w] for w in ws_b],
-            "seq": list(seqs),
+            "seq": list(map(int, seqs)),
         }
         meta: list[list[Any]] = []
         for name, values in cols.items():
             packed = pack_column("q", values, STUB_LEVEL)
             meta.append([name, "q", len(packed)])
             self.parts.append(packed)
-        packed = pack_column("d", list(ts), STUB_LEVEL)
+        packed = pack_column("d", list(map(float, ts)), STUB_LEVEL)
         meta.append(["ts", "d", len(packed)])
         self.parts.append(packed)
         return {

@@ -49,6 +49,7 @@ import time
 import zlib
 from array import array
 from itertools import accumulate
+from operator import sub
 from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
@@ -148,11 +149,7 @@ def _unshuffle(data: bytes, width: int) -> bytes:
 
 def pack_column(kind: str, values: list[Any], level: int = ZLIB_LEVEL) -> bytes:
     if kind == "q":
-        prev = 0
-        diffs = array("q")
-        for v in values:
-            diffs.append(v - prev)
-            prev = v
+        diffs = array("q", map(sub, values, [0, *values[:-1]])) if values else array("q")
         raw, width = diffs.tobytes(), 8
     else:
         raw = array(kind, values).tobytes()
