@@ -50,7 +50,7 @@ import zlib
 from array import array
 from itertools import accumulate
 from operator import sub
-from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any, Callable, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
@@ -283,9 +283,16 @@ class ColumnLog:
     speeds up reading, and the lines are there either way.
     """
 
-    def __init__(self, jsonl_path: str, block_rows: int = BLOCK_ROWS) -> None:
+    def __init__(
+        self,
+        jsonl_path: str,
+        block_rows: int = BLOCK_ROWS,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.path = companion_path(jsonl_path)
         self.block_rows = block_rows
+        self.on_error = on_error
+        """Told of each block that could not be written (the writer counts it)."""
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
         self._shape: Shape | None = None
@@ -340,8 +347,10 @@ class ColumnLog:
             while view:
                 view = view[os.write(self._fd, view) :]
             self.blocks += 1
-        except Exception:
+        except Exception as e:
             self.errors += 1
+            if self.on_error is not None:
+                self.on_error(e)
         finally:
             self.forget()
 

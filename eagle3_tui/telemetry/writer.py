@@ -127,7 +127,7 @@ class JsonlWriter:
         columns: bool = True,
     ) -> None:
         self.path = os.fspath(path)
-        self._columns = ColumnLog(self.path) if columns else None
+        self._columns = ColumnLog(self.path, on_error=self._count_error) if columns else None
         """The columnar companion of the training steps written (telemetry/columns.py)."""
         self.rank = rank
         self.writer_id = writer_id or f"{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -336,3 +336,19 @@ def test_an_agent_asked_for_no_columns_sends_none(tmp_path: Path) -> None:
     path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(900)))
     index_file(str(path), block_rows=100)
     assert "C" not in frame_kinds(agent_output(tmp_path, compress=COMPRESS_ZLIB))
+
+
+def test_a_companion_that_cannot_be_written_is_counted_and_the_lines_are_whole(
+    tmp_path: Path,
+) -> None:
+    """metrics.cols blocked (a directory by that name): every line is written, the
+    failures are counted in the writer's errors (its heartbeat reports them)."""
+    (tmp_path / COLUMNS_FILE).mkdir()
+    path = tmp_path / "metrics.jsonl"
+    w = JsonlWriter(path, writer_id="rank0")
+    for i in range(2100):
+        w.write_deferred("train", {"train": {"loss": 1.0}, "epoch": 0, "lr": 1e-4}, step=i)
+    w.close()
+    assert w.stats.written == 2100 and w.stats.dropped == 0
+    assert sum(w.stats.errors.values()) == 3, w.stats.errors  # two full blocks, one at close
+    assert len(path.read_bytes().splitlines()) == 2100
