@@ -190,18 +190,10 @@ async def test_new_data_waits_a_tick_and_a_key_does_not() -> None:
         assert app.snapshot.global_step == 101
 
 
-def cells(strips: list[Strip]) -> list[list[tuple[str, object, object, bool | None]]]:
-    """Each cell's character, colours and weight (not the selection offsets that
-    Textual's text conversion adds, which a chart does without)."""
-    return [
-        [
-            (ch, style.color, style.bgcolor, style.bold)
-            for seg in strip
-            for style in [seg.style or RichStyle()]
-            for ch in seg.text
-        ]
-        for strip in strips
-    ]
+def cells(strips: list[Strip]) -> list[list[tuple[str, RichStyle | None]]]:
+    """Each cell's character and style (colours, weight, and the selection offset
+    Textual gives the run of text it starts)."""
+    return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in strips]
 
 
 def plotext_picture(plot: MetricPlot) -> list[Strip]:

@@ -142,22 +142,26 @@ def cell_style(widget: Widget, cell: Cell) -> Style:
     text = Text.from_ansi(f"{ansi}x{plotext_utility.ansi_end}")
     strips = Visual.to_strips(widget, visualize(widget, text), 1, 1, widget.visual_style)
     styles = [seg.style for seg in strips[0]] if strips else []
-    return next((st for st in styles if st is not None), Style.null())
+    found = next((st for st in styles if st is not None), Style.null())
+    return found.clear_meta_and_links()  # the probe's offset: each run gets its own
 
 
 def matrix_strips(
     markers: list[list[str]], colors: list[list[Cell]], style_of: dict[Cell, Style], width: int
 ) -> list[Strip]:
     """Rows of plotext's matrix (its bottom row first, as plotext keeps them) as Strips,
-    top row first: one segment per run of cells of the same colours."""
+    top row first: one segment per run of cells of the same colours (as plotext's text
+    has one colour code per run), each with the offset of its first cell, as Textual
+    marks text for selection."""
     strips: list[Strip] = []
-    for row in range(len(markers) - 1, -1, -1):
+    for y, row in enumerate(range(len(markers) - 1, -1, -1)):
         marks, cells = markers[row][:width], colors[row][:width]
         segments: list[Segment] = []
         start = 0
         for col in range(1, len(cells) + 1):
             if col == len(cells) or cells[col] != cells[start]:
-                segments.append(Segment("".join(marks[start:col]), style_of[cells[start]]))
+                style = style_of[cells[start]] + Style.from_meta({"offset": (start, y)})
+                segments.append(Segment("".join(marks[start:col]), style))
                 start = col
         strips.append(Strip(segments))
     return strips
@@ -166,9 +170,11 @@ def matrix_strips(
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
-CHART_SHARE = 0.01
+CHART_SHARE = 0.004
 """New data alone may cost a chart about this share of a core: a chart whose build takes
-30 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``)."""
+12 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``).
+Two charts at this share are a quarter of the 3 % that following a live run may cost
+(at 1 % each, they were two thirds of it)."""
 DATA_REDRAW_MAX_S = 4.0
 """New data is drawn within this, however slow the build."""
 
@@ -183,9 +189,6 @@ class MetricPlot(PlotextPlot):
 
     SHOWS_LOG = False
     """Whether the log scale applies to this chart (its title says so)."""
-    ALLOW_SELECT = False
-    """A chart is a picture, not text to copy: its cells carry no selection offsets
-    (which would split every line into one segment per cell)."""
 
     def __init__(self, title: str, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -269,7 +272,7 @@ class MetricPlot(PlotextPlot):
         """What ``PlotextPlot.render`` shows, without its detour through text: plotext
         builds its matrix of characters and colours, which becomes Strips directly
         (plotext's ANSI text of it and Rich's parse of that text cost about a quarter of
-        a drawing)."""
+        a drawing). Each colour's style is found once (:func:`cell_style`)."""
         width, height = self.size
         plot = self.plt
         plot.plotsize(width, height)
@@ -464,11 +467,14 @@ class AcceptancePlot(MetricPlot):
         items: list[tuple[str, RGB]] = []
         # conditional (dim) first: where it equals the full accuracy (k = 0), full shows
         lines = sorted(self.snapshot.acc_lines, key=lambda line: line.label.startswith("full"))
+        fulls = {(line.x, line.y) for line in lines if line.label.startswith("full")}
         for line in lines:
             name, _, k_text = line.label.rpartition("_")
             k = int(k_text) if k_text.isdigit() else 0
             base = TTT[k % len(TTT)]
             full = name.startswith("full")
+            if not full and (line.x, line.y) in fulls:
+                continue  # k = 0: the very points of a full accuracy, drawn over these
             xs, ys, _ = finite_points(line, False)
             if xs:
                 acc.plot(xs, ys, marker="braille", color=base if full else dim(base))
