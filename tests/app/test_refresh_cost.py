@@ -151,7 +151,7 @@ async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
         await until(pilot, lambda: control.calls.count("status") == 1, what="the first probe")
         t = time.monotonic()
         asked: list[int] = []
-        for s in range(1, 21):  # a step every 2.5 s for 50 s, a probe tick after each
+        for s in range(1, 31):  # a step every 2.5 s for 75 s, a probe tick after each
             source.push(lines.train(s, 2.0))
             await until(
                 pilot, partial(lambda n: app.pipeline.global_step == n, s), what=f"step {s}"
@@ -159,9 +159,10 @@ async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
             app._probe_tick(t + 2.5 * s)
             await pilot.pause()
             asked.append(control.calls.count("status"))
-        # the trainer writes steps: it lives; asked again only after STATUS_BUSY_S (30 s)
-        assert asked[-1] == 2 and asked.index(2) == 11, asked
-        t += 2.5 * 20
+        # the trainer writes steps: it lives; asked again only after STATUS_BUSY_S (60 s)
+        assert app_module.STATUS_BUSY_S == 60.0
+        assert asked[-1] == 2 and asked.index(2) == 23, asked
+        t += 2.5 * 30
         for dt in (5.0, 10.0, 15.0):  # no step for two intervals: every tick asks
             app._probe_tick(t + dt)
             await pilot.pause()
