@@ -55,9 +55,11 @@ DATA_TICKS = 2
 """New data alone is shown at most every this many refresh ticks (1 s at the default
 0.5 s): each picture re-renders the header, progress and TTT table and costs a snapshot;
 a key (a new view) is shown at the next tick."""
-STATUS_BUSY_S = 30.0
+STATUS_BUSY_S = 60.0
 """While new steps keep arriving (the trainer writes them: it lives), the periodic probe
-asks the host at most this often; each probe starts the agent there (~50 ms of CPU)."""
+asks the host at most this often; each probe starts the agent there (~150 ms of CPU
+here, for a local run: every 30 s that was 0.5 % of a core, a sixth of what following
+a live run may cost)."""
 
 
 class MonitorApp(App[None]):

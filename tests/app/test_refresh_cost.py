@@ -11,7 +11,11 @@ from functools import partial
 from typing import Any
 
 import pytest
+from rich.style import Style as RichStyle
 from textual.screen import Screen
+from textual.strip import Strip
+from textual.visual import Visual, visualize
+from textual_plotext import PlotextPlot
 
 from eagle3_tui.app import app as app_module
 from eagle3_tui.app.app import MonitorApp, make_app
@@ -19,7 +23,7 @@ from eagle3_tui.app.widgets import plots
 from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
-from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
+from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
 from eagle3_tui.model.health import Health
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.app.conftest import T0, FakeControl, text_of, training
@@ -147,7 +151,7 @@ async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
         await until(pilot, lambda: control.calls.count("status") == 1, what="the first probe")
         t = time.monotonic()
         asked: list[int] = []
-        for s in range(1, 21):  # a step every 2.5 s for 50 s, a probe tick after each
+        for s in range(1, 31):  # a step every 2.5 s for 75 s, a probe tick after each
             source.push(lines.train(s, 2.0))
             await until(
                 pilot, partial(lambda n: app.pipeline.global_step == n, s), what=f"step {s}"
@@ -155,9 +159,10 @@ async def test_the_periodic_probe_waits_while_steps_arrive() -> None:
             app._probe_tick(t + 2.5 * s)
             await pilot.pause()
             asked.append(control.calls.count("status"))
-        # the trainer writes steps: it lives; asked again only after STATUS_BUSY_S (30 s)
-        assert asked[-1] == 2 and asked.index(2) == 11, asked
-        t += 2.5 * 20
+        # the trainer writes steps: it lives; asked again only after STATUS_BUSY_S (60 s)
+        assert app_module.STATUS_BUSY_S == 60.0
+        assert asked[-1] == 2 and asked.index(2) == 23, asked
+        t += 2.5 * 30
         for dt in (5.0, 10.0, 15.0):  # no step for two intervals: every tick asks
             app._probe_tick(t + dt)
             await pilot.pause()
@@ -184,3 +189,45 @@ async def test_new_data_waits_a_tick_and_a_key_does_not() -> None:
         app._built_at -= app_module.DATA_TICKS * app.refresh_interval  # two ticks later
         await app._tick()
         assert app.snapshot.global_step == 101
+
+
+def cells(strips: list[Strip]) -> list[list[tuple[str, RichStyle | None]]]:
+    """Each cell's character and style (colours, weight, and the selection offset
+    Textual gives the run of text it starts)."""
+    return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in strips]
+
+
+def plotext_picture(plot: MetricPlot) -> list[Strip]:
+    """The chart as textual-plotext draws it: plotext's ANSI text through Rich and
+    Textual's own conversion (what the cached frame replaces)."""
+    text = PlotextPlot.render(plot)
+    width, height = plot.size
+    return Visual.to_strips(plot, visualize(plot, text), width, height, plot.visual_style)
+
+
+async def test_a_chart_frame_is_what_plotext_draws_and_follows_its_data() -> None:
+    lines, data = training(300)
+    app, source = app_with(data)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled(app, pilot, 299)
+        charts: tuple[MetricPlot, ...] = (app.query_one(LossPlot), app.query_one(AcceptancePlot))
+        for chart in charts:
+            assert cells(chart.frame()) == cells(plotext_picture(chart))
+        before = [cells(chart.frame()) for chart in charts]
+        draws = [chart.draws for chart in charts]
+        for _ in range(3):  # repaints without new data: the same frame, not rebuilt
+            for chart in charts:
+                chart.refresh()
+            await pilot.pause()
+        assert [chart.draws for chart in charts] == draws
+        assert [cells(chart.frame()) for chart in charts] == before
+        _, more = training(100, lines=lines, start=300, worse=1.0)  # the lines jump
+        source.push(more)
+        await settled(app, pilot, 399)
+        assert all(chart.draws > n for chart, n in zip(charts, draws, strict=True))
+        for chart, old in zip(charts, before, strict=True):
+            shown = cells(chart.frame())
+            assert shown != old and shown == cells(plotext_picture(chart))
+        await pilot.press("l")  # the log axis: drawn at once, as plotext draws it
+        await pilot.pause()
+        assert cells(charts[0].frame()) == cells(plotext_picture(charts[0]))

@@ -315,11 +315,10 @@ class GpuPanel(Panel):
             return Group(inert(snap.gpu_error or "GPU sampling failed", "bold red"))
         if not snap.gpus:
             return Text("no GPU samples yet", style="dim")
-        rows = [gpu_row(g, self.cols) for g in snap.gpus]
         half = (self.cols - 1) // 2
-        if len(rows) > self.rows and half >= 30:  # two devices per line
+        if len(snap.gpus) > self.rows and half >= 30:  # two devices per line
             narrow = [gpu_row(g, half) for g in snap.gpus]
-            rows = []
+            rows: list[Text] = []
             for i in range(0, len(narrow), 2):
                 line = narrow[i].copy()
                 line.pad_right(half - line.cell_len)
@@ -328,6 +327,8 @@ class GpuPanel(Panel):
                     line.append(" ")
                     line.append_text(narrow[i + 1])
                 rows.append(line)
+        else:
+            rows = [gpu_row(g, self.cols) for g in snap.gpus]
         if len(rows) > self.rows:
             rest = len(rows) - self.rows + 1
             busy = sum(1 for g in snap.gpus[self.rows - 1 :] if (g.util or 0) >= 10)

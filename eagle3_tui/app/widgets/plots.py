@@ -9,12 +9,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import plotext._utility as plotext_utility
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
-from textual.app import RenderResult
 from textual.geometry import Size
 from textual.reactive import var
+from textual.strip import Strip
 from textual.timer import Timer
+from textual.visual import Visual, visualize
+from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.view import ViewState
@@ -123,12 +129,52 @@ def without_metrics(snap: Snapshot, lines: tuple[Line, ...]) -> bool:
     return snap.observed is not None and not any(line.kind != "val" for line in lines)
 
 
+Cell = tuple[object, object, object]
+"""A plotext cell's colours: (foreground, style, background), as its matrix holds them."""
+
+
+def cell_style(widget: Widget, cell: Cell) -> Style:
+    """The Rich style that a cell of these colours gets on screen: found once per colour
+    by sending one character of them through the way plotext's ANSI text would go
+    (``Text.from_ansi``, then Textual's own conversion with the widget's style), so the
+    cached frame looks exactly as that text would."""
+    ansi = plotext_utility.colors_to_ansi(*cell)
+    text = Text.from_ansi(f"{ansi}x{plotext_utility.ansi_end}")
+    strips = Visual.to_strips(widget, visualize(widget, text), 1, 1, widget.visual_style)
+    styles = [seg.style for seg in strips[0]] if strips else []
+    found = next((st for st in styles if st is not None), Style.null())
+    return found.clear_meta_and_links()  # the probe's offset: each run gets its own
+
+
+def matrix_strips(
+    markers: list[list[str]], colors: list[list[Cell]], style_of: dict[Cell, Style], width: int
+) -> list[Strip]:
+    """Rows of plotext's matrix (its bottom row first, as plotext keeps them) as Strips,
+    top row first: one segment per run of cells of the same colours (as plotext's text
+    has one colour code per run), each with the offset of its first cell, as Textual
+    marks text for selection."""
+    strips: list[Strip] = []
+    for y, row in enumerate(range(len(markers) - 1, -1, -1)):
+        marks, cells = markers[row][:width], colors[row][:width]
+        segments: list[Segment] = []
+        start = 0
+        for col in range(1, len(cells) + 1):
+            if col == len(cells) or cells[col] != cells[start]:
+                style = style_of[cells[start]] + Style.from_meta({"offset": (start, y)})
+                segments.append(Segment("".join(marks[start:col]), style))
+                start = col
+        strips.append(Strip(segments))
+    return strips
+
+
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
-CHART_SHARE = 0.01
+CHART_SHARE = 0.004
 """New data alone may cost a chart about this share of a core: a chart whose build takes
-30 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``)."""
+12 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``).
+Two charts at this share are a quarter of the 3 % that following a live run may cost
+(at 1 % each, they were two thirds of it)."""
 DATA_REDRAW_MAX_S = 4.0
 """New data is drawn within this, however slow the build."""
 
@@ -152,7 +198,11 @@ class MetricPlot(PlotextPlot):
         self._drawn: object = None
         self.draws = 0
         """How many times the chart was rebuilt (tests check that idle frames are free)."""
-        self._frame: tuple[object, RenderResult] | None = None
+        self._frame: tuple[object, list[Strip]] | None = None
+        self._styles: dict[Cell, Style] = {}
+        """The Rich style of each plotext cell colour seen (see :func:`cell_style`)."""
+        self._styles_look: object = None
+        """The theme and widget style those styles were found for."""
         self._drawn_view: ViewState | None = None
         """The view of the last drawing: lines for another view are drawn at once."""
         self._drawn_size = Size(0, 0)
@@ -207,16 +257,56 @@ class MetricPlot(PlotextPlot):
         self._later = None
         self.redraw()
 
-    def render(self) -> RenderResult:
-        """The figure built once per drawing: a repaint of an unchanged chart (another
-        panel changed, the screen was exposed) reuses the frame instead of rebuilding it."""
-        key = (self.draws, self.size, self.app.theme)
+    def frame(self) -> list[Strip]:
+        """The figure as the screen's lines, built once per drawing: a repaint of an
+        unchanged chart (another panel changed, the screen was exposed) reuses them."""
+        key = (self.draws, self.size, self.app.theme, self.visual_style)
         if self._frame is None or self._frame[0] != key:
             t0 = time.perf_counter()
-            self._frame = (key, super().render())
+            self._frame = (key, self._build_frame(key[2:]))
             took = self._redraw_s + time.perf_counter() - t0
             self.build_s = took if not self.build_s else 0.7 * self.build_s + 0.3 * took
         return self._frame[1]
+
+    def _build_frame(self, look: object) -> list[Strip]:
+        """What ``PlotextPlot.render`` shows, without its detour through text: plotext
+        builds its matrix of characters and colours, which becomes Strips directly
+        (plotext's ANSI text of it and Rich's parse of that text cost about a quarter of
+        a drawing). Each colour's style is found once (:func:`cell_style`)."""
+        width, height = self.size
+        plot = self.plt
+        plot.plotsize(width, height)
+        plot._set_size(width, height)  # as PlotextPlot.render does (textual-plotext #5)
+        plot.theme(self._get_plotext_theme_name(self.app.theme))
+        figure: Any = plot  # plotext's figure: its build(), less its ANSI text
+        figure._set_sizes()
+        figure._build_matrix()
+        matrix = figure.monitor.matrix
+        colors = [
+            [(fg, st, bg) for fg, st, bg in zip(*rows, strict=True)]
+            for rows in zip(matrix.fullground, matrix.style, matrix.background, strict=True)
+        ]
+        if self._styles_look != look:  # a theme or the widget's own style changed
+            self._styles_look, self._styles = look, {}
+        styles = self._styles
+        for row in colors:
+            for cell in row:
+                if cell not in styles:
+                    styles[cell] = cell_style(self, cell)
+        return matrix_strips(matrix.marker, colors, styles, width)[:height]
+
+    def render_line(self, y: int) -> Strip:
+        frame = self.frame()
+        if y < len(frame):
+            return frame[y]
+        return Strip.blank(self.size.width, self.visual_style.rich_style)
+
+    def render(self) -> Text:
+        """The frame as Rich text: what the screen shows (for a test, or a copy)."""
+        rows = [
+            Text.assemble(*((seg.text, seg.style or "") for seg in strip)) for strip in self.frame()
+        ]
+        return Text("\n").join(rows)
 
     def data_interval(self) -> float:
         """How long new data waits after a drawing: the build's cost over ``CHART_SHARE``."""
@@ -377,11 +467,14 @@ class AcceptancePlot(MetricPlot):
         items: list[tuple[str, RGB]] = []
         # conditional (dim) first: where it equals the full accuracy (k = 0), full shows
         lines = sorted(self.snapshot.acc_lines, key=lambda line: line.label.startswith("full"))
+        fulls = {(line.x, line.y) for line in lines if line.label.startswith("full")}
         for line in lines:
             name, _, k_text = line.label.rpartition("_")
             k = int(k_text) if k_text.isdigit() else 0
             base = TTT[k % len(TTT)]
             full = name.startswith("full")
+            if not full and (line.x, line.y) in fulls:
+                continue  # k = 0: the very points of a full accuracy, drawn over these
             xs, ys, _ = finite_points(line, False)
             if xs:
                 acc.plot(xs, ys, marker="braille", color=base if full else dim(base))
