@@ -66,18 +66,11 @@ def apply_segment(
     the reader's position moves past them. Returns the items applied. A payload that
     cannot be read is one malformed line naming the range (its lines are not in the
     state: never half of them)."""
-    restart: list[Item] = reader.feed(offset, b"")  # a restart, if the stream jumped
+    restart, seg = _read(reader, offset, span, payload)
     state.apply_all(restart)
-    line_no = reader.line_no
-    try:
-        seg = _decode(reader, offset, span, payload, line_no)
-    except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
-        reader.skip(offset, span, 1)
-        reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
-        state.apply(Malformed(line_no + 1, offset, reason[:200], ""))
+    if isinstance(seg, Malformed):
+        state.apply(seg)
         return len(restart) + 1
-    reader.skip(offset, span, seg.lines)
-    seg.teach(reader)
     rows = seg.step_columns()
     if rows is None or not state.apply_steps(rows, seg.others, seg.before):
         state.apply_all(seg.items())  # as records, line by line, in file order
@@ -87,17 +80,26 @@ def apply_segment(
 def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
     """What :func:`apply_segment` applies, as items in file order (the steps as
     records): for a reader of records rather than of state."""
-    out: list[Item] = reader.feed(offset, b"")
+    restart, seg = _read(reader, offset, span, payload)
+    return [*restart, seg] if isinstance(seg, Malformed) else restart + seg.items()
+
+
+def _read(
+    reader: LineReader, offset: int, span: int, payload: bytes
+) -> tuple[list[Item], _Segment | Malformed]:
+    """A restart, if the stream jumped; then the payload decoded, or the one malformed
+    line that stands for it. Either way the reader moves past the range."""
+    restart: list[Item] = reader.feed(offset, b"")
     line_no = reader.line_no
     try:
         seg = _decode(reader, offset, span, payload, line_no)
     except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
         reader.skip(offset, span, 1)
         reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
-        return [*out, Malformed(line_no + 1, offset, reason[:200], "")]
+        return restart, Malformed(line_no + 1, offset, reason[:200], "")
     reader.skip(offset, span, seg.lines)
     seg.teach(reader)
-    return out + seg.items()
+    return restart, seg
 
 
 class _Segment:

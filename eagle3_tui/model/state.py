@@ -552,16 +552,7 @@ class RunState:
                     groups[w] = np.insert(rows.seqs, at[mask], seqs_i[mask])
                 else:
                     groups[w] = seqs_i[mask]
-        spans: dict[str, tuple[int, int]] = {}
-        for writer, arr in groups.items():
-            first = int(arr[0])
-            if first < 0 or (len(arr) > 1 and not bool((np.diff(arr) == 1).all())):
-                return None
-            known = self.writers.get(writer)
-            if known is not None and first < known.next_seq:
-                return None
-            spans[writer] = (first, int(arr[-1]))
-        return spans
+        return self._spans(groups)
 
     def _batch_spans(self, batch: _Batch) -> dict[str, tuple[int, int]] | None:
         """Each writer's first and last sequence number in ``batch``; None unless they
@@ -586,6 +577,11 @@ class RunState:
         else:
             arr = np.fromiter(names, object, len(names))  # str objects: no str dtype to infer
             groups = {w: seqs[arr == w] for w in unique}
+        return self._spans(groups)
+
+    def _spans(self, groups: dict[str, npt.NDArray[np.int64]]) -> dict[str, tuple[int, int]] | None:
+        """Each writer's (first, last) sequence number, from its numbers in file order;
+        None unless they are consecutive and continue the writer's."""
         spans: dict[str, tuple[int, int]] = {}
         for writer, mine in groups.items():
             first = int(mine[0])

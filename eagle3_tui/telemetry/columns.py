@@ -79,7 +79,7 @@ def companion_path(jsonl_path: str) -> str:
     """``metrics.cols`` beside ``metrics.jsonl`` (``x.jsonl`` -> ``x.cols``)."""
     head, name = os.path.split(jsonl_path)
     stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
-    return os.path.join(head, stem + ".cols") if stem + ".cols" != name else jsonl_path + ".cols"
+    return os.path.join(head, stem + ".cols")
 
 
 def _float_ok(v: Any) -> bool:
