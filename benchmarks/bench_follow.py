@@ -72,11 +72,12 @@ BARE_APP = textwrap.dedent(
 )
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime + cutime + cstime of ``pid`` (itself and its reaped children)."""
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """utime + stime + cutime + cstime of ``pid`` (itself and its reaped children;
+    ``children=False``: itself alone)."""
     raw = Path(f"/proc/{pid}/stat").read_text()
     f = raw[raw.rfind(")") + 2 :].split()
-    return sum(int(x) for x in f[11:15]) / CLK_TCK
+    return sum(int(x) for x in f[11 : 15 if children else 13]) / CLK_TCK
 
 
 def rss_mb(pid: int) -> float:
@@ -194,9 +195,9 @@ def measure(
             print(f"  (history read in {time.monotonic() - t_start:.0f} s)")
         time.sleep(warmup)
         pid = app_pid(tmux, session)
-        c0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
+        c0, own0, t0, w0 = cpu_seconds(pid), cpu_seconds(pid, False), time.monotonic(), time.time()
         time.sleep(seconds)
-        c1, t1, w1 = cpu_seconds(pid), time.monotonic(), time.time()
+        c1, own1, t1, w1 = cpu_seconds(pid), cpu_seconds(pid, False), time.monotonic(), time.time()
         rss = rss_mb(pid)
         time.sleep(1.2)  # the probe writes its frames once a second
         screen = subprocess.run(
@@ -206,6 +207,7 @@ def measure(
         subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
         Path(sock).unlink(missing_ok=True)
     share = 100 * (c1 - c0) / (t1 - t0)
+    kids = share - 100 * (own1 - own0) / (t1 - t0)
     first = next((line.strip() for line in screen.splitlines() if line.strip()), "")
     stats = frame_stats(frames, w0, w1) if frames is not None else None
     timing = ""
@@ -213,6 +215,8 @@ def measure(
         fps, median, p95 = stats
         timing = f", {fps:4.1f} frames/s, frame {median:5.1f} ms (p95 {p95:5.1f})"
     print(f"{label:>26}: {share:5.2f} % of a core, RSS {rss:4.0f} MB{timing}   [{first[:44]}]")
+    if kids > 0:
+        print(f"{'':>26}  of which {kids:4.2f} % its children (the agent it starts to probe)")
     return share, rss
 
 
@@ -227,7 +231,14 @@ def main() -> None:
         type=Path,
         help="a file to keep the written history in and copy from next time (1M steps: minutes)",
     )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="run the app under cProfile, its stats written here (the CPU figures then include it)",
+    )
     args = ap.parse_args()
+    if args.profile is not None:
+        os.environ["E3_PROFILE"] = str(args.profile.resolve())  # frame_probe.py reads it
     if shutil.which("tmux") is None:
         sys.exit("bench_follow: needs tmux")
     run_dir = Path(tempfile.mkdtemp(prefix="bench-follow-"))

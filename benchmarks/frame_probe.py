@@ -4,10 +4,19 @@ For ``bench_follow.py`` only. Wraps Textual's screen update (``Screen._on_timer_
 layout when needed, the render of every refreshed widget, the compositor, the write to
 the terminal) and, at most once a second, writes every frame seen so far to ``OUT.json``
 as ``[[wall time at its end, seconds it took], ...]``. The app itself is unchanged.
+
+With ``E3_COSTS=FILE`` in the environment, the CPU time (``time.thread_time``) spent in
+a few places is summed and written to ``FILE`` with the frames: each widget class's
+renders, the charts' plotext builds and redraws, the app's tick; the screen updates as
+a whole. Cheap enough not to change the picture it measures.
+
+With ``E3_PROFILE=FILE`` in the environment the main thread runs under cProfile, its
+stats (from 20 s after the start on) written to ``FILE`` every 10 s (read them with ``pstats``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -37,8 +46,84 @@ def _timed(self: Screen[Any]) -> None:
 
 Screen._on_timer_update = _timed  # type: ignore[method-assign]
 
+COSTS = os.environ.get("E3_COSTS")
+if COSTS:
+    from collections import defaultdict
+    from textual.widget import Widget
+
+    SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    _dumped_costs = [0.0]
+
+    def _counted(name: str | None, fn: Any) -> Any:
+        @functools.wraps(fn)  # Textual counts a watcher's parameters
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                entry = SPENT[name or type(self).__name__ + "." + fn.__name__]
+                entry[0] += time.thread_time() - t0
+                entry[1] += 1
+                now = time.time()
+                if now - _dumped_costs[0] >= 1.0:
+                    _dumped_costs[0] = now
+                    tmp = Path(COSTS).with_suffix(".tmp")
+                    main_cpu = time.thread_time()  # the wrappers run in the main thread
+                    tmp.write_text(json.dumps({"at": now, "main": main_cpu, "spent": SPENT}))
+                    os.replace(tmp, COSTS)
+
+        return wrapper
+
+    Widget._render_content = _counted(None, Widget._render_content)  # type: ignore[method-assign]
+    Screen._on_timer_update = _counted("Screen update (all)", Screen._on_timer_update)  # type: ignore[method-assign]
+
+    def _later_imports() -> None:
+        from eagle3_tui.app.app import MonitorApp
+        from eagle3_tui.app.widgets.panels import Panel
+        from eagle3_tui.app.widgets.plots import MetricPlot
+
+        MetricPlot._build_frame = _counted(None, MetricPlot._build_frame)  # type: ignore[method-assign]
+        MetricPlot.redraw = _counted(None, MetricPlot.redraw)  # type: ignore[method-assign]
+        MetricPlot.watch_snapshot = _counted(None, MetricPlot.watch_snapshot)  # type: ignore[method-assign]
+        Panel.watch_snapshot = _counted(None, Panel.watch_snapshot)  # type: ignore[method-assign]
+        MonitorApp.snapshot  # noqa: B018 (imported for its side: the app's module loaded)
+
+else:
+
+    def _later_imports() -> None:
+        pass
+
+
+PROFILE = os.environ.get("E3_PROFILE")
+if PROFILE:
+    import cProfile
+
+    _profiler = cProfile.Profile()
+    _started = time.monotonic()
+    _dumped = [_started]
+    _plain = Screen._on_timer_update
+    _on = [False]
+
+    def _profiled(self: Screen[Any]) -> None:
+        _plain(self)
+        now = time.monotonic()
+        if not _on[0] and now - _started >= 20.0:  # the steady state: after the catch-up
+            _on[0] = True
+            _dumped[0] = now
+            _profiler.enable()
+        elif _on[0] and now - _dumped[0] >= 10.0:
+            _dumped[0] = now
+            _profiler.disable()
+            _profiler.dump_stats(PROFILE)
+            _profiler.enable()
+
+    Screen._on_timer_update = _profiled  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from eagle3_tui.cli import main
+
+    _later_imports()
 
     raise SystemExit(main(sys.argv[2:]))

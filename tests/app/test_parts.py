@@ -3,11 +3,16 @@ coalescing and file names. No UI."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from eagle3_tui.app.pipeline import coalesce, export_name, short_label
 from eagle3_tui.app.text import bar, clean, duration, inert, num, rate, size, sparkline
 from eagle3_tui.app.view import MIN_WINDOW, ViewState
+from eagle3_tui.app.widgets.panels import table_lines
 from eagle3_tui.app.widgets.plots import nice_ticks, step_label
 from eagle3_tui.transport.base import Chunk
 
@@ -78,3 +83,33 @@ def test_file_names_from_labels() -> None:
     # the run's own name once: the demo's run directory already starts with eagle3-tui
     assert export_name("/tmp/eagle3-tui-demo-x1", 0, 50) == "eagle3-tui-demo-x1-steps0-50.csv"
     assert short_label("gpu-box:/runs/exp7/") == "exp7" and short_label("exp7") == "exp7"
+
+
+def _cells(renderable: object, width: int) -> list[list[tuple[str, str]]]:
+    """Each cell's character and style as a console of ``width`` renders it."""
+    console = Console(width=width, color_system="truecolor", legacy_windows=False)
+    lines = console.render_lines(renderable, console.options, pad=False)  # type: ignore[arg-type]
+    return [[(ch, str(seg.style or "")) for seg in line for ch in seg.text] for line in lines]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.text(alphabet="0123456789.+-–…e more", max_size=9).map(str.strip), min_size=4, max_size=4),
+        max_size=8,
+    ),
+    width=st.integers(min_value=1, max_value=80),
+)
+def test_table_lines_draw_what_a_rich_table_draws(rows: list[list[str]], width: int) -> None:
+    header = ["k", "loss", "full", "cond"]
+    lines = table_lines(header, rows, width)
+    table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+    table.add_column(header[0], style="bold", no_wrap=True)
+    for name in header[1:]:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    if lines is None:  # does not fit: the Table itself is drawn
+        assert sum(max(len(r[i]) for r in [header, *rows]) + 2 for i in range(4)) > width
+        return
+    assert [cells for line in lines for cells in _cells(line, width)] == _cells(table, width)

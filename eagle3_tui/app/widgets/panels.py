@@ -79,6 +79,44 @@ def trend(line: Line | None) -> tuple[float, int] | None:
     return y1 - y0, int(x1 - x0)
 
 
+def spread(total: int, weights: list[int]) -> list[int]:
+    """``total`` cells shared out in proportion to ``weights``, rounding up in turn (as
+    Rich shares an expanding table's spare width among its columns)."""
+    out: list[int] = []
+    left = sum(weights)
+    for w in weights:
+        part = math.ceil(w * total / left) if left > 0 else total
+        out.append(part)
+        left -= w
+        total -= part
+    return out
+
+
+def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[Text] | None:
+    """A table as lines of text: the first column left-aligned and bold, the others
+    right-aligned, one space either side of each cell, the columns widened in
+    proportion to fill ``width``: what a borderless, expanding Rich ``Table`` draws,
+    cell for cell, at a quarter of its cost (it measures and lays out every cell of
+    every render). None when the cells do not fit in ``width`` (the caller's Table
+    then wraps or crops them as Rich does)."""
+    widths = [max(len(r[i]) for r in (header, *rows)) + 2 for i in range(len(header))]
+    if sum(widths) > width:
+        return None
+    widths = [
+        w + extra for w, extra in zip(widths, spread(width - sum(widths), widths), strict=True)
+    ]
+    lines = []
+    for n, row in enumerate((header, *rows)):
+        line = Text(no_wrap=True, overflow="ellipsis", style="bold" if n == 0 else "")
+        first, *rest = row
+        line.append(f" {first.ljust(widths[0] - 2)} ", style="bold")
+        line.append(
+            "".join(f" {cell.rjust(w - 2)} " for cell, w in zip(rest, widths[1:], strict=True))
+        )
+        lines.append(line)
+    return lines
+
+
 class AcceptanceTable(Panel):
     """Loss, full and conditional accuracy per TTT step, τ and its trend, last validation."""
 
@@ -98,22 +136,20 @@ class AcceptanceTable(Panel):
         if snap.observed is not None and snap.ttt_steps == 0:
             return self._validation_only(snap)
         latest = snap.latest
-        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-        table.add_column("k", style="bold", no_wrap=True)
-        table.add_column("loss", justify="right", no_wrap=True)
-        table.add_column("full", justify="right", no_wrap=True)
-        table.add_column("cond", justify="right", no_wrap=True)
         budget = self.rows - 2  # header and τ
         k_rows = snap.ttt_steps if snap.ttt_steps <= budget else max(0, budget - 1)
-        for k in range(k_rows):
-            table.add_row(
+        cells = [
+            [
                 str(k),
                 num(latest.get(f"train/loss_{k}")),
                 num(latest.get(f"train/full_acc_{k}"), 3),
                 num(latest.get(f"train/cond_acc_{k}"), 3),
-            )
+            ]
+            for k in range(k_rows)
+        ]
         if k_rows < snap.ttt_steps:
-            table.add_row("…", f"+{snap.ttt_steps - k_rows} more", "", "")
+            cells.append(["…", f"+{snap.ttt_steps - k_rows} more", "", ""])
+        table = self._table(["k", "loss", "full", "cond"], cells)
         tau = Text(no_wrap=True, overflow="ellipsis")
         tau.append("τ ", style="bold")
         tau.append(num(snap.tau, 3), style="bold #ffffff")
@@ -125,7 +161,7 @@ class AcceptanceTable(Panel):
                 arrow, style = ("↑", "green") if delta > 0 else ("↓", "red")
             tau.append(f" {arrow} {delta:+.3f}", style=style)
             tau.append(f" in {steps:,} step{'' if steps == 1 else 's'}", style="dim")
-        parts: list[RenderableType] = [table, tau]
+        parts: list[RenderableType] = [*table, tau]
         if self.rows >= snap.ttt_steps + 4 and snap.val_rows:
             v = snap.val_rows[-1]
             val = Text(no_wrap=True, overflow="ellipsis", style="dim")
@@ -135,6 +171,18 @@ class AcceptanceTable(Panel):
                 val.append(f" acc0 {num(acc0, 3)}")
             parts.append(val)
         return Group(*parts)
+
+    def _table(self, header: list[str], cells: list[list[str]]) -> list[RenderableType]:
+        lines = table_lines(header, cells, self.cols)
+        if lines is not None:
+            return list(lines)
+        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+        table.add_column(header[0], style="bold", no_wrap=True)
+        for name in header[1:]:
+            table.add_column(name, justify="right", no_wrap=True)
+        for row in cells:
+            table.add_row(*row)
+        return [table]
 
     def _validation_only(self, snap: Snapshot) -> RenderableType:
         """A run without telemetry: no per-step values; the last validation from the
@@ -148,26 +196,25 @@ class AcceptanceTable(Panel):
         if not snap.val_rows:
             return Group(note, Text("no validation saved yet", style="dim"))
         v = snap.val_rows[-1]
-        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-        table.add_column("k", style="bold", no_wrap=True)
-        table.add_column("val loss", justify="right", no_wrap=True)
-        table.add_column("full", justify="right", no_wrap=True)
-        table.add_column("cond", justify="right", no_wrap=True)
+        cells = []
         k = 0
         while f"full_acc_{k}_epoch" in v.values and k < max(1, self.rows - 3):
-            table.add_row(
-                str(k),
-                num(v.values.get(f"loss_{k}_epoch")),
-                num(v.values.get(f"full_acc_{k}_epoch"), 3),
-                num(v.values.get(f"cond_acc_{k}_epoch"), 3),
+            cells.append(
+                [
+                    str(k),
+                    num(v.values.get(f"loss_{k}_epoch")),
+                    num(v.values.get(f"full_acc_{k}_epoch"), 3),
+                    num(v.values.get(f"cond_acc_{k}_epoch"), 3),
+                ]
             )
             k += 1
+        table = self._table(["k", "val loss", "full", "cond"], cells)
         tau = tau_of(v.values, prefix="", suffix="_epoch")  # every TTT step, shown or not
         foot = Text(no_wrap=True, overflow="ellipsis")
         foot.append("τ ", style="bold")
         foot.append(num(tau, 3), style="bold #ffffff")
         foot.append(f"  validation, epoch {v.epoch + 1}", style="dim")
-        return Group(note, table, foot)
+        return Group(note, *table, foot)
 
 
 def _ckpt_name(path: str) -> str:

@@ -177,6 +177,14 @@ Two charts at this share are a quarter of the 3 % that following a live run may 
 (at 1 % each, they were two thirds of it)."""
 DATA_REDRAW_MAX_S = 4.0
 """New data is drawn within this, however slow the build."""
+TICK_SLACK_S = 0.5
+"""A chart due within this draws with the snapshot at hand: its drawing goes out in the
+frame that repaints the text panels for the same snapshot, not in a frame of its own
+(a screen update costs ~5 ms here, whatever it repaints)."""
+LATE_S = 1.5
+"""A chart whose data waits is drawn by the next snapshot past its interval (they come
+each second while data flows, every ``CLOCK_REFRESH_S`` without it); a timer draws it
+only this long after that, when no snapshot came (paused, or the run went quiet)."""
 
 
 class MetricPlot(PlotextPlot):
@@ -320,9 +328,9 @@ class MetricPlot(PlotextPlot):
             return
         same = self._drawn_view == self.view and self._drawn_size == self.size
         wait = self._drawn_at + self.data_interval() - time.monotonic()
-        if data and not force and same and wait > 0:
-            if self._later is None:
-                self._later = self.set_timer(wait, self._draw_later, name="plot-later")
+        if data and not force and same and wait > TICK_SLACK_S:
+            if self._later is None:  # the snapshot past ``wait`` draws it; this, if none comes
+                self._later = self.set_timer(wait + LATE_S, self._draw_later, name="plot-later")
             return
         if self._later is not None:
             self._later.stop()
