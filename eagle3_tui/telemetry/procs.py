@@ -30,8 +30,8 @@ class ProcStat(NamedTuple):
     """One line of ``/proc/PID/stat``: what identifies, relates and times a process.
 
     A named tuple, not a dataclass: importing :mod:`dataclasses` (and with it
-    :mod:`inspect`, :mod:`ast`, :mod:`dis`) cost the agent's every status probe more
-    than all of its own code."""
+    :mod:`inspect`, :mod:`ast`, :mod:`dis`) cost each status probe of the agent, a new
+    process every time, 15-20 ms of CPU (measured: see transport/bundle.py)."""
 
     pid: int
     comm: str

@@ -14,18 +14,24 @@ while a run is followed), so the loader keeps the compiled modules in a per-user
 cache, ``${XDG_CACHE_HOME:-~/.cache}/eagle3-tui/agent-<key>-<cache tag>.marshal``:
 the key is a hash of the loader and the sources (made here, so the host hashes
 nothing), the tag the interpreter's (``marshal``'s code format changes between
-versions). A miss compiles every module and writes the file atomically; a hit
-unmarshals only the modules imported, and the sources are never parsed. Measured
-(``status`` of a missing run directory, CPU of the child, Python 3.11 on this 2-core
-machine; bare ``python3 -c pass``: ~30 ms): ~133 ms before, ~XX ms with the lazy
-dispatch alone, ~XX ms warm with the cache, ~XX ms for the one cold call that writes it.
+versions; ``-O`` adds ``-optN``). A miss compiles every module and writes the file
+atomically; a hit unmarshals only the modules imported, and the sources are never
+parsed. Measured with the ``status`` probe (the agent process's CPU by rusage, on this
+loaded 2-core machine, the venv's Python 3.11, whose bare ``python -c pass`` costs
+26 ms): 132-140 ms before (every module compiled, every operation's module imported),
+54-57 ms when only the operation's module is imported (and ``ProcStat`` no longer
+needs :mod:`dataclasses`), 39-42 ms with the cache; 119-129 ms for the one call that
+writes it. With Debian's ``/usr/bin/python3`` (bare: 11 ms): 113-120 ms before,
+35-37 ms after.
 
 The cache cannot make an operation fail or print: the file is used only when it is a
 regular file owned by this user and not writable by group or others, in a directory
 likewise, its checksum, key and tag match and every entry is a code object compiled
 under the module's name; anything else (no home, a read-only file system, a corrupt
-file) falls back to compiling from the sources, silently.
-Files of other keys beyond the two newest are removed when one is written.
+file) falls back to compiling from the sources, silently. Files of other keys beyond
+the two newest are removed when one is written. ``PYTHONDONTWRITEBYTECODE`` is not
+obeyed: container images set it to keep ``.pyc`` files out of their layers, and this
+file lives in the user's cache, not beside any sources.
 
 Package ``__init__`` files travel empty: ``eagle3_tui.telemetry``'s re-exports would
 import the whole telemetry session into every agent. :func:`package_sources` hands

@@ -8,6 +8,7 @@ only when, it is trusted.
 
 from __future__ import annotations
 
+import ast
 import json
 import marshal
 import os
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.transport.bundle import CACHE_MAGIC, agent_sources, make_bundle
+from eagle3_tui.transport.bundle import CACHE_MAGIC, agent_sources, bundle, make_bundle
 from eagle3_tui.transport.channel import AGENT_TAG, agent_payload
 from tests.conftest import interpreters, need
 
@@ -345,3 +346,10 @@ def test_optimized_code_has_its_own_cache(tmp_path: Path) -> None:
     tag = sys.implementation.cache_tag
     assert [p.name.endswith(f"-{tag}-opt1.marshal") for p in cache_files(home)].count(True) == 1
     assert call(home).stdout == PLANTED_ANSWER
+
+
+def test_the_loader_parses_as_python_3_8() -> None:
+    """The loader runs on the host's python3 (3.8 and later), whatever runs the client."""
+    length, rest = bundle().split(b"\n", 1)
+    program = zlib.decompress(rest[: int(length)]).decode("utf-8")
+    ast.parse(program, "eagle3-tui-agent", feature_version=(3, 8))
