@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import glob
 import importlib.util
 import json
 import os
@@ -32,11 +33,17 @@ REQUIRE_ALL = os.environ.get("EAGLE3_TUI_REQUIRE_ALL") == "1"
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_state_dirs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The suite never writes into the user's own index of runs or export folder: its
-    trainings register their runs in a private ``XDG_STATE_HOME`` and exports go to a
-    private ``XDG_DATA_HOME``, inherited by every process the tests start."""
+    """The suite never writes into the user's own index of runs, export folder or cache:
+    its trainings register their runs in a private ``XDG_STATE_HOME``, exports go to a
+    private ``XDG_DATA_HOME`` and the agents' code cache (transport/bundle.py) and
+    attach's files to a private ``XDG_CACHE_HOME``, inherited by every process the
+    tests start."""
     root = tmp_path_factory.mktemp("xdg")
-    names = {"XDG_STATE_HOME": root / "state", "XDG_DATA_HOME": root / "data"}
+    names = {
+        "XDG_STATE_HOME": root / "state",
+        "XDG_DATA_HOME": root / "data",
+        "XDG_CACHE_HOME": root / "cache",
+    }
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update({name: str(path) for name, path in names.items()})
     yield
@@ -54,6 +61,24 @@ def need(condition: bool, reason: str) -> None:
     if REQUIRE_ALL:
         pytest.fail(f"required for this run: {reason}")
     pytest.skip(reason)
+
+
+def interpreters(minors: range = range(8, 14)) -> list[str]:
+    """One CPython binary per minor version (3.8-3.13) found here (PATH, pyenv), and ours."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found: dict[str, str] = {ours: sys.executable} if sys.version_info[1] in minors else {}
+    roots = [os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")]
+    for minor in minors:
+        v = f"3.{minor}"
+        if v in found:
+            continue
+        candidates = sorted(glob.glob(f"{roots[0]}/versions/{v}.*/bin/python{v}"))
+        on_path = shutil.which(f"python{v}")
+        if on_path and "shims" not in on_path:
+            candidates.append(on_path)
+        if candidates:
+            found[v] = candidates[-1]
+    return [found[v] for v in sorted(found, key=lambda v: int(v.split(".")[1]))]
 
 
 def need_training() -> None:

@@ -1,9 +1,10 @@
 """The agent: the code that runs on the training host, shipped over the connection.
 
 The client never builds shell code from data. It starts a constant bootstrap
-(:data:`BOOTSTRAP`, run by ``python3 -c``) and sends it, on stdin, a length and a
-zlib-compressed bundle (this package and :mod:`eagle3_tui.telemetry`, imported from
-memory: see ``transport/bundle.py``), then one JSON request line. Paths
+(:data:`BOOTSTRAP`, run by ``python3 -c``) and sends it, on stdin, the bundle (a
+zlib-compressed loader, then the sources of this package and
+:mod:`eagle3_tui.telemetry`, imported from memory and their compiled code cached on
+the host: see ``transport/bundle.py``), then one JSON request line. Paths
 and names from the user reach the host only inside that JSON, so a run
 directory called ``run $(touch x); `y` 'q"`` is data, never code.
 
@@ -29,4 +30,4 @@ BOOTSTRAP = (
     "import sys,zlib;b=sys.stdin.buffer;n=int(b.readline());"
     'exec(compile(zlib.decompress(b.read(n)),"eagle3-tui-agent","exec"))'
 )
-"""What ``python3 -c`` runs: reads the bundle from stdin and executes it."""
+"""What ``python3 -c`` runs: reads the bundle's loader from stdin and executes it."""

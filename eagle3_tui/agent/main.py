@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
-from collections.abc import Callable
-from typing import IO, Any, NoReturn
+from typing import IO, NoReturn
 
-from eagle3_tui.agent.control import op_kill, op_resume
-from eagle3_tui.agent.discover import op_choose, op_describe, op_discover
-from eagle3_tui.agent.follow import op_follow, op_read
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.names import (
     ERR_INVALID,
@@ -28,31 +25,25 @@ from eagle3_tui.agent.names import (
     OP_STATUS,
     PROTOCOL,
 )
-from eagle3_tui.agent.observe import op_observe
-from eagle3_tui.agent.runs import op_resolve, op_runs, op_status
 
-
-def op_attach(req: dict[str, Any]) -> int:
-    """Imported when used: a follow does not compile gdb and /proc inspection code."""
-    from eagle3_tui.agent.attach import op_attach as attach
-
-    return attach(req)
-
-
-OPS: dict[str, Callable[[dict[str, Any]], int]] = {
-    OP_FOLLOW: op_follow,
-    OP_RESOLVE: op_resolve,
-    OP_READ: op_read,
-    OP_RUNS: op_runs,
-    OP_KILL: op_kill,
-    OP_RESUME: op_resume,
-    OP_STATUS: op_status,
-    OP_DISCOVER: op_discover,
-    OP_CHOOSE: op_choose,
-    OP_DESCRIBE: op_describe,
-    OP_OBSERVE: op_observe,
-    OP_ATTACH: op_attach,
+OPS: dict[str, tuple[str, str]] = {
+    OP_FOLLOW: ("follow", "op_follow"),
+    OP_RESOLVE: ("runs", "op_resolve"),
+    OP_READ: ("follow", "op_read"),
+    OP_RUNS: ("runs", "op_runs"),
+    OP_KILL: ("control", "op_kill"),
+    OP_RESUME: ("control", "op_resume"),
+    OP_STATUS: ("runs", "op_status"),
+    OP_DISCOVER: ("discover", "op_discover"),
+    OP_CHOOSE: ("discover", "op_choose"),
+    OP_DESCRIBE: ("discover", "op_describe"),
+    OP_OBSERVE: ("observe", "op_observe"),
+    OP_ATTACH: ("attach", "op_attach"),
 }
+"""Operation -> (module of ``eagle3_tui.agent``, function). The module is imported when
+its operation is asked for: every call is a fresh process, and the 60 s status probe
+should not compile and run follow, observe, discover and control (with their samplers
+and regexes) only to answer whether a pid is alive."""
 
 
 def main(stdin: IO[bytes] | None = None) -> NoReturn:
@@ -68,7 +59,9 @@ def main(stdin: IO[bytes] | None = None) -> NoReturn:
         emit(EV_ERROR, kind=ERR_INVALID, message=f"bad request: {e}")
         sys.exit(2)
     try:
-        rc = OPS[req["op"]](req)
+        module, function = OPS[req["op"]]
+        op = getattr(importlib.import_module("eagle3_tui.agent." + module), function)
+        rc = op(req)
     except AgentError as e:
         emit(EV_ERROR, kind=e.kind, message=str(e))
         rc = 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -26,9 +26,12 @@ def _read(path: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    """One line of ``/proc/PID/stat``: what identifies, relates and times a process."""
+class ProcStat(NamedTuple):
+    """One line of ``/proc/PID/stat``: what identifies, relates and times a process.
+
+    A named tuple, not a dataclass: importing :mod:`dataclasses` (and with it
+    :mod:`inspect`, :mod:`ast`, :mod:`dis`) cost each status probe of the agent, a new
+    process every time, 15-20 ms of CPU (measured: see transport/bundle.py)."""
 
     pid: int
     comm: str

@@ -40,10 +40,9 @@ def keeps_stdin(request: dict[str, Any]) -> bool:
 
 
 def agent_payload(request: dict[str, Any]) -> bytes:
-    """What the agent reads on stdin: the bundle's length, the bundle, the request."""
-    src = bundle()
+    """What the agent reads on stdin: the bundle (its loader and sources), the request."""
     req = json.dumps({"protocol": PROTOCOL, **request}, separators=(",", ":"))
-    return b"%d\n" % len(src) + src + req.encode() + b"\n"
+    return bundle() + req.encode() + b"\n"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ thread blocked in C. No speculators training here: see test_attach_ssh.py for th
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
 import os
 import shutil
@@ -25,30 +24,12 @@ from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
-from tests.conftest import need, need_gdb, wait_until
+from tests.conftest import interpreters, need, need_gdb, wait_until
 from tests.transport.conftest import cli
 
 pytestmark = pytest.mark.slow
 
 LOOP = "import time\nticks = 0\nwhile True:\n    ticks += 1\n    time.sleep(0.01)\n"
-
-
-def interpreters(minors: range = range(8, 14)) -> list[str]:
-    """One CPython binary per minor version (3.8-3.13) found here (PATH, pyenv), and ours."""
-    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    found: dict[str, str] = {ours: sys.executable} if sys.version_info[1] in minors else {}
-    roots = [os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")]
-    for minor in minors:
-        v = f"3.{minor}"
-        if v in found:
-            continue
-        candidates = sorted(glob.glob(f"{roots[0]}/versions/{v}.*/bin/python{v}"))
-        on_path = shutil.which(f"python{v}")
-        if on_path and "shims" not in on_path:
-            candidates.append(on_path)
-        if candidates:
-            found[v] = candidates[-1]
-    return [found[v] for v in sorted(found, key=lambda v: int(v.split(".")[1]))]
 
 
 def start(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -3,8 +3,10 @@
 It has its own host key, client key, ``authorized_keys``, ``known_hosts`` and a
 client config with a host alias, all in one temporary directory, so nothing in
 ``~/.ssh`` is read or written. Sessions get ``XDG_STATE_HOME`` pointing into the
-same directory (the remote side's per-user index of runs) and ``SHLVL=1`` (bash
-then skips ``~/.bashrc``, which costs 160-390 ms per exec on these machines).
+same directory (the remote side's per-user index of runs), ``XDG_CACHE_HOME`` too
+(the agent's code cache, attach's files: never root's own ``~/.cache``) and
+``SHLVL=1`` (bash then skips ``~/.bashrc``, which costs 160-390 ms per exec on these
+machines).
 """
 
 from __future__ import annotations
@@ -123,9 +125,11 @@ class Sshd:
     set_env: dict[str, str] = field(default_factory=dict)
     """More variables for every session (sshd's SetEnv)."""
     state_home: Path = field(init=False)
+    cache_home: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.state_home = self.root / "state"
+        self.cache_home = self.root / "cache"
 
     @property
     def client_key(self) -> Path:
@@ -215,6 +219,7 @@ class Sshd:
             "MaxSessions 100\n"
             "Subsystem sftp internal-sftp\n"
             f"SetEnv {'' if self.login_shell_rc else 'SHLVL=1 '}XDG_STATE_HOME={self.state_home}"
+            f" XDG_CACHE_HOME={self.cache_home}"
             + "".join(f" {k}={v}" for k, v in self.set_env.items())
             + "\n"
         )

@@ -8,6 +8,7 @@ processes behave like a trainer, its workers and an escaped worker.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -111,6 +112,28 @@ def test_agent_imports_only_the_standard_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.strip() == ""
+
+
+def test_the_entry_point_imports_an_operation_only_when_asked() -> None:
+    """Every call is a new process: the 60 s status probe must not import follow,
+    observe, discover and control as well. Each operation still names a real function."""
+    code = (
+        "import sys, eagle3_tui.agent.main; "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('eagle3_tui.agent.'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.split() == [
+        "eagle3_tui.agent.frames",
+        "eagle3_tui.agent.main",
+        "eagle3_tui.agent.names",
+    ]
+    from eagle3_tui.agent.main import OPS
+
+    assert set(OPS) == {v for k, v in vars(names).items() if k.startswith("OP_")}
+    for module, function in OPS.values():
+        assert callable(getattr(importlib.import_module(f"eagle3_tui.agent.{module}"), function))
 
 
 def test_the_bundle_runs_on_a_bare_interpreter(tmp_path: Path) -> None:
