@@ -21,6 +21,7 @@ lines, sizes and limits).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import plotext._utility as ut
@@ -33,10 +34,30 @@ def _table() -> list[str]:
     """Each cell's character by the bits of its dots, from plotext's table: bit
     ``7 - i`` is the dot that plotext's code lists at ``i`` (rows from the top, the
     left dot first)."""
-    return [ut.get_hd_marker(tuple((v >> (BITS - 1 - i)) & 1 for i in range(BITS))) for v in range(256)]
+    return [
+        ut.get_hd_marker(tuple((v >> (BITS - 1 - i)) & 1 for i in range(BITS))) for v in range(256)
+    ]
 
 
 CHARS = _table()
+
+
+def dots(values: Sequence[float], lim: Sequence[float], bins: int) -> np.ndarray[Any, Any]:
+    """plotext's ``get_matrix_data``: ``floor(round(0.5 + (bins - 1) * (v - lo) /
+    (hi - lo), 8))`` for each value, computed on an array (the same float operations
+    in the same order, so the same bits). The rounding to 8 decimals moves a value
+    across an integer only within 1e-8 of one: those few go through plotext's own
+    function."""
+    lo, hi = lim[0], lim[1]
+    v = np.asarray(values, dtype=np.float64)
+    scaled = 0.5 + (bins - 1) * (v - lo) / (hi - lo)
+    out = np.floor(scaled).astype(np.int64)
+    near = np.abs(scaled - np.rint(scaled)) < 1e-8
+    if near.any():
+        idx = np.flatnonzero(near)
+        exact = ut.get_matrix_data([float(v[i]) for i in idx], list(lim), bins)
+        out[idx] = exact
+    return out
 
 
 def braille_cells(
@@ -55,8 +76,8 @@ def braille_cells(
     them (``lo < hi``)."""
     if not len(xs):
         return [], [], []
-    px = np.array(ut.get_matrix_data(list(xs), list(xlim), 2 * cols), dtype=np.int64)
-    py = np.array(ut.get_matrix_data(list(ys), list(ylim), 4 * rows), dtype=np.int64)
+    px = dots(xs, xlim, 2 * cols)
+    py = dots(ys, ylim, 4 * rows)
     if len(px) > 1:
         # get_line for each pair: a = max(|dx|, |dy|) + 1 points from linspace, all
         # but the last kept (the next segment starts there); the last point appended

@@ -24,6 +24,7 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.view import ViewState
+from eagle3_tui.app.widgets.braille import braille_cells, centres
 from eagle3_tui.model.snapshot import EMPTY, Line, Snapshot
 
 RGB = tuple[int, int, int]
@@ -133,6 +134,34 @@ Cell = tuple[object, object, object]
 """A plotext cell's colours: (foreground, style, background), as its matrix holds them."""
 
 
+Signal = tuple[Any, list[float], list[float], RGB, str | None]
+"""What a chart plots, kept until its build: the figure (the chart's, or a subplot of
+it), the points, their colour, and a marker for points alone (None: a braille line)."""
+
+
+def data_lim(values: list[float]) -> tuple[float, float]:
+    """plotext's ``get_lim`` for finite values, with the builtins' ``min``/``max``
+    (its own filters each value through a Python test first): the extremes, or a
+    range around a single value (``-1, 1`` around 0 and for no values)."""
+    lo, hi = min(values, default=0), max(values, default=0)
+    if lo != hi:
+        return lo, hi
+    return (0.5 * lo, 1.5 * lo) if lo != 0 else (-1, 1)
+
+
+def limits(values: list[float], given: list[float | None]) -> list[float]:
+    """An axis's limits as plotext's build settles them: the ones set, the data's
+    extremes (plotext's own rule) for the rest."""
+    found = data_lim(values)
+    return [float(found[i] if given[i] is None else given[i]) for i in (0, 1)]  # type: ignore[arg-type]
+
+
+def canvas_of(figure: Any) -> tuple[int, int]:
+    """The cells of a built figure's plotting area (columns, rows)."""
+    matrix = figure.monitor.matrix
+    return len(matrix.Cols_canvas), len(matrix.Rows_canvas)
+
+
 def cell_style(widget: Widget, cell: Cell) -> Style:
     """The Rich style that a cell of these colours gets on screen: found once per colour
     by sending one character of them through the way plotext's ANSI text would go
@@ -220,6 +249,13 @@ class MetricPlot(PlotextPlot):
         """What a drawing of this chart costs (plotext calls, build, its text), smoothed."""
         self._later: Timer | None = None
         """The pending drawing of data that came within ``DATA_REDRAW_S`` of the last."""
+        self._signals: list[Signal] = []
+        """What :meth:`draw` plotted, handed to plotext at the build (:meth:`_emit`)."""
+        self._emitted = False
+        """Whether the figure holds the signals already (a second build composes anew)."""
+        self._canvas: dict[int, tuple[int, int]] = {}
+        """Each figure's plotting area at the last build (by its order in the signals):
+        where the next build's braille cells go."""
 
     def key(self) -> object:
         """What the chart depends on: the same key, the same picture."""
@@ -230,6 +266,16 @@ class MetricPlot(PlotextPlot):
 
     def _lines(self) -> tuple[Line, ...]:
         return ()
+
+    def plot_line(self, figure: Any, xs: list[float], ys: list[float], color: RGB) -> None:
+        """A braille line through the points on ``figure`` (the chart's or a subplot)."""
+        self._signals.append((figure, xs, ys, color, None))
+
+    def plot_points(
+        self, figure: Any, xs: list[float], ys: list[float], marker: str, color: RGB
+    ) -> None:
+        """Points alone, each drawn as ``marker``."""
+        self._signals.append((figure, xs, ys, color, marker))
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -283,12 +329,22 @@ class MetricPlot(PlotextPlot):
         a drawing). Each colour's style is found once (:func:`cell_style`)."""
         width, height = self.size
         plot = self.plt
-        plot.plotsize(width, height)
-        plot._set_size(width, height)  # as PlotextPlot.render does (textual-plotext #5)
-        plot.theme(self._get_plotext_theme_name(self.app.theme))
-        figure: Any = plot  # plotext's figure: its build(), less its ANSI text
-        figure._set_sizes()
-        figure._build_matrix()
+        for attempt in range(3):
+            if self._emitted:  # the figure holds an earlier build's data: compose anew
+                self._compose_figure()
+            plot.plotsize(width, height)
+            plot._set_size(width, height)  # as PlotextPlot.render does (textual-plotext #5)
+            plot.theme(self._get_plotext_theme_name(self.app.theme))
+            used = self._emit(cells=attempt < 2)
+            self._emitted = True
+            figure: Any = plot  # plotext's figure: its build(), less its ANSI text
+            figure._set_sizes()
+            figure._build_matrix()
+            built = {i: canvas_of(f) for i, f in enumerate(self._figures())}
+            stale = any(used.get(i, area) != area for i, area in built.items())
+            self._canvas = built
+            if not stale:
+                break
         matrix = figure.monitor.matrix
         colors = [
             [(fg, st, bg) for fg, st, bg in zip(*rows, strict=True)]
@@ -302,6 +358,68 @@ class MetricPlot(PlotextPlot):
                 if cell not in styles:
                     styles[cell] = cell_style(self, cell)
         return matrix_strips(matrix.marker, colors, styles, width)[:height]
+
+    def _figures(self) -> list[Any]:
+        """The figures the signals go to, in the order they first appear."""
+        out: list[Any] = []
+        for figure, *_ in self._signals:
+            if not any(figure is f for f in out):
+                out.append(figure)
+        return out
+
+    def _emit(self, cells: bool = True) -> dict[int, tuple[int, int]]:
+        """Hands the signals to plotext, in order: a line as its braille cells (one
+        point a cell, its character the marker: :mod:`braille`) on the plotting area
+        the last build had, with the axis limits plotext would settle (set, so that
+        the cells' centres cannot move them); as plotext's own line where that area
+        is not known yet (the first build) or too small, or ``cells`` is False. Returns
+        the area each figure's cells were placed for: the build checks it."""
+        used: dict[int, tuple[int, int]] = {}
+        for i, figure in enumerate(self._figures()):
+            mine = [sig for sig in self._signals if sig[0] is figure]
+            area = self._canvas.get(i)
+            if not (cells and area is not None and area[0] >= 2 and area[1] >= 2):
+                area = None
+            else:
+                monitor = figure.monitor
+                xlim = limits([x for sig in mine for x in sig[1]], monitor.xlim[0])
+                ylim = limits([y for sig in mine for y in sig[2]], monitor.ylim[0])
+            if area is not None and xlim[0] < xlim[1] and ylim[0] < ylim[1]:
+                figure.xlim(*xlim)  # (a constant below 0 gets reversed limits from
+                figure.ylim(*ylim)  # plotext, which setting them would sort: not here)
+                used[i] = area
+            else:
+                area = None
+            for _, xs, ys, color, marker in mine:
+                if marker is not None:
+                    figure.scatter(xs, ys, marker=marker, color=color)
+                elif area is None:
+                    figure.plot(xs, ys, marker="braille", color=color)
+                else:
+                    cx, cy, chars = braille_cells(xs, ys, xlim, ylim, *area)
+                    if cx:
+                        vx, vy = centres(cx, xlim, area[0]), centres(cy, ylim, area[1])
+                        figure.scatter(vx, vy, marker=chars, color=color)
+                    else:  # all off the plotting area: plotext's line, which draws
+                        # nothing but is data (a figure without data has no ticks)
+                        figure.plot(xs, ys, marker="braille", color=color)
+        return used
+
+    def _compose_figure(self) -> None:
+        """The figure's settings from the snapshot and the view (plotext's state is
+        rebuilt from nothing), and the signals to plot (:meth:`draw`)."""
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.frame(False)
+        plt.yfrequency(3 if self.size.height < 12 else 5)
+        self._signals = []
+        self._emitted = False
+        self.draw()
+        xs = [x for line in self._lines() for x in (line.x[:1] + line.x[-1:])]
+        if xs:
+            ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
+            self.set_xticks(ticks, [step_label(t) for t in ticks])
 
     def render_line(self, y: int) -> Strip:
         frame = self.frame()
@@ -339,16 +457,7 @@ class MetricPlot(PlotextPlot):
         self._drawn_view = self.view
         self._drawn_size = self.size
         t0 = self._drawn_at = time.monotonic()
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.frame(False)
-        plt.yfrequency(3 if self.size.height < 12 else 5)
-        self.draw()
-        xs = [x for line in self._lines() for x in (line.x[:1] + line.x[-1:])]
-        if xs:
-            ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
-            self.set_xticks(ticks, [step_label(t) for t in ticks])
+        self._compose_figure()
         self.draws += 1
         self._redraw_s = time.monotonic() - t0  # its render adds the build
         self.refresh()
@@ -389,7 +498,7 @@ class LossPlot(MetricPlot):
         for k, line in enumerate(self.snapshot.ttt_loss_lines):  # under the loss, dim
             xs, ys = points(line)
             if xs:
-                plt.plot(xs, ys, marker="braille", color=dim(TTT[k % len(TTT)]))
+                self.plot_line(plt, xs, ys, dim(TTT[k % len(TTT)]))
         if self.snapshot.ttt_loss_lines:
             items.append(("loss_k", dim(TTT[0])))
         for line in lines:
@@ -397,14 +506,14 @@ class LossPlot(MetricPlot):
             if not xs:
                 continue
             if line.kind == "val":
-                plt.scatter(xs, ys, marker="◆", color=VAL)
+                self.plot_points(plt, xs, ys, "◆", VAL)
                 items.append(("val", VAL))
             elif line.kind == "smoothed":
-                plt.plot(xs, ys, marker="braille", color=SMOOTH)
+                self.plot_line(plt, xs, ys, SMOOTH)
                 items.append(("smoothed", SMOOTH))
             else:
                 color = RAW if smoothed else SMOOTH
-                plt.plot(xs, ys, marker="braille", color=color)
+                self.plot_line(plt, xs, ys, color)
                 items.append(("raw", color))
         if log and span:
             ticks, labels = log_ticks(min(span), max(span), 3 if self.size.height < 12 else 5)
@@ -485,7 +594,7 @@ class AcceptancePlot(MetricPlot):
                 continue  # k = 0: the very points of a full accuracy, drawn over these
             xs, ys, _ = finite_points(line, False)
             if xs:
-                acc.plot(xs, ys, marker="braille", color=base if full else dim(base))
+                self.plot_line(acc, xs, ys, base if full else dim(base))
                 if full:
                     items.append((f"k={k}", base))
         top = acc_top(self.snapshot.acc_lines)
@@ -509,7 +618,7 @@ class AcceptancePlot(MetricPlot):
         strip = self.plt.subplot(2, 1)
         strip.plotsize(None, self._tau_rows)
         strip.frame(False)
-        strip.plot(xs, ys, marker="braille", color=TAU)
+        self.plot_line(strip, xs, ys, TAU)
         lo, hi = min(ys), max(ys)
         pad = max((hi - lo) * 0.1, 0.01)
         strip.ylim(lo - pad, hi + pad)
