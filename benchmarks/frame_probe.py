@@ -46,9 +46,10 @@ def _timed(self: Screen[Any]) -> None:
 
 Screen._on_timer_update = _timed  # type: ignore[method-assign]
 
-COSTS = os.environ.get("E3_COSTS")
+COSTS = os.environ.get("E3_COSTS", "")
 if COSTS:
     from collections import defaultdict
+
     from textual.widget import Widget
 
     SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -94,7 +95,7 @@ else:
         pass
 
 
-PROFILE = os.environ.get("E3_PROFILE")
+PROFILE = os.environ.get("E3_PROFILE", "")
 if PROFILE:
     import cProfile
 

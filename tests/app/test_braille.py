@@ -91,8 +91,9 @@ def test_cells_draw_what_plotexts_line_draws(
     for (xs, ys), colour in zip(lines, colours, strict=False):
         cx, cy, chars = braille_cells(xs, ys, xlim, yl, cols, rows) if drawable else ([], [], [])
         if cx:
+            marker: Any = chars  # one a point
             cells.scatter(
-                centres(cx, xlim, cols), centres(cy, yl, rows), marker=chars, color=colour
+                centres(cx, xlim, cols), centres(cy, yl, rows), marker=marker, color=colour
             )
         else:
             cells.plot(xs, ys, marker="braille", color=colour)
@@ -142,7 +143,7 @@ def cells_of(plot: MetricPlot) -> list[list[tuple[str, object]]]:
 
 async def test_the_charts_of_a_run_are_plotexts_pictures(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = [0]
-    real = plots.braille_cells
+    real = braille_cells
 
     def counted(*args: Any) -> tuple[list[int], list[int], list[str]]:
         calls[0] += 1

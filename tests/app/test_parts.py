@@ -95,7 +95,11 @@ def _cells(renderable: object, width: int) -> list[list[tuple[str, str]]]:
 @settings(max_examples=300, deadline=None)
 @given(
     rows=st.lists(
-        st.lists(st.text(alphabet="0123456789.+-–…e more", max_size=9).map(str.strip), min_size=4, max_size=4),
+        st.lists(
+            st.text(alphabet="0123456789.+-–…e more", max_size=9).map(str.strip),
+            min_size=4,
+            max_size=4,
+        ),
         max_size=8,
     ),
     width=st.integers(min_value=1, max_value=80),

@@ -199,11 +199,12 @@ def matrix_strips(
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
-CHART_SHARE = 0.004
+CHART_SHARE = 0.0025
 """New data alone may cost a chart about this share of a core: a chart whose build takes
-12 ms follows new data every 3 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``).
-Two charts at this share are a quarter of the 3 % that following a live run may cost
-(at 1 % each, they were two thirds of it)."""
+8 ms follows new data every 3.2 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``).
+Two charts at this share are a sixth of the 3 % that following a live run may cost. (At
+0.4 % a chart followed every 3-4 s when its build took 12-16 ms; its braille lines now
+cost numpy a tenth of that, the build ~8 ms: the same pace at this share.)"""
 DATA_REDRAW_MAX_S = 4.0
 """New data is drawn within this, however slow the build."""
 TICK_SLACK_S = 0.5
