@@ -7,9 +7,16 @@ import os
 from dataclasses import replace
 
 from rich.console import Group, RenderableType
+from rich.segment import Segment
+from rich.style import Style
 from rich.table import Table
-from rich.text import Text
+from rich.text import DEFAULT_OVERFLOW, Text
+from textual._context import active_app
+from textual.css.styles import RulesMap
 from textual.reactive import var
+from textual.strip import Strip
+from textual.style import Style as VisualStyle
+from textual.visual import RenderOptions, Visual
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
@@ -19,6 +26,85 @@ from eagle3_tui.model.state import CkptEvent
 
 STARVED = 0.3
 """A step that waits this share of its time for data is starved (shown in colour)."""
+
+
+def one_line(text: str, style: str = "") -> Text:
+    """A line of the panel's own words, cut with an ellipsis where the panel is narrow
+    (as every line of a panel is: a panel counts one screen line per line)."""
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis")
+
+
+class TextLines(Visual):
+    """Lines of text, each one line on screen (``no_wrap``, cut to the width as its
+    ``overflow`` says): what a Rich ``Group`` of such ``Text`` shows, drawn without
+    Rich's layout pass. Textual draws a Group through ``RichVisual``: a console render
+    (wrap, justify, join) then a split of the segments back into lines, about 0.5 ms a
+    panel; each line here is cut and rendered alone, and styled as ``RichVisual``
+    styles it (the widget's style under each segment's). :func:`lines_of` decides
+    which Groups qualify; ``tests/app/test_panels_fast.py`` checks the pictures are
+    the same, cell for cell."""
+
+    def __init__(self, lines: list[Text]) -> None:
+        self.lines = lines
+
+    def __rich__(self) -> Group:
+        """The lines as the Group they stand for (a Rich console prints that)."""
+        return Group(*self.lines)
+
+    def render_strips(
+        self, width: int, height: int | None, style: VisualStyle, options: RenderOptions
+    ) -> list[Strip]:
+        app = active_app.get()
+        console = app.console
+        default = app.console_options.overflow or DEFAULT_OVERFLOW
+        base = style.rich_style
+        strips = []
+        for line in self.lines[:height]:
+            if line.cell_len > width:
+                line = line.copy()
+                line.truncate(width, overflow=line.overflow or default)
+            if line.spans or not line.style:
+                segments = line.render(console)
+            else:  # a Text without spans renders without its own style; joined into
+                # the Group's lines (what Rich shows) its style becomes a span
+                segments = [Segment(line.plain, console.get_style(line.style))]
+            strips.append(Strip([Segment(t, base + st if st else base) for t, st, _ in segments]))
+        return strips
+
+    def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
+        return max((line.cell_len for line in self.lines), default=0)
+
+    def get_height(self, rules: RulesMap, width: int) -> int:
+        return len(self.lines)
+
+
+def lines_of(drawn: RenderableType) -> TextLines | None:
+    """The Group's lines as :class:`TextLines` when each is a ``Text`` of one line
+    that cannot wrap, needs no justifying, and carries no link or other meta (whose
+    styles Textual would treat apart); else None (drawn as Rich draws it)."""
+    parts = drawn.renderables if isinstance(drawn, Group) else [drawn]
+    if active_app.get().console_options.justify not in (None, "default"):
+        return None  # each line would be padded to the width
+    lines: list[Text] = []
+    for part in parts:
+        if not (
+            isinstance(part, Text)
+            and part.no_wrap
+            and part.justify in (None, "default")
+            and part.overflow in (None, "ellipsis", "crop", "fold")
+            and part.end == "\n"
+            and "\n" not in part.plain
+            and "\t" not in part.plain
+            and not _has_meta(part)
+        ):
+            return None
+        lines.append(part)
+    return TextLines(lines)
+
+
+def _has_meta(text: Text) -> bool:
+    styles = [text.style, *(span.style for span in text.spans)]
+    return any(isinstance(st, Style) and (st._meta or st._link) for st in styles)
 
 
 class Panel(Static):
@@ -50,9 +136,10 @@ class Panel(Static):
             self._inputs = key
             self.refresh()
 
-    def render(self) -> RenderableType:
+    def render(self) -> RenderableType | Visual:
         self.renders += 1
-        return self.draw()
+        drawn = self.draw()
+        return lines_of(drawn) or drawn
 
     def draw(self) -> RenderableType:
         raise NotImplementedError
@@ -194,7 +281,7 @@ class AcceptanceTable(Panel):
             overflow="ellipsis",
         )
         if not snap.val_rows:
-            return Group(note, Text("no validation saved yet", style="dim"))
+            return Group(note, one_line("no validation saved yet", style="dim"))
         v = snap.val_rows[-1]
         cells = []
         k = 0
@@ -312,10 +399,10 @@ class ProgressPanel(Panel):
         if ckpts and room > 0:
             shown = ckpts[: max(0, room)]
             for i, row in enumerate(shown):
-                prefix = Text("ckpt  " if i == 0 else "      ", style="dim")
+                prefix = one_line("ckpt  " if i == 0 else "      ", style="dim")
                 lines.append(prefix + row)
         elif room > 0:
-            lines.append(Text("ckpt  none saved yet", style="dim"))
+            lines.append(one_line("ckpt  none saved yet", style="dim"))
         return Group(*lines[: self.rows])
 
 
@@ -361,7 +448,7 @@ class GpuPanel(Panel):
         if snap.gpu_status == "error" and not snap.gpus:
             return Group(inert(snap.gpu_error or "GPU sampling failed", "bold red"))
         if not snap.gpus:
-            return Text("no GPU samples yet", style="dim")
+            return one_line("no GPU samples yet", style="dim")
         half = (self.cols - 1) // 2
         if len(snap.gpus) > self.rows and half >= 30:  # two devices per line
             narrow = [gpu_row(g, half) for g in snap.gpus]
@@ -379,7 +466,8 @@ class GpuPanel(Panel):
         if len(rows) > self.rows:
             rest = len(rows) - self.rows + 1
             busy = sum(1 for g in snap.gpus[self.rows - 1 :] if (g.util or 0) >= 10)
-            rows = [*rows[: self.rows - 1], Text(f"… {rest} more ({busy} busy)", style="dim")]
+            more = one_line(f"… {rest} more ({busy} busy)", style="dim")
+            rows = [*rows[: self.rows - 1], more]
         return Group(*rows)
 
 
@@ -406,7 +494,7 @@ class DataPanel(Panel):
             if wait >= STARVED:
                 starve.append(" (starved)", style="bold #ff8700")
         if io is None:
-            return Group(Text("no read samples yet", style="dim"), starve)
+            return Group(one_line("no read samples yet", style="dim"), starve)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append("read  ", style="dim")
         head.append(f"{size(io.bytes_per_s)}/s", style="bold")
