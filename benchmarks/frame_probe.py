@@ -83,7 +83,20 @@ if COSTS:
         from eagle3_tui.app.widgets.panels import Panel
         from eagle3_tui.app.widgets.plots import MetricPlot
 
+        from eagle3_tui.app import pipeline
+        from eagle3_tui.transport import local
+
         MetricPlot._build_frame = _counted(None, MetricPlot._build_frame)  # type: ignore[method-assign]
+        # in worker threads (their thread's CPU time): the snapshot, the parse, the read
+        build = pipeline.build_snapshot
+        pipeline.build_snapshot = lambda *a: _counted(
+            "build_snapshot (thread)", lambda _s, *b: build(*b)
+        )(None, *a)  # type: ignore[assignment]
+        pipeline.Pipeline._feed = _counted("Pipeline._feed (thread)", pipeline.Pipeline._feed)  # type: ignore[method-assign]
+        read = local.read_from
+        local.read_from = lambda *a: _counted("read_from (thread)", lambda _s, *b: read(*b))(
+            None, *a
+        )  # type: ignore[assignment]
         MetricPlot.redraw = _counted(None, MetricPlot.redraw)  # type: ignore[method-assign]
         MetricPlot.watch_snapshot = _counted(None, MetricPlot.watch_snapshot)  # type: ignore[method-assign]
         Panel.watch_snapshot = _counted(None, Panel.watch_snapshot)  # type: ignore[method-assign]
