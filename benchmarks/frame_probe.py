@@ -75,7 +75,26 @@ if COSTS:
 
         return wrapper
 
+    from textual._compositor import Compositor
+    from textual.app import App
+
+    import gc
+
+    _gc_start: list[float] = [0.0]
+
+    def _gc_timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            _gc_start[0] = time.thread_time()
+        else:
+            entry = SPENT[f"gc generation {info['generation']}"]
+            entry[0] += time.thread_time() - _gc_start[0]
+            entry[1] += 1
+
+    gc.callbacks.append(_gc_timer)
     Widget._render_content = _counted(None, Widget._render_content)  # type: ignore[method-assign]
+    Widget.render_lines = _counted(None, Widget.render_lines)  # type: ignore[method-assign]
+    Compositor.render_update = _counted("Compositor.render_update", Compositor.render_update)  # type: ignore[method-assign]
+    App._display = _counted("App._display (to the terminal)", App._display)  # type: ignore[method-assign]
     Screen._on_timer_update = _counted("Screen update (all)", Screen._on_timer_update)  # type: ignore[method-assign]
 
     def _later_imports() -> None:

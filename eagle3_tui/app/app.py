@@ -9,6 +9,7 @@ the :class:`ViewState` or open a screen; they never block.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -167,6 +168,12 @@ class MonitorApp(App[None]):
         yield LogPanel("log · m: all, whole lines", id="log").data_bind(*bound)
         yield Footer(compact=True, show_command_palette=False)
 
+    _frozen = False
+    """Whether the objects of the start (widgets, styles, modules, the history read so
+    far) were moved out of the garbage collector's sight (``gc.freeze``, after the
+    first picture): they live as long as the app, and every full collection walked
+    them all again (~28 ms every ~20 s while following a run, 0.13 % of a core)."""
+
     def on_mount(self) -> None:
         self._worker(self.pipeline.pump(self.source, self._link_changed), "stream")
         self._worker(self.pipeline.ingest(), "ingest")
@@ -225,6 +232,9 @@ class MonitorApp(App[None]):
         self._built_at = time.monotonic()
         self._shown = (generation, view_key)  # what was built, not what is now
         self.snapshot = snap
+        if not self._frozen:
+            self._frozen = True
+            self.call_after_refresh(gc.freeze)
 
     async def _tick_compare(self, screen: CompareScreen) -> None:
         other = self.compare_pipeline
