@@ -75,10 +75,10 @@ if COSTS:
 
         return wrapper
 
+    import gc
+
     from textual._compositor import Compositor
     from textual.app import App
-
-    import gc
 
     _gc_start: list[float] = [0.0]
 
@@ -97,25 +97,26 @@ if COSTS:
     App._display = _counted("App._display (to the terminal)", App._display)  # type: ignore[method-assign]
     Screen._on_timer_update = _counted("Screen update (all)", Screen._on_timer_update)  # type: ignore[method-assign]
 
+    def _in_thread(name: str, fn: Any) -> Any:
+        """A module function wrapped as _counted wraps methods."""
+        counted = _counted(name, lambda _self, *args: fn(*args))
+        return lambda *args: counted(None, *args)
+
     def _later_imports() -> None:
+        from eagle3_tui.app import pipeline
         from eagle3_tui.app.app import MonitorApp
         from eagle3_tui.app.widgets.panels import Panel
         from eagle3_tui.app.widgets.plots import MetricPlot
-
-        from eagle3_tui.app import pipeline
         from eagle3_tui.transport import local
 
         MetricPlot._build_frame = _counted(None, MetricPlot._build_frame)  # type: ignore[method-assign]
         # in worker threads (their thread's CPU time): the snapshot, the parse, the read
-        build = pipeline.build_snapshot
-        pipeline.build_snapshot = lambda *a: _counted(
-            "build_snapshot (thread)", lambda _s, *b: build(*b)
-        )(None, *a)  # type: ignore[assignment]
+        patched: Any = pipeline  # its module globals, looked up at each call
+        build = patched.build_snapshot
+        patched.build_snapshot = _in_thread("build_snapshot (thread)", build)
         pipeline.Pipeline._feed = _counted("Pipeline._feed (thread)", pipeline.Pipeline._feed)  # type: ignore[method-assign]
-        read = local.read_from
-        local.read_from = lambda *a: _counted("read_from (thread)", lambda _s, *b: read(*b))(
-            None, *a
-        )  # type: ignore[assignment]
+        local_module: Any = local
+        local_module.read_from = _in_thread("read_from (thread)", local.read_from)
         MetricPlot.redraw = _counted(None, MetricPlot.redraw)  # type: ignore[method-assign]
         MetricPlot.watch_snapshot = _counted(None, MetricPlot.watch_snapshot)  # type: ignore[method-assign]
         Panel.watch_snapshot = _counted(None, Panel.watch_snapshot)  # type: ignore[method-assign]

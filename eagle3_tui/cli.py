@@ -677,6 +677,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
                 open_run=open_run_for(target),
                 export_dir=local_export_dir(target.run_dir),
             )
+            app.owns_process = True
             await app.run_async()
             return app_exit_status(app)
         chosen = await control.choose(host, control.run_dir_of(target), pid)
@@ -723,6 +724,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             chosen=short,
             export_dir=export_dir,
         )
+        app.owns_process = True
         await app.run_async()
     finally:
         for h in hosts:

@@ -6,6 +6,8 @@ Counted through the real app (Pilot): renders of each panel, plotext builds, lay
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from functools import partial
 from typing import Any
@@ -231,3 +233,30 @@ async def test_a_chart_frame_is_what_plotext_draws_and_follows_its_data() -> Non
         await pilot.press("l")  # the log axis: drawn at once, as plotext draws it
         await pilot.pause()
         assert cells(charts[0].frame()) == cells(plotext_picture(charts[0]))
+
+
+async def test_the_collector_is_tuned_once_after_the_first_picture_in_the_apps_own_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tuned: list[int] = []
+    monkeypatch.setattr(app_module, "tune_collector", lambda: tuned.append(1))
+    _, data = training(50)
+    for owns in (False, True):
+        app, _ = app_with(data)
+        app.owns_process = owns
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settled(app, pilot, 49)
+            first = len(tuned)
+            await pilot.pause(0.5)  # more pictures
+            await pilot.pause(0.3)
+        assert len(tuned) == first == (1 if owns else 0)
+
+
+def test_tune_collector_freezes_the_start_and_collects_young_objects_less_often() -> None:
+    code = (
+        "import gc; from eagle3_tui.app.app import tune_collector, YOUNG_OBJECTS;"
+        "assert gc.get_freeze_count() == 0; tune_collector();"
+        "print(gc.get_freeze_count() > 1000, gc.get_threshold()[0] == YOUNG_OBJECTS)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
