@@ -6,13 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from eagle3_tui.app.pipeline import coalesce, export_name, short_label
 from eagle3_tui.app.text import bar, clean, duration, inert, num, rate, size, sparkline
 from eagle3_tui.app.view import MIN_WINDOW, ViewState
-from eagle3_tui.app.widgets.panels import table_lines
+from eagle3_tui.app.widgets.panels import rich_table, table_lines
 from eagle3_tui.app.widgets.plots import nice_ticks, step_label
 from eagle3_tui.transport.base import Chunk
 
@@ -107,12 +106,7 @@ def _cells(renderable: object, width: int) -> list[list[tuple[str, str]]]:
 def test_table_lines_draw_what_a_rich_table_draws(rows: list[list[str]], width: int) -> None:
     header = ["k", "loss", "full", "cond"]
     lines = table_lines(header, rows, width)
-    table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-    table.add_column(header[0], style="bold", no_wrap=True)
-    for name in header[1:]:
-        table.add_column(name, justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(*row)
+    table = rich_table(header, rows)
     if lines is None:  # does not fit: the Table itself is drawn
         assert sum(max(len(r[i]) for r in [header, *rows]) + 2 for i in range(4)) > width
         return

@@ -35,7 +35,12 @@ from tests.model.test_state import mixed_stream
 from tests.records import Lines
 from tests.transport.conftest import ssh_target
 from tests.transport.sshd import Sshd
-from tests.transport.test_ssh_stream import Follower, append, client, stream_host
+from tests.transport.test_ssh_stream import (
+    Follower,
+    client,
+    drop_mid_catch_up,
+    stream_host,
+)
 
 __all__ = ["client"]  # the fixture, used by name
 
@@ -238,13 +243,8 @@ async def test_a_disconnect_in_the_middle_of_a_compressed_catch_up_loses_and_rep
     f = Follower.ssh(host, run_dir)
     try:
         await f.until(lambda: len(f.records) > 0, what="the first records")
-        at_kill = f.reader.next_offset
-        assert 0 < at_kill < size, "the catch-up is under way"
-        assert sshd.kill_sessions() >= 1
-        seen = len(inflated)
-        more = b"".join(lines.train(n + i, 1.0) for i in range(100))
-        append(path, more)  # the live tail goes on meanwhile
-        await f.until(lambda: len(f.records) >= n + 100, what="every record", timeout=120)
+        seen = len(inflated)  # (no await before the kill: nothing arrives in between)
+        more = await drop_mid_catch_up(f, sshd, path, lines, n, size)
     finally:
         await f.close()
         await host.close()

@@ -110,6 +110,20 @@ def append(path: Path, data: bytes) -> None:
         out.write(data)
 
 
+async def drop_mid_catch_up(
+    f: Follower, sshd: Sshd, path: Path, lines: Lines, n: int, size: int
+) -> bytes:
+    """Kills the SSH sessions while ``f`` is still catching up on ``n`` records
+    (``size`` bytes), appends 100 more records meanwhile and waits until all of them
+    arrived; returns what was appended."""
+    assert 0 < f.reader.next_offset < size, "the catch-up is under way"
+    assert sshd.kill_sessions() >= 1
+    more = b"".join(lines.train(n + i, 1.0) for i in range(100))
+    append(path, more)  # the live tail goes on meanwhile
+    await f.until(lambda: len(f.records) >= n + 100, what="every record", timeout=120)
+    return more
+
+
 def append_lines(path: Path, lines: Lines, n: int, pause: float, torn_every: int = 7) -> None:
     """Append ``n`` train records, one ``os.write`` each, every ``torn_every``-th in two."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -179,6 +179,18 @@ def spread(total: int, weights: list[int]) -> list[int]:
     return out
 
 
+def rich_table(header: list[str], rows: list[list[str]]) -> Table:
+    """The borderless, expanding Rich ``Table`` that :func:`table_lines` draws as
+    lines: the first column left-aligned and bold, the others right-aligned."""
+    table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+    table.add_column(header[0], style="bold", no_wrap=True)
+    for name in header[1:]:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[Text] | None:
     """A table as lines of text: the first column left-aligned and bold, the others
     right-aligned, one space either side of each cell, the columns widened in
@@ -263,13 +275,7 @@ class AcceptanceTable(Panel):
         lines = table_lines(header, cells, self.cols)
         if lines is not None:
             return list(lines)
-        table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-        table.add_column(header[0], style="bold", no_wrap=True)
-        for name in header[1:]:
-            table.add_column(name, justify="right", no_wrap=True)
-        for row in cells:
-            table.add_row(*row)
-        return [table]
+        return [rich_table(header, cells)]
 
     def _validation_only(self, snap: Snapshot) -> RenderableType:
         """A run without telemetry: no per-step values; the last validation from the
