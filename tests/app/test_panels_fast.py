@@ -94,6 +94,7 @@ def what_goes_to_rich() -> None:
     assert lines_of(Group(Text("wraps"))) is None  # no_wrap unset: Rich wraps it
     assert lines_of(Group(Text("x", no_wrap=True, justify="right"))) is None
     assert lines_of(Group(Text("x", no_wrap=True, style=Style(link="https://x")))) is None
+    assert lines_of(Group(Text("x", no_wrap=True, style="bold link https://x"))) is None
     text = Text("x", no_wrap=True)
     text.append("y", style=Style.from_meta({"@click": "app.bell"}))
     assert lines_of(Group(text)) is None

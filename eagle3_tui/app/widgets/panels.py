@@ -104,7 +104,8 @@ def lines_of(drawn: RenderableType) -> TextLines | None:
 
 def _has_meta(text: Text) -> bool:
     styles = [text.style, *(span.style for span in text.spans)]
-    return any(isinstance(st, Style) and (st._meta or st._link) for st in styles)
+    parsed = (Style.parse(st) if isinstance(st, str) else st for st in styles)  # cached
+    return any(st.link or st._meta for st in parsed)
 
 
 class Panel(Static):

@@ -378,19 +378,17 @@ class MetricPlot(PlotextPlot):
         used: dict[int, tuple[int, int]] = {}
         for i, figure in enumerate(self._figures()):
             mine = [sig for sig in self._signals if sig[0] is figure]
-            area = self._canvas.get(i)
-            if not (cells and area is not None and area[0] >= 2 and area[1] >= 2):
+            xlim = limits([x for sig in mine for x in sig[1]], figure.monitor.xlim[0])
+            ylim = limits([y for sig in mine for y in sig[2]], figure.monitor.ylim[0])
+            area = self._canvas.get(i) if cells else None
+            # (a constant below 0 gets reversed limits from plotext, which setting
+            # them would sort: its own line there)
+            if area is None or min(area) < 2 or xlim[0] >= xlim[1] or ylim[0] >= ylim[1]:
                 area = None
             else:
-                monitor = figure.monitor
-                xlim = limits([x for sig in mine for x in sig[1]], monitor.xlim[0])
-                ylim = limits([y for sig in mine for y in sig[2]], monitor.ylim[0])
-            if area is not None and xlim[0] < xlim[1] and ylim[0] < ylim[1]:
-                figure.xlim(*xlim)  # (a constant below 0 gets reversed limits from
-                figure.ylim(*ylim)  # plotext, which setting them would sort: not here)
+                figure.xlim(*xlim)
+                figure.ylim(*ylim)
                 used[i] = area
-            else:
-                area = None
             for _, xs, ys, color, marker in mine:
                 if marker is not None:
                     figure.scatter(xs, ys, marker=marker, color=color)
