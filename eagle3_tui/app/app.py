@@ -46,7 +46,7 @@ from eagle3_tui.app.view import ViewState
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
-from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
+from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
 
@@ -160,6 +160,8 @@ class MonitorApp(App[None]):
         self.compare_pipeline: Pipeline | None = None
         self._compared: object = None
         self._shown: tuple[int, object] | None = None
+        self._lines_at = -1
+        """The generation of the model the snapshot's plotted lines were built from."""
         self._built_at = 0.0
         self._building = False
         self._probe_ok = True
@@ -167,6 +169,10 @@ class MonitorApp(App[None]):
         self._tick_step: int | None = None
         self._step_seen_at = -math.inf
         self._loss_plot = LossPlot("loss", id="loss")
+        self._plots: tuple[MetricPlot, ...] = (
+            self._loss_plot,
+            AcceptancePlot("acceptance", id="acc"),
+        )
 
     # ---- layout -----------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -176,7 +182,7 @@ class MonitorApp(App[None]):
         yield HealthBanner().data_bind(*bound, MonitorApp.link)
         with Horizontal(id="plots"):
             yield self._loss_plot.data_bind(*bound, MonitorApp.view)
-            yield AcceptancePlot("acceptance", id="acc").data_bind(*bound, MonitorApp.view)
+            yield self._plots[1].data_bind(*bound, MonitorApp.view)
         with Horizontal(id="middle"):
             yield AcceptanceTable("per TTT step", id="ttt").data_bind(*bound)
             yield ProgressPanel("progress", id="progress").data_bind(*bound)
@@ -233,22 +239,28 @@ class MonitorApp(App[None]):
                 return
         params = view.params(self._columns())
         view_key = (params,)
-        key = (self.pipeline.generation, view_key)
+        generation = self.pipeline.generation
+        key = (generation, view_key)
         since = time.monotonic() - self._built_at
-        if key == self._shown and since < CLOCK_REFRESH_S:
-            return
         data_only = self._shown is not None and view_key == self._shown[1]
+        # the plotted lines cost most of a snapshot: built only when a chart would draw
+        charts_due = not data_only or any(plot.data_due() for plot in self._plots)
+        lines_behind = charts_due and self._lines_at != generation
+        if key == self._shown and since < CLOCK_REFRESH_S and not lines_behind:
+            return
         if data_only and since < DATA_TICKS * self.refresh_interval * 0.95:
             return  # new data alone: at most every DATA_TICKS ticks; a key: at the next
         self._building = True
         try:
-            snap, generation = await self.pipeline.snapshot(self.clock(), params)
+            snap, generation = await self.pipeline.snapshot(self.clock(), params, charts_due)
         finally:
             self._building = False
         if self.view.paused and not view.paused:
             return  # paused while it was built: keep the frozen picture
         self._built_at = time.monotonic()
         self._shown = (generation, view_key)  # what was built, not what is now
+        if charts_due:
+            self._lines_at = generation
         self.snapshot = snap
         if self.owns_process and not self._frozen:
             self._frozen = True
@@ -305,6 +317,12 @@ class MonitorApp(App[None]):
     def is_current(self) -> bool:
         """Whether the picture shows all the data read, for the view and width of now."""
         return self._shown == (self.pipeline.generation, self._view_key(self.view))
+
+    @property
+    def lines_current(self) -> bool:
+        """Whether the picture's plotted lines hold all the data read (they are built
+        only when a chart is due to draw: see :meth:`_tick`)."""
+        return self._lines_at == self.pipeline.generation
 
     def _view_key(self, view: ViewState) -> object:
         return (view.params(self._columns()),)

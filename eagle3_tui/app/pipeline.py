@@ -91,6 +91,8 @@ class Pipeline:
         """After a reconnection: the file's size then; the link is up once read to here."""
         self._cache = SnapshotCache()
         """Kept between snapshots: a long run's lines reduce only the rows since the last."""
+        self._last: tuple[Snapshot, ViewParams] | None = None
+        """The last snapshot and its view: its lines serve the next when no chart is due."""
 
     async def pump(self, source: Source, on_link: Callable[[LinkChanged], None]) -> None:
         """Move the source's events along until it ends (a refused host ends it)."""
@@ -159,12 +161,19 @@ class Pipeline:
         """The latest step read (an int read: safe while a feed runs)."""
         return self.run.state.global_step
 
-    async def snapshot(self, now: float, view: ViewParams) -> tuple[Snapshot, int]:
-        """A frozen picture for ``view``, and the generation it shows."""
+    async def snapshot(
+        self, now: float, view: ViewParams, lines: bool = True
+    ) -> tuple[Snapshot, int]:
+        """A frozen picture for ``view``, and the generation it shows. ``lines`` False:
+        no chart is due to draw, so the plotted lines of the last picture for the same
+        view are kept (built anew if there is none, or the table was rewound)."""
         async with self.lock:
             generation = self.generation
             state = self.run.state
-            snap = await asyncio.to_thread(build_snapshot, state, now, view, self._cache)
+            last = self._last
+            keep = last[0] if not lines and last is not None and last[1] == view else None
+            snap = await asyncio.to_thread(build_snapshot, state, now, view, self._cache, keep)
+            self._last = (snap, view)
         return snap, generation
 
     async def set_status(self, status: Status, now: float) -> None:

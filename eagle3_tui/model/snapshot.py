@@ -481,19 +481,27 @@ def build_snapshot(
     now: float,
     view: ViewParams | None = None,
     cache: SnapshotCache | None = None,
+    lines_of: Snapshot | None = None,
 ) -> Snapshot:
     """Freeze ``state`` for drawing with ``view``. ``cache``: kept by the caller between
     builds of the same run (the app's pipeline), so that a long run's lines reduce only
-    the rows that arrived since and unchanged GPU rows are reused."""
+    the rows that arrived since and unchanged GPU rows are reused. ``lines_of``: an
+    earlier snapshot of the same run and view whose plotted lines this one shows as
+    they were (no chart is due to draw: the lines are most of a build's cost); they are
+    built anew all the same when the table was rewound or replaced since."""
     view = view or ViewParams()
     state.settle()
-    if cache is not None:
-        cache.check(state)
+    fresh = cache.check(state) if cache is not None else True
     diagnosis = diagnose(state, now)
     progress = _progress(state, state.host_time(now))
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):
         progress = replace(progress, eta_epoch_s=None, eta_run_s=None)
-    loss, acc, tau_line = _plot_lines(state, view, cache)
+    if lines_of is not None and not fresh:
+        loss, acc = list(lines_of.loss_lines), list(lines_of.acc_lines)
+        tau_line, ttt_loss = lines_of.tau_line, lines_of.ttt_loss_lines
+    else:
+        loss, acc, tau_line = _plot_lines(state, view, cache)
+        ttt_loss = _ttt_loss_lines(state, view, cache)
     latest = dict(state.table.latest)
     tau = tau_of(latest, state.ttt_steps)
     cond = [latest.get(f"train/cond_acc_{k}") for k in range(state.ttt_steps)]
@@ -510,7 +518,7 @@ def build_snapshot(
         tau=tau if tau is None or math.isfinite(tau) else None,
         tau_cond=tau_from_cond(cond),
         loss_lines=tuple(loss),
-        ttt_loss_lines=_ttt_loss_lines(state, view, cache),
+        ttt_loss_lines=ttt_loss,
         acc_lines=tuple(acc),
         tau_line=tau_line,
         val_rows=tuple(
@@ -618,12 +626,15 @@ class SnapshotCache:
         self.reduced_rows = 0
         """Rows reduced so far (tests check a new build reduces only the new ones)."""
 
-    def check(self, state: RunState) -> None:
-        """Forget what no longer holds: another table, or rows rewritten since."""
+    def check(self, state: RunState) -> bool:
+        """Forget what no longer holds: another table, or rows rewritten since (then
+        True: lines drawn before show rows that are gone)."""
         key = (id(state.table), len(state.redos), state.redos[-1] if state.redos else None)
         if key != self._table:
             self._table = key
             self._series.clear()
+            return True
+        return False
 
     def gpus(self, state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
         last = state.gpu_samples[-1] if state.gpu_samples else None

@@ -88,6 +88,8 @@ def test_cells_draw_what_plotexts_line_draws(
     if drawable:
         cells.xlim(*xlim)
         cells.ylim(*yl)
+    elif ylim is not None:  # plotext's own line, on the same limits as the plain figure
+        cells.ylim(*ylim)
     for (xs, ys), colour in zip(lines, colours, strict=False):
         cx, cy, chars = braille_cells(xs, ys, xlim, yl, cols, rows) if drawable else ([], [], [])
         if cx:

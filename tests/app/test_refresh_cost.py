@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from rich.style import Style as RichStyle
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.visual import Visual, visualize
@@ -24,7 +25,13 @@ from eagle3_tui.app.app import MonitorApp, make_app
 from eagle3_tui.app.widgets import plots
 from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
-from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
+from eagle3_tui.app.widgets.panels import (
+    AcceptanceTable,
+    DataPanel,
+    GpuPanel,
+    KeptLines,
+    ProgressPanel,
+)
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
 from eagle3_tui.model.health import Health
 from eagle3_tui.transport.replay import ReplayTransport
@@ -46,7 +53,11 @@ def renders(app: MonitorApp) -> dict[str, int]:
 async def settled(app: MonitorApp, pilot: Any, step: int) -> None:
     await until(pilot, lambda: app.snapshot.global_step == step, what=f"step {step}")
     plots_ = (app.query_one(LossPlot), app.query_one(AcceptancePlot))
-    await until(pilot, lambda: all(p.is_current for p in plots_), what="the plots drawn")
+    await until(
+        pilot,
+        lambda: app.lines_current and all(p.is_current for p in plots_),
+        what="the plots drawn with every step read",
+    )
     await pilot.pause(0.1)
 
 
@@ -122,8 +133,11 @@ async def test_a_new_step_is_on_screen_with_the_snapshot_that_has_it(
         # ten steps within the charts' interval: one drawing at most, pending
         assert loss.draws - draws[0] <= 1 and acc.draws - draws[1] <= 1
         # the pending drawing comes without more data, and shows the last step
-        await until(pilot, lambda: loss.is_current and acc.is_current, what="the last step")
-        assert max(loss.snapshot.loss_lines[0].x) == 14
+        await until(
+            pilot,
+            lambda: loss.is_current and acc.is_current and max(loss.snapshot.loss_lines[0].x) == 14,
+            what="the last step",
+        )
 
 
 async def test_a_key_redraws_a_chart_at_once() -> None:
@@ -260,3 +274,39 @@ def test_tune_collector_freezes_the_start_and_collects_young_objects_less_often(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+async def test_a_new_step_repaints_only_the_lines_it_changed() -> None:
+    """A panel repaints the lines whose drawing differs, and no other; what the screen
+    then shows is what a repaint of every widget shows."""
+    lines, data = training(300)
+    app, source = app_with(data, now=[T0 + 151.0])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settled(app, pilot, 299)
+        asked: dict[str, list[tuple[Region, ...]]] = {}
+        kept: dict[str, list[Strip]] = {}
+        for widget in app.query(KeptLines):
+            name = type(widget).__name__
+            asked[name], kept[name] = [], list(widget._kept)
+
+            def spy(*regions: Region, _own: Any = widget.refresh, _to: Any = asked[name]) -> Any:
+                _to.append(regions)
+                return _own(*regions)
+
+            widget.refresh = spy  # type: ignore[method-assign,assignment]
+        source.push(lines.at(T0 + 150.5).train(300, 0.45, acc=(0.7, 0.62, 0.7)))
+        await until(pilot, lambda: app.snapshot.global_step == 300, what="step 300")
+        await pilot.pause(0.2)
+        table = app.query_one(AcceptanceTable)
+        pairs = zip(kept["AcceptanceTable"], table._kept, strict=True)
+        changed = [y for y, (a, b) in enumerate(pairs) if a != b]
+        assert 0 < len(changed) < len(table._kept)  # the column names stay as they were
+        width = table.size.width
+        assert asked["AcceptanceTable"] == [tuple(Region(0, y, width, 1) for y in changed)]
+        assert asked["GpuPanel"] == []  # no new GPU sample: nothing drawn
+        shown = app.export_screenshot()
+        for widget in app.query(KeptLines):
+            del widget.refresh  # the class's again
+            widget.refresh()
+        await pilot.pause(0.2)
+        assert app.export_screenshot() == shown

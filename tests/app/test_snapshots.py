@@ -38,7 +38,11 @@ async def loaded(pilot: Any) -> None:
     await until(pilot, lambda: app.snapshot.global_step == 599, what="the whole run")
     await until(pilot, lambda: app.is_current, what="a picture at the final width")
     plots = list(app.query(MetricPlot))
-    await until(pilot, lambda: all(p.is_current for p in plots), what="the plots drawn")
+    await until(
+        pilot,
+        lambda: app.lines_current and all(p.is_current for p in plots),
+        what="the plots drawn",
+    )
     await pilot.pause()
 
 

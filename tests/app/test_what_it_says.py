@@ -216,7 +216,7 @@ async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legen
     async with app.run_test(size=(120, 40)) as pilot:
         plot = app.query_one(AcceptancePlot)
         await until(pilot, lambda: app.snapshot.global_step == 59, what="step 59")
-        await until(pilot, lambda: plot.is_current, what="drawn")
+        await until(pilot, lambda: app.lines_current and plot.is_current, what="drawn")
         shown = text_of(plot, 58)
         axis = [m.group() for row in shown.splitlines() if (m := re.match(r"\d+\.\d+", row))]
         # accuracies up to 0.35 on an axis to 0.40 (not 1.00), τ (~1.45) on its own

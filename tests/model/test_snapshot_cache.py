@@ -99,3 +99,26 @@ def test_gpu_rows_are_reused_until_a_new_sample() -> None:
     run.feed(2 * 10**9, lines.gpu(60.0, devices=8))
     c = build_snapshot(run.state, T0 + 2, cache=cache)
     assert c.gpus is not b.gpus and c.gpus[0].util == 60.0
+
+
+def test_lines_of_an_earlier_snapshot_are_kept_until_the_table_is_rewound() -> None:
+    """``lines_of``: the earlier snapshot's lines as they were (nothing reduced), the
+    rest of the picture new; a rewound table builds them anew all the same."""
+    run, lines = long_run()
+    cache = SnapshotCache()
+    view = ViewParams(columns=55)
+    first = build_snapshot(run.state, T0, view, cache)
+    run.feed(10**9, b"".join(lines.train(s, 2.0) for s in range(ROWS, ROWS + 10)))
+    reduced = cache.reduced_rows
+    kept = build_snapshot(run.state, T0 + 1, view, cache, lines_of=first)
+    assert reduced > 0 and cache.reduced_rows == reduced
+    assert kept.loss_lines == first.loss_lines and kept.acc_lines == first.acc_lines
+    assert kept.tau_line is first.tau_line and kept.ttt_loss_lines is first.ttt_loss_lines
+    assert kept.global_step == ROWS + 9 and kept.latest["train/loss"] == 2.0  # the rest is new
+    built = build_snapshot(run.state, T0 + 1, view, cache)
+    assert line(built, "raw")[0][-1] == ROWS + 9
+    run.feed(2 * 10**9, lines.train(ROWS - 5000, 1.0))  # a resume from an earlier step
+    rewound = build_snapshot(run.state, T0 + 2, view, cache, lines_of=built)
+    fresh = build_snapshot(run.state, T0 + 2, view, SnapshotCache())
+    assert line(rewound, "raw") == line(fresh, "raw")
+    assert line(rewound, "raw")[0][-1] == ROWS - 5000

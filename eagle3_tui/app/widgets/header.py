@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from eagle3_tui.app.text import inert
 from eagle3_tui.app.view import ViewState
+from eagle3_tui.app.widgets.panels import KeptLines
 from eagle3_tui.model.health import Health
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
@@ -48,7 +49,7 @@ def link_text(link: LinkChanged) -> Text:
     return Text("✖ refused", style="bold #ffffff on #d70000")
 
 
-class RunHeader(Static):
+class RunHeader(KeptLines):
     """One line: app, target, link, health, step and epoch, and the view's state."""
 
     snapshot: var[Snapshot] = var(EMPTY)
@@ -73,7 +74,7 @@ class RunHeader(Static):
         key2 = (p.step, p.total_steps, p.epoch, p.epochs_total)
         if (key, key2) != self._inputs:
             self._inputs = (key, key2)
-            self.refresh()
+            self.repaint_changed()
 
     def render(self) -> Text:
         self.renders += 1

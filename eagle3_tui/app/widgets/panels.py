@@ -13,10 +13,11 @@ from rich.table import Table
 from rich.text import DEFAULT_OVERFLOW, Text
 from textual._context import active_app
 from textual.css.styles import RulesMap
+from textual.geometry import Region, Size
 from textual.reactive import var
 from textual.strip import Strip
 from textual.style import Style as VisualStyle
-from textual.visual import RenderOptions, Visual
+from textual.visual import RenderOptions, Visual, visualize
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
@@ -108,7 +109,80 @@ def _has_meta(text: Text) -> bool:
     return any(st.link or st._meta for st in parsed)
 
 
-class Panel(Static):
+class KeptLines(Static):
+    """A Static whose lines are drawn once per change and kept (Textual's line API:
+    :meth:`render_line` hands out the kept strips).
+
+    :meth:`repaint_changed` draws at once and repaints only the lines that differ from
+    the kept ones: Textual re-styles (border, padding, background) and re-composites
+    each repainted line, ~25 µs a line, and most of a panel's lines are the same from one
+    second to the next. Any other repaint (a resize, a style change, a reactive that
+    repaints) draws the whole widget again at its next line, as a Static does.
+    """
+
+    _kept: tuple[Strip, ...] = ()
+    _kept_size: Size | None = None
+    _stale = True
+    """The kept lines no longer show what :meth:`render` would draw."""
+    _partial = False
+    """Set while :meth:`repaint_changed` asks for its own lines to be repainted."""
+
+    def refresh(
+        self,
+        *regions: Region,
+        repaint: bool = True,
+        layout: bool = False,
+        recompose: bool = False,
+    ) -> KeptLines:
+        if repaint and not self._partial:
+            self._stale = True
+        super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+        return self
+
+    def notify_style_update(self) -> None:
+        self._stale = True
+        super().notify_style_update()
+
+    def repaint_changed(self) -> None:
+        """What :meth:`render` draws changed: repaint the lines that differ."""
+        if self._stale or self._kept_size != self.size or not self.size:
+            self.refresh()  # drawn whole at the next line asked for
+            return
+        old = self._kept
+        new = self._draw_lines()
+        if len(new) != len(old):
+            self.refresh()
+            return
+        width = self.size.width
+        pairs = enumerate(zip(old, new, strict=True))
+        changed = [Region(0, y, width, 1) for y, (a, b) in pairs if a != b]
+        if changed:
+            self._partial = True
+            try:
+                self.refresh(*changed)
+            finally:
+                self._partial = False
+
+    def _draw_lines(self) -> tuple[Strip, ...]:
+        size = self.size
+        visual = visualize(self, self.render(), markup=False)
+        self._kept = tuple(
+            Visual.to_strips(self, visual, size.width, size.height, self.visual_style)
+        )
+        self._kept_size, self._stale = size, False
+        return self._kept
+
+    def render_line(self, y: int) -> Strip:
+        if self.text_selection is not None:  # Textual draws the selection over its own
+            return super().render_line(y)
+        if self._stale or self._kept_size != self.size:
+            self._draw_lines()
+        if y < len(self._kept):
+            return self._kept[y]
+        return Strip.blank(self.size.width, self.visual_style.rich_style)
+
+
+class Panel(KeptLines):
     """A bordered panel that draws the snapshot it is handed.
 
     A new snapshot repaints the panel only when what the panel shows of it changed
@@ -135,7 +209,7 @@ class Panel(Static):
         key = self.inputs(snap)
         if key != self._inputs:
             self._inputs = key
-            self.refresh()
+            self.repaint_changed()
 
     def render(self) -> RenderableType | Visual:
         self.renders += 1

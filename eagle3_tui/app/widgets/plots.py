@@ -433,6 +433,11 @@ class MetricPlot(PlotextPlot):
         ]
         return Text("\n").join(rows)
 
+    def data_due(self) -> bool:
+        """Whether new data would be drawn now (its interval since the last drawing ends
+        within ``TICK_SLACK_S``): the app builds the lines of a snapshot only then."""
+        return self._drawn_at + self.data_interval() - time.monotonic() <= TICK_SLACK_S
+
     def data_interval(self) -> float:
         """How long new data waits after a drawing: the build's cost over ``CHART_SHARE``."""
         return min(DATA_REDRAW_MAX_S, max(DATA_REDRAW_S, self.build_s / CHART_SHARE))
