@@ -6,7 +6,7 @@ import math
 import os
 from dataclasses import replace
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, OverflowMethod, RenderableType
 from rich.segment import Segment
 from rich.style import Style
 from rich.table import Table
@@ -60,16 +60,16 @@ class TextLines(Visual):
         default = app.console_options.overflow or DEFAULT_OVERFLOW
         base = style.rich_style
         strips = []
+        drawn = _LINE_STRIPS
         for line in self.lines[:height]:
-            if line.cell_len > width:
-                line = line.copy()
-                line.truncate(width, overflow=line.overflow or default)
-            if line.spans or not line.style:
-                segments = line.render(console)
-            else:  # a Text without spans renders without its own style; joined into
-                # the Group's lines (what Rich shows) its style becomes a span
-                segments = [Segment(line.plain, console.get_style(line.style))]
-            strips.append(Strip([Segment(t, base + st if st else base) for t, st, _ in segments]))
+            key = (line.plain, tuple(line.spans), line.style, line.overflow, width, base, default)
+            strip = drawn.get(key)
+            if strip is None:
+                strip = _line_strip(line, width, base, default, console)
+                if len(drawn) >= LINE_STRIPS_KEPT:
+                    drawn.clear()
+                drawn[key] = strip
+            strips.append(strip)
         return strips
 
     def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
@@ -77,6 +77,28 @@ class TextLines(Visual):
 
     def get_height(self, rules: RulesMap, width: int) -> int:
         return len(self.lines)
+
+
+LINE_STRIPS_KEPT = 4096
+"""Lines drawn lately, kept by what they show (text, spans, style, width): most of a
+panel's lines are the same from one second to the next (labels, column names, a
+figure that did not move), and a Strip is immutable."""
+_LINE_STRIPS: dict[object, Strip] = {}
+
+
+def _line_strip(
+    line: Text, width: int, base: Style, default: OverflowMethod, console: Console
+) -> Strip:
+    """One line of text as the screen shows it, cut to ``width``, under ``base``."""
+    if line.cell_len > width:
+        line = line.copy()
+        line.truncate(width, overflow=line.overflow or default)
+    if line.spans or not line.style:
+        segments = line.render(console)
+    else:  # a Text without spans renders without its own style; joined into the
+        # Group's lines (what Rich shows) its style becomes a span
+        segments = [Segment(line.plain, console.get_style(line.style))]
+    return Strip([Segment(t, base + st if st else base) for t, st, _ in segments])
 
 
 def lines_of(drawn: RenderableType) -> TextLines | None:
@@ -107,6 +129,11 @@ def _has_meta(text: Text) -> bool:
     styles = [text.style, *(span.style for span in text.spans)]
     parsed = (Style.parse(st) if isinstance(st, str) else st for st in styles)  # cached
     return any(st.link or st._meta for st in parsed)
+
+
+NO_OPTIONS = RenderOptions(lambda _: VisualStyle(), RulesMap())
+"""What :meth:`TextLines.render_strips` is handed outside ``Visual.to_strips`` (it
+reads none of it)."""
 
 
 class KeptLines(Static):
@@ -164,11 +191,15 @@ class KeptLines(Static):
                 self._partial = False
 
     def _draw_lines(self) -> tuple[Strip, ...]:
-        size = self.size
+        size, style = self.size, self.visual_style
         visual = visualize(self, self.render(), markup=False)
-        self._kept = tuple(
-            Visual.to_strips(self, visual, size.width, size.height, self.visual_style)
-        )
+        if isinstance(visual, TextLines) and self.styles.content_align == ("left", "top"):
+            # what Visual.to_strips makes of these lines, without its per-call lookups
+            # (link style, selection, the screen): no link, no selection, nothing to align
+            strips = visual.render_strips(size.width, size.height, style, NO_OPTIONS)
+        else:
+            strips = Visual.to_strips(self, visual, size.width, size.height, style)
+        self._kept = tuple(strips)
         self._kept_size, self._stale = size, False
         return self._kept
 
