@@ -232,11 +232,20 @@ def main() -> None:
         help="a file to keep the written history in and copy from next time (1M steps: minutes)",
     )
     ap.add_argument(
+        "--without",
+        default="",
+        help="comma-separated parts left out, to see what each costs: charts (no chart "
+        "follows the data), panels (the text panels keep their first picture), pictures "
+        "(no snapshot after the first few: reading and parsing alone)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         help="run the app under cProfile, its stats written here (the CPU figures then include it)",
     )
     args = ap.parse_args()
+    if args.without:
+        os.environ["E3_WITHOUT"] = args.without  # frame_probe.py reads it
     if args.profile is not None:
         os.environ["E3_PROFILE"] = str(args.profile.resolve())  # frame_probe.py reads it
     if shutil.which("tmux") is None:

@@ -10,6 +10,10 @@ a few places is summed and written to ``FILE`` with the frames: each widget clas
 renders, the charts' plotext builds and redraws, the app's tick; the screen updates as
 a whole. Cheap enough not to change the picture it measures.
 
+With ``E3_WITHOUT=charts,panels,pictures`` those parts are left out (``bench_follow.py
+--without``), to measure what each costs: no chart follows the data, the text panels
+keep their first picture, or no snapshot is built after the first few.
+
 With ``E3_PROFILE=FILE`` in the environment the main thread runs under cProfile, its
 stats (from 20 s after the start on) written to ``FILE`` every 10 s (read them with ``pstats``).
 """
@@ -154,10 +158,36 @@ if PROFILE:
     Screen._on_timer_update = _profiled  # type: ignore[method-assign]
 
 
+def _leave_out(parts: set[str]) -> None:
+    from eagle3_tui.app.app import MonitorApp
+    from eagle3_tui.app.widgets.panels import Panel
+    from eagle3_tui.app.widgets.plots import MetricPlot
+
+    unknown = parts - {"charts", "panels", "pictures"}
+    if unknown:
+        raise SystemExit(f"E3_WITHOUT: unknown parts {sorted(unknown)}")
+    if "charts" in parts:
+        MetricPlot.watch_snapshot = lambda self: None  # type: ignore[method-assign]
+    if "panels" in parts:
+        Panel.watch_snapshot = lambda self, snap: None  # type: ignore[method-assign]
+    if "pictures" in parts:
+        tick = MonitorApp._tick
+        built = [0]
+
+        async def first_few(self: MonitorApp) -> None:
+            if built[0] < 5 or self.snapshot.global_step is None:
+                built[0] += 1
+                await tick(self)
+
+        MonitorApp._tick = first_few  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from eagle3_tui.cli import main
 
     _later_imports()
+    if os.environ.get("E3_WITHOUT"):
+        _leave_out(set(os.environ["E3_WITHOUT"].split(",")))
 
     raise SystemExit(main(sys.argv[2:]))

@@ -36,6 +36,16 @@ def utc() -> Iterator[None]:
     time.tzset()
 
 
+@pytest.fixture(autouse=True)
+def charts_follow_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chart follows new data within 2 s here, not the live pace (up to
+    ``DATA_REDRAW_MAX_S``): tests that wait for a chart to show new data wait less (a
+    test of the pace sets its own)."""
+    from eagle3_tui.app.widgets import plots
+
+    monkeypatch.setattr(plots, "DATA_REDRAW_MAX_S", 2.0)
+
+
 def text_of(widget: Any, width: int = 160) -> str:
     """What a widget's ``render()`` shows (a plain Static: its content), as plain text."""
     from textual.widgets import Static

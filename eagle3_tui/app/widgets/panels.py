@@ -79,7 +79,7 @@ class TextLines(Visual):
         return len(self.lines)
 
 
-LINE_STRIPS_KEPT = 4096
+LINE_STRIPS_KEPT = 512
 """Lines drawn lately, kept by what they show (text, spans, style, width): most of a
 panel's lines are the same from one second to the next (labels, column names, a
 figure that did not move), and a Strip is immutable."""

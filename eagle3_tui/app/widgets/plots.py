@@ -199,14 +199,17 @@ def matrix_strips(
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
-CHART_SHARE = 0.0025
-"""New data alone may cost a chart about this share of a core: a chart whose build takes
-8 ms follows new data every 3.2 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``).
-Two charts at this share are a sixth of the 3 % that following a live run may cost. (At
-0.4 % a chart followed every 3-4 s when its build took 12-16 ms; its braille lines now
-cost numpy a tenth of that, the build ~8 ms: the same pace at this share.)"""
-DATA_REDRAW_MAX_S = 4.0
-"""New data is drawn within this, however slow the build."""
+CHART_SHARE = 0.0015
+"""New data alone may cost a chart about this share of a core, counting its build (plotext
+and the cells: ``build_s``): a chart whose build takes 10 ms follows new data every
+6.7 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``). A drawing costs the process
+about 2.5 times its build (Textual re-styles, composites and writes every line of the
+chart): measured with ``bench_follow.py --without charts``, charts at 0.25 % and a 4 s
+pace cost following a live run 1.1 % of a core, a third of it; at this share and an 8 s
+pace about half that. The header, the TTT table and the progress panel show each new
+step's figures within a second all the same."""
+DATA_REDRAW_MAX_S = 8.0
+"""New data is drawn within this, however slow the build (TensorBoard reloads every 30 s)."""
 TICK_SLACK_S = 0.5
 """A chart due within this draws with the snapshot at hand: its drawing goes out in the
 frame that repaints the text panels for the same snapshot, not in a frame of its own
