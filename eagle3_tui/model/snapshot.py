@@ -497,10 +497,11 @@ def build_snapshot(
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):
         progress = replace(progress, eta_epoch_s=None, eta_run_s=None)
     if lines_of is not None and not fresh:
-        loss, acc = list(lines_of.loss_lines), list(lines_of.acc_lines)
+        loss, acc = lines_of.loss_lines, lines_of.acc_lines  # the same tuples
         tau_line, ttt_loss = lines_of.tau_line, lines_of.ttt_loss_lines
     else:
-        loss, acc, tau_line = _plot_lines(state, view, cache)
+        loss_list, acc_list, tau_line = _plot_lines(state, view, cache)
+        loss, acc = tuple(loss_list), tuple(acc_list)
         ttt_loss = _ttt_loss_lines(state, view, cache)
     latest = dict(state.table.latest)
     tau = tau_of(latest, state.ttt_steps)
@@ -517,9 +518,9 @@ def build_snapshot(
         latest=latest,
         tau=tau if tau is None or math.isfinite(tau) else None,
         tau_cond=tau_from_cond(cond),
-        loss_lines=tuple(loss),
+        loss_lines=loss,
         ttt_loss_lines=ttt_loss,
-        acc_lines=tuple(acc),
+        acc_lines=acc,
         tau_line=tau_line,
         val_rows=tuple(
             ValRow(e, state.val_steps.get(e), dict(v))

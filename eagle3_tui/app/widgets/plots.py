@@ -461,10 +461,15 @@ class MetricPlot(PlotextPlot):
         ]
         return Text("\n").join(rows)
 
+    def data_wait(self) -> float:
+        """Seconds until new data alone may be drawn (its interval since the last
+        drawing); new data is drawn at once when this is within ``TICK_SLACK_S``."""
+        return self._drawn_at + self.data_interval() - time.monotonic()
+
     def data_due(self) -> bool:
-        """Whether new data would be drawn now (its interval since the last drawing ends
-        within ``TICK_SLACK_S``): the app builds the lines of a snapshot only then."""
-        return self._drawn_at + self.data_interval() - time.monotonic() <= TICK_SLACK_S
+        """Whether new data would be drawn now: the app builds the lines of a snapshot
+        only then."""
+        return self.data_wait() <= TICK_SLACK_S
 
     def data_interval(self) -> float:
         """How long new data waits after a drawing: the build's cost over ``CHART_SHARE``."""
@@ -477,7 +482,7 @@ class MetricPlot(PlotextPlot):
         if key == self._drawn and not force:
             return
         same = self._drawn_view == self.view and self._drawn_size == self.size
-        wait = self._drawn_at + self.data_interval() - time.monotonic()
+        wait = self.data_wait()
         if data and not force and same and wait > TICK_SLACK_S:
             if self._later is None:  # the snapshot past ``wait`` draws it; this, if none comes
                 self._later = self.set_timer(wait + LATE_S, self._draw_later, name="plot-later")
