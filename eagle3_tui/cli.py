@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import __version__
-from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME
+from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from eagle3_tui.model.run import Run
     from eagle3_tui.transport.channel import DataFrame, Host
     from eagle3_tui.transport.control import Report
-    from eagle3_tui.transport.replies import Status
+    from eagle3_tui.transport.replies import SaveWait, SaveWaitReport, Status
     from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target
 
 # Exit statuses (documented in the README).
@@ -212,6 +212,14 @@ def build_kill_parser() -> argparse.ArgumentParser:
         KILL_GRACE_S,
         f"how long the trainer may take to save and exit before SIGKILL (default "
         f"{KILL_GRACE_S:.0f}: speculators gives up on its save after 120 s)",
+    )
+    add_seconds_option(
+        p,
+        "--save-wait",
+        SAVE_WAIT_S,
+        "if the run is writing a checkpoint, how long to wait for that save to finish "
+        "before the first signal: a SIGTERM in the middle of a save leaves that checkpoint "
+        f"incomplete (default {SAVE_WAIT_S:.0f}; 0: signal at once)",
     )
     return add_json_and_ssh_options(p, "the report as one JSON object")
 
@@ -838,13 +846,28 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     target = cli_target(ns)
     label = ns.target or f"pid {ns.pid}"
 
+    save_wait = max(0.0, ns.save_wait)
+
     async def kill(host: Host, t: Target) -> KillReport:
         run_dir = control.run_dir_of(t)
-        return await control.kill_run(host, run_dir, ns.grace, on_progress=_print_progress)
+        return await control.kill_run(
+            host, run_dir, ns.grace, on_progress=_print_progress, save_wait_s=save_wait
+        )
+
+    async def saves_done(targets: list[Target]) -> SaveWait | None:
+        def call(t: Target) -> Callable[[], Awaitable[SaveWaitReport]]:
+            return lambda: control.on_host(
+                t,
+                lambda h: control.wait_for_save(
+                    h, control.run_dir_of(t), save_wait, _print_progress
+                ),
+            )
+
+        return await control.saves_done([call(t) for t in targets])
 
     async def go() -> KillReport:
         if not needs_choice(target, ns.pid):
-            return await on_every_node(target, "kill", kill, KillReport)
+            return await on_every_node(target, "kill", kill, KillReport, first=saves_done)
 
         async def choose(host: Host) -> ChooseReply:
             return await control.choose(host, control.run_dir_of(target), ns.pid)
@@ -862,7 +885,7 @@ def cmd_kill(ns: argparse.Namespace) -> int:
                 ),
             )
         return await on_every_node(
-            pinned_to(target, chosen.chosen_run_dir()), "kill", kill, KillReport
+            pinned_to(target, chosen.chosen_run_dir()), "kill", kill, KillReport, first=saves_done
         )
 
     result = asyncio.run(go())
@@ -875,16 +898,25 @@ async def on_every_node(
     op: str,
     call: Callable[[Host, Target], Awaitable[Report]],
     kind: type[Report],
+    first: Callable[[list[Target]], Awaitable[SaveWait | None]] | None = None,
 ) -> Report:
     """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
-    names its nodes, on every node at once; one (merged) report."""
+    names its nodes, on every node at once; one (merged) report. ``first``: a step on
+    every node before the calls on any (a kill's wait for a checkpoint save), what it
+    waited for kept in the report."""
+    import msgspec
+
     from eagle3_tui.transport import control
+    from eagle3_tui.transport.replies import KillReport
 
     others: list[Target] = list(await control.node_targets(target))
     if not others:
         return await control.on_host(target, lambda h: call(h, target))
-    results = await control.on_nodes([target, *others], call, kind)
-    return control.merge_results(op, results)
+    waited = await first([target, *others]) if first is not None else None
+    report = control.merge_results(op, await control.on_nodes([target, *others], call, kind))
+    if isinstance(report, KillReport) and waited is not None and report.save_wait is None:
+        report = msgspec.structs.replace(report, save_wait=waited)
+    return report
 
 
 def cmd_resume(ns: argparse.Namespace) -> int:

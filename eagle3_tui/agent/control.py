@@ -31,6 +31,8 @@ from eagle3_tui.agent.names import (
     MANIFEST,
     OP_KILL,
     OP_RESUME,
+    OP_SAVE_WAIT,
+    SAVE_WAIT_S,
 )
 from eagle3_tui.agent.processes import (
     Member,
@@ -42,13 +44,17 @@ from eagle3_tui.agent.processes import (
     wait_gone,
 )
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
+from eagle3_tui.agent.saving import wait_for_save
 from eagle3_tui.telemetry.topology import TORCHRUN_ENV
 
 
 def op_kill(req: dict[str, Any]) -> int:
     """Stop the run so that it saves its checkpoint, then make sure nothing of it remains.
 
-    1. verify the trainer's PID (start time, boot id): refuse on a mismatch;
+    1. verify the trainer's PID (start time, boot id): refuse on a mismatch; if the
+       run's records show a checkpoint save in progress, wait for it to finish (up to
+       ``save_wait_s``: a SIGTERM in the middle of a save tears that checkpoint, see
+       :mod:`saving`);
     2. SIGTERM the trainer, not its group: speculators' handler saves
        ``interrupted/`` and exits, its dataloader workers with it. Under torchrun,
        every rank of this node at once, not the agent: the agent forwards SIGTERM
@@ -79,6 +85,7 @@ def op_kill(req: dict[str, Any]) -> int:
         note = problem or "the run is not running"
         emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
         return 0
+    save_wait = _wait_for_save(req, m, run_dir, members)
     # what interrupted/ holds now: the report names only what this kill produced
     before = files_state(interrupted_dir(m, run_dir))
     launcher, targets = _sigterm_targets(members, trainer)
@@ -101,10 +108,34 @@ def op_kill(req: dict[str, Any]) -> int:
         processes=[mb.report() for mb in members.values()],
         checkpoints=checkpoint_report(m, run_dir, before),
         signalled_trainer=bool(targets),
+        save_wait=save_wait,
         host=os.uname().nodename,
         node_rank=m.get("node_rank"),
         **base,
     )
+    return 0
+
+
+def _wait_for_save(
+    req: dict[str, Any], m: dict[str, Any], run_dir: Path, members: dict[int, Member]
+) -> dict[str, Any] | None:
+    """A checkpoint save the run's records show in progress: waited for while any
+    process of the run lives, up to the request's ``save_wait_s``."""
+    metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
+    wait_s = float(req.get("save_wait_s", SAVE_WAIT_S))
+    return wait_for_save(metrics, lambda: any(mb.alive() for mb in members.values()), wait_s)
+
+
+def op_save_wait(req: dict[str, Any]) -> int:
+    """Wait, as a kill would before its first signal, for a checkpoint save in progress
+    (a multi-node kill asks every node first, so that no node signals its ranks while
+    another node's rank is in the middle of a save they share)."""
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    m = read_manifest(run_dir)
+    trainer, problem = verify_trainer(m)
+    members = find_members(m, trainer) if problem is None else {}
+    save_wait = _wait_for_save(req, m, run_dir, members) if members else None
+    emit(EV_RESULT, op=OP_SAVE_WAIT, save_wait=save_wait, run_dir=str(run_dir))
     return 0
 
 

@@ -22,6 +22,7 @@ from eagle3_tui.agent.names import (
     OP_RESOLVE,
     OP_RESUME,
     OP_RUNS,
+    OP_SAVE_WAIT,
     OP_STATUS,
     PROTOCOL,
 )
@@ -39,6 +40,7 @@ OPS: dict[str, tuple[str, str]] = {
     OP_DESCRIBE: ("discover", "op_describe"),
     OP_OBSERVE: ("observe", "op_observe"),
     OP_ATTACH: ("attach", "op_attach"),
+    OP_SAVE_WAIT: ("control", "op_save_wait"),
 }
 """Operation -> (module of ``eagle3_tui.agent``, function). The module is imported when
 its operation is asked for: every call is a fresh process, and the 60 s status probe

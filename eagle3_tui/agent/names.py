@@ -11,6 +11,9 @@ RUN_ID_ENV = "EAGLE3_TUI_RUN_ID"
 KILL_GRACE_S = 130.0
 """How long a kill waits for the trainer to save and exit before SIGKILL: speculators
 gives up on its own save after 120 s (its watchdog)."""
+SAVE_WAIT_S = 900.0
+"""How long a kill waits for a checkpoint save in progress to finish before its first
+signal (agent/saving.py): a drafter's optimizer state takes minutes to write."""
 COMPRESS_ZLIB = "zlib"
 """A follow or read request's ``"compress"``: send the catch-up as zlib Z frames."""
 COLUMNS_WANTED = {"profile": list(MONITOR_PROFILE)}
@@ -31,6 +34,7 @@ OP_CHOOSE = "choose"  # which run or process a target means
 OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identity
 OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
 OP_ATTACH = "attach"
+OP_SAVE_WAIT = "save_wait"  # kill's first step alone: wait for a checkpoint save
 
 # What ``choose`` found a target to mean (its result's "choice").
 CHOICE_RUN = "run"  # a run directory (``run_dir``)

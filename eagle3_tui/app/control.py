@@ -11,7 +11,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from eagle3_tui.agent.names import KILL_GRACE_S
+import msgspec
+
+from eagle3_tui.agent.names import KILL_GRACE_S, SAVE_WAIT_S
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
@@ -22,6 +24,7 @@ from eagle3_tui.transport.replies import (
     ProcessRow,
     ResumeReport,
     RunsReport,
+    SaveWaitReport,
     Status,
 )
 from eagle3_tui.transport.target import LocalTarget, Target
@@ -36,6 +39,8 @@ class RunControl:
     where: str
     """``host:run_dir`` (or the local path), for dialogs."""
     kill_grace_s: float = KILL_GRACE_S
+    save_wait_s: float = SAVE_WAIT_S
+    """How long a kill waits for a checkpoint save in progress before its first signal."""
     resume_wait_s: float = 30.0
     process: ProcessRow | None = None
     """A training without telemetry (its discovery row): acted on by PID, start time and
@@ -86,13 +91,28 @@ class RunControl:
     async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:
             return await control.kill_run(
-                self.host, self.run_dir, self.kill_grace_s, on_progress, process=self.process
+                self.host,
+                self.run_dir,
+                self.kill_grace_s,
+                on_progress,
+                process=self.process,
+                save_wait_s=self.save_wait_s,
             )
 
         async def kill(c: RunControl) -> KillReport:
-            return await control.kill_run(c.host, c.run_dir, c.kill_grace_s, on_progress)
+            return await control.kill_run(
+                c.host, c.run_dir, c.kill_grace_s, on_progress, save_wait_s=c.save_wait_s
+            )
 
-        return await self._every_node("kill", kill, KillReport)
+        def save_wait(c: RunControl) -> Callable[[], Awaitable[SaveWaitReport]]:
+            return lambda: control.wait_for_save(c.host, c.run_dir, c.save_wait_s, on_progress)
+
+        # no node is signalled while any node's records show a checkpoint save
+        waited = await control.saves_done([save_wait(c) for c in [self, *self.nodes]])
+        report = await self._every_node("kill", kill, KillReport)
+        if waited is not None and report.save_wait is None:
+            report = msgspec.structs.replace(report, save_wait=waited)
+        return report
 
     async def resume(self) -> ResumeReport:
         if not self.nodes:

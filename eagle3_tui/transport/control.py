@@ -30,6 +30,7 @@ from eagle3_tui.agent.names import (
     OP_RESOLVE,
     OP_RESUME,
     OP_RUNS,
+    OP_SAVE_WAIT,
     OP_STATUS,
 )
 from eagle3_tui.model.state import SAMPLES_KEPT
@@ -56,6 +57,8 @@ from eagle3_tui.transport.replies import (
     Resolved,
     ResumeReport,
     RunsReport,
+    SaveWait,
+    SaveWaitReport,
     Status,
     decode,
     decode_plan,
@@ -152,14 +155,50 @@ async def kill_run(
     grace_s: float,
     on_progress: ProgressCallback | None = None,
     process: ProcessRow | None = None,
+    save_wait_s: float | None = None,
 ) -> KillReport:
     """Kill the run in ``run_dir``, or (``process``: a discovered training's row) that
-    process tree, identified by PID, start time and boot id."""
+    process tree, identified by PID, start time and boot id. A checkpoint save in
+    progress is waited for first, up to ``save_wait_s`` (None: the agent's default)."""
     request: dict[str, Any] = {"op": OP_KILL, "run_dir": run_dir, "grace_s": grace_s}
+    if save_wait_s is not None:
+        request["save_wait_s"] = save_wait_s
     if process is not None:
         request.update(pid=process.pid, start_ticks=process.start_ticks, boot_id=process.boot_id)
     ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
     return decode(KillReport, ev.fields, host.label)
+
+
+async def wait_for_save(
+    host: Host,
+    run_dir: str | None,
+    save_wait_s: float | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> SaveWaitReport:
+    """A kill's first step alone: wait for a checkpoint save in progress (agent/saving.py)."""
+    request: dict[str, Any] = {"op": OP_SAVE_WAIT, "run_dir": run_dir}
+    if save_wait_s is not None:
+        request["save_wait_s"] = save_wait_s
+    ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
+    return decode(SaveWaitReport, ev.fields, host.label)
+
+
+async def saves_done(
+    calls: Sequence[Callable[[], Awaitable[SaveWaitReport]]],
+) -> SaveWait | None:
+    """Every node's :func:`wait_for_save` at once, before a multi-node kill signals any
+    node: the ranks of every node take part in a save, so none is signalled while one
+    node's records show a save in progress. What was waited for (the longest wait), if
+    anything; a node that cannot answer is left to its kill's own report."""
+
+    async def one(call: Callable[[], Awaitable[SaveWaitReport]]) -> SaveWait | None:
+        try:
+            return (await call()).save_wait
+        except TargetError:
+            return None
+
+    waits = [w for w in await asyncio.gather(*(one(c) for c in calls)) if w is not None]
+    return max(waits, key=lambda w: w.waited_s) if waits else None
 
 
 async def resume_run(
@@ -385,6 +424,12 @@ def format_progress(ev: Event) -> str | None:
         )
     if step == "timeout":
         return f"pid {ev.get('pid')} still alive after {ev.get('grace_s')} s: SIGKILL"
+    if step == "save":
+        return (
+            f"a checkpoint save is in progress ({printable(str(ev.get('path')))}): waiting "
+            f"for it to finish before the first signal ({float(ev.get('elapsed', 0)):.0f} s, "
+            f"at most {float(ev.get('wait_s', 0)):.0f} s)"
+        )
     return None
 
 
@@ -413,8 +458,14 @@ def _checkpoint_at(global_step: int | None, epoch: int | None) -> str:
 
 def format_kill(result: KillReport) -> str:
     if result.nodes is not None:  # several nodes: each one's report under its name
-        return "\n".join(f"== {printable(str(n.where))}\n{format_kill(n)}" for n in result.nodes)
+        said = any(n.save_wait is not None for n in result.nodes)
+        wait = result.save_wait if not said else None  # the first step's, on no node's own
+        first = [save_wait_line(wait)] if wait is not None else []
+        nodes = [f"== {printable(str(n.where))}\n{format_kill(n)}" for n in result.nodes]
+        return "\n".join(first + nodes)
     lines = [f"{result.status}: {printable(result.message)}"]
+    if result.save_wait is not None:
+        lines.append(save_wait_line(result.save_wait))
     if result.processes:
         lines.append(f"  {'PID':>8}  {'ROLE':<18} {'COMMAND':<16} {'SIGNALS':<16} OUTCOME")
         for p in result.processes:
@@ -431,6 +482,17 @@ def format_kill(result: KillReport) -> str:
         lines.append(_interrupted_line(ckpt.interrupted, result))
         lines.append(_checkpoint_line("resume from", ckpt.latest))
     return "\n".join(lines)
+
+
+def save_wait_line(wait: SaveWait) -> str:
+    """What a kill did about a checkpoint save it found in progress."""
+    path = printable(wait.path)
+    if wait.finished:
+        return f"waited {wait.waited_s:.0f} s for the checkpoint save of {path} to finish first"
+    return (
+        f"the checkpoint save of {path} was still in progress after {wait.waited_s:.0f} s: "
+        "signalled regardless (that checkpoint may be left incomplete)"
+    )
 
 
 def _interrupted_line(info: CheckpointInfo | None, result: KillReport) -> str:

@@ -150,6 +150,22 @@ class Checkpoints(msgspec.Struct, kw_only=True):
     interrupted: CheckpointInfo | None = None
 
 
+class SaveWait(msgspec.Struct, kw_only=True):
+    """A checkpoint save a kill found in progress and waited for before its first signal."""
+
+    path: str
+    waited_s: float = 0.0
+    finished: bool = False
+    """Whether the save finished within the wait (else the kill went on regardless)."""
+
+
+class SaveWaitReport(Reply, kw_only=True):
+    """``save_wait``: a multi-node kill's first step, on each node."""
+
+    save_wait: SaveWait | None = None
+    run_dir: str | None = None
+
+
 KillStatus = Literal["stopped", "not_running", "refused", "remaining", "error"]
 ResumeStatus = Literal["started", "failed", "refused", "error"]
 
@@ -160,6 +176,8 @@ class KillReport(Reply, kw_only=True):
     processes: list[ProcessReport] = msgspec.field(default_factory=list)
     checkpoints: Checkpoints = msgspec.field(default_factory=Checkpoints)
     signalled_trainer: bool = False
+    save_wait: SaveWait | None = None
+    """A checkpoint save in progress that the kill waited for before it signalled."""
     host: str | None = None
     node_rank: int | None = None
     pid: int | None = None

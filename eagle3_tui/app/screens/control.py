@@ -81,6 +81,13 @@ def kill_plan(status: Status, control: RunControl) -> RenderableType:
     lines.append(inert(f"run  {status.run_dir or control.where}", style="dim"))
     lines.append(
         Text(
+            f"If the run is writing a checkpoint, the signal waits for that save to finish "
+            f"(up to {duration(control.save_wait_s)}): a SIGTERM in the middle of a save "
+            "leaves that checkpoint incomplete."
+        )
+    )
+    lines.append(
+        Text(
             f"speculators then saves checkpoints/interrupted/ and exits; after "
             f"{duration(control.kill_grace_s)} whatever of the run remains (dataloader workers, "
             "escaped processes) gets SIGTERM, then SIGKILL."

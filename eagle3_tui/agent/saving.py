@@ -1,0 +1,98 @@
+"""Whether the run is writing a checkpoint now, from its own records; a kill waits for
+that save to finish before it signals.
+
+speculators' SIGTERM handler raises at once, wherever the trainer is: a kill that lands
+in the middle of an epoch's save leaves that numbered checkpoint torn (the weights newer
+than ``training_state.json``), and ``interrupted/`` is not always written after it
+(under torchrun the ranks meet the interrupt in different places of the save). A resume
+then has no complete newest checkpoint. Measured in this project's two-node test: a
+kill during the epoch save, no ``interrupted/``, "training_state.json is older than the
+weights (save interrupted)". So the kill first waits, bounded, for a save the records
+show started and not finished. Standard library only (the agent runs on the host).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eagle3_tui.agent.frames import emit
+from eagle3_tui.agent.names import EV_PROGRESS
+
+TAIL_BYTES = 4 << 20
+"""How much of the end of ``metrics.jsonl`` is read: a save in progress writes a
+``save_progress`` record every second or so, so its latest is always within this."""
+SAVE_POLL_S = 0.5
+SAVE_TELL_S = 5.0
+"""How often the client is told what the kill waits for."""
+_ENDS = frozenset({"start", "resume", "interrupt", "finish", "crash"})
+"""Lifecycle events after which no earlier save can still be running."""
+
+
+def save_in_progress(metrics: Path) -> dict[str, Any] | None:
+    """The checkpoint save the run's records show started (``save_started`` or
+    ``save_progress``) and not finished, the newest if several: ``{"path", "since"}``
+    (``since``: its first record's time); None when there is none or the file cannot
+    be read. A torn or malformed line is skipped."""
+    try:
+        with open(metrics, "rb") as f:
+            size = f.seek(0, 2)
+            start = max(0, size - TAIL_BYTES)
+            f.seek(start)
+            data = f.read(size - start)
+    except OSError:
+        return None
+    if start:  # the first line is cut: from the next one on
+        data = data[data.find(b"\n") + 1 :]
+    saves: dict[str, float] = {}
+    for line in data.split(b"\n"):
+        if b'"ckpt"' not in line and b'"lifecycle"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        kind, event = rec.get("kind"), rec.get("event")
+        if kind == "lifecycle" and event in _ENDS:
+            saves.clear()
+        elif kind == "ckpt" and isinstance(rec.get("path"), str):
+            ts = rec.get("ts")
+            when = float(ts) if isinstance(ts, (int, float)) else 0.0
+            if event in ("save_started", "save_progress"):
+                saves.setdefault(rec["path"], when)
+            elif event == "save_finished":
+                saves.pop(rec["path"], None)
+    if not saves:
+        return None
+    path = max(saves, key=lambda p: saves[p])
+    return {"path": path, "since": saves[path]}
+
+
+def wait_for_save(
+    metrics: Path,
+    alive: Callable[[], bool],
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any] | None:
+    """If a save is in progress, wait up to ``wait_s`` for it to finish (or the trainer,
+    ``alive``, to end), telling the client every ``SAVE_TELL_S``. Returns what was waited
+    for, ``{"path", "waited_s", "finished"}``, or None when no save was in progress."""
+    save = save_in_progress(metrics)
+    if save is None or wait_s <= 0:
+        return None if save is None else {"path": save["path"], "waited_s": 0.0, "finished": False}
+    first = save["path"]
+    t0 = told = clock()
+    emit(EV_PROGRESS, step="save", path=first, elapsed=0.0, wait_s=wait_s)
+    while save is not None and alive() and clock() - t0 < wait_s:
+        sleep(SAVE_POLL_S)
+        save = save_in_progress(metrics)
+        if save is not None and clock() - told >= SAVE_TELL_S:
+            told = clock()
+            emit(EV_PROGRESS, step="save", path=save["path"], elapsed=told - t0, wait_s=wait_s)
+    return {"path": first, "waited_s": round(clock() - t0, 1), "finished": save is None}

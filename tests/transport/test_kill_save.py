@@ -1,0 +1,210 @@
+"""A kill waits for a checkpoint save in progress before its first signal.
+
+speculators' SIGTERM handler raises wherever the trainer is, so a signal in the middle
+of an epoch's save tears that checkpoint (agent/saving.py). The trainer here is a real
+process with real telemetry: it logs speculators' own "Saving checkpoint to" and
+"Checkpoint saved to" messages, which the telemetry's checkpoint sampler turns into
+``ckpt`` records, and notes when its save ends and when SIGTERM arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_tui.agent import saving
+from eagle3_tui.transport.channel import Event, LocalHost
+from eagle3_tui.transport.control import format_kill, kill_run
+from tests.records import Lines
+from tests.transport.fakes import alive
+
+SAVING_TRAINER = textwrap.dedent(
+    """
+    import json, logging, signal, sys, time
+    from pathlib import Path
+    from eagle3_tui.telemetry import attach
+
+    run_dir, save_s = Path(sys.argv[1]), float(sys.argv[2])
+    ckpt = run_dir / "checkpoints"
+    attach(run_dir, checkpoint_dir=ckpt, samplers=["ckpt"], interval=0.2,
+           resume_command=[sys.executable, *sys.argv])
+    log = logging.getLogger("speculators.train.checkpointer")
+    log.setLevel(logging.INFO)
+    notes = run_dir / "notes.jsonl"
+
+    def note(what):
+        with open(notes, "a") as f:
+            f.write(json.dumps({"what": what, "t": time.time()}) + "\\n")
+
+    def on_term(*_):
+        note("SIGTERM")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    target = ckpt / "1"
+    log.info(f"Saving checkpoint to {target}")
+    note("save_started")
+    target.mkdir(parents=True)
+    for i in range(int(save_s / 0.1)):  # the weights, growing
+        with open(target / "model.safetensors", "ab") as f:
+            f.write(b"\\0" * 4096)
+        time.sleep(0.1)
+    log.info(f"Checkpoint saved to {target}")
+    note("save_finished")
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def start(tmp_path: Path, save_s: float) -> tuple[subprocess.Popen[bytes], Path]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = tmp_path / "saving_trainer.py"
+    script.write_text(SAVING_TRAINER)
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir), str(save_s)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while saving.save_in_progress(run_dir / "metrics.jsonl") is None:
+        assert proc.poll() is None, "the trainer died"
+        assert time.monotonic() < deadline, "no save_started record"
+        time.sleep(0.05)
+    return proc, run_dir
+
+
+def notes(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(x) for x in (run_dir / "notes.jsonl").read_text().splitlines()]
+    return {r["what"]: r["t"] for r in rows}
+
+
+async def test_a_kill_in_the_middle_of_a_save_signals_once_it_is_saved(tmp_path: Path) -> None:
+    proc, run_dir = start(tmp_path, save_s=3.0)
+    try:
+        progress: list[Event] = []
+        t0 = time.time()
+        result = await kill_run(LocalHost(), str(run_dir), 20.0, on_progress=progress.append)
+        proc.wait(10)
+        seen = notes(run_dir)
+        assert result.status == "stopped", format_kill(result)
+        assert seen["SIGTERM"] >= seen["save_finished"], seen  # the save was whole first
+        wait = result.save_wait
+        assert wait is not None and wait.finished and wait.path.endswith("checkpoints/1")
+        assert 0.5 < wait.waited_s <= time.time() - t0
+        assert any(e.get("step") == "save" for e in progress)
+        assert "to finish first" in format_kill(result)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+async def test_a_save_that_outlasts_the_wait_is_signalled_and_said(tmp_path: Path) -> None:
+    proc, run_dir = start(tmp_path, save_s=60.0)
+    try:
+        request_wait = 1.0
+        result = await kill_run(LocalHost(), str(run_dir), 20.0, save_wait_s=request_wait)
+        proc.wait(10)
+        seen = notes(run_dir)
+        assert "save_finished" not in seen and "SIGTERM" in seen
+        wait = result.save_wait
+        assert wait is not None and not wait.finished and wait.waited_s >= request_wait
+        assert "may be left incomplete" in format_kill(result)
+        assert not alive(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+# ---- which save is in progress, from the records ---------------------------------------
+
+
+def write(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def ckpt(lines: Lines, event: str, path: str, **fields: Any) -> bytes:
+    return lines.make("ckpt", event=event, path=path, **fields)
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ([], None),
+        ([("save_started", "/c/1")], "/c/1"),
+        ([("save_started", "/c/1"), ("save_progress", "/c/1")], "/c/1"),
+        ([("save_started", "/c/1"), ("save_finished", "/c/1")], None),
+        ([("save_progress", "/c/2")], "/c/2"),  # its start is before the tail read
+        ([("save_started", "/c/1"), ("save_finished", "/c/1"), ("save_started", "/c/2")], "/c/2"),
+        ([("save_started", "/c/1"), ("lifecycle", "resume")], None),  # an earlier life's
+        ([("save_started", "/c/1"), ("lifecycle", "crash")], None),
+        ([("save_started", "/c/1"), ("best", "/c/1"), ("completed", "/c/1")], "/c/1"),
+    ],
+)
+def test_the_save_in_progress_is_the_one_started_and_not_finished(
+    tmp_path: Path, events: list[tuple[str, str]], expected: str | None
+) -> None:
+    lines = Lines()
+    out = [lines.train(0, 1.0)]
+    for event, arg in events:
+        if event == "lifecycle":
+            out.append(lines.make("lifecycle", event=arg))
+        else:
+            out.append(ckpt(lines, event, arg))
+    found = saving.save_in_progress(write(tmp_path / "m.jsonl", out))
+    assert (found or {}).get("path") == expected
+
+
+def test_bad_lines_and_a_cut_tail_do_not_make_or_end_a_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = Lines()
+    started = ckpt(lines, "save_started", "/c/1")
+    fake_finish = b'{"kind": "ckpt", "event": "save_finished", "path": "/c/1"'  # torn
+    junk = [b"not json ckpt\n", b'["ckpt"]\n', b'{"kind": "ckpt", "path": 7}\n', fake_finish]
+    path = write(tmp_path / "m.jsonl", [started, *junk])
+    assert (saving.save_in_progress(path) or {}).get("path") == "/c/1"
+    # the tail read starts inside a record: that record is skipped, not misread
+    filler = [lines.train(s, 1.0) for s in range(50)]
+    path = write(tmp_path / "m2.jsonl", [started, *filler])
+    monkeypatch.setattr(saving, "TAIL_BYTES", sum(map(len, filler)) + len(started) // 2)
+    assert saving.save_in_progress(path) is None
+    assert saving.save_in_progress(tmp_path / "missing.jsonl") is None
+
+
+def test_the_wait_ends_when_the_trainer_does(tmp_path: Path) -> None:
+    lines = Lines()
+    path = write(tmp_path / "m.jsonl", [ckpt(lines, "save_started", "/c/1")])
+    clock = [0.0]
+    ticks = [0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+        ticks[0] += 1
+
+    def alive() -> bool:
+        return ticks[0] < 4
+
+    result = saving.wait_for_save(path, alive, 100.0, clock=lambda: clock[0], sleep=sleep)
+    assert result == {"path": "/c/1", "waited_s": 2.0, "finished": False}
+    assert saving.wait_for_save(path, lambda: True, 0.0) == {
+        "path": "/c/1",
+        "waited_s": 0.0,
+        "finished": False,
+    }
