@@ -85,10 +85,10 @@ def op_kill(req: dict[str, Any]) -> int:
         note = problem or "the run is not running"
         emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
         return 0
-    save_wait = _wait_for_save(req, m, run_dir, members)
+    launcher, targets = _sigterm_targets(members, trainer)
+    save_wait = _wait_for_save(req, m, run_dir, targets if trainer is not None else [])
     # what interrupted/ holds now: the report names only what this kill produced
     before = files_state(interrupted_dir(m, run_dir))
-    launcher, targets = _sigterm_targets(members, trainer)
     if targets:
         _stop_targets(m, members, trainer, targets, grace)
         if launcher and not wait_gone(launcher, linger):
@@ -117,13 +117,17 @@ def op_kill(req: dict[str, Any]) -> int:
 
 
 def _wait_for_save(
-    req: dict[str, Any], m: dict[str, Any], run_dir: Path, members: dict[int, Member]
+    req: dict[str, Any], m: dict[str, Any], run_dir: Path, savers: list[Member]
 ) -> dict[str, Any] | None:
-    """A checkpoint save the run's records show in progress: waited for while any
-    process of the run lives, up to the request's ``save_wait_s``."""
+    """A checkpoint save the run's records show in progress: waited for, up to the
+    request's ``save_wait_s``, while a process that could be saving lives (the trainer,
+    or this node's ranks; none when the trainer is dead: a save it left unfinished
+    never ends, and its leftovers are killed at once)."""
+    if not savers:
+        return None
     metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
     wait_s = float(req.get("save_wait_s", SAVE_WAIT_S))
-    return wait_for_save(metrics, lambda: any(mb.alive() for mb in members.values()), wait_s)
+    return wait_for_save(metrics, lambda: any(mb.alive() for mb in savers), wait_s)
 
 
 def op_save_wait(req: dict[str, Any]) -> int:
@@ -134,7 +138,8 @@ def op_save_wait(req: dict[str, Any]) -> int:
     m = read_manifest(run_dir)
     trainer, problem = verify_trainer(m)
     members = find_members(m, trainer) if problem is None else {}
-    save_wait = _wait_for_save(req, m, run_dir, members) if members else None
+    savers = _sigterm_targets(members, trainer)[1] if trainer is not None else []
+    save_wait = _wait_for_save(req, m, run_dir, savers)
     emit(EV_RESULT, op=OP_SAVE_WAIT, save_wait=save_wait, run_dir=str(run_dir))
     return 0
 

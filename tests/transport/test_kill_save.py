@@ -50,6 +50,9 @@ SAVING_TRAINER = textwrap.dedent(
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    # a worker that outlives the trainer (a dataloader worker's leftover)
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     target = ckpt / "1"
     log.info(f"Saving checkpoint to {target}")
     note("save_started")
@@ -208,3 +211,20 @@ def test_the_wait_ends_when_the_trainer_does(tmp_path: Path) -> None:
         "waited_s": 0.0,
         "finished": False,
     }
+
+
+async def test_a_save_its_dead_trainer_left_unfinished_is_not_waited_for(tmp_path: Path) -> None:
+    proc, run_dir = start(tmp_path, save_s=60.0)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # died mid-save (the OOM killer): its sidecar lives
+        proc.wait(10)
+        t0 = time.monotonic()
+        result = await kill_run(LocalHost(), str(run_dir), 20.0)
+        assert result.save_wait is None, format_kill(result)
+        assert time.monotonic() - t0 < 15  # the leftovers killed without a save wait
+        assert result.status == "stopped", format_kill(result)
+        assert [p.outcome for p in result.processes] == ["exited"], format_kill(result)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
