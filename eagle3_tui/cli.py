@@ -261,6 +261,12 @@ def build_runs_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--all", action="store_true", help="runs of every user (default: the login user's own)"
     )
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="first forget the registered runs whose directory is gone (the host's index of "
+        "your runs; nothing on disk is touched)",
+    )
     return add_json_and_ssh_options(p, "one JSON object")
 
 
@@ -970,8 +976,8 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         if isinstance(target, LocalTarget):
             target = parse_host(ns.target, opts)
 
-    result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all)))
-    if not result.runs and not result.live:
+    result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all, ns.prune)))
+    if not result.runs and not result.live and not result.pruned:
         raise control.no_runs_error(result, ns.target or "this machine")
     say(to_json(result) if ns.json else control.format_discovered(result))
     return EXIT_OK

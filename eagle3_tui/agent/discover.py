@@ -46,7 +46,7 @@ from eagle3_tui.agent.names import (
     PURPOSE_RESUME,
     RUN_ID_ENV,
 )
-from eagle3_tui.agent.runs import index_path, registered_rows, resolve_run_dir
+from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
 from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
@@ -784,6 +784,7 @@ def op_discover(req: dict[str, Any]) -> int:
     """The live trainings (with or without telemetry) and the registered runs (this
     user's; ``all``: every user's)."""
     live = live_rows()
+    pruned = prune_index() if req.get("prune") else None
     registered, others = registered_rows(bool(req.get("all")))
     for r in registered:
         if r.get("alive"):
@@ -798,6 +799,7 @@ def op_discover(req: dict[str, Any]) -> int:
         live=live,
         runs=registered,
         others=others,
+        pruned=pruned,
         index=str(index_path()),
         host=os.uname().nodename,
         user=user_name(os.geteuid()),

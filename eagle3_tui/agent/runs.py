@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -45,6 +46,53 @@ def read_index() -> list[dict[str, Any]]:
         if isinstance(obj, dict) and isinstance(obj.get("run_dir"), str):
             out.append(obj)
     return out
+
+
+def _gone(path: str) -> bool:
+    """Whether nothing is at ``path`` (not: cannot be looked at, e.g. no permission)."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def prune_index() -> list[str]:
+    """Forget the runs whose directory is gone: the index rewritten without their
+    lines (malformed lines kept as they are), under the same lock the telemetry takes to
+    append (``register_run``), so a run registered meanwhile is not lost. Returns the
+    directories forgotten."""
+    path = index_path()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+        kept: list[bytes] = []
+        gone: list[str] = []
+        for line in raw.splitlines(keepends=True):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            run_dir = obj.get("run_dir") if isinstance(obj, dict) else None
+            if isinstance(run_dir, str) and _gone(run_dir):
+                gone.append(run_dir)
+            else:
+                kept.append(line)
+        if gone:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(b"".join(kept))
+            os.replace(tmp, path)  # while the old file is locked: an append waits, then
+            # reopens by name (register_run checks it locked the file that is there)
+        return list(dict.fromkeys(gone))
+    finally:
+        os.close(fd)
 
 
 def resolve_run_dir(run_dir: str | None) -> Path:

@@ -15,6 +15,8 @@ Standard library only: imported inside the trainer.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -204,8 +206,22 @@ def register_run(manifest: dict[str, Any], path: Path | None = None) -> None:
         "started_at": manifest["started_at"],
     }
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    for _ in range(10):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            with contextlib.suppress(OSError):  # no locks on this filesystem: append as is
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # ``runs --prune`` replaces the file under the lock: append to the one there now
+            if _same_file(fd, path):
+                os.write(fd, line)
+                return
+        finally:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
     try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

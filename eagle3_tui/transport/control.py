@@ -218,11 +218,15 @@ async def run_status(host: Host, run_dir: str | None) -> Status:
     return decode(Status, ev.fields, host.label)
 
 
-async def discover(host: Host, all_users: bool = False) -> DiscoverReport:
+async def discover(host: Host, all_users: bool = False, prune: bool = False) -> DiscoverReport:
     """The host's live trainings (``live``, with or without telemetry) and its registered
     runs (``runs``: the login user's, or whoever owns them with ``all_users``; ``others``
-    counts the ones left out)."""
-    ev = await call_agent(host, {"op": OP_DISCOVER, "all": all_users}, python=_python(host))
+    counts the ones left out). ``prune``: the index forgets the runs whose directory is
+    gone first (``pruned``)."""
+    request: dict[str, Any] = {"op": OP_DISCOVER, "all": all_users}
+    if prune:
+        request["prune"] = True
+    ev = await call_agent(host, request, python=_python(host))
     return decode(DiscoverReport, ev.fields, host.label)
 
 
@@ -569,6 +573,11 @@ def format_discovered(result: DiscoverReport) -> str:
         )
     if result.others:
         lines.append(f"({result.others} run(s) of other users not shown: --all)")
+    if result.pruned:
+        lines.append(f"(forgot {len(result.pruned)} run(s) whose directory is gone:)")
+        lines.extend(f"  {printable(d)}" for d in result.pruned)
+    elif any(e.state == "gone" for e in result.runs):
+        lines.append("(runs marked gone: their directory is; --prune forgets them)")
     return "\n".join(lines)
 
 

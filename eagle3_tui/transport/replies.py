@@ -251,6 +251,8 @@ class DiscoverReport(Reply, kw_only=True):
     live: list[ProcessRow] = msgspec.field(default_factory=list)
     runs: list[RunEntry] = msgspec.field(default_factory=list)
     others: int = 0
+    pruned: list[str] | None = None
+    """``prune``: the run directories (gone) that the index forgot."""
     index: str | None = None
     host: str | None = None
     user: str | None = None

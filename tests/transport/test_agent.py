@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -431,3 +432,73 @@ async def test_a_finished_local_agent_is_reaped_once(caplog: pytest.LogCaptureFi
     for _ in range(10):
         await call_agent(LocalHost(), {"op": "discover", "all": False}, python=sys.executable)
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_runs_prune_forgets_gone_directories_and_nothing_else(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = dict(os.environ, XDG_STATE_HOME=str(state))
+    index = state / "eagle3-tui" / "runs.jsonl"
+    kept, deleted, moved = tmp_path / "kept", tmp_path / "deleted", tmp_path / "moved"
+    for d in (kept, deleted, moved):
+        d.mkdir()
+    for n, d in enumerate((kept, deleted, moved)):
+        mf.register_run(
+            {"run_id": f"r{n}", "run_dir": str(d), "host": "h", "pid": 1, "started_at": 1.0 + n},
+            index,
+        )
+    with index.open("ab") as f:
+        f.write(b"not json\n")  # a malformed line: not ours to judge, kept
+    deleted.rmdir()
+    moved.rename(tmp_path / "moved-away")
+
+    plain = cli("runs", env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert "--prune forgets them" in plain.stdout and str(deleted) in plain.stdout
+
+    pruned = cli("runs", "--prune", "--json", env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    result = json.loads(pruned.stdout)
+    assert sorted(result["pruned"]) == sorted([str(deleted), str(moved)])
+    assert [r["run_dir"] for r in result["runs"]] == [str(kept)]
+    assert [json.loads(x)["run_dir"] for x in index.read_text().splitlines()[:-1]] == [str(kept)]
+    assert index.read_text().splitlines()[-1] == "not json"
+    again = cli("runs", "--prune", env=env)
+    assert again.returncode == 0 and "(forgot" not in again.stdout
+    assert "--prune forgets" not in again.stdout
+
+
+def test_a_run_registered_during_a_prune_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """register_run (the telemetry, at a run's start) and prune_index (``runs --prune``)
+    take the same lock; prune replaces the file while holding it, so an append that
+    waited for the lock goes to the new file."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    index = state / "eagle3-tui" / "runs.jsonl"
+    gone = {"run_id": "g", "run_dir": str(tmp_path / "g"), "host": "h", "pid": 1, "started_at": 1}
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from eagle3_tui.telemetry import manifest as mf
+        base = int(sys.argv[1])
+        for n in range(base, base + 150):
+            mf.register_run({{"run_id": f"live{{n}}", "run_dir": {str(tmp_path)!r},
+                              "host": "h", "pid": 1, "started_at": 1.0}}, Path({str(index)!r}))
+        """
+    )
+    mf.register_run(gone, index)
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(k * 1000)]) for k in range(3)]
+    forgotten: list[str] = []
+    prunes = 0
+    while prunes < 3 or any(w.poll() is None for w in writers):
+        mf.register_run(gone, index)
+        forgotten += runs.prune_index()
+        prunes += 1
+    assert all(w.wait() == 0 for w in writers)
+    ids = [json.loads(x)["run_id"] for x in index.read_text().splitlines()]
+    assert sorted(i for i in ids if i.startswith("live")) == sorted(
+        f"live{k * 1000 + n}" for k in range(3) for n in range(150)
+    )
+    assert set(forgotten) == {str(tmp_path / "g")}
