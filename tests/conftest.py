@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,46 @@ def _private_state_dirs(tmp_path_factory: pytest.TempPathFactory) -> Any:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+MYPY_TEST = "tests/test_lint.py::test_mypy_strict"
+_mypy: dict[str, Any] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """mypy (strict) takes about a minute of one core; most of the suite waits on real
+    trainings with a core to spare, so mypy starts once the tests are collected, at the
+    lowest priority, and its test reads the result."""
+    if any(item.nodeid == MYPY_TEST for item in session.items):
+        start_mypy()
+
+
+def start_mypy() -> None:
+    out = tempfile.TemporaryFile()  # noqa: SIM115 (read back by the test)
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    proc = subprocess.Popen(
+        [*nice, sys.executable, "-m", "mypy"],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    _mypy.update(proc=proc, out=out)
+
+
+def mypy_result(timeout: float) -> tuple[int, str]:
+    """The exit status and output of the mypy run started for the suite (started now if
+    the test was not collected with the rest, e.g. run alone by ``-k``)."""
+    if not _mypy:
+        start_mypy()
+    proc, out = _mypy["proc"], _mypy["out"]
+    try:
+        status = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    out.seek(0)
+    return status, out.read().decode(errors="replace")
 
 
 def need(condition: bool, reason: str) -> None:

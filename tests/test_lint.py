@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import need
+from tests.conftest import mypy_result, need
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,12 +26,5 @@ def test_ruff_check_and_format() -> None:
 
 
 def test_mypy_strict() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    status, output = mypy_result(timeout=600)  # started as the suite began (conftest.py)
+    assert status == 0, output[-7000:]
