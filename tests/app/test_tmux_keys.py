@@ -52,7 +52,7 @@ class Session:
     def wait(self, check: Callable[[str], object], what: str, timeout: float = 60) -> str:
         return self.tmux.wait(check, timeout, what)
 
-    def hold(self, check: Callable[[str], object], what: str, refreshes: int = 6) -> str:
+    def hold(self, check: Callable[[str], object], what: str, refreshes: int = 4) -> str:
         """The state shows now and for ``refreshes`` refreshes more, the app alive each
         time (its header or comparison line on screen, no traceback)."""
         screen = self.wait(check, what)
