@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -21,6 +20,7 @@ from eagle3_tui.agent.names import (
     OP_STATUS,
 )
 from eagle3_tui.agent.processes import leftovers, verify_trainer
+from eagle3_tui.telemetry.manifest import index_lock
 
 
 def index_path() -> Path:
@@ -61,18 +61,15 @@ def _gone(path: str) -> bool:
 
 def prune_index() -> list[str]:
     """Forget the runs whose directory is gone: the index rewritten without their
-    lines (malformed lines kept as they are), under the same lock the telemetry takes to
+    lines (malformed lines kept as they are), under the lock the telemetry takes to
     append (``register_run``), so a run registered meanwhile is not lost. Returns the
     directories forgotten."""
     path = index_path()
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return []
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read()
+    with index_lock(path):
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return []
         kept: list[bytes] = []
         gone: list[str] = []
         for line in raw.splitlines(keepends=True):
@@ -88,11 +85,8 @@ def prune_index() -> list[str]:
         if gone:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(b"".join(kept))
-            os.replace(tmp, path)  # while the old file is locked: an append waits, then
-            # reopens by name (register_run checks it locked the file that is there)
+            os.replace(tmp, path)
         return list(dict.fromkeys(gone))
-    finally:
-        os.close(fd)
 
 
 def resolve_run_dir(run_dir: str | None) -> Path:

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -206,22 +207,29 @@ def register_run(manifest: dict[str, Any], path: Path | None = None) -> None:
         "started_at": manifest["started_at"],
     }
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    for _ in range(10):
+    with index_lock(path):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            with contextlib.suppress(OSError):  # no locks on this filesystem: append as is
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            # ``runs --prune`` replaces the file under the lock: append to the one there now
-            if _same_file(fd, path):
-                os.write(fd, line)
-                return
+            os.write(fd, line)
         finally:
             os.close(fd)
 
 
-def _same_file(fd: int, path: Path) -> bool:
+@contextlib.contextmanager
+def index_lock(path: Path) -> Iterator[None]:
+    """The index's lock: an exclusive ``flock`` of ``runs.jsonl.lock`` beside it (a file
+    never replaced), held by an append and by ``runs --prune``'s rewrite, so that an
+    append is never made to a file the rewrite is about to replace. Where the
+    filesystem has no locks, nothing is held."""
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        lock = path.with_name(path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

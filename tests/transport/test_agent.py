@@ -471,8 +471,8 @@ def test_a_run_registered_during_a_prune_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """register_run (the telemetry, at a run's start) and prune_index (``runs --prune``)
-    take the same lock; prune replaces the file while holding it, so an append that
-    waited for the lock goes to the new file."""
+    hold the same lock (runs.jsonl.lock), so no append lands in a file that prune is
+    about to replace. Without it this test loses lines in every run here."""
     state = tmp_path / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     index = state / "eagle3-tui" / "runs.jsonl"
