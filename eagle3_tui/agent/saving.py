@@ -14,6 +14,7 @@ show started and not finished. Standard library only (the agent runs on the host
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,9 @@ TAIL_BYTES = 4 << 20
 SAVE_POLL_S = 0.5
 SAVE_TELL_S = 5.0
 """How often the client is told what the kill waits for."""
+STALE_S = 60.0
+"""A save whose records and files have both been still this long is not waited for:
+the sampler that would write its end is gone (a killed sidecar), or the trainer hangs."""
 _ENDS = frozenset({"start", "resume", "interrupt", "finish", "crash"})
 """Lifecycle events after which no earlier save can still be running."""
 
@@ -48,6 +52,7 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
     if start:  # the first line is cut: from the next one on
         data = data[data.find(b"\n") + 1 :]
     saves: dict[str, float] = {}
+    last: dict[str, float] = {}
     for line in data.split(b"\n"):
         if b'"ckpt"' not in line and b'"lifecycle"' not in line:
             continue
@@ -65,12 +70,29 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
             when = float(ts) if isinstance(ts, (int, float)) else 0.0
             if event in ("save_started", "save_progress"):
                 saves.setdefault(rec["path"], when)
+                last[rec["path"]] = when
             elif event == "save_finished":
                 saves.pop(rec["path"], None)
     if not saves:
         return None
     path = max(saves, key=lambda p: saves[p])
-    return {"path": path, "since": saves[path]}
+    return {"path": path, "since": saves[path], "last": last[path]}
+
+
+def is_stale(save: dict[str, Any], now: float) -> bool:
+    """Whether a save's records and its directory's files have all been still for
+    ``STALE_S`` (wall-clock time: the records' clock is this host's)."""
+    newest = float(save.get("last") or 0.0)
+    try:
+        with os.scandir(save["path"]) as entries:
+            for e in entries:
+                try:
+                    newest = max(newest, e.stat(follow_symlinks=False).st_mtime)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return now - newest > STALE_S
 
 
 def wait_for_save(
@@ -79,17 +101,21 @@ def wait_for_save(
     wait_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
 ) -> dict[str, Any] | None:
     """If a save is in progress, wait up to ``wait_s`` for it to finish (or the trainer,
-    ``alive``, to end), telling the client every ``SAVE_TELL_S``. Returns what was waited
-    for, ``{"path", "waited_s", "finished"}``, or None when no save was in progress."""
+    ``alive``, to end, or the save to go still: :func:`is_stale`), telling the client
+    every ``SAVE_TELL_S``. Returns what was waited for, ``{"path", "waited_s",
+    "finished"}``, or None when no save was in progress."""
     save = save_in_progress(metrics)
-    if save is None or wait_s <= 0:
-        return None if save is None else {"path": save["path"], "waited_s": 0.0, "finished": False}
+    if save is None or is_stale(save, wall()):
+        return None
+    if wait_s <= 0:
+        return {"path": save["path"], "waited_s": 0.0, "finished": False}
     first = save["path"]
     t0 = told = clock()
     emit(EV_PROGRESS, step="save", path=first, elapsed=0.0, wait_s=wait_s)
-    while save is not None and alive() and clock() - t0 < wait_s:
+    while save is not None and alive() and clock() - t0 < wait_s and not is_stale(save, wall()):
         sleep(SAVE_POLL_S)
         save = save_in_progress(metrics)
         if save is not None and clock() - told >= SAVE_TELL_S:

@@ -204,13 +204,42 @@ def test_the_wait_ends_when_the_trainer_does(tmp_path: Path) -> None:
     def alive() -> bool:
         return ticks[0] < 4
 
-    result = saving.wait_for_save(path, alive, 100.0, clock=lambda: clock[0], sleep=sleep)
+    def wall() -> float:  # just after the record (Lines' clock starts at 1e6)
+        return 1_000_001.0 + clock[0]
+
+    result = saving.wait_for_save(
+        path, alive, 100.0, clock=lambda: clock[0], sleep=sleep, wall=wall
+    )
     assert result == {"path": "/c/1", "waited_s": 2.0, "finished": False}
-    assert saving.wait_for_save(path, lambda: True, 0.0) == {
+    assert saving.wait_for_save(path, lambda: True, 0.0, wall=wall) == {
         "path": "/c/1",
         "waited_s": 0.0,
         "finished": False,
     }
+
+
+def test_a_save_gone_still_is_not_waited_for(tmp_path: Path) -> None:
+    """A save whose records stopped (its sampler is gone) and whose files do not change
+    is not waited for; one whose files still change is, records or not."""
+    ckpt_dir = tmp_path / "c1"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "model.safetensors").write_bytes(b"x")
+    lines = Lines(t0=time.time() - 3 * saving.STALE_S)
+    path = write(tmp_path / "m.jsonl", [ckpt(lines, "save_started", str(ckpt_dir))])
+    old = time.time() - 2 * saving.STALE_S
+    os.utime(ckpt_dir / "model.safetensors", (old, old))
+    os.utime(ckpt_dir, (old, old))
+    assert saving.wait_for_save(path, lambda: True, 100.0) is None
+    (ckpt_dir / "model.safetensors").write_bytes(b"xy")  # written now: a save going on
+    clock = [0.0]
+    result = saving.wait_for_save(
+        path,
+        lambda: clock[0] < 3,
+        100.0,
+        clock=lambda: clock[0],
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    )
+    assert result == {"path": str(ckpt_dir), "waited_s": 3.0, "finished": False}
 
 
 async def test_a_save_its_dead_trainer_left_unfinished_is_not_waited_for(tmp_path: Path) -> None:
