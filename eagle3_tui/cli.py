@@ -894,7 +894,15 @@ def cmd_kill(ns: argparse.Namespace) -> int:
             pinned_to(target, chosen.chosen_run_dir()), "kill", kill, KillReport, first=saves_done
         )
 
-    result = asyncio.run(go())
+    try:
+        result = asyncio.run(go())
+    except KeyboardInterrupt:  # the agent runs in its own session: it is not interrupted
+        say(
+            "eagle3-tui kill: interrupted here; the host goes on with the kill (it never "
+            "stops half-way): `eagle3-tui summary` shows where it stands",
+            err=True,
+        )
+        raise
     say(to_json(result) if ns.json else control.format_kill(result))
     return control.kill_exit_status(result)
 
