@@ -257,3 +257,31 @@ async def test_a_save_its_dead_trainer_left_unfinished_is_not_waited_for(tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def test_ctrl_c_during_the_save_wait_leaves_the_kill_to_the_host(tmp_path: Path) -> None:
+    proc, run_dir = start(tmp_path, save_s=60.0)
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_tui", "kill", str(run_dir), "--save-wait", "3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stderr is not None
+        line = cli.stderr.readline()  # the first progress line: the wait has begun
+        assert "a checkpoint save is in progress" in line, line
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+        assert cli.returncode == 130
+        assert "the host goes on with the kill" in err
+        proc.wait(30)  # the agent waited out its 3 s, then signalled
+        assert "SIGTERM" in notes(run_dir) and "save_finished" not in notes(run_dir)
+    finally:
+        for p in (cli, proc):
+            if p.poll() is None:
+                p.kill()
+        proc.wait(10)
+        cli.wait(10)
