@@ -285,3 +285,49 @@ def test_ctrl_c_during_the_save_wait_leaves_the_kill_to_the_host(tmp_path: Path)
                 p.kill()
         proc.wait(10)
         cli.wait(10)
+
+
+async def test_the_kill_dialog_closes_while_it_waits_and_the_result_is_said(
+    tmp_path: Path,
+) -> None:
+    """In the monitor: ``k``, ``y`` while the run saves; the dialog shows the wait and
+    Esc closes it (a wait may take minutes); the kill goes on, and its result comes as a
+    notification once the save is whole and the trainer signalled."""
+    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.app.screens.control import ControlDialog
+    from eagle3_tui.transport.target import LocalTarget
+    from tests.app.conftest import text_of
+    from tests.app.test_pilot import app_with
+    from tests.conftest import until
+
+    proc, run_dir = start(tmp_path, save_s=4.0)
+    try:
+        app, _ = app_with(control=RunControl.for_target(LocalTarget(run_dir)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("k")
+            await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+            dialog = app.screen
+            assert isinstance(dialog, ControlDialog)
+            await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+            await pilot.press("y")
+            await until(
+                pilot,
+                lambda: "checkpoint save is in progress" in text_of(dialog.query_one("#outcome")),
+                timeout=30,
+                what="the save wait shown",
+            )
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
+            assert "save_finished" not in notes(run_dir)  # closed while the kill still waits
+
+            def said() -> bool:
+                return any("stopped: all" in str(n.message) for n in app._notifications)
+
+            await until(pilot, said, timeout=60, what="the kill's result, notified")
+        proc.wait(10)
+        seen = notes(run_dir)
+        assert seen["SIGTERM"] >= seen["save_finished"], seen
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
-from eagle3_tui.app.text import duration, inert, size
+from eagle3_tui.app.text import clean, duration, inert, size
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
 from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
@@ -124,9 +124,14 @@ def resume_plan(status: Status, control: RunControl) -> RenderableType:
     return Group(*lines)
 
 
-def report(result: KillReport | ResumeReport) -> RenderableType:
+def report_text(result: KillReport | ResumeReport) -> tuple[str, bool]:
+    """The report as text, and whether it went as asked."""
     text = format_kill(result) if isinstance(result, KillReport) else format_resume(result)
-    ok = result.status in ("stopped", "not_running", "started")
+    return text, result.status in ("stopped", "not_running", "started")
+
+
+def report(result: KillReport | ResumeReport) -> RenderableType:
+    text, ok = report_text(result)
     return headed(text, "bold #5fd75f" if ok else "bold #ff5f5f")
 
 
@@ -175,14 +180,20 @@ class ControlDialog(ConfirmDialog):
         line = format_progress(ev)
         if line is not None:
             self.progress.append(line)
-            self.query_one("#outcome", Static).update(
-                Group(*(inert(p, style="dim") for p in self.progress[-8:]))
-            )
+            if self.is_attached:
+                self.query_one("#outcome", Static).update(
+                    Group(*(inert(p, style="dim") for p in self.progress[-8:]))
+                )
 
-    @work(exclusive=True, group="control", exit_on_error=False)
-    async def execute(self) -> None:
+    def execute(self) -> None:
+        """The kill or resume, as a worker of the app, not of this dialog: the dialog may
+        be closed while it works (a kill that waits for a checkpoint save can take
+        minutes), and the result is then said in a notification."""
         outcome = self.query_one("#outcome", Static)
         outcome.update(Text("Stopping the run…" if self.op == "kill" else "Launching…"))
+        self.app.run_worker(self._execute(), name=self.op, group="control-op", exit_on_error=False)
+
+    async def _execute(self) -> None:
         result: KillReport | ResumeReport
         try:
             if self.op == "kill":
@@ -192,12 +203,31 @@ class ControlDialog(ConfirmDialog):
         except Exception as e:  # shown: a refusal (still running, no checkpoint), a lost link
             self.state = "failed"
             if not self.is_attached:
+                self.app.notify(clean(f"{self.op} failed: {e}"), severity="error", timeout=20)
                 return
+            outcome = self.query_one("#outcome", Static)
             outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
         else:
             self.state = "done"
             self.app.post_message(self.Finished(self.op, result))
             if not self.is_attached:
+                text = (
+                    format_kill(result) if isinstance(result, KillReport) else format_resume(result)
+                )
+                ok = result.status in ("stopped", "not_running", "started")
+                self.app.notify(
+                    clean(text.splitlines()[0]),
+                    title=self.op,
+                    severity="information" if ok else "error",
+                    timeout=20,
+                )
                 return
-            outcome.update(report(result))
+            self.query_one("#outcome", Static).update(report(result))
         self.closing(focus=True)
+
+    def action_close(self) -> None:
+        if self.state == "working":  # it goes on: the host finishes it either way
+            self.notify(f"the {self.op} goes on; its result will be shown when it ends", timeout=5)
+            self.dismiss(None)
+            return
+        super().action_close()
