@@ -19,6 +19,7 @@ from textual.widgets import Static
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import clean, duration, inert, size
+from eagle3_tui.model.snapshot import EMPTY
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
 from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
@@ -30,8 +31,9 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
-def kill_plan(status: Status, control: RunControl) -> RenderableType:
-    """What ``k`` will signal, from the host's answer to ``status``."""
+def kill_plan(status: Status, control: RunControl, saving: str | None = None) -> RenderableType:
+    """What ``k`` will signal, from the host's answer to ``status`` (``saving``: the
+    checkpoint the records show being written now, if any)."""
     m = status.manifest
     lines: list[Text] = []
     if not status.alive:
@@ -79,13 +81,23 @@ def kill_plan(status: Status, control: RunControl) -> RenderableType:
         )
     )
     lines.append(inert(f"run  {status.run_dir or control.where}", style="dim"))
-    lines.append(
-        Text(
-            f"If the run is writing a checkpoint, the signal waits for that save to finish "
-            f"(up to {duration(control.save_wait_s)}): a SIGTERM in the middle of a save "
-            "leaves that checkpoint incomplete."
+    if saving:
+        now = Text(style="bold #ffd75f")
+        now.append("The run is writing ")
+        now.append_text(inert(saving))
+        now.append(
+            f" now: the signal waits for that save to finish (up to "
+            f"{duration(control.save_wait_s)}; Esc then closes this, the kill goes on)."
         )
-    )
+        lines.append(now)
+    else:
+        lines.append(
+            Text(
+                f"If the run is writing a checkpoint, the signal waits for that save to finish "
+                f"(up to {duration(control.save_wait_s)}): a SIGTERM in the middle of a save "
+                "leaves that checkpoint incomplete."
+            )
+        )
     lines.append(
         Text(
             f"speculators then saves checkpoints/interrupted/ and exits; after "
@@ -171,7 +183,7 @@ class ControlDialog(ConfirmDialog):
         if not self.is_attached:
             return
         self.ready(
-            kill_plan(status, self.control)
+            kill_plan(status, self.control, getattr(self.app, "snapshot", EMPTY).saving)
             if self.op == "kill"
             else resume_plan(status, self.control)
         )
