@@ -182,3 +182,31 @@ async def wait_until(predicate: Any, timeout: float, what: str, run: LiveRun) ->
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.log()}"
         await asyncio.sleep(0.2)
+
+
+async def open_dialog(app: Any, pilot: Any, key: str, state: str = "ready") -> Any:
+    """``key`` (``k``, ``r``) pressed: the kill/resume dialog once it is in ``state``
+    (its plan shown, or ``failed``)."""
+    from eagle3_tui.app.screens.control import ControlDialog
+    from tests.conftest import until
+
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+    dialog = app.screen
+    assert isinstance(dialog, ControlDialog)
+    await until(pilot, lambda: dialog.state == state, timeout=30, what=f"the dialog {state}")
+    return dialog
+
+
+def local_app(run_dir: Any, status_interval: float = 60.0, **kwargs: Any) -> Any:
+    """The monitor on a run directory of this machine, with its real control (the agent
+    here): what ``eagle3-tui RUN_DIR`` opens, refreshing every 50 ms."""
+    from eagle3_tui.app.app import make_app
+    from eagle3_tui.transport.local import LocalTransport
+    from eagle3_tui.transport.target import LocalTarget
+
+    kwargs.setdefault("refresh_interval", 0.05)
+    control = RunControl.for_target(LocalTarget(run_dir))
+    return make_app(
+        LocalTransport(run_dir), control=control, status_interval=status_interval, **kwargs
+    )

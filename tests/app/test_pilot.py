@@ -24,10 +24,9 @@ from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, 
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
 from eagle3_tui.model.health import Health
 from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent
-from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.replay import ReplayTransport
 from eagle3_tui.transport.target import LocalTarget
-from tests.app.conftest import T0, text_of, training, wait_until
+from tests.app.conftest import T0, local_app, open_dialog, text_of, training, wait_until
 from tests.conftest import LiveRun, until
 from tests.records import Lines
 from tests.transport.fakes import alive, dead_pid, fake_manifest, register
@@ -117,11 +116,7 @@ async def test_kill_cancelled_signals_nothing(live_run: LiveRun) -> None:
     pid = live_run.manifest()["pid"]
     app, _ = app_with(control=RunControl.for_target(LocalTarget(live_run.run_dir)))
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        assert isinstance(app.screen, ControlDialog)
-        dialog: ControlDialog = app.screen
-        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        dialog: ControlDialog = await open_dialog(app, pilot, "k")
         plan = text_of(dialog.query_one("#plan"))
         assert f"SIGTERM the trainer, pid {pid}" in plan, plan
         assert f"tick {live_run.manifest()['start_ticks']}" in plan
@@ -138,12 +133,7 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
     await wait_until(ckpt0.exists, 240, "the first checkpoint", live_run)
     pid = live_run.manifest()["pid"]
     assert alive(pid), live_run.log()
-    app = make_app(
-        LocalTransport(live_run.run_dir),
-        control=RunControl.for_target(LocalTarget(live_run.run_dir)),
-        refresh_interval=0.05,
-        status_interval=60.0,
-    )
+    app = local_app(live_run.run_dir)
     async with app.run_test(size=(120, 40)) as pilot:
         state = app.pipeline.run.state
         await until(pilot, lambda: state.process_alive is True, timeout=30, what="the probe")
@@ -151,11 +141,7 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         await until(
             pilot, lambda: app.snapshot.health == Health.RUNNING, timeout=60, what="running"
         )
-        await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        assert isinstance(app.screen, ControlDialog)
-        dialog: ControlDialog = app.screen
-        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        dialog: ControlDialog = await open_dialog(app, pilot, "k")
         await pilot.press("y")
         await until(pilot, lambda: dialog.state == "done", timeout=180, what="the kill's report")
         outcome = text_of(dialog.query_one("#outcome"), 200)
@@ -171,11 +157,7 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
 
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        assert isinstance(app.screen, ControlDialog)
-        dialog = app.screen
-        await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+        dialog = await open_dialog(app, pilot, "r")
         assert "eagle3_tui.train.tiny" in text_of(dialog.query_one("#plan"), 300)
         await pilot.click("#confirm")
         await until(pilot, lambda: dialog.state != "working", timeout=90, what="the resume")
@@ -203,11 +185,7 @@ async def test_a_run_without_a_manifest_is_judged_from_its_records(tmp_path: Pat
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.snapshot.global_step == 49, what="step 49")
         await until(pilot, lambda: not app._probe_ok, timeout=30, what="the probe to stop")
-        await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-        dialog = app.screen
-        assert isinstance(dialog, ControlDialog)
-        await until(pilot, lambda: dialog.state == "failed", timeout=30, what="the error")
+        dialog: ControlDialog = await open_dialog(app, pilot, "k", state="failed")
         shown = text_of(dialog.query_one("#plan"), 200)
         assert f"Cannot kill: {tmp_path}: no run.json here" in shown
         await pilot.press("y")  # nothing to confirm

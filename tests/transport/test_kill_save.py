@@ -293,29 +293,16 @@ async def test_the_kill_dialog_closes_while_it_waits_and_the_result_is_said(
     """In the monitor: ``k``, ``y`` while the run saves; the dialog shows the wait and
     Esc closes it (a wait may take minutes); the kill goes on, and its result comes as a
     notification once the save is whole and the trainer signalled."""
-    from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.control import RunControl
     from eagle3_tui.app.screens.control import ControlDialog
-    from eagle3_tui.transport.local import LocalTransport
-    from eagle3_tui.transport.target import LocalTarget
-    from tests.app.conftest import text_of
+    from tests.app.conftest import local_app, open_dialog, text_of
     from tests.conftest import until
 
     proc, run_dir = start(tmp_path, save_s=5.0)
     try:
-        app = make_app(
-            LocalTransport(run_dir),
-            control=RunControl.for_target(LocalTarget(run_dir)),
-            refresh_interval=0.05,
-            status_interval=60.0,
-        )
+        app = local_app(run_dir)
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.snapshot.saving is not None, 30, "the save seen")
-            await pilot.press("k")
-            await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
-            dialog = app.screen
-            assert isinstance(dialog, ControlDialog)
-            await until(pilot, lambda: dialog.state == "ready", timeout=30, what="the plan")
+            dialog = await open_dialog(app, pilot, "k")
             plan = text_of(dialog.query_one("#plan"), 300)
             assert "checkpoints/1 now: the signal waits for that save" in plan, plan
             await pilot.press("y")

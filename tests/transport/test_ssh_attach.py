@@ -243,12 +243,8 @@ def test_kill_and_resume_an_attached_run(sshd: Sshd, launch: Any) -> None:
 
 async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> None:
     need_gdb()
-    from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.control import RunControl
     from eagle3_tui.app.widgets.header import HealthBanner
-    from eagle3_tui.transport.local import LocalTransport
-    from eagle3_tui.transport.target import LocalTarget
-    from tests.app.conftest import text_of
+    from tests.app.conftest import local_app, text_of
     from tests.conftest import until
 
     hang = launch("hung", "--epochs", "3", *PACE, "--hang-when", "HANG")
@@ -277,12 +273,7 @@ async def test_a_hung_training_says_where_it_hangs(sshd: Sshd, launch: Any) -> N
     assert "trainer.py:" in summary["stuck"]["where"]  # where speculators' loop called it
 
     run_dir = hang.run_dir
-    app = make_app(
-        LocalTransport(run_dir),
-        control=RunControl.for_target(LocalTarget(run_dir)),
-        refresh_interval=0.1,
-        status_interval=1.0,
-    )
+    app = local_app(run_dir, status_interval=1.0, refresh_interval=0.1)
     async with app.run_test(size=(160, 40)) as pilot:
         banner = app.query_one(HealthBanner)
         await until(pilot, lambda: banner.display and "STALLED" in text_of(banner), 30, "banner")
