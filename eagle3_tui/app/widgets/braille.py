@@ -42,17 +42,23 @@ def _table() -> list[str]:
 CHARS = _table()
 
 
+FAR = 4e6
+"""Beyond this, a float's spacing (4e6 * 2**-52 ~ 1e-9) is no longer below the 1e-8
+that tells a value near an integer."""
+
+
 def dots(values: Sequence[float], lim: Sequence[float], bins: int) -> np.ndarray[Any, Any]:
     """plotext's ``get_matrix_data``: ``floor(round(0.5 + (bins - 1) * (v - lo) /
     (hi - lo), 8))`` for each value, computed on an array (the same float operations
     in the same order, so the same bits). The rounding to 8 decimals moves a value
     across an integer only within 1e-8 of one: those few go through plotext's own
-    function."""
+    function, as do those far off the canvas (beyond ``FAR``: there a float's spacing
+    is too coarse for that test, and plotext's decimal rounding may land elsewhere)."""
     lo, hi = lim[0], lim[1]
     v = np.asarray(values, dtype=np.float64)
     scaled = 0.5 + (bins - 1) * (v - lo) / (hi - lo)
     out = np.floor(scaled).astype(np.int64)
-    near = np.abs(scaled - np.rint(scaled)) < 1e-8
+    near = (np.abs(scaled - np.rint(scaled)) < 1e-8) | (np.abs(scaled) > FAR)
     if near.any():
         idx = np.flatnonzero(near)
         exact = ut.get_matrix_data([float(v[i]) for i in idx], list(lim), bins)
