@@ -213,9 +213,27 @@ async def resume_run(
 
 async def run_status(host: Host, run_dir: str | None) -> Status:
     """Whether the manifest's PID is still the trainer (start time and boot id match),
-    why not, the manifest, what outlived it, the host and the host's clock."""
+    why not, the manifest, what outlived it, the host and the host's clock. On this
+    machine the agent's own ``status`` code runs in a thread of this process: the
+    monitor's probe of a local run then starts no Python process every minute (it cost
+    ~0.1 % of a core on its own: benchmarks/bench_follow.py's "children")."""
+    if isinstance(host, LocalHost):
+        return await asyncio.to_thread(_local_status, run_dir)
     ev = await call_agent(host, {"op": OP_STATUS, "run_dir": run_dir}, python=_python(host))
     return decode(Status, ev.fields, host.label)
+
+
+def _local_status(run_dir: str | None) -> Status:
+    from eagle3_tui.agent.frames import AgentError
+    from eagle3_tui.agent.runs import status_of
+
+    try:
+        fields = status_of(run_dir)
+    except AgentError as e:  # as the agent's error frame reads: its kind, its line
+        raise AgentAnswerError(str(e), ErrorKind.of(e.kind)) from None
+    except Exception as e:  # as an agent that failed: a TargetError, never into the app
+        raise TargetError(f"local: status failed: {type(e).__name__}: {e}") from e
+    return decode(Status, {"op": OP_STATUS, **fields}, LocalHost.label)
 
 
 async def discover(host: Host, all_users: bool = False, prune: bool = False) -> DiscoverReport:
