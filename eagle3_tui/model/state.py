@@ -565,11 +565,14 @@ class RunState:
             lean = type(batch.trains[0])
             fast = issubclass(lean, TrainStep) and batch.types - {Malformed} <= {lean, Deferred}
             try:
-                seqs = np.fromiter(
+                floats = np.fromiter(
                     map(_SEQ_F if fast else _SEQ, recs), dtype=np.float64, count=len(recs)
-                ).astype(np.int64)
+                )
             except (TypeError, ValueError):  # a missing seq (None)
                 return None
+            if not np.isfinite(floats).all():  # a seq the record did not have (NaN)
+                return None
+            seqs = floats.astype(np.int64)
         names = list(map(_W, recs))
         unique = set(names)
         if len(unique) == 1:
