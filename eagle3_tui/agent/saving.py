@@ -38,9 +38,9 @@ _ENDS = frozenset({"start", "resume", "interrupt", "finish", "crash"})
 
 def save_in_progress(metrics: Path) -> dict[str, Any] | None:
     """The checkpoint save the run's records show started (``save_started`` or
-    ``save_progress``) and not finished, the newest if several: ``{"path", "since"}``
-    (``since``: its first record's time); None when there is none or the file cannot
-    be read. A torn or malformed line is skipped."""
+    ``save_progress``) and not finished, the newest if several: ``{"path", "since",
+    "last"}`` (its first and latest records' times); None when there is none or the
+    file cannot be read. A torn or malformed line is skipped."""
     try:
         with open(metrics, "rb") as f:
             size = f.seek(0, 2)
