@@ -477,14 +477,13 @@ async def host_status(host: Host, run_dir: str | None) -> Status | None:
 
 def local_status(run_dir: Path) -> Status | None:
     """A run on this machine: the agent's own ``status`` code, run in this process (no
-    agent process to start), decoded as its reply is; None without a manifest."""
-    from eagle3_tui.agent.frames import AgentError
-    from eagle3_tui.agent.runs import status_of
-    from eagle3_tui.transport.replies import Status, decode
+    agent process to start); None without a manifest."""
+    from eagle3_tui.transport import control
+    from eagle3_tui.transport.channel import AgentAnswerError
 
     try:
-        return decode(Status, {"op": "status", **status_of(str(run_dir))}, str(run_dir))
-    except AgentError:
+        return control.local_status(str(run_dir))
+    except AgentAnswerError:
         return None  # no manifest (a user's own writer), an unreadable one: the records
 
 
@@ -918,8 +917,6 @@ async def on_every_node(
     names its nodes, on every node at once; one (merged) report. ``first``: a step on
     every node before the calls on any (a kill's wait for a checkpoint save), what it
     waited for kept in the report."""
-    import msgspec
-
     from eagle3_tui.transport import control
     from eagle3_tui.transport.replies import KillReport
 
@@ -928,8 +925,8 @@ async def on_every_node(
         return await control.on_host(target, lambda h: call(h, target))
     waited = await first([target, *others]) if first is not None else None
     report = control.merge_results(op, await control.on_nodes([target, *others], call, kind))
-    if isinstance(report, KillReport) and waited is not None and report.save_wait is None:
-        report = msgspec.structs.replace(report, save_wait=waited)
+    if isinstance(report, KillReport):
+        report = control.with_save_wait(report, waited)
     return report
 
 

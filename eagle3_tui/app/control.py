@@ -11,8 +11,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
 from eagle3_tui.agent.names import KILL_GRACE_S, SAVE_WAIT_S
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
@@ -109,10 +107,7 @@ class RunControl:
 
         # no node is signalled while any node's records show a checkpoint save
         waited = await control.saves_done([save_wait(c) for c in [self, *self.nodes]])
-        report = await self._every_node("kill", kill, KillReport)
-        if waited is not None and report.save_wait is None:
-            report = msgspec.structs.replace(report, save_wait=waited)
-        return report
+        return control.with_save_wait(await self._every_node("kill", kill, KillReport), waited)
 
     async def resume(self) -> ResumeReport:
         if not self.nodes:

@@ -218,12 +218,14 @@ async def run_status(host: Host, run_dir: str | None) -> Status:
     monitor's probe of a local run then starts no Python process every minute (it cost
     ~0.1 % of a core on its own: benchmarks/bench_follow.py's "children")."""
     if isinstance(host, LocalHost):
-        return await asyncio.to_thread(_local_status, run_dir)
+        return await asyncio.to_thread(local_status, run_dir)
     ev = await call_agent(host, {"op": OP_STATUS, "run_dir": run_dir}, python=_python(host))
     return decode(Status, ev.fields, host.label)
 
 
-def _local_status(run_dir: str | None) -> Status:
+def local_status(run_dir: str | None) -> Status:
+    """``status`` of a run on this machine: the agent's own code, run in this process,
+    decoded as its reply is; its errors as the agent's would read."""
     from eagle3_tui.agent.frames import AgentError
     from eagle3_tui.agent.runs import status_of
 
@@ -234,6 +236,14 @@ def _local_status(run_dir: str | None) -> Status:
     except Exception as e:  # as an agent that failed: a TargetError, never into the app
         raise TargetError(f"local: status failed: {type(e).__name__}: {e}") from e
     return decode(Status, {"op": OP_STATUS, **fields}, LocalHost.label)
+
+
+def with_save_wait(report: KillReport, waited: SaveWait | None) -> KillReport:
+    """A multi-node kill's merged report with what its first step (:func:`saves_done`)
+    waited for, unless a node's own kill says it already."""
+    if waited is None or report.save_wait is not None:
+        return report
+    return msgspec.structs.replace(report, save_wait=waited)
 
 
 async def discover(host: Host, all_users: bool = False, prune: bool = False) -> DiscoverReport:

@@ -223,10 +223,7 @@ class ControlDialog(ConfirmDialog):
             self.state = "done"
             self.app.post_message(self.Finished(self.op, result))
             if not self.is_attached:
-                text = (
-                    format_kill(result) if isinstance(result, KillReport) else format_resume(result)
-                )
-                ok = result.status in ("stopped", "not_running", "started")
+                text, ok = report_text(result)
                 self.app.notify(
                     clean(text.splitlines()[0]),
                     title=self.op,
