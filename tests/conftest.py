@@ -308,3 +308,62 @@ async def until(
     while not predicate():
         deadline.check()
         await pilot.pause(0.02)
+
+
+# ---- a second user on the same machine (issue 24) ----------------------------------------
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The interpreter every user may run (the suite's own lives in root's home)."""
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    """A user made for one test: unprivileged, with a home of its own."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def argv(self, *cmd: str) -> list[str]:
+        """``cmd`` run as this user (``runuser``: no password, no terminal)."""
+        return ["runuser", "-u", self.name, "--", *cmd]
+
+    def run(self, *cmd: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*cmd), capture_output=True, text=True, timeout=timeout, check=False, **kw
+        )
+
+    def popen(self, *cmd: str, **kw: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv(*cmd), **kw)
+
+
+@pytest.fixture
+def other_user() -> Iterator[OtherUser]:
+    """A second, unprivileged user (made with ``useradd``, removed with every process it
+    still has); needs root."""
+    need(os.geteuid() == 0 and shutil.which("useradd") is not None, "root and useradd")
+    import pwd
+    import uuid
+
+    name = f"e3o{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-m", "-U", "-s", "/bin/sh", name], check=True, capture_output=True)
+    entry = pwd.getpwnam(name)
+    try:
+        yield OtherUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+        time.sleep(0.1)
+        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may write (mode 1777, like /tmp), reachable by every
+    user (the suite's tmp_path is root's alone); removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="e3shared-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
