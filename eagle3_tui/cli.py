@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import __version__
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
+from eagle3_tui.model.inert import json_ascii, printable
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -322,13 +323,25 @@ def build_summary_parser() -> argparse.ArgumentParser:
 
 
 def say(text: str, *, err: bool = False) -> None:
-    """Print a line for a reader that may go away (``| head -1``): then the rest of
-    the output is dropped and the command still finishes, with its own exit status."""
+    """Print ``text`` for a terminal and for a reader that may go away (``| head -1``).
+
+    Every line a command prints goes through here, and what it quotes of a run (argv,
+    a working directory, a path, a log line, an error naming one) is inert: every
+    character a terminal would act on (ESC, BEL, C1 controls, bidi overrides, line
+    separators) is shown escaped (``\\x1b``, ``\\u202e``, see ``model/inert.py``);
+    only the report's own newlines stay. When the reader has gone, the rest of the
+    output is dropped and the command still finishes, with its own exit status."""
     stream = sys.stderr if err else sys.stdout
     try:
-        print(text, file=stream, flush=True)
+        print(printable(text, keep="\n"), file=stream, flush=True)
     except BrokenPipeError:
         _drop_output(stream)
+
+
+def say_json(text: str) -> None:
+    """Print a JSON text (``--json``): every character outside printable ASCII written
+    as its ``\\uXXXX`` escape, so the value is the same and a terminal shows it inert."""
+    say(json_ascii(text))
 
 
 def _drop_output(stream: Any) -> None:
@@ -380,7 +393,6 @@ def _command(args: list[str]) -> int:
             return run(build().parse_args(args[1:]))
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
-        from eagle3_tui.transport.base import printable
         from eagle3_tui.transport.control import exit_status_of
 
         say(f"eagle3-tui: {printable(str(e))}", err=True)
@@ -523,8 +535,6 @@ def needs_choice(target: Target, pid: int | None) -> bool:
 
 def say_chosen(note: object) -> None:
     """What was chosen, on stderr (headless commands)."""
-    from eagle3_tui.transport.base import printable
-
     if note:
         say(f"eagle3-tui: {printable(str(note))}", err=True)
 
@@ -581,7 +591,7 @@ def cmd_summary(ns: argparse.Namespace) -> int:
         run, now = load_target(target, label)
     summary = summarize(run.state, now)
     if ns.json:
-        say(json.dumps(summary, indent=None, sort_keys=False))
+        say_json(json.dumps(summary, indent=None, sort_keys=False))
     else:
         say(format_text(summary))
     return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
@@ -619,7 +629,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     run_b, _ = load_target(parse_target(ns.b, options), ns.b)
     result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
     if ns.json:
-        say(json.dumps(comparison_json(result)))
+        say_json(json.dumps(comparison_json(result)))
     else:
         say(format_comparison(result))
     return EXIT_OK
@@ -902,7 +912,10 @@ def cmd_kill(ns: argparse.Namespace) -> int:
             err=True,
         )
         raise
-    say(to_json(result) if ns.json else control.format_kill(result))
+    if ns.json:
+        say_json(to_json(result))
+    else:
+        say(control.format_kill(result))
     return control.kill_exit_status(result)
 
 
@@ -963,7 +976,10 @@ def cmd_resume(ns: argparse.Namespace) -> int:
         )
 
     result = asyncio.run(go())
-    say(to_json(result) if ns.json else control.format_resume(result))
+    if ns.json:
+        say_json(to_json(result))
+    else:
+        say(control.format_resume(result))
     return control.resume_exit_status(result)
 
 
@@ -984,7 +1000,10 @@ def cmd_runs(ns: argparse.Namespace) -> int:
     result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all, ns.prune)))
     if not result.runs and not result.live and not result.pruned:
         raise control.no_runs_error(result, ns.target or "this machine")
-    say(to_json(result) if ns.json else control.format_discovered(result))
+    if ns.json:
+        say_json(to_json(result))
+    else:
+        say(control.format_discovered(result))
     return EXIT_OK
 
 
@@ -1060,7 +1079,10 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if result is None:
         say("eagle3-tui: not confirmed: nothing done", err=True)
         return control.EXIT_DECLINED
-    say(to_json(result) if ns.json else control.format_attach(result))
+    if ns.json:
+        say_json(to_json(result))
+    else:
+        say(control.format_attach(result))
     return control.attach_exit_status(result)
 
 
@@ -1081,20 +1103,15 @@ def _check_training_installed() -> None:
 def demo_training_command(
     run_dir: Path, *, epochs: int, step_delay: float, workers: int
 ) -> list[str]:
-    """The demo's trainer: the tiny launcher writing into ``run_dir``."""
-    return [
-        sys.executable,
-        "-m",
+    """The demo's trainer: the tiny launcher writing into ``run_dir``, isolated from the
+    directory the demo was started in (``python -I``: see telemetry/isolation.py)."""
+    from eagle3_tui.telemetry.isolation import module_argv
+
+    return module_argv(
         "eagle3_tui.train.tiny",
-        "--run-dir",
-        str(run_dir),
-        "--epochs",
-        str(epochs),
-        "--step-delay",
-        str(step_delay),
-        "--workers",
-        str(workers),
-    ]
+        *("--run-dir", str(run_dir.resolve()), "--epochs", str(epochs)),
+        *("--step-delay", str(step_delay), "--workers", str(workers)),
+    )
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
@@ -1122,6 +1139,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd,
+            cwd=run_dir,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.telemetry.isolation import module_argv
+from eagle3_tui.telemetry.safefs import open_append
 from eagle3_tui.telemetry.schema import LOG_FILE
 
 LOG_MODES = ("auto", "tee", "file", "none")
@@ -50,9 +52,10 @@ def setup_log(run_dir: Path, mode: str) -> LogSetup:
         sys.stdout.flush()
         sys.stderr.flush()
     try:
+        os.close(open_append(log)[0])  # made (or checked) here, where a refusal can be said
         if mode in ("auto", "tee"):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "eagle3_tui.train.tee", str(log)],
+                module_argv("eagle3_tui.train.tee", str(log)),  # isolated: python -I
                 stdin=subprocess.PIPE,
                 stdout=None,  # the original stdout
                 stderr=subprocess.DEVNULL,
@@ -64,13 +67,14 @@ def setup_log(run_dir: Path, mode: str) -> LogSetup:
             os.dup2(proc.stdin.fileno(), 2)
             proc.stdin.close()  # fds 1 and 2 hold the pipe now
             return LogSetup(LOG_FILE, proc.pid)
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd, _ = open_append(log)  # never through a link or into another user's file
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
         return LogSetup(LOG_FILE)
     except OSError as e:
-        print(f"[eagle3] cannot write {log}: {e}; output stays where it was", file=sys.stderr)
+        why = e.strerror or e
+        print(f"[eagle3] cannot write {log}: {why}; output stays where it was", file=sys.stderr)
         return LogSetup(None)
 
 

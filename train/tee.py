@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from eagle3_tui.telemetry.safefs import open_append
+
 
 def _write_all(fd: int, data: bytes) -> bool:
     view = memoryview(data)
@@ -35,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    log = os.open(args[0], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:  # never through a link, a FIFO or into another user's file
+        log, _ = open_append(args[0])
+    except OSError as e:
+        print(f"eagle3-tui: cannot write {e}; output goes on to the terminal", file=sys.stderr)
+        log = -1
     out_ok = True
     while True:
         try:
@@ -44,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if not data:
             return 0
-        _write_all(log, data)
+        if log >= 0:
+            _write_all(log, data)
         if out_ok:
             out_ok = _write_all(1, data)
 

@@ -79,6 +79,7 @@ from eagle3_tui.agent.userfiles import (
 )
 from eagle3_tui.telemetry.procs import ProcStat, cmdline, environ
 from eagle3_tui.telemetry.rerun import resume_command
+from eagle3_tui.telemetry.safefs import open_file
 
 MIN_VERSION = (3, 8)
 REMOTE_EXEC_VERSION = (3, 14)
@@ -443,9 +444,9 @@ def first_metric(run_dir: str, since: float, timeout: float) -> dict[str, Any] |
     pending = b""
     while True:
         try:
-            with open(path, "rb") as f:
+            with open_file(path) as f:  # never a FIFO or a device
                 f.seek(offset)
-                data = f.read()
+                data = f.read(16 << 20)
         except OSError:
             data = b""
         offset += len(data)

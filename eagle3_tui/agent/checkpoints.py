@@ -4,9 +4,17 @@ is whole."""
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from eagle3_tui.telemetry.safefs import open_file, read_bounded
+
+MAX_HEADER = 100 << 20
+"""A safetensors header larger than this is not one (the real ones are kilobytes)."""
+STATE_LIMIT = 1 << 20
+"""``training_state.json`` is a few hundred bytes."""
 
 
 def checkpoint_dir(m: dict[str, Any], run_dir: Path) -> Path | None:
@@ -40,14 +48,16 @@ def latest_numbered(ckpt: Path) -> Path | None:
 
 def _safetensors_problem(path: Path) -> str | None:
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_file(path) as f:  # a regular file: a FIFO there never hangs the agent
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 return "truncated header"
             n = int.from_bytes(head, "little")
             if n > size - 8:
                 return "truncated header"
+            if n > MAX_HEADER:
+                return f"not a checkpoint (a {n}-byte header)"
             header = json.loads(f.read(n))
     except (OSError, ValueError) as e:
         return f"unreadable ({e})"
@@ -62,7 +72,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def _zip_problem(path: Path) -> str | None:
     try:
-        with zipfile.ZipFile(path) as z:
+        with open_file(path) as f, zipfile.ZipFile(f) as z:
             z.infolist()
     except (OSError, zipfile.BadZipFile) as e:
         return f"truncated or corrupt ({e})"
@@ -99,7 +109,7 @@ def checkpoint_problems(d: Path) -> list[str]:
     state = d / "training_state.json"
     if state.exists():
         try:
-            json.loads(state.read_text())
+            json.loads(read_bounded(state, STATE_LIMIT))
         except (OSError, ValueError):
             problems.append("training_state.json is unreadable")
         else:
@@ -119,7 +129,7 @@ def checkpoint_problems(d: Path) -> list[str]:
 def checkpoint_info(d: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(d), "problems": checkpoint_problems(d)}
     try:
-        state = json.loads((d / "training_state.json").read_text())
+        state = json.loads(read_bounded(d / "training_state.json", STATE_LIMIT))
         if isinstance(state, dict):
             for key in ("global_step", "epoch", "local_step"):  # ints, or not said
                 value = state.get(key)

@@ -32,6 +32,7 @@ import zlib
 from typing import Any
 
 from eagle3_tui.telemetry.columns import Block, companion_path, pack_column, read_blocks
+from eagle3_tui.telemetry.safefs import open_file
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
@@ -295,7 +296,7 @@ def _seq_of(data: bytes, start: int, end: int) -> int | None:
 
 def _read_companion(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as f:
+        with open_file(path) as f:
             if os.fstat(f.fileno()).st_size > MAX_COMPANION:
                 return None
             return f.read()

@@ -48,7 +48,9 @@ from eagle3_tui.agent.names import (
 )
 from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
+from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
 
 RUN_DIR_ENV = "EAGLE3_TUI_RUN_DIR"
@@ -121,20 +123,28 @@ def is_torchrun(argv: list[str]) -> bool:
 
 
 def _read_text(path: str, limit: int = SCRIPT_BYTES) -> str | None:
+    """The start of a regular file (a FIFO or device never blocks or floods the scan)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
+        return read_bounded(path, limit).decode("utf-8", "replace")
     except OSError:
         return None
 
 
 def _tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The end of a regular file ("" for anything else: a FIFO, ``/dev/zero``)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            return f.read().decode("utf-8", "replace")
+        return read_bounded(path, limit, tail=True).decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def load_manifest(run_dir: str) -> dict[str, Any] | None:
+    """``run_dir/run.json`` as an object, read bounded; None when it is not one."""
+    try:
+        obj = json.loads(read_bounded(os.path.join(run_dir, MANIFEST), MANIFEST_LIMIT))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def source_files(argv: list[str], cwd: str | None) -> list[str]:
@@ -460,12 +470,8 @@ class Training:
             self.epochs = self.manifest["epochs"]
 
     def _read_manifest(self, run_dir: str) -> None:
-        try:
-            with open(os.path.join(run_dir, MANIFEST)) as f:
-                m = json.load(f)
-        except (OSError, ValueError):
-            return
-        if isinstance(m, dict) and m.get("pid") == self.trainer.pid:
+        m = load_manifest(run_dir)
+        if m is not None and m.get("pid") == self.trainer.pid:
             self.manifest = m
             self.run_id = m.get("run_id") if isinstance(m.get("run_id"), str) else None
             if not self.log and m.get("log_file"):
@@ -742,11 +748,8 @@ def works_in(row: dict[str, Any], directory: str) -> bool:
 
 
 def _manifest_status(run_dir: str) -> str:
-    try:
-        with open(os.path.join(run_dir, MANIFEST)) as f:
-            return str(json.load(f).get("status") or "?")
-    except (OSError, ValueError, AttributeError):
-        return "?"
+    m = load_manifest(run_dir)
+    return str(m.get("status") or "?") if m is not None else "?"
 
 
 def latest_stopped_run(live_dirs: set[str]) -> str | None:
@@ -767,12 +770,8 @@ def run_working_in(directory: str) -> str | None:
     rows, _ = registered_rows(False)  # newest first
     for r in rows:
         run_dir = str(r.get("run_dir") or "")
-        try:
-            with open(os.path.join(run_dir, MANIFEST)) as f:
-                manifest = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(manifest, dict):
+        manifest = load_manifest(run_dir)
+        if manifest is None:
             continue
         row = {k: manifest.get(k) for k in ("cwd", "checkpoint_dir", "log_file")}
         if works_in({**row, "log": row["log_file"], "run_dir": run_dir}, directory):

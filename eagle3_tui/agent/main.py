@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from typing import IO, NoReturn
 
@@ -48,7 +49,23 @@ should not compile and run follow, observe, discover and control (with their sam
 and regexes) only to answer whether a pid is alive."""
 
 
+def _user_site_last() -> None:
+    """The agent runs isolated (``python -I``): no working directory, no ``PYTHON*``
+    variables and no user site on ``sys.path``. The user's own site-packages (where
+    ``pip install --user nvidia-ml-py`` puts NVML's binding) is this user's alone:
+    it goes back, last, so nothing in it can shadow the standard library."""
+    try:
+        import site
+
+        path = site.getusersitepackages()
+    except Exception:  # a stripped-down site module
+        return
+    if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
+        sys.path.append(path)
+
+
 def main(stdin: IO[bytes] | None = None) -> NoReturn:
+    _user_site_last()
     stream = sys.stdin.buffer if stdin is None else stdin
     line = stream.readline()
     try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ from eagle3_tui.agent.logparse import LineParser
 from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import nvml_from_env
+from eagle3_tui.telemetry.safefs import open_file
 from eagle3_tui.telemetry.samplers import (
     CheckpointWatcher,
     GpuSampler,
@@ -145,6 +147,9 @@ class LogFollower:
         except OSError:
             self.grew = 0
             return
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device: nothing to read, ever
+            self.grew = 0
+            return
         ident = f"{st.st_dev}:{st.st_ino}"
         fresh = self.identity is None
         if (self.identity is not None and ident != self.identity) or st.st_size < self.offset:
@@ -160,7 +165,7 @@ class LogFollower:
                 self.offset = self._line_start(st.st_size - CATCH_UP_BYTES)
         read = 0
         try:
-            with open(self.path, "rb") as f:
+            with open_file(self.path) as f:  # never a FIFO or a device
                 while self.offset < st.st_size and read < MAX_ROUND_BYTES:
                     f.seek(self.offset)
                     data = f.read(min(READ_BYTES, st.st_size - self.offset))
@@ -178,7 +183,7 @@ class LogFollower:
 
     def _line_start(self, at: int) -> int:
         try:
-            with open(self.path, "rb") as f:
+            with open_file(self.path) as f:  # never a FIFO or a device
                 f.seek(at)
                 chunk = f.read(READ_BYTES)
         except OSError:

@@ -13,6 +13,7 @@ from typing import Any
 
 from eagle3_tui.agent.processes import proc_stat
 from eagle3_tui.telemetry.rerun import split_python_argv
+from eagle3_tui.telemetry.safefs import read_bounded
 
 CAP_SYS_PTRACE = 19
 YAMA = "/proc/sys/kernel/yama/ptrace_scope"
@@ -23,6 +24,7 @@ _SCRIPT_BYTES = 1 << 20
 
 
 def read_text(path: str) -> str | None:
+    """A file of ``/proc`` as text (None when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             return f.read().decode("utf-8", "replace")
@@ -288,8 +290,7 @@ def training_evidence(pid: int, argv: list[str], maps: list[str]) -> tuple[bool 
     shown, script = program_of(argv, cwd)
     if script is not None:
         try:
-            with open(script, "rb") as f:
-                text = f.read(_SCRIPT_BYTES)
+            text = read_bounded(script, _SCRIPT_BYTES)
         except OSError:
             text = b""
         if b"speculators" in text:

@@ -20,7 +20,11 @@ from eagle3_tui.agent.names import (
     OP_STATUS,
 )
 from eagle3_tui.agent.processes import leftovers, verify_trainer
-from eagle3_tui.telemetry.manifest import index_lock
+from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT, index_lock
+from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
+
+INDEX_LIMIT = 64 << 20
+"""The index of runs is one short line per run started: 64 MiB is ~300,000 runs."""
 
 
 def index_path() -> Path:
@@ -34,7 +38,7 @@ def index_path() -> Path:
 def read_index() -> list[dict[str, Any]]:
     """Entries of the index, oldest first; malformed lines skipped."""
     try:
-        raw = index_path().read_bytes()
+        raw = read_bounded(index_path(), INDEX_LIMIT)
     except OSError:
         return []
     out = []
@@ -67,7 +71,7 @@ def prune_index() -> list[str]:
     path = index_path()
     with index_lock(path):
         try:
-            raw = path.read_bytes()
+            raw = read_bounded(path, INDEX_LIMIT)
         except OSError:
             return []
         kept: list[bytes] = []
@@ -83,9 +87,7 @@ def prune_index() -> list[str]:
             else:
                 kept.append(line)
         if gone:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(b"".join(kept))
-            os.replace(tmp, path)
+            write_atomic(path, b"".join(kept))
         return list(dict.fromkeys(gone))
 
 
@@ -110,7 +112,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     check_run_dir(run_dir)
     path = run_dir / MANIFEST
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(read_bounded(path, MANIFEST_LIMIT))  # a regular file, bounded
     except FileNotFoundError:
         raise AgentError(
             ERR_NO_MANIFEST, f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"

@@ -22,6 +22,7 @@ from typing import Any
 
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_PROGRESS
+from eagle3_tui.telemetry.safefs import open_file
 
 TAIL_BYTES = 4 << 20
 """How much of the end of ``metrics.jsonl`` is read: a save in progress writes a
@@ -42,7 +43,7 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
     "last"}`` (its first and latest records' times); None when there is none or the
     file cannot be read. A torn or malformed line is skipped."""
     try:
-        with open(metrics, "rb") as f:
+        with open_file(metrics) as f:  # a FIFO planted there never hangs a kill
             size = f.seek(0, 2)
             start = max(0, size - TAIL_BYTES)
             f.seek(start)

@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.safefs import write_atomic
 
 TRAINER_MODULE = "speculators.train.trainer"
 RESUME_ENV_FILE = "resume-env.json"
@@ -109,13 +110,8 @@ def _initial_environ() -> dict[str, str]:
 
 
 def _write_json(path: str, obj: dict[str, Any], mode: int = 0o600) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, json.dumps(obj, default=str).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """``path`` replaced by ``obj`` (never written through a link: safefs.write_atomic)."""
+    write_atomic(path, json.dumps(obj, default=str).encode(), mode, fsync=False)
 
 
 def _attach(req: dict[str, Any], t0: float) -> dict[str, Any]:

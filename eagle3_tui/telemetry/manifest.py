@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.safefs import open_append, read_bounded, write_atomic
 
 MANIFEST_SCHEMA: Final = 1
+MANIFEST_LIMIT: Final = 4 << 20
+"""A manifest is a few KiB (its environment, its command line); more is not one."""
 RUN_ID_ENV: Final = "EAGLE3_TUI_RUN_ID"
 """Environment marker inherited by every process of a run (dataloader workers too)."""
 RUN_DIR_ENV: Final = "EAGLE3_TUI_RUN_DIR"
@@ -99,16 +102,11 @@ def build_manifest(
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """Replace ``path`` atomically with ``manifest`` (may raise OSError)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Replace ``path`` atomically with ``manifest`` (may raise OSError): through a
+    temporary file of an unpredictable name, created exclusively (a link planted at
+    ``path`` or at a guessable temporary name is never written through)."""
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, data)
 
 
 def update_manifest(path: Path, **fields: Any) -> dict[str, Any]:
@@ -181,8 +179,9 @@ def resume_point(checkpoint_dir: str | os.PathLike[str] | None) -> tuple[str | N
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest at ``path`` (may raise OSError or ValueError)."""
-    obj = json.loads(path.read_text())
+    """The manifest at ``path`` (may raise OSError or ValueError): a regular file, read
+    bounded (a FIFO or a device planted there never hangs the trainer)."""
+    obj = json.loads(read_bounded(path, MANIFEST_LIMIT))
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: not a JSON object")
     return obj
@@ -208,7 +207,7 @@ def register_run(manifest: dict[str, Any], path: Path | None = None) -> None:
     }
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
     with index_lock(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, _ = open_append(path)  # never through a link, never another user's file
         try:
             os.write(fd, line)
         finally:
@@ -222,8 +221,7 @@ def index_lock(path: Path) -> Iterator[None]:
     append is never made to a file the rewrite is about to replace. Where the
     filesystem has no locks, nothing is held."""
     try:
-        lock = path.with_name(path.name + ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, _ = open_append(path.with_name(path.name + ".lock"))  # flock needs no read
     except OSError:
         yield
         return

@@ -30,6 +30,7 @@ import errno
 import os
 import stat
 import tempfile
+from typing import BinaryIO
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -44,7 +45,7 @@ class UnsafeFileError(OSError):
     """A file refused: a link, not a regular file, another user's, writable by others."""
 
     def __init__(self, path: object, why: str, code: int = errno.EPERM) -> None:
-        super().__init__(code, f"{path}: {why}")
+        super().__init__(code, why, str(path))  # strerror: why; filename: the path
         self.path = str(path)
         self.why = why
 
@@ -203,6 +204,12 @@ def open_regular(path: str | os.PathLike[str], follow: bool = True) -> tuple[int
     return fd, st
 
 
+def open_file(path: str | os.PathLike[str], follow: bool = True) -> BinaryIO:
+    """:func:`open_regular` as a binary file object (``with open_file(p) as f``)."""
+    fd, _ = open_regular(path, follow)
+    return os.fdopen(fd, "rb")
+
+
 def read_bounded(
     path: str | os.PathLike[str],
     limit: int = READ_LIMIT,
@@ -338,6 +345,30 @@ def _link_problem(path: str, uid: int) -> str | None:
             cur = "/"
         todo = [p for p in target.split("/") if p] + todo
     return None
+
+
+def foreign_dir_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why this user should not write into the directory ``path``: it, a directory above
+    it or a link on the way to it belongs to another user than this one or root, who
+    could replace or redirect what is written there. None for a directory of ours or
+    root's, in directories of ours or root's."""
+    path = os.path.abspath(os.fspath(path))
+    uid = os.geteuid()
+    problem = _link_problem(path, uid)
+    if problem is not None:
+        return problem
+    part = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(part)
+        except OSError as e:
+            return f"{part}: {e.strerror or e}"
+        if st.st_uid not in (uid, 0):
+            return f"{part} belongs to {user_name(st.st_uid)}"
+        up = os.path.dirname(part)
+        if up == part:
+            return None
+        part = up
 
 
 def private_dir(path: str | os.PathLike[str], mode: int = 0o700) -> None:

@@ -51,6 +51,7 @@ from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.handler import MESSAGES_LOGGER, METRICS_LOGGER, TelemetryHandler
 from eagle3_tui.telemetry.progress import ProgressPrinter
 from eagle3_tui.telemetry.reads import READS_ENV, socket_name
+from eagle3_tui.telemetry.safefs import foreign_dir_problem
 from eagle3_tui.telemetry.samplers import SAMPLERS, SamplerConfig
 from eagle3_tui.telemetry.schema import (
     CHECKPOINT_SAVED,
@@ -524,7 +525,9 @@ def attach(
 
     On a run directory that already has a manifest (a resume) the run keeps its
     id and a ``resume`` event is written instead of ``start``. Raises only when
-    ``run_dir`` cannot be created; after that, nothing raises into the trainer.
+    ``run_dir`` cannot be created, or belongs (or a directory above it) to another
+    user, who could redirect what is written there; after that, nothing raises into
+    the trainer.
     """
     enabled = _sampler_names(samplers, sampler_host, interval)
     rank = _env_rank() if rank is None else rank
@@ -613,6 +616,9 @@ def _node_run_dir(run_dir: Path, place: Place) -> Path:
         # node's directory is complete (its manifest, its samples) for its own agent
         path = path / f"node{place.node_rank}"
     path.mkdir(parents=True, exist_ok=True)
+    refused = foreign_dir_problem(path)
+    if refused is not None:
+        raise PermissionError(f"eagle3-tui telemetry: {refused}: use a run directory of your own")
     for earlier in list(_sessions):  # attached again (a notebook): one session per run dir
         if earlier.run_dir.resolve() == path.resolve():
             earlier.close()

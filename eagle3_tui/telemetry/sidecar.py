@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.isolation import module_argv
 from eagle3_tui.telemetry.manifest import read_manifest, update_manifest
 from eagle3_tui.telemetry.nvml import Nvml, PynvmlApi, RecordedNvml
 from eagle3_tui.telemetry.reads import ReadsReceiver
@@ -343,41 +344,22 @@ class ThreadSamplers:
 # ---- the sidecar process -----------------------------------------------------------------
 
 
-def package_root() -> str | None:
-    """The directory this ``eagle3_tui`` was imported from, when a fresh interpreter
-    would not find it there by itself (not in site-packages): ``eagle3-tui attach``
-    imports the telemetry into a live trainer from a private directory, and the
-    sidecar, started as ``python -m``, must find the same files."""
-    import sysconfig
-
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    paths = sysconfig.get_paths()
-    site = {os.path.realpath(p) for p in (paths.get("purelib"), paths.get("platlib")) if p}
-    if os.path.realpath(root) in site:
-        return None
-    return root
-
-
 class SidecarClient:
     """The trainer's end of the sidecar: starts it, sends it ops (never blocking)."""
 
     source = "sidecar"
 
     def __init__(self, cfg: SamplerConfig) -> None:
-        env = dict(os.environ)
-        env.pop("PYTHONSTARTUP", None)
-        where = package_root()
-        if where is not None:  # live attach: the package came from a private directory
-            paths = env.get("PYTHONPATH", "")
-            env["PYTHONPATH"] = where + (os.pathsep + paths if paths else "")
+        # isolated (python -I): nothing of the trainer's working directory is imported,
+        # the package comes from where the trainer's came from (a live attach's private
+        # directory too), the rest of the trainer's sys.path follows (isolation.py)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eagle3_tui.telemetry.sidecar", json.dumps(cfg.to_dict())],
+            module_argv("eagle3_tui.telemetry.sidecar", json.dumps(cfg.to_dict())),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=None,  # its tracebacks, if any, go where the trainer's go
             close_fds=True,
             start_new_session=True,  # a Ctrl+C or a group kill must not end it first
-            env=env,
         )
         assert self.proc.stdin is not None
         self._fd = self.proc.stdin.fileno()

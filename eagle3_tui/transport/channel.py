@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -281,6 +282,22 @@ class LocalChannel:
                 self.proc.terminate()
 
 
+def agent_argv(python: str) -> list[str]:
+    """The agent's command line: isolated (``-I``: neither the working directory nor
+    ``PYTHON*`` variables reach its ``sys.path``; a ``json.py`` another user left in the
+    directory eagle3-tui was started from is never imported, as root or not)."""
+    return [python, "-I", "-c", BOOTSTRAP, AGENT_TAG]
+
+
+def absolute_paths(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` with a relative ``run_dir`` made absolute here: the local agent runs
+    in ``/``, not in the caller's directory (``~`` is the agent's to expand)."""
+    run_dir = request.get("run_dir")
+    if isinstance(run_dir, str) and run_dir and not run_dir.startswith(("/", "~")):
+        return {**request, "run_dir": os.path.abspath(run_dir)}
+    return request
+
+
 class LocalHost:
     """This machine, reached without SSH."""
 
@@ -289,17 +306,15 @@ class LocalHost:
 
     async def start_agent(self, request: dict[str, Any]) -> LocalChannel:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            BOOTSTRAP,
-            AGENT_TAG,
+            *agent_argv(sys.executable),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # a Ctrl+C here must not cut a kill short there
+            cwd="/",  # nothing of the caller's directory: its paths are made absolute
         )
         assert proc.stdin is not None
-        proc.stdin.write(agent_payload(request))
+        proc.stdin.write(agent_payload(absolute_paths(request)))
         await proc.stdin.drain()
         if not keeps_stdin(request):
             proc.stdin.close()

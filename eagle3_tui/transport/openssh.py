@@ -72,8 +72,9 @@ def _quoted_paths(paths: tuple[str, ...]) -> str:
 
 
 def remote_command(python: str) -> str:
-    """The one command line the host runs: constant but for the quoted interpreter."""
-    return f"exec {shlex.quote(python)} -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
+    """The one command line the host runs: constant but for the quoted interpreter
+    (``-I``: isolated, as ``channel.agent_argv`` says)."""
+    return f"exec {shlex.quote(python)} -I -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
 
 
 def config_file(config: Sequence[str]) -> str:

@@ -419,7 +419,7 @@ class SshHost(TargetNames):
     def command(self) -> str:
         """The remote command line: constant but for the interpreter, which is quoted."""
         python = shlex.quote(self.python)
-        return f"exec {python} -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"
+        return f"exec {python} -I -c {shlex.quote(BOOTSTRAP)} {AGENT_TAG}"  # -I: see agent_argv
 
     def exit_problem(self, status: int | None, stderr: str) -> tuple[bool, str] | None:
         """Connection problems surface as exceptions here, not as exit statuses."""
