@@ -25,6 +25,7 @@ from eagle3_tui.agent.frames import (
 )
 from eagle3_tui.agent.names import COMPRESS_ZLIB
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
+from eagle3_tui.telemetry.safefs import open_regular
 
 READ_SIZE = 1 << 20
 SAFETY_POLL_S = 0.5  # with inotify: re-check anyway (NFS sends no events)
@@ -207,11 +208,13 @@ def op_follow(req: dict[str, Any]) -> int:
     while True:
         if fd is None:
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd, _ = open_regular(path)  # a FIFO or device there: refused, never a hang
             except FileNotFoundError:
                 if not announced:
                     emit("waiting", path=str(path))
                     announced = True
+            except OSError as e:
+                raise AgentError("missing", f"{path}: {e.strerror or e}") from None
             else:
                 file_wd = ino.add(path, FILE_MASK)
                 st = os.fstat(fd)
@@ -267,7 +270,7 @@ def op_read(req: dict[str, Any]) -> int:
     name = str(req.get("file") or "metrics.jsonl")
     path = run_dir / name
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, _ = open_regular(path)  # a FIFO or device there: refused, never a hang
     except FileNotFoundError:
         raise AgentError(
             "missing", f"{run_dir}: no {name} here (is telemetry attached to the trainer?)"
