@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -45,6 +46,9 @@ from eagle3_tui.agent.processes import (
 )
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
 from eagle3_tui.agent.saving import wait_for_save
+from eagle3_tui.agent.trust import manifest_owner, resume_problems, signal_owner
+from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
+from eagle3_tui.telemetry.safefs import open_append, read_bounded, user_name
 from eagle3_tui.telemetry.topology import TORCHRUN_ENV
 
 
@@ -75,15 +79,22 @@ def op_kill(req: dict[str, Any]) -> int:
     linger = float(req.get("linger_s", 3.0))
     m, run_dir, base = _kill_subject(req)
     trainer, problem = verify_trainer(m)
+    uid, refused = signal_owner(m, base.pop("owner"), trainer.pid if trainer else None)
+    if refused is not None:  # another user's manifest naming someone else's process
+        emit(EV_RESULT, op=OP_KILL, status="refused", message=refused, processes=[], **base)
+        return 0
     if trainer is not None and problem is not None:  # the PID was reused
-        others = find_members(m, None)
+        others = find_members(m, None, uid)
         processes = [mb.report() for mb in others.values()]
         emit(EV_RESULT, op=OP_KILL, status="refused", message=problem, processes=processes, **base)
         return 0
-    members = find_members(m, trainer)
+    members = find_members(m, trainer, uid)
     if not members:
         note = problem or "the run is not running"
         emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
+        return 0
+    if _wait_for_other_kill(run_dir):  # one kill signals; this one reports how it ended
+        _report_joined(m, run_dir, base, members)
         return 0
     launcher, targets = _sigterm_targets(members, trainer)
     save_wait = _wait_for_save(req, m, run_dir, targets if trainer is not None else [])
@@ -116,6 +127,78 @@ def op_kill(req: dict[str, Any]) -> int:
     return 0
 
 
+KILL_LOCK_NOTE_S = 5.0
+"""How often a kill waiting for another kill of the same run says so."""
+_kill_lock_fd: list[int] = []
+"""The held lock (the agent is one process per operation: released at its exit)."""
+
+
+def _wait_for_other_kill(run_dir: Path) -> bool:
+    """Take the run's kill lock (an exclusive ``flock`` of the run directory itself: no
+    file is made, and every user who can read the directory meets the same lock);
+    True when another kill held it and this one waited for it to end. Where the
+    filesystem has no locks, False at once."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    except OSError:
+        return False
+    _kill_lock_fd.append(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        pass
+    except OSError:  # no locks here (some network filesystems)
+        return False
+    t0 = time.monotonic()
+    emit(EV_PROGRESS, step="joined", elapsed=0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.1)
+        except OSError:
+            return True
+        elapsed = time.monotonic() - t0
+        if elapsed // KILL_LOCK_NOTE_S != (elapsed - 0.1) // KILL_LOCK_NOTE_S:
+            emit(EV_PROGRESS, step="joined", elapsed=elapsed)
+
+
+def _report_joined(
+    m: dict[str, Any], run_dir: Path, base: dict[str, Any], members: dict[int, Member]
+) -> None:
+    """The result of a kill that waited for another kill of the run: no signal of its
+    own, the same processes (found before it waited) and how each ended, the same
+    checkpoint report; if the run still lives (the other kill was refused, or left
+    processes), it says so and signals nothing: the other kill's report says why."""
+    settle(members)
+    remaining = [mb for mb in members.values() if mb.alive()]
+    for mb in members.values():
+        if mb.outcome != "alive":
+            mb.outcome = "exited"  # ended by the other kill's signals, not by ours
+    emit(
+        EV_RESULT,
+        op=OP_KILL,
+        status="remaining" if remaining else "stopped",
+        message=(
+            f"another kill of this run was already running: this one waited for it and sent "
+            f"no signal; {len(remaining)} process(es) of the run remain"
+            if remaining
+            else f"another kill of this run was already running: this one waited for it and "
+            f"sent no signal; all {len(members)} process(es) of the run are gone"
+        ),
+        processes=[mb.report() for mb in members.values()],
+        checkpoints=checkpoint_report(m, run_dir),
+        signalled_trainer=False,
+        joined=True,
+        save_wait=None,
+        host=os.uname().nodename,
+        node_rank=m.get("node_rank"),
+        **base,
+    )
+
+
 def _wait_for_save(
     req: dict[str, Any], m: dict[str, Any], run_dir: Path, savers: list[Member]
 ) -> dict[str, Any] | None:
@@ -146,14 +229,16 @@ def op_save_wait(req: dict[str, Any]) -> int:
 
 def _kill_subject(req: dict[str, Any]) -> tuple[dict[str, Any], Path, dict[str, Any]]:
     """What ``kill`` acts on: a run directory's manifest, or a training found on the
-    host by PID (no manifest); with the fields that every kill report carries."""
+    host by PID (no manifest); with the fields that every kill report carries (and
+    ``owner``, the manifest's user, taken out before any report)."""
     if isinstance(req.get("pid"), int):
         m, run_dir = discovered_manifest(req)
-        return m, run_dir, {"pid": m["pid"], "run_dir": None, "run_id": None}
+        return m, run_dir, {"pid": m["pid"], "run_dir": None, "run_id": None, "owner": None}
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
-    return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id")}
+    owner = manifest_owner(run_dir)
+    return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id"), "owner": owner}
 
 
 def _sigterm_targets(
@@ -258,9 +343,7 @@ def discovered_manifest(req: dict[str, Any]) -> tuple[dict[str, Any], Path]:
 
 def _tail(path: Path, lines: int = 15) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
-            data = f.read()
+        data = read_bounded(path, 8192, tail=True)
     except OSError:
         return ""
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
@@ -272,7 +355,7 @@ def _saved_environment(run_dir: Path, m: dict[str, Any]) -> dict[str, str] | Non
     if not isinstance(name, str) or not name:
         return None
     try:
-        env = json.loads((run_dir / name).read_text())
+        env = json.loads(read_bounded(run_dir / name, MANIFEST_LIMIT))
     except (OSError, ValueError):
         return None
     if not isinstance(env, dict):
@@ -307,6 +390,15 @@ def op_resume(req: dict[str, Any]) -> int:
     if not os.path.isdir(cwd):
         raise AgentError(ERR_REFUSED, f"{cwd}: the run's working directory is gone")
     env = _resume_environment(run_dir, m, launcher)
+    untrusted = resume_problems(run_dir, m, cmd, cwd, env, latest)
+    if untrusted:  # nothing runs that another user could have chosen
+        raise AgentError(
+            ERR_REFUSED,
+            f"not resumed as {user_name(os.geteuid())}: "
+            + "; ".join(untrusted[:3])
+            + ("" if len(untrusted) <= 3 else f"; and {len(untrusted) - 3} more")
+            + " (resume it as the user who owns them, or fix their ownership and modes)",
+        )
     log = run_dir / str(m.get("log_file") or "train.log")
     proc = _start_detached(cmd, cwd, env, log, latest)
     info = checkpoint_info(latest)
@@ -417,7 +509,10 @@ def _start_detached(
 ) -> subprocess.Popen[bytes]:
     """Start ``cmd`` in a session of its own (it outlives the agent), its output
     appended to the run's log after a line that says when and from what."""
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:  # never through a link, never into another user's file
+        fd, _ = open_append(log)
+    except OSError as e:
+        raise AgentError(ERR_REFUSED, f"{log}: {e.strerror or e}: not resumed") from None
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.write(fd, f"\n--- eagle3-tui resume at {stamp} from {latest} ---\n".encode())
@@ -448,7 +543,7 @@ def _await_manifest(
         if rc is not None:
             return rc, False
         try:
-            now = json.loads((run_dir / MANIFEST).read_text())
+            now = json.loads(read_bounded(run_dir / MANIFEST, MANIFEST_LIMIT))
             if proc.pid in (now.get("pid"), now.get("launcher_pid")):
                 return None, True
         except (OSError, ValueError, AttributeError):

@@ -183,16 +183,21 @@ def label_member(mb: Member, labels: dict[tuple[int, int], str]) -> None:
     mb.label = label or ""
 
 
-def find_members(m: dict[str, Any], trainer: Proc | None) -> dict[int, Member]:
+def find_members(
+    m: dict[str, Any], trainer: Proc | None, uid: int | None = None
+) -> dict[int, Member]:
     """Every live process of the run: the trainer and launcher, their descendants,
-    and anything carrying the run's marker in its environment (escaped workers)."""
+    and anything carrying the run's marker in its environment (escaped workers);
+    with ``uid``, only processes of that user (``trust.signal_owner``)."""
     table = all_procs()
     mine = ancestors(os.getpid(), table)
     out: dict[int, Member] = {}
 
     def add(pid: int, role: str) -> None:
         p = table.get(pid)
-        if p is not None and not p.zombie and pid not in mine and pid not in out:
+        if p is None or p.zombie or pid in mine or pid in out:
+            return
+        if uid is None or procs.owner(pid) == uid:
             out[pid] = Member(p, role)
 
     same_boot = not m.get("boot_id") or m.get("boot_id") == boot_id()
