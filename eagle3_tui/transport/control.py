@@ -456,6 +456,11 @@ def format_progress(ev: Event) -> str | None:
         )
     if step == "timeout":
         return f"pid {ev.get('pid')} still alive after {ev.get('grace_s')} s: SIGKILL"
+    if step == "joined":
+        return (
+            "another kill of this run is running: waiting for it, sending no signal "
+            f"({float(ev.get('elapsed', 0)):.0f} s)"
+        )
     if step == "save":
         return (
             f"a checkpoint save is in progress ({printable(str(ev.get('path')))}): waiting "
