@@ -93,13 +93,14 @@ def op_kill(req: dict[str, Any]) -> int:
         note = problem or "the run is not running"
         emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
         return 0
+    # what interrupted/ holds now: the report names only what this kill (or the one it
+    # joins) produced
+    before = files_state(interrupted_dir(m, run_dir))
     if _wait_for_other_kill(run_dir):  # one kill signals; this one reports how it ended
-        _report_joined(m, run_dir, base, members)
+        _report_joined(m, run_dir, base, members, before)
         return 0
     launcher, targets = _sigterm_targets(members, trainer)
     save_wait = _wait_for_save(req, m, run_dir, targets if trainer is not None else [])
-    # what interrupted/ holds now: the report names only what this kill produced
-    before = files_state(interrupted_dir(m, run_dir))
     if targets:
         _stop_targets(m, members, trainer, targets, grace)
         if launcher and not wait_gone(launcher, linger):
@@ -166,7 +167,11 @@ def _wait_for_other_kill(run_dir: Path) -> bool:
 
 
 def _report_joined(
-    m: dict[str, Any], run_dir: Path, base: dict[str, Any], members: dict[int, Member]
+    m: dict[str, Any],
+    run_dir: Path,
+    base: dict[str, Any],
+    members: dict[int, Member],
+    before: dict[str, tuple[int, int]] | None,
 ) -> None:
     """The result of a kill that waited for another kill of the run: no signal of its
     own, the same processes (found before it waited) and how each ended, the same
@@ -189,8 +194,8 @@ def _report_joined(
             f"sent no signal; all {len(members)} process(es) of the run are gone"
         ),
         processes=[mb.report() for mb in members.values()],
-        checkpoints=checkpoint_report(m, run_dir),
-        signalled_trainer=False,
+        checkpoints=checkpoint_report(m, run_dir, before),
+        signalled_trainer=True,  # by the kill it joined: interrupted/ is that stop's
         joined=True,
         save_wait=None,
         host=os.uname().nodename,

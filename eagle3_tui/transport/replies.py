@@ -178,6 +178,9 @@ class KillReport(Reply, kw_only=True):
     signalled_trainer: bool = False
     save_wait: SaveWait | None = None
     """A checkpoint save in progress that the kill waited for before it signalled."""
+    joined: bool = False
+    """Another kill of the run was running: this one waited for it and sent no signal
+    (its processes are the ones it found before it waited, and how each ended)."""
     host: str | None = None
     node_rank: int | None = None
     pid: int | None = None
