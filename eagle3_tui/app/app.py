@@ -21,6 +21,7 @@ from textual import on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.notifications import SeverityLevel
 from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -205,10 +206,27 @@ class MonitorApp(App[None]):
         if self.compare_source is not None:
             self._start_compare(self.compare_source)
         if self.note:
-            self.notify(clean(self.note), title="chosen", timeout=20)
+            self.notify(self.note, title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self.probe()
             self.set_interval(self.status_interval, self._probe_tick, name="status")
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification of the monitor (the app's, a screen's, a widget's: Textual
+        routes them all here) is inert: what it quotes of the run (a path, an error, a
+        host's answer) is shown as written, escapes escaped, its markup never parsed
+        (``markup`` is accepted as Textual passes it, and never honoured)."""
+        super().notify(
+            clean(message), title=clean(title), severity=severity, timeout=timeout, markup=False
+        )
 
     def _link_changed(self, event: LinkChanged) -> None:
         self.link = event
@@ -465,11 +483,9 @@ class MonitorApp(App[None]):
                 failed.append(f"{folder}: {e.strerror or e}")
                 continue
             note = f" ({failed[0]})" if failed else ""
-            self.notify(
-                clean(f"{rows:,} steps written to {path}{note}"), title="export", timeout=12
-            )
+            self.notify(f"{rows:,} steps written to {path}{note}", title="export", timeout=12)
             return
-        self.notify(clean(f"export failed: {'; '.join(failed)}"), severity="error", timeout=12)
+        self.notify(f"export failed: {'; '.join(failed)}", severity="error", timeout=12)
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -23,7 +23,7 @@ def live_row(r: ProcessRow) -> Text:
     when = time.strftime("%m-%d %H:%M", time.localtime(started)) if started is not None else "?"
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{when}  ", style="dim")
-    t.append(f"{r.health or 'live':<8} ", style="bold")
+    t.append_text(inert(f"{r.health or 'live':<8} ", style="bold"))
     t.append(f"pid {r.pid:<8} ")
     t.append("telemetry " if r.telemetry else "no telemetry ", style="dim")
     t.append_text(inert(r.run_dir or r.cwd or "?"))
@@ -52,7 +52,7 @@ class LiveChooser(App[ProcessRow | None]):
 
     def compose(self) -> ComposeResult:
         box = Vertical(id="chooser")
-        box.border_title = f"live trainings on {self.host}"
+        box.border_title = inert(f"live trainings on {self.host}")
         with box:
             yield Static(
                 inert(f"{self.note_text}: Enter opens one (or run with --pid PID)"),

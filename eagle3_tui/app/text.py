@@ -1,9 +1,12 @@
 """Text for the panels: numbers, sizes and durations as cells, and inert text.
 
-Everything that comes from the run (log messages, metric and file names, error
-strings, host names) goes through :func:`inert`: ANSI escapes are removed, control
-characters shown escaped, and the result is a :class:`rich.text.Text`, never a
-markup string, so ``[bold]`` in a message is shown as ``[bold]``.
+Everything that comes from the run (log messages, metric and file names, paths,
+argv, error strings, user and host names) goes through :func:`inert` (or
+:func:`clean`, for a notification): every character a terminal acts on is shown
+escaped (``\\x1b``, ``\\u202e``: ``model/inert.py``, what the command line prints
+too), and the result is a :class:`rich.text.Text`, never a markup string, so
+``[bold]`` in a message is shown as ``[bold]``. A log message alone has its colour
+and cursor sequences dropped first (:func:`log_message`).
 """
 
 from __future__ import annotations
@@ -14,35 +17,37 @@ import time
 
 from rich.text import Text
 
+from eagle3_tui.model.inert import printable
 from eagle3_tui.model.units import duration as duration
 from eagle3_tui.model.units import size as size
-from eagle3_tui.transport.base import printable
 
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: titles, hyperlinks
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC
-    r"|\x1b[@-Z\\-_]"  # two-character escapes
-    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
-)
+_CSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]")
+"""A CSI sequence (7- or 8-bit): colours, cursor moves, erasing."""
 
 SPARK = "▁▂▃▄▅▆▇█"
 
 
 def clean(text: object) -> str:
-    """``text`` as one printable line: ANSI escapes dropped, control characters escaped."""
-    s = str(text)
-    if "\x1b" in s or "\x9b" in s:
-        s = _ANSI.sub("", s)
-    return printable(s)
+    """``text`` as one inert line: control characters, escape sequences, bidi and
+    separator characters shown escaped as the command line shows them."""
+    return printable(str(text))
 
 
 def inert(text: object, style: str = "", wrap: bool = False) -> Text:
-    """Text from the run, shown exactly as written (no markup, no escapes); one line
-    cut with an ellipsis unless ``wrap``."""
+    """Text from the run, shown exactly as written (no markup, escapes shown escaped);
+    one line cut with an ellipsis unless ``wrap``."""
     if wrap:
         return Text(clean(text), style=style, overflow="fold")
     return Text(clean(text), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def log_message(msg: str, style: str = "") -> Text:
+    """A message of the trainer's log: its colour and cursor sequences (CSI: a coloured
+    logger, a progress bar redrawing itself) dropped, as they only dress the text; what
+    remains as :func:`inert` (an OSC title or clipboard sequence shown escaped)."""
+    if "\x1b" in msg or "\x9b" in msg:
+        msg = _CSI.sub("", msg)
+    return inert(msg, style)
 
 
 def num(x: float | None, digits: int = 4) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from eagle3_tui.model.derived import epoch_number
 from eagle3_tui.model.health import stuck_at
+from eagle3_tui.model.inert import printable
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
@@ -172,7 +173,8 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
 
 
 def format_text(summary: dict[str, Any]) -> str:
-    """The summary for a person: a few aligned lines."""
+    """The summary for a person: a few aligned lines, each one line whatever the run's
+    paths, command line or messages hold (control characters shown escaped)."""
 
     def f(x: Any, digits: int = 4) -> str:
         if isinstance(x, float):
@@ -222,4 +224,4 @@ def format_text(summary: dict[str, Any]) -> str:
             f"format   not eagle3-tui's schema: {how}, read as such; no sequence numbers, "
             "so lost lines cannot be counted"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # a newline in a path: no new line

@@ -13,6 +13,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# what the transport's messages and reports quote of a run is shown through it
+from eagle3_tui.model.inert import printable as printable
+
 
 class Link(enum.Enum):
     """The state of the connection to where the run lives."""
@@ -60,10 +63,3 @@ StreamEvent = Chunk | LinkChanged
 
 class TargetError(Exception):
     """The target cannot be used: a missing run, a refused host key... (one line)."""
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: control characters (a newline in a path) shown escaped."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -9,7 +9,17 @@ from rich.console import Console
 from rich.text import Text
 
 from eagle3_tui.app.pipeline import coalesce, export_name, short_label
-from eagle3_tui.app.text import bar, clean, duration, inert, num, rate, size, sparkline
+from eagle3_tui.app.text import (
+    bar,
+    clean,
+    duration,
+    inert,
+    log_message,
+    num,
+    rate,
+    size,
+    sparkline,
+)
 from eagle3_tui.app.view import MIN_WINDOW, ViewState
 from eagle3_tui.app.widgets.panels import rich_table, table_lines
 from eagle3_tui.app.widgets.plots import nice_ticks, step_label
@@ -20,10 +30,19 @@ def test_text_from_the_run_is_inert() -> None:
     hostile = (
         "\x1b[1;31mred\x1b[0m [bold]x[/bold] \x1b]8;;http://e\x07link\x1b]8;;\x07 \x9b2J\tend\x00"
     )
-    cleaned = clean(hostile)
-    assert cleaned == "red [bold]x[/bold] link \\tend\\x00"
+    cleaned = clean(hostile)  # every escape shown escaped, as the command line shows it
+    assert cleaned == (
+        "\\x1b[1;31mred\\x1b[0m [bold]x[/bold] \\x1b]8;;http://e\\x07link\\x1b]8;;\\x07"
+        " \\x9b2J\\tend\\x00"
+    )
     t = inert(hostile)
     assert isinstance(t, Text) and t.plain == cleaned and not t.spans  # no markup parsed
+    # a log message: its colours (CSI, 7- and 8-bit) dropped, the rest escaped
+    message = log_message(hostile)
+    assert message.plain == (
+        "red [bold]x[/bold] \\x1b]8;;http://e\\x07link\\x1b]8;;\\x07 \\tend\\x00"
+    )
+    assert not message.spans
     assert inert("[red]a[/red]", style="bold").plain == "[red]a[/red]"
     assert inert("x\ny", wrap=True).plain == "x\\ny"
 

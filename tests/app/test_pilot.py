@@ -382,7 +382,8 @@ async def test_run_text_is_inert_and_gpus_without_a_driver_are_said_plainly() ->
         assert "malformed" in log
         assert "no NVIDIA driver" in text_of(app.query_one(GpuPanel))
         files = text_of(app.query_one(DataPanel))
-        assert "[b]evil[i].safetensors" in files and "\x1b" not in files
+        # a file name is shown whole, its escape escaped (the name it really has)
+        assert "[b]evil[i]\\x1b]0;title\\x07.safetensors" in files and "\x1b" not in files
         assert "1 malformed" in str(app.query_one(LogPanel).border_subtitle)
 
 

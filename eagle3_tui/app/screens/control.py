@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
-from eagle3_tui.app.text import clean, duration, inert, size
+from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.model.snapshot import EMPTY
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.control import format_kill, format_progress, format_resume
@@ -64,12 +64,12 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
     launcher = m.get("launcher_pid")
     head = Text()
     head.append("SIGTERM ", style="bold #ff5f5f")
-    if isinstance(launcher, int):
+    if isinstance(launcher, int):  # pid, pgid: what the run's manifest says, inert
         head.append(f"the torchrun agent, pid {launcher} ", style="bold")
-        head.append(f"(trainer pid {pid}), ")
+        head.append_text(inert(f"(trainer pid {pid}), "))
     else:
-        head.append(f"the trainer, pid {pid} ", style="bold")
-        head.append(f"(group {pgid}: not the whole group), ")
+        head.append_text(inert(f"the trainer, pid {pid} ", style="bold"))
+        head.append_text(inert(f"(group {pgid}: not the whole group), "))
     head.append("on ")
     head.append_text(inert(status.host or m.get("host") or "?", style="bold"))
     lines.append(head)
@@ -215,7 +215,7 @@ class ControlDialog(ConfirmDialog):
         except Exception as e:  # shown: a refusal (still running, no checkpoint), a lost link
             self.state = "failed"
             if not self.is_attached:
-                self.app.notify(clean(f"{self.op} failed: {e}"), severity="error", timeout=20)
+                self.app.notify(f"{self.op} failed: {e}", severity="error", timeout=20)
                 return
             outcome = self.query_one("#outcome", Static)
             outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
@@ -225,7 +225,7 @@ class ControlDialog(ConfirmDialog):
             if not self.is_attached:
                 text, ok = report_text(result)
                 self.app.notify(
-                    clean(text.splitlines()[0]),
+                    text.splitlines()[0],
                     title=self.op,
                     severity="information" if ok else "error",
                     timeout=20,

@@ -64,7 +64,7 @@ class ConfirmDialog(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         box = Vertical(id=self._dialog_box, classes="dialog")
-        box.border_title = self._dialog_title
+        box.border_title = inert(self._dialog_title)  # it names the run: never markup
         with box:
             with VerticalScroll(id="control-body"):
                 yield Static(Text(self._dialog_asking, style="dim"), id="plan")

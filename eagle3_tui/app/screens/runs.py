@@ -31,7 +31,7 @@ def run_row(r: RunEntry) -> Text:
     state = r.state
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{when}  ", style="dim")
-    t.append(f"{state:<{STATUS_WIDTH}}", style=STATE_STYLE.get(state, ""))
+    t.append_text(inert(f"{state:<{STATUS_WIDTH}}", style=STATE_STYLE.get(state, "")))
     t.append("  ")  # never run into the path, whatever the status's length
     t.append_text(inert(r.run_dir))
     return t
@@ -86,7 +86,7 @@ class RunPicker(ModalScreen[str | None]):
             status.update(Text(f"No other run{whose} on this host{hidden}.", style="bold"))
             return
         where = result.host or "the host"
-        status.update(Text(f"{len(runs)} run(s) on {where}{hidden}: Enter picks"))
+        status.update(inert(f"{len(runs)} run(s) on {where}{hidden}: Enter picks"))
         for r in runs:
             options.add_option(Option(run_row(r), id=None))
         self._runs = runs

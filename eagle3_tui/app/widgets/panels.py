@@ -520,7 +520,7 @@ class ProgressPanel(Panel):
 
 def gpu_row(g: GpuView, cols: int) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{g.host}:{g.index} " if g.host else f"{g.index} ", style="bold")
+    t.append_text(inert(f"{g.host}:{g.index} " if g.host else f"{g.index} ", style="bold"))
     wide = cols >= 70
     if wide:
         t.append_text(inert(g.name.replace("NVIDIA ", "")[:10].ljust(10), style="dim"))
