@@ -32,6 +32,7 @@ from typing import Any
 
 from eagle3_tui.agent.pyprocess import container_hint
 from eagle3_tui.telemetry.inject import ENTRY_NAME
+from eagle3_tui.telemetry.safefs import trust_problem
 
 TOOL_TIMEOUT_S = 60.0
 PERMISSION = "permission"
@@ -259,6 +260,9 @@ def remote_exec_command(exe: str, pid: int, entry: str) -> list[str]:
 
 def inject_remote_exec(exe: str, pid: int, entry: str) -> dict[str, Any]:
     t0 = time.monotonic()
+    untrusted = trust_problem(exe)
+    if untrusted is not None:  # the target's binary: never run one another user can change
+        return {"queued": False, "problem": f"sys.remote_exec not run: {untrusted}"}
     try:
         proc = _run_tool(remote_exec_command(exe, pid, entry))
     except (OSError, subprocess.TimeoutExpired) as e:

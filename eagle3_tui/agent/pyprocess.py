@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle3_tui.agent.processes import proc_stat
 from eagle3_tui.telemetry.rerun import split_python_argv
-from eagle3_tui.telemetry.safefs import read_bounded
+from eagle3_tui.telemetry.safefs import read_bounded, trust_problem
 
 CAP_SYS_PTRACE = 19
 YAMA = "/proc/sys/kernel/yama/ptrace_scope"
@@ -172,7 +172,10 @@ def exe_path(pid: int) -> str | None:
 
 def _run_python(exe: str, code: str) -> str | None:
     """What ``exe -I -S -c code`` prints (isolated: no site, no environment, so only
-    the binary answers); None when it cannot be run."""
+    the binary answers); None when it cannot be run, or may not be: a binary another
+    user could have changed is never run (the agent may be root)."""
+    if trust_problem(exe) is not None:
+        return None
     try:
         return subprocess.run(
             [exe, "-I", "-S", "-c", code],
