@@ -32,6 +32,7 @@ from typing import Any
 
 from eagle3_tui.agent.processes import boot_id, proc_stat
 from eagle3_tui.telemetry.inject import entry_source
+from eagle3_tui.telemetry.safefs import write_atomic
 
 
 def cache_dir(uid: int) -> Path:
@@ -88,13 +89,8 @@ def write_lib(root: Path, sources: dict[str, str]) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """``path`` replaced by ``text``, mode 0600 (safefs.write_atomic: never through a link)."""
+    write_atomic(path, text.encode(), 0o600, fsync=False)
 
 
 def read_json_file(path: str) -> dict[str, Any] | None:
