@@ -26,6 +26,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from textual.widget import Widget
 from textual.widgets import OptionList, Static
 
@@ -36,6 +38,7 @@ from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
+from eagle3_tui.model.inert import json_ascii, printable
 from eagle3_tui.transport import control
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.observed import ObservedTransport
@@ -128,6 +131,37 @@ def planted(other_user: OtherUser, shared_dir: Path) -> Iterator[Planted]:
         if runuser.poll() is None:
             subprocess.run(["pkill", "-KILL", "-u", other_user.name], check=False)
         runuser.wait(30)
+
+
+# ---- the two boundary functions ---------------------------------------------------------
+
+
+@given(st.text())
+def test_printable_leaves_nothing_a_terminal_acts_on(text: str) -> None:
+    shown = printable(text, keep="\n")
+    assert all(c.isprintable() or c == "\n" for c in shown)
+    assert shown.count("\n") == text.count("\n")  # the report's lines stay its lines
+    assert "\n" not in printable(text)  # without keep: one line
+    if text.isprintable():
+        assert printable(text) == text  # printable text is shown as it is
+
+
+@given(
+    st.recursive(
+        st.text() | st.floats(allow_nan=False, allow_infinity=False),
+        lambda x: st.lists(x) | st.dictionaries(st.text(), x),
+    )
+)
+def test_json_ascii_keeps_the_value_and_nothing_else(value: object) -> None:
+    for encoded in (
+        json.dumps(value),
+        json.dumps(value, ensure_ascii=False),
+        msgspec.json.encode(value).decode(),
+    ):
+        shown = json_ascii(encoded)
+        assert shown.isascii() and "\x7f" not in shown
+        assert all(c.isprintable() for c in shown)
+        assert json.loads(shown) == value
 
 
 # ---- the headless commands ---------------------------------------------------------------
@@ -292,9 +326,10 @@ def test_the_terminal_keeps_its_title_and_clipboard(planted: Planted, tmp_path: 
         tmux.wait(lambda s: "no telemetry" in s and "epoch starts" in s, 60, "the monitor")
         tmux.keys("k")
         plan = tmux.wait(lambda s: "SIGTERM" in s and "run  pid" in s, 60, "the kill plan")
+        assert title() == "before-the-monitor"
+        assert tmux.run("list-buffers").strip() == ""  # no OSC 52 reached the terminal
         line = next(x for x in plan.splitlines() if "run  pid" in x)
         assert "[red]x[/red]\\x1b]0;pwned\\x07\\x1b]52;c;ZXZpbA==" in line, plan
-        assert title() == "before-the-monitor"
         tmux.keys("Escape")
         tmux.wait(lambda s: "SIGTERM" not in s, 30, "the kill dialog to close")
         tmux.keys("a")
