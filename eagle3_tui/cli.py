@@ -428,6 +428,7 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
     async def read(host: Host) -> tuple[float, Status | None]:
         with Feeder(run) as feed:
             eof = await read_file(host, target.run_dir, feed)
+        note_disk(run, eof.get("disk"))
         return float(eof.get("now") or time.time()), await host_status(host, target.run_dir)
 
     now, status = await on_host(target, read)
@@ -443,6 +444,15 @@ async def load_remote(target: SshTarget) -> tuple[Run, float]:
             await on_host(other, read_node)
         apply_status(run.state, status, now)
     return run, now
+
+
+def note_disk(run: Run, report: object) -> None:
+    """The room on the run's filesystem (the agent's report), for the verdict."""
+    from eagle3_tui.model.files import DiskSpace
+
+    disk = DiskSpace.of(report if isinstance(report, dict) else None)
+    if disk is not None:
+        run.set_disk(disk)
 
 
 class Feeder:
@@ -504,12 +514,14 @@ def load_target(target: Target, label: str) -> tuple[Run, float]:
     on the run's host; in this process for a local run)."""
     import asyncio
 
+    from eagle3_tui.agent.diskspace import disk_space
     from eagle3_tui.transport.replies import apply_status
     from eagle3_tui.transport.target import LocalTarget
 
     if isinstance(target, LocalTarget):
         run = load_local(target.run_dir)
         now = time.time()
+        note_disk(run, disk_space(str(target.run_dir), str(target.run_dir / "metrics.jsonl")))
         status = local_status(target.run_dir)
         if status is not None:
             apply_status(run.state, status, now)
@@ -557,6 +569,7 @@ async def load_chosen(target: Target, pid: int | None, label: str) -> tuple[Run,
             run_dir = chosen.chosen_run_dir()
             with Feeder(run) as feed:
                 eof = await control.read_file(host, run_dir, feed)
+            note_disk(run, eof.get("disk"))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
             if status is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.columns import column_plan, sample_cutoffs
+from eagle3_tui.agent.diskspace import DiskWatch, disk_space
 from eagle3_tui.agent.frames import (
     AgentError,
     client_gone,
@@ -205,13 +206,17 @@ def op_follow(req: dict[str, Any]) -> int:
     fd: int | None = None
     file_wd: int | None = None
     announced = False
+    disk = DiskWatch(str(run_dir), str(path))  # a full disk is not a hang: say the room
     while True:
+        room = disk.poll()
+        if room is not None:
+            emit("disk", **room)
         if fd is None:
             try:
                 fd, _ = open_regular(path)  # a FIFO or device there: refused, never a hang
             except FileNotFoundError:
                 if not announced:
-                    emit("waiting", path=str(path))
+                    emit("waiting", path=str(path), now=time.time())
                     announced = True
             except OSError as e:
                 raise AgentError("missing", f"{path}: {e.strerror or e}") from None
@@ -219,11 +224,12 @@ def op_follow(req: dict[str, Any]) -> int:
                 file_wd = ino.add(path, FILE_MASK)
                 st = os.fstat(fd)
                 ident = _identity(st)
+                seen = {"size": st.st_size, "now": time.time()}
                 if want is not None and ident != want:
-                    emit("restarted", reason="replaced", offset=0, expected=offset)
+                    emit("restarted", reason="replaced", offset=0, expected=offset, **seen)
                     offset = 0
                 elif st.st_size < offset:
-                    emit("restarted", reason="truncated", offset=0, expected=offset)
+                    emit("restarted", reason="truncated", offset=0, expected=offset, **seen)
                     offset = 0
                 want = ident
                 announced = False
@@ -240,7 +246,14 @@ def op_follow(req: dict[str, Any]) -> int:
             offset = _pump(fd, offset, z)
             st = os.fstat(fd)
             if st.st_size < offset:
-                emit("restarted", reason="truncated", offset=0, expected=offset)
+                emit(
+                    "restarted",
+                    reason="truncated",
+                    offset=0,
+                    expected=offset,
+                    size=st.st_size,
+                    now=time.time(),
+                )
                 offset = 0
                 continue
             try:
@@ -252,6 +265,8 @@ def op_follow(req: dict[str, Any]) -> int:
                 os.close(fd)
                 ino.remove(file_wd)
                 fd, file_wd = None, None
+                if current is None:
+                    want = ""  # deleted: whatever comes next is a new file (a reused inode too)
                 continue  # reopen: the identity differs, so it restarts at 0
         if client_gone():
             return 0
@@ -283,5 +298,6 @@ def op_read(req: dict[str, Any]) -> int:
         offset = _pump(fd, offset, z)
     finally:
         os.close(fd)
-    emit("eof", size=offset, now=time.time())
+    # the room on its filesystem: a summary of a run on a full disk says so
+    emit("eof", size=offset, now=time.time(), disk=disk_space(str(run_dir), str(path)))
     return 0

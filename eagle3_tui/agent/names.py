@@ -54,6 +54,7 @@ EV_ERROR = "error"
 EV_OBSERVED = "observed"  # observe: the process being observed (once, first)
 EV_CURSOR = "cursor"  # observe: where a reconnect resumes (after each data frame)
 EV_ENDED = "ended"  # observe: the trainer exited; nothing more will come
+EV_DISK = "disk"  # follow: the room on the run's filesystem (agent/diskspace.py)
 FINAL_EVENTS = (EV_RESULT, EV_EOF, EV_ENDED)  # what ends an operation's answer
 
 # Error kinds (an error event's "kind").

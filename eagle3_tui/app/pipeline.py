@@ -9,7 +9,9 @@ probes and exports, so the model is never read while it is written.
 The link's state reaches the model too: health is judged only on evidence that
 reached the client, so while the link is down the model knows since when, and
 after a reconnection the link counts as up once what the host wrote meanwhile
-(the file up to its size at the reconnection) has been read.
+(the file up to its size at the reconnection) has been read. What the stream says of
+the file (deleted, replaced, truncated: ``FileChanged``) and of the room on its
+filesystem (``DiskSpace``) goes into the model in its place among the chunks.
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ import os
 import re
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
-from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
+from eagle3_tui.transport.base import (
+    Chunk,
+    DiskSpace,
+    FileChanged,
+    Link,
+    LinkChanged,
+    StreamEvent,
+)
 from eagle3_tui.transport.replies import Status, apply_status
 
 LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED})
@@ -45,14 +54,20 @@ class Source(Protocol):
     def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]: ...
 
 
-def coalesce(chunks: list[Chunk]) -> list[Chunk]:
+Fed = Chunk | FileChanged | DiskSpace
+"""What the stream says that goes into the model, in the order it said it."""
+F = TypeVar("F", Chunk, Fed)
+
+
+def coalesce(chunks: Sequence[F]) -> list[F]:
     """Adjacent chunks of one stream joined into one (a restart at another offset, or
-    another node's file, starts a new one)."""
-    out: list[Chunk] = []
+    another node's file, starts a new one; what the stream said of the file or its
+    disk stays between the chunks it came between)."""
+    out: list[F] = []
     parts: list[bytes] = []
     start = end = stream = 0
     for c in chunks:
-        if c.span >= 0:  # a columns payload: never joined to bytes
+        if not isinstance(c, Chunk) or c.span >= 0:  # never joined to bytes
             if parts:
                 out.append(Chunk(start, b"".join(parts), stream))
                 parts = []
@@ -81,7 +96,7 @@ class Pipeline:
         """Bumped whenever the model changed: a snapshot of an older one is stale."""
         self.feeds = 0
         """How many model updates the chunks took (fewer than chunks under a backlog)."""
-        self._pending: list[Chunk] = []
+        self._pending: list[Fed] = []
         self._wake = asyncio.Event()
         self._links: list[tuple[bool, float, str, float | None]] = []
         """Link changes not yet handed to the model: (up, client time, detail, host time)."""
@@ -97,7 +112,7 @@ class Pipeline:
     async def pump(self, source: Source, on_link: Callable[[LinkChanged], None]) -> None:
         """Move the source's events along until it ends (a refused host ends it)."""
         async for event in source.stream(0):
-            if isinstance(event, Chunk):
+            if isinstance(event, Chunk | FileChanged | DiskSpace):
                 self._pending.append(event)
                 self._wake.set()
             else:
@@ -152,9 +167,14 @@ class Pipeline:
                 self.generation += 1
                 self.feeds += 1
 
-    def _feed(self, chunks: list[Chunk]) -> None:
+    def _feed(self, chunks: list[Fed]) -> None:
         for c in chunks:
-            self.run.feed(c.offset, c.data, c.stream, c.span)
+            if isinstance(c, Chunk):
+                self.run.feed(c.offset, c.data, c.stream, c.span)
+            elif isinstance(c, FileChanged):
+                self.run.file_changed(c)
+            else:
+                self.run.set_disk(c)
 
     @property
     def global_step(self) -> int | None:
@@ -179,8 +199,14 @@ class Pipeline:
     async def set_status(self, status: Status, now: float) -> None:
         """Evidence from the host: the manifest, whether its trainer is alive, what of
         the run outlived it, and the host's clock (asked at ``now``, the client's)."""
+        run_id = status.manifest.get("run_id") if status.manifest else None
         async with self.lock:
-            apply_status(self.run.state, status, now)
+            # the run's own history, also while another file's is shown instead
+            apply_status(
+                self.run.state_of(run_id if isinstance(run_id, str) else None), status, now
+            )
+            if status.now is not None:
+                self.run.set_host_clock(status.now, now)
             self.generation += 1
 
     async def export_csv(self, path: Path, window: int | None) -> tuple[Path, int]:

@@ -25,6 +25,10 @@ save or a validation epoch in progress is neither. Each process start (``start``
 ``resume``) has a start-up allowance before its first step instead:
 ``max(90 s, 3 × the longest start-up this run had before)``. A non-finite loss,
 or a loss far above its smoothed value, is *diverged*, also after the run ended.
+No record of any kind for that long while the host reports no room on the run's
+filesystem (``model/files.py``: under 1 MiB, or read-only) is *disk full*, before
+silent or stalled: the writes fail, the trainer may train on; heartbeats that stop
+then say nothing of the trainer (only a probe that finds it gone makes it dead).
 
 Pure: no textual, no asyncssh.
 """
@@ -33,15 +37,15 @@ from __future__ import annotations
 
 import enum
 import math
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
+from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import Event, RunState
-from eagle3_tui.model.units import size
+from eagle3_tui.model.units import clock, size
 
 MIN_QUIET_S = 30.0
 QUIET_STEPS = 5.0
@@ -74,6 +78,8 @@ class Health(enum.Enum):
     STALLED = "stalled"
     DEAD = "dead"
     DIVERGED = "diverged"
+    DISK_FULL = "disk_full"
+    """Quiet, and the host says the run's filesystem has no room: the writes fail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,7 @@ class Diagnosis:
         link is down and the last verdict was no alarm (running, waiting)."""
         if self.link_down_since is not None and self.health in (Health.RUNNING, Health.WAITING):
             return "LINK DOWN"
-        return self.health.value.upper()
+        return self.health.value.upper().replace("_", " ")
 
 
 def _ago(seconds: float) -> str:
@@ -193,10 +199,6 @@ def _nonfinite_since(state: RunState) -> int | None:
     return step_number(state.table.steps[first])
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
-
-
 def diagnose(state: RunState, now: float) -> Diagnosis:
     """The run's health from its records and any process probe, at ``now`` on the
     client's clock (turned into the host's, which the records' ``ts`` use)."""
@@ -257,10 +259,13 @@ def judge(state: RunState, now: float) -> Diagnosis:
     alive = state.process_alive
     hb = state.heartbeat
     seen_by_sidecar = hb.trainer if hb is not None and isinstance(hb.trainer, dict) else None
+    full = _no_room(state, now)
     if alive is None and state.last_heartbeat_ts is not None:
         fresh = (now - state.last_heartbeat_ts) <= HEARTBEAT_DEAD_S
         if fresh and seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False:
             alive = False  # the sidecar watched the trainer go
+        elif not fresh and full is not None:
+            alive = None  # no heartbeat can be written: it says nothing of the trainer
         else:
             alive = fresh
     if alive is False:
@@ -282,6 +287,8 @@ def judge(state: RunState, now: float) -> Diagnosis:
     pace = run_pace(state)
     limit = quiet_limit(state, pace)
     last_metric = state.last_train_ts
+    if full is not None and (state.last_ts is None or now - state.last_ts > limit):
+        return Diagnosis(Health.DISK_FULL, _disk_full_sentence(state, full))
     if state.activity is not None:
         what = state.activity
         label = "Saving a checkpoint" if what.what == "saving" else "Validating"
@@ -386,11 +393,47 @@ def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: floa
     return replace(
         verdict,
         reason=(
-            f"No data since {_clock(down)} ({_ago(now - down)}): the link to the host is "
+            f"No data since {clock(down)} ({_ago(now - down)}): the link to the host is "
             f"down{detail}. Last known: {verdict.health.value}{at}. {verdict.reason}"
         ),
         link_down_since=down,
     )
+
+
+# ---- a full disk ----------------------------------------------------------------------
+
+
+def _no_room(state: RunState, now: float) -> DiskSpace | None:
+    """A current report of a file's filesystem with no room left on it, if one came."""
+    return next((d for d in state.disk.values() if d.full(now)), None)
+
+
+def _disk_full_sentence(state: RunState, disk: DiskSpace) -> str:
+    """No record of any kind for a while, and no room: the writes fail (a full disk is
+    not a hang). How many were lost, where the writers' newest figures say it."""
+    lost = _not_written(state)
+    counted = (
+        f"{lost[0]:,} records not written so far (the writers' count at {clock(lost[1])})"
+        if lost is not None
+        else "how many records were not written is not known until space returns"
+    )
+    return f"{disk.describe()}: metrics cannot be written; {counted}."
+
+
+def _not_written(state: RunState) -> tuple[int, float] | None:
+    """The records the writers could not write, as their newest heartbeat that reached
+    the client counts them, when it counts write errors of a full disk (the count
+    since its writer started), and when."""
+    hb = state.heartbeat
+    if hb is None:
+        return None
+    side = hb.sidecar if isinstance(hb.sidecar, dict) else {}
+    side_errors = side.get("errors")
+    errors = set(hb.errors or {}) | set(side_errors if isinstance(side_errors, dict) else {})
+    if not errors & set(WRITE_ERRORS):
+        return None
+    dropped = (hb.dropped or 0) + (side["dropped"] if type(side.get("dropped")) is int else 0)
+    return dropped, hb.ts
 
 
 # ---- where it is stuck (issue 12: a `stack` record from telemetry) --------------------

@@ -174,6 +174,26 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """Under torchrun: the rank's main thread (``frame``, ``collective``, ``for_s``)."""
     exit_status: int | None = None
     """A ``crash`` event from a sidecar: how the trainer ended (-N: signal N), when known."""
+    run_id: str | None = None
+    """``start``, ``resume``, ``file``: the run the writer belongs to."""
+    sidecar: dict[str, Any] | None = None
+    """A sidecar's heartbeat: its own writer's figures (``dropped``...)."""
+    # lifecycle ``file``: the writer found its file deleted, replaced, truncated, or
+    # refused what was there, and wrote this first in the file it (re)created
+    change: str | None = None
+    file: str | None = None
+    noticed: float | None = None
+    previous: dict[str, Any] | None = None
+    moved_to: str | None = None
+    found: str | None = None
+    written_before: int | None = None
+    # lifecycle ``write_gap``: records a stretch of failed writes never wrote
+    reason: str | None = None
+    records: int | None = None
+    first_seq: int | None = None
+    last_seq: int | None = None
+    since: float | None = None
+    until: float | None = None
 
     @property
     def step_or_global(self) -> int | None:

@@ -34,6 +34,7 @@ from eagle3_tui.model.derived import (
     tau_series,
 )
 from eagle3_tui.model.downsample import m4, m4_indices
+from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
 from eagle3_tui.model.health import Diagnosis, Health, diagnose
 from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.state import CkptEvent, Event, IoPoint, Leftover, LogLine, Redo, RunState
@@ -151,6 +152,22 @@ class ObservedView:
 
 
 @dataclass(frozen=True, slots=True)
+class FileNote:
+    """Something that happened to the run's file (``model/files.py``), said."""
+
+    change: str
+    outcome: str
+    at: float | None
+    """When, on the host's clock (None: not said)."""
+    text: str
+    moved_to: str | None = None
+    lost: int | None = None
+    """Records of the history continued missing across it (None: not known)."""
+    sort_ts: float | None = None
+    """Where it goes among the log's entries (``at``, else the newest record then)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the panels show, frozen at ``now``."""
 
@@ -185,7 +202,17 @@ class Snapshot:
     lost: int = 0
     duplicates: int = 0
     restarts: int = 0
-    dropped_by_writer: int = 0
+    files: tuple[FileNote, ...] = ()
+    """What happened to metrics.jsonl, oldest first."""
+    other_file: str | None = None
+    """Set while another file's history is shown (what the path holds now): why."""
+    file_news: str | None = None
+    """The newest of ``files``, while it is recent (:data:`FILE_NEWS_S`)."""
+    write_gaps: tuple[WriteGap, ...] = ()
+    """Stretches of failed writes the writers reported (their records are among
+    ``lost``: a gap of sequence numbers, counted once)."""
+    disk: DiskSpace | None = None
+    """The room on the run's filesystem (its newest report; the least room of several)."""
     leftovers: tuple[Leftover, ...] = ()
     """Processes of the run that outlived its trainer (from the host's probe)."""
     observed: ObservedView | None = None
@@ -508,7 +535,6 @@ def build_snapshot(
     cond = [latest.get(f"train/cond_acc_{k}") for k in range(state.ttt_steps)]
 
     saving = state.activity.detail if state.activity and state.activity.what == "saving" else None
-    hb = state.heartbeat
     last_bad = state.malformed[-1] if state.malformed else None
     return Snapshot(
         now=now,
@@ -544,10 +570,49 @@ def build_snapshot(
         lost=state.lost_records,
         duplicates=state.duplicate_records,
         restarts=len(state.restarts),
-        dropped_by_writer=(hb.dropped or 0) if hb is not None else 0,
+        files=tuple(_file_note(state, n) for n in state.file_notices[-MAX_FILE_NOTES:]),
+        other_file=_other_file(state),
+        file_news=_file_news(state, state.host_time(now)),
+        write_gaps=tuple(state.write_gaps[-MAX_FILE_NOTES:]),
+        disk=min(state.disk.values(), key=lambda d: d.room, default=None),
         leftovers=state.leftovers,
         observed=_observed(state),
     )
+
+
+MAX_FILE_NOTES = 50
+"""The newest file notices and write gaps a snapshot carries."""
+FILE_NEWS_S = 600.0
+"""How long the newest file notice is news (the banner says it while the run is well)."""
+
+
+def _file_news(state: RunState, now: float) -> str | None:
+    if not state.file_notices:
+        return None
+    notice = state.file_notices[-1]
+    at = notice.at if notice.at is not None else notice.noted
+    return state.file_sentence(notice) if at is not None and now - at <= FILE_NEWS_S else None
+
+
+def _file_note(state: RunState, notice: FileNotice) -> FileNote:
+    at = notice.at
+    return FileNote(
+        notice.change,
+        notice.outcome.value,
+        at,
+        state.file_sentence(notice),
+        notice.moved_to,
+        notice.lost,
+        at if at is not None else notice.noted,
+    )
+
+
+def _other_file(state: RunState) -> str | None:
+    """Why another file's history is shown (its notice), while it is."""
+    if not state.foreign:
+        return None
+    notice = next((n for n in reversed(state.file_notices) if n.outcome is Outcome.OTHER), None)
+    return state.file_sentence(notice) if notice is not None else "another file's history"
 
 
 def _observed(state: RunState) -> ObservedView | None:

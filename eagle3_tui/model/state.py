@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.files import CHANGES, DiskSpace, FileNotice, Outcome, WriteGap, write_gap
 from eagle3_tui.model.observed import HISTORY as PROC_HISTORY
 from eagle3_tui.model.observed import (
     BarSeen,
@@ -241,6 +242,23 @@ class RunState:
     observed: Observed | None = None
     proc_samples: deque[ProcSample] = field(default_factory=lambda: deque(maxlen=PROC_HISTORY))
     bars: deque[BarSeen] = field(default_factory=lambda: deque(maxlen=200))
+    # the run's file and its writes (model/files.py)
+    file_notices: list[FileNotice] = field(default_factory=list)
+    """What happened to metrics.jsonl, oldest first (one list for every history of a
+    ``Run``: the notices are the path's, whichever file is shown)."""
+    write_gaps: list[WriteGap] = field(default_factory=list)
+    """Stretches of failed writes (a full disk...) its writers reported afterwards."""
+    disk: dict[int, DiskSpace] = field(default_factory=dict)
+    """The newest room report of each file's filesystem (by stream: a node's)."""
+    run_ids: list[str] = field(default_factory=list)
+    """The run ids its records and manifest named, first seen first."""
+    train_writer: str | None = None
+    """The writer (``w``) of the latest training step: the trainer."""
+    foreign: bool = False
+    """Another file's history, shown because it is what the path holds now."""
+    _crossing: FileNotice | None = field(default=None, repr=False)
+    _crossing_next: dict[str, int] = field(default_factory=dict, repr=False)
+    """Each writer's next sequence number when the file changed (``begin_crossing``)."""
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
@@ -308,6 +326,7 @@ class RunState:
 
     def set_manifest(self, manifest: dict[str, Any]) -> None:
         self.manifest = dict(manifest)
+        self._note_run_id(manifest.get("run_id"))
         epochs = manifest.get("epochs")
         if isinstance(epochs, int) and epochs > 0:
             self.epochs_total = epochs
@@ -359,10 +378,24 @@ class RunState:
         if rec.seq < ws.next_seq:
             ws.duplicates += 1
             return False
+        if self._crossing is not None:
+            self._crossed(rec.w, rec.seq)
         if rec.seq > ws.next_seq:
             ws.lost += rec.seq - ws.next_seq
         ws.next_seq = rec.seq + 1
         return True
+
+    def begin_crossing(self, notice: FileNotice) -> None:
+        """The file changed (``notice``): each writer's first record after it says how
+        many of its records went missing across the change."""
+        self._crossing = notice
+        self._crossing_next = {w: ws.next_seq for w, ws in self.writers.items()}
+
+    def _crossed(self, writer: str, seq: int) -> None:
+        notice = self._crossing
+        before = self._crossing_next.pop(writer, None)
+        if notice is not None and before is not None:
+            notice.gaps[writer] = seq - before
 
     def _touch(self, ts: float) -> None:
         if ts:
@@ -424,6 +457,7 @@ class RunState:
         if rec.epoch is not None and isinstance(rec.epoch, int):
             self.epoch = rec.epoch
         self.last_train_ts = rec.ts or self.last_train_ts
+        self.train_writer = rec.w or self.train_writer
         self._close(_ACTIVITIES, rec.ts)
         starting = self._starting
         if starting is not None:
@@ -523,7 +557,7 @@ class RunState:
         for bad in others:
             if type(bad) is Malformed:
                 self.apply(bad)
-        last = Record(kind="train", ts=float(rows.ts[-1]), epoch=int(rows.epoch[-1]))
+        last = Record(kind="train", ts=float(rows.ts[-1]), epoch=int(rows.epoch[-1]), w=rows.w)
         self._store_columns(rows.steps, rows.ts, rows.columns, rows.keys, True, last, starts)
         return True
 
@@ -630,6 +664,8 @@ class RunState:
             ws = self.writers.get(writer)
             if ws is None:
                 ws = self.writers[writer] = WriterSeq(next_seq=first)
+            if self._crossing is not None:
+                self._crossed(writer, first)
             ws.lost += first - ws.next_seq
             ws.next_seq = last_seq + 1
 
@@ -807,6 +843,21 @@ class RunState:
             self._close(("saving",), rec.ts)
 
     def _apply_lifecycle(self, rec: Record) -> None:
+        self._note_run_id(rec.run_id)
+        if rec.event == "file":
+            self._file_event(rec)
+            return
+        if rec.event == "write_gap":
+            gap = write_gap(msgspec.structs.asdict(rec), rec.w)
+            if gap is None:
+                self._bad_payload(
+                    rec,
+                    "write_gap: 'reason', 'records', 'first_seq', "
+                    "'last_seq', 'since' and 'until' are required",
+                )
+            else:
+                self.write_gaps.append(gap)
+            return
         event = Event(
             rec.ts,
             rec.event or "",
@@ -823,6 +874,42 @@ class RunState:
             self._close(_ACTIVITIES, rec.ts)
             self._starting = event  # until its first step: a start-up, not a silence
             self.signalled = None
+
+    def _note_run_id(self, run_id: object) -> None:
+        if isinstance(run_id, str) and run_id and run_id not in self.run_ids:
+            self.run_ids.append(run_id[:80])
+
+    def _file_event(self, rec: Record) -> None:
+        """A writer's word on what happened to its file: with the change the stream saw,
+        if it goes with it; else a notice of its own (the file was read from after it)."""
+        if rec.change not in CHANGES:
+            self._bad_payload(rec, f"file: unknown change {str(rec.change)[:40]!r}")
+            return
+        if self.foreign:
+            return  # the other file's past: not this run's path
+        payload = msgspec.structs.asdict(rec)
+        latest = self.file_notices[-1] if self.file_notices else None
+        if latest is not None and latest.goes_with(payload):
+            latest.merge(payload, rec.w)
+            return
+        notice = FileNotice(rec.change, None, Outcome.HERE, noted=rec.ts)
+        notice.merge(payload, rec.w)
+        self.file_notices.append(notice)
+
+    def file_sentence(self, notice: FileNotice) -> str:
+        """What happened to the run's file, as the views say it of this history."""
+        return notice.sentence(self.run_ids[0] if self.run_ids else None, self.train_writer)
+
+    def set_disk(self, report: DiskSpace) -> None:
+        """The room on a file's filesystem, from the host."""
+        self.disk[report.stream] = report
+
+    def take_host_view(self, other: RunState) -> None:
+        """What is the host's or the link's, not the file's, from the history shown
+        before (this one is shown instead now): the clock, the link, the disk."""
+        self.clock_offset = other.clock_offset
+        self.link_down_since, self.link_detail = other.link_down_since, other.link_detail
+        self.disk = dict(other.disk)
 
     # ---- observed runs (no telemetry) -----------------------------------------------
     def _apply_proc(self, rec: Record) -> None:

@@ -14,7 +14,7 @@ from eagle3_tui.model.inert import printable
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
-from eagle3_tui.model.units import duration
+from eagle3_tui.model.units import duration, size
 
 # Exit statuses of `eagle3-tui summary` by health (README documents them).
 EXIT_BY_HEALTH = {
@@ -27,6 +27,7 @@ EXIT_BY_HEALTH = {
     "diverged": 6,  # also a run that finished or was stopped after its loss diverged
     "stopped": 7,
     "unreadable": 10,  # no valid record in the file, only malformed lines
+    "disk_full": 11,  # no record for a while, and no room on the run's filesystem
 }
 
 
@@ -114,6 +115,32 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "malformed_lines": snap.malformed,
         "lost_records": snap.lost,
         "duplicate_records": snap.duplicates,
+        "file_changes": [
+            {
+                "change": n.change,
+                "outcome": n.outcome,
+                "at": n.at,
+                "moved_to": n.moved_to,
+                "records_lost": n.lost,
+                "said": n.text,
+            }
+            for n in snap.files
+        ],
+        "other_file": snap.other_file,
+        "write_gaps": [
+            {
+                "writer": g.writer,
+                "reason": g.reason,
+                "records": g.records,
+                "first_seq": g.first_seq,
+                "last_seq": g.last_seq,
+                "since": g.since,
+                "until": g.until,
+                "said": g.sentence(),
+            }
+            for g in snap.write_gaps
+        ],
+        "disk": _disk(snap),
         "redone_steps": [{"first": r.first, "last": r.last} for r in snap.redos],
         "leftovers": [
             {"pid": x.pid, "comm": x.comm, "rss_bytes": x.rss_bytes, "gpu_bytes": x.gpu_bytes}
@@ -121,6 +148,21 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         ],
         "telemetry": snap.observed is None,
         "observed": _observed(snap),
+    }
+
+
+def _disk(snap: Snapshot) -> dict[str, Any] | None:
+    """The room on the run's filesystem, as the host last reported it."""
+    d = snap.disk
+    if d is None:
+        return None
+    return {
+        "avail": d.avail,
+        "free": d.free,
+        "total": d.total,
+        "room": d.room,
+        "read_only": d.read_only,
+        "at": d.at,
     }
 
 
@@ -213,6 +255,14 @@ def format_text(summary: dict[str, Any]) -> str:
         f"records  {summary['records']}   malformed lines {summary['malformed_lines']}"
         f"   lost records {summary['lost_records']}"
     )
+    lines += [f"file     {n['said']}" for n in summary.get("file_changes", [])]
+    lines += [f"gap      {g['said']}" for g in summary.get("write_gaps", [])]
+    disk = summary.get("disk")
+    if disk:
+        lines.append(
+            f"disk     {size(disk['room'])} free of {size(disk['total'])} on the run's filesystem"
+            + (" (read-only)" if disk["read_only"] else "")
+        )
     fmt = summary.get("format")
     if fmt:
         how = (

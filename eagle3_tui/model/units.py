@@ -7,6 +7,7 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import math
+import time
 
 
 def size(n: float | None) -> str:
@@ -35,3 +36,8 @@ def duration(s: float | None) -> str:
         return f"{h}h{m:02d}m"
     d, h = divmod(h, 24)
     return f"{d}d{h:02d}h"
+
+
+def clock(t: float) -> str:
+    """A time of day, ``HH:MM:SS`` (local), as the verdicts and notices say it."""
+    return time.strftime("%H:%M:%S", time.localtime(t))

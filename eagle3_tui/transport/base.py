@@ -2,8 +2,10 @@
 
 A transport (a local directory, an SSH host) streams one file of a run as
 :class:`Chunk` values that carry their byte offset, interleaved with
-:class:`LinkChanged` values saying whether data can flow. The model's
-``LineReader`` turns chunks into records; offsets make resumption exact.
+:class:`LinkChanged` values saying whether data can flow, :class:`FileChanged` when
+the file was deleted, replaced or truncated under it (why and when; the stream then
+starts the new file at 0), and :class:`DiskSpace`, the room on the run's filesystem.
+The model's ``LineReader`` turns chunks into records; offsets make resumption exact.
 
 No textual here.
 """
@@ -12,6 +14,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+# the file changed under the stream, the room on its filesystem: said to the model as is
+from eagle3_tui.model.files import DiskSpace as DiskSpace
+from eagle3_tui.model.files import FileChanged as FileChanged
 
 # what the transport's messages and reports quote of a run is shown through it
 from eagle3_tui.model.inert import printable as printable
@@ -58,7 +64,7 @@ class Chunk:
         return self.offset + (len(self.data) if self.span < 0 else self.span)
 
 
-StreamEvent = Chunk | LinkChanged
+StreamEvent = Chunk | LinkChanged | FileChanged | DiskSpace
 
 
 class TargetError(Exception):

@@ -7,11 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from eagle3_tui.agent.diskspace import DiskWatch
+from eagle3_tui.telemetry.safefs import open_regular
 from eagle3_tui.telemetry.schema import METRICS_FILE
-from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
+from eagle3_tui.transport.base import (
+    Chunk,
+    DiskSpace,
+    FileChanged,
+    Link,
+    LinkChanged,
+    StreamEvent,
+    TargetError,
+    printable,
+)
 
 READ_SIZE = 1024 * 1024
 """Reads of a few MiB: the freed buffer is reused for the next read, where a 16 MiB
@@ -30,11 +42,6 @@ def check_run_dir(run_dir: Path) -> Path:
             f"{run_dir}: no {METRICS_FILE} here (is telemetry attached to the trainer?)"
         )
     return path
-
-
-def read_from(path: Path, offset: int = 0, size: int = READ_SIZE) -> list[Chunk]:
-    """The file from ``offset`` to its current end, as chunks."""
-    return list(iter_chunks(path, offset, size))
 
 
 def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[Chunk]:
@@ -62,6 +69,11 @@ class LocalTransport:
     look that found nothing, up to ``idle_interval``: a burst is followed closely, and
     a run that writes twice a second costs ~8 looks a second instead of 20 (each one a
     wake-up of the app's event loop).
+
+    As the agent's ``follow`` does, it holds the file open: a file replaced or deleted
+    under it is read to its end, then the file at the path now from 0, and it says
+    which happened and when (``FileChanged``; a truncated one too), and the room on the
+    run's filesystem (``DiskSpace``, from the agent's :class:`DiskWatch`).
     """
 
     def __init__(
@@ -77,31 +89,84 @@ class LocalTransport:
         return str(self.run_dir)
 
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
-        announced_wait = False
-        while not self.path.exists():
-            if not announced_wait:
-                yield LinkChanged(Link.WAITING, f"waiting for {self.path}")
-                announced_wait = True
-            await asyncio.sleep(self.poll_interval)
-        yield LinkChanged(Link.LOCAL, str(self.run_dir))
-        identity: tuple[int, int] | None = None
+        disk = DiskWatch(str(self.run_dir), str(self.path))
+        fd: int | None = None
+        identity: tuple[int, int] | None = None  # of the file followed, once there was one
+        gone = False  # it was there, and the path has none now: deleted
+        leaving = False  # the path holds another file: the old one is read to its end first
+        waiting = False
         wait = self.poll_interval
-        while True:
-            try:
-                st = os.stat(self.path)
-            except FileNotFoundError:
-                await asyncio.sleep(self.poll_interval)
-                continue
-            ident = (st.st_dev, st.st_ino)
-            if identity is not None and (ident != identity or st.st_size < offset):
-                offset = 0  # replaced or truncated: start over, the reader notices
-            identity = ident
-            if st.st_size > offset:
-                chunks = await asyncio.to_thread(read_from, self.path, offset)
-                for chunk in chunks:
-                    yield chunk
-                    offset = chunk.offset + len(chunk.data)
-                wait = self.poll_interval
-            else:
+        try:
+            while True:
+                room = DiskSpace.of(disk.poll())
+                if room is not None:
+                    yield room
+                if fd is None:
+                    try:
+                        fd, st = open_regular(self.path)  # never a FIFO: no hang
+                    except FileNotFoundError:
+                        if identity is not None and not gone:
+                            gone = True
+                            yield FileChanged("deleted", time.time(), offset)
+                        if not waiting:
+                            yield LinkChanged(Link.WAITING, f"waiting for {self.path}")
+                            waiting = True
+                        await asyncio.sleep(self.poll_interval)
+                        continue
+                    except OSError as e:
+                        yield LinkChanged(Link.REFUSED, printable(f"{self.path}: {e}"))
+                        return
+                    ident = (st.st_dev, st.st_ino)
+                    if identity is not None and (gone or ident != identity):
+                        change = "deleted" if gone else "replaced"
+                        yield FileChanged(change, time.time(), offset, st.st_size)
+                        offset = 0
+                    elif st.st_size < offset:
+                        yield FileChanged("truncated", time.time(), offset, st.st_size)
+                        offset = 0
+                    if identity is None or waiting:
+                        yield LinkChanged(Link.LOCAL, str(self.run_dir))
+                    identity, gone, waiting = ident, False, False
+                size = os.fstat(fd).st_size
+                if size < offset:
+                    yield FileChanged("truncated", time.time(), offset, size)
+                    offset = 0
+                if size > offset:
+                    for chunk in await asyncio.to_thread(_read, fd, offset, size):
+                        yield chunk
+                        offset = chunk.end
+                    wait = self.poll_interval
+                    continue
+                if _identity(self.path) != identity:
+                    if leaving:  # read to its end: the path's file from now on
+                        os.close(fd)
+                        fd, leaving = None, False
+                    else:
+                        leaving = True  # one more look: what was appended before the swap
+                    continue
                 await asyncio.sleep(wait)
                 wait = min(self.idle_interval, 2 * wait)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` now (device, inode); None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _read(fd: int, offset: int, end: int, size: int = READ_SIZE) -> list[Chunk]:
+    """The file from ``offset`` to ``end``, as chunks."""
+    out = []
+    while offset < end:
+        data = os.pread(fd, min(size, end - offset), offset)
+        if not data:
+            break
+        out.append(Chunk(offset, data))
+        offset += len(data)
+    return out

@@ -4,8 +4,9 @@ Under torchrun on several hosts, each node's telemetry writes its own
 ``metrics.jsonl`` (rank 0's node has the metrics; every node has its GPUs, its
 ranks' reads and heartbeats). :class:`MergedSource` follows all of them, each
 through its own transport (its own connection, reconnection and offsets), and
-yields their chunks tagged with the stream they belong to, so that the model
-cuts each file's lines apart and applies them to one run state. The link it
+yields their chunks (and what each says of its file and its disk) tagged with the
+stream they belong to, so that the model cuts each file's lines apart and applies
+them to one run state. The link it
 reports is the worst of its streams', named by node.
 
 No textual here.
@@ -16,9 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
+from eagle3_tui.transport.base import (
+    Chunk,
+    DiskSpace,
+    FileChanged,
+    Link,
+    LinkChanged,
+    StreamEvent,
+)
 
 _WORST = (
     Link.REFUSED,
@@ -75,6 +84,8 @@ class MergedSource:
                     running -= 1
                 elif isinstance(event, Chunk):
                     yield Chunk(event.offset, event.data, stream=i, span=event.span)
+                elif isinstance(event, FileChanged | DiskSpace):
+                    yield replace(event, stream=i)  # that node's file, that node's disk
                 else:
                     self._links[i] = event
                     now = self.link()

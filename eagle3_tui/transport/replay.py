@@ -41,4 +41,6 @@ class ReplayTransport:
                 self._offset += len(item)
                 yield chunk
             else:
+                if isinstance(item, Chunk):  # bytes pushed after it follow it
+                    self._offset = item.end
                 yield item

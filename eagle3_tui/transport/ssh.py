@@ -11,7 +11,8 @@ with a constant command line; requests travel as JSON on stdin.
 the offset just past the last complete line it delivered and, after any
 disconnect, reconnects with backoff and asks the agent to resume there with the
 file's identity, so every record arrives exactly once; the agent notices a
-truncated or replaced file and restarts at 0.
+truncated, replaced or deleted file and restarts at 0, and the stream says which and
+when (``FileChanged``), and the room on the run's filesystem (``DiskSpace``).
 
 No textual here.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shlex
 import socket
@@ -34,7 +36,15 @@ from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.telemetry.schema import METRICS_FILE
-from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
+from eagle3_tui.transport.base import (
+    Chunk,
+    DiskSpace,
+    FileChanged,
+    Link,
+    LinkChanged,
+    StreamEvent,
+    TargetError,
+)
 from eagle3_tui.transport.channel import (
     AGENT_TAG,
     NOT_FOUND_STATUS,
@@ -485,6 +495,8 @@ class SshTransport(Reconnecting):
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
         self._complete = offset  # just past the last complete line delivered
         self._identity: str | None = None
+        self._vanished = False
+        """The file was there and the agent found it gone (deleted, not yet back)."""
         async for event in self._reconnecting():
             yield event
 
@@ -522,9 +534,17 @@ class SshTransport(Reconnecting):
             elif frame.event == "resolved":
                 self.run_dir = str(frame.get("run_dir"))  # pinned for reconnects
             elif frame.event == "waiting":
+                if self._identity is not None and not self._vanished:
+                    self._vanished = True  # it was there: deleted (said once)
+                    yield FileChanged("deleted", _number(frame.get("now")), self._complete)
                 yield LinkChanged(Link.WAITING, f"waiting for {frame.get('path')}")
+            elif frame.event == "disk":
+                report = DiskSpace.of(frame.fields)
+                if report is not None:
+                    yield report
             elif frame.event == "opened":
                 self._identity = str(frame.get("identity"))
+                self._vanished = False
                 self._connected()
                 size, now = frame.get("size"), frame.get("now")
                 yield LinkChanged(
@@ -534,6 +554,14 @@ class SshTransport(Reconnecting):
                     host_time=float(now) if isinstance(now, int | float) else None,
                 )
             elif frame.event == "restarted":
+                reason = "deleted" if self._vanished else str(frame.get("reason"))
+                expected, size = frame.get("expected"), frame.get("size")
+                yield FileChanged(
+                    reason,
+                    _number(frame.get("now")),
+                    expected if isinstance(expected, int) else None,
+                    size if isinstance(size, int) else None,
+                )
                 self._complete = 0
             elif frame.event == "error":
                 yield LinkChanged(Link.REFUSED, str(frame.get("message")))
@@ -552,3 +580,8 @@ class SshTransport(Reconnecting):
             err = agent_error(self.host.label, self.host.python, status, stderr)
             return status == NOT_FOUND_STATUS, str(err)
         return problem
+
+
+def _number(x: object) -> float | None:
+    """A time in an agent's event (an older agent's has none)."""
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else None

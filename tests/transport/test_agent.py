@@ -19,7 +19,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -184,7 +184,13 @@ async def test_follow_waits_then_streams_and_notices_truncation_and_replacement(
     frames = ch.frames()
     try:
         got = await next_frames(frames, is_event("waiting"))
-        assert events(got) == ["resolved", "waiting"]
+        assert events(got) == ["resolved", "disk", "waiting"]  # the room on its filesystem
+        st = os.statvfs(tmp_path)
+        disk = cast("Event", got[1]).fields
+        fields = {"avail", "free", "total", "room", "writer_uid", "read_only", "at"}
+        assert set(disk) - {"event"} == fields
+        assert disk["total"] == st.f_blocks * st.f_frsize and disk["writer_uid"] == os.getuid()
+        assert disk["room"] == (disk["free"] if os.getuid() == 0 else disk["avail"])
         path.write_bytes(b"a\nb\n")
         got = await next_frames(frames, data_upto(4))
         assert "opened" in events(got) and joined(got) == b"a\nb\n"
@@ -203,6 +209,8 @@ async def test_follow_waits_then_streams_and_notices_truncation_and_replacement(
         got = await next_frames(frames, lambda f: isinstance(f, DataFrame) and b"new-2" in f.data)
         restarted = [f for f in got if isinstance(f, Event) and f.event == "restarted"]
         assert restarted and restarted[0].get("reason") == "replaced"
+        assert restarted[0].get("size") == 12 and restarted[0].get("expected") == 2
+        assert abs(restarted[0].get("now") - time.time()) < 60  # the host's clock, when noticed
         assert joined(got).endswith(b"new-1\nnew-2\n")
     finally:
         ch.close()

@@ -95,7 +95,7 @@ class Follower:
                         resolve = getattr(item, "resolve", None)
                         rec = resolve() if resolve is not None else item
                         (self.malformed if isinstance(rec, Malformed) else self.records).append(rec)
-            else:
+            elif isinstance(ev, LinkChanged):
                 self.links.append(ev)
 
     def seqs(self) -> list[int]:

@@ -25,10 +25,13 @@ HEALTH_STYLE = {
     Health.STALLED: "bold #101010 on #ff8700",
     Health.DEAD: "bold #ffffff on #d70000",
     Health.DIVERGED: "bold #ffffff on #af00af",
+    Health.DISK_FULL: "bold #ffffff on #d75f00",
 }
 CALM = frozenset({Health.WAITING, Health.STOPPED})
 QUIET = frozenset({Health.RUNNING, Health.FINISHED})
 LINK_DOWN_STYLE = "bold #101010 on #ffd75f"
+OTHER_FILE_STYLE = "bold #ffffff on #af00af"
+"""The header's tag while another file's history is shown (what the path holds now)."""
 
 
 def link_text(link: LinkChanged) -> Text:
@@ -70,7 +73,7 @@ class RunHeader(KeptLines):
 
     def watch_snapshot(self, snap: Snapshot) -> None:
         d, p = snap.diagnosis, snap.progress
-        key = (d.label, d.health, d.link_down_since is None)
+        key = (d.label, d.health, d.link_down_since is None, snap.other_file is None)
         key2 = (p.step, p.total_steps, p.epoch, p.epochs_total)
         if (key, key2) != self._inputs:
             self._inputs = (key, key2)
@@ -89,6 +92,9 @@ class RunHeader(KeptLines):
         )
         if d.link_down_since is not None:  # the last verdict that reached us
             text.append(f" last {d.health.value}", style="dim")
+        if snap.other_file is not None:  # not this run's history: the path's file now
+            text.append(" ")
+            text.append(" OTHER FILE ", style=OTHER_FILE_STYLE)
         text.append(" ")
         text.append_text(link_text(self.link))
         text.append(" ")
@@ -114,7 +120,9 @@ class RunHeader(KeptLines):
 
 class HealthBanner(Static):
     """A full-width bar with the diagnosis whenever the run is not simply running or
-    finished, and when the host refuses us: the silent run cannot be missed."""
+    finished, and when the host refuses us: the silent run cannot be missed. Also what
+    happened to metrics.jsonl: while another file's history is shown, and for a while
+    after any change of the file."""
 
     snapshot: var[Snapshot] = var(EMPTY, init=False)
     """The picture of the run being shown."""
@@ -129,17 +137,20 @@ class HealthBanner(Static):
         """(label, sentence, CSS class) of what the banner says, or None."""
         if self.link.link == Link.REFUSED:
             return "REFUSED", self.link.detail or "the host refused the connection", "-alarm"
-        d = self.snapshot.diagnosis
+        snap = self.snapshot
+        d = snap.diagnosis
         health = d.health
         if d.link_down_since is not None:  # judged on what arrived before the link went down
             cls = "-calm" if health in CALM or health in QUIET else "-alarm"
             return d.label, d.reason, cls
+        if snap.other_file is not None:
+            return "OTHER FILE", f"{snap.other_file}. It says: {d.label}: {d.reason}", "-alarm"
         if health in QUIET:
-            return None
+            return ("FILE", snap.file_news, "-calm") if snap.file_news else None
         if self.link.link == Link.WAITING and health == Health.WAITING:
             return "WAITING", self.link.detail or "waiting for metrics.jsonl", "-calm"
         cls = "-calm" if health in CALM else "-alarm"
-        return health.value.upper(), self.snapshot.diagnosis.reason, cls
+        return d.label, d.reason, cls
 
     def watch_snapshot(self) -> None:
         self._update_state()

@@ -25,6 +25,8 @@ EVENT_STYLE = {
     "interrupt": "bold #d7af5f",
     "crash": "bold #ff5f5f",
 }
+FILE_STYLE = "bold #ff8700"
+"""What happened to metrics.jsonl and to the writes (a file replaced, a full disk)."""
 
 
 def log_entries(snap: Snapshot, n: int) -> list[tuple[Text, Text]]:
@@ -50,6 +52,15 @@ def log_entries(snap: Snapshot, n: int) -> list[tuple[Text, Text]]:
                 inert(ev.error.splitlines()[0] if ev.error.splitlines() else "", style)
             )
         items.append((ev.ts, 10_000 + i, head, body))
+    for i, note in enumerate(snap.files[-n:]):  # what happened to metrics.jsonl
+        ts = note.sort_ts or 0.0
+        head = Text(clock_time(ts) + " " if note.sort_ts else "", style="dim")
+        head.append("▶ ", style=FILE_STYLE)
+        items.append((ts, 20_000 + i, head, inert(note.text, style=FILE_STYLE)))
+    for i, gap in enumerate(snap.write_gaps[-n:]):  # a full disk's records, once space returned
+        head = Text(clock_time(gap.until) + " ", style="dim")
+        head.append("▶ ", style=FILE_STYLE)
+        items.append((gap.until, 30_000 + i, head, inert(gap.sentence(), style=FILE_STYLE)))
     items.sort(key=lambda it: (it[0], it[1]))
     return [(head, body) for _, _, head, body in items[-n:]]
 
@@ -80,7 +91,7 @@ def counts(snap: Snapshot) -> Text:
     t.append(f"{snap.warnings} warn", style="bold #ffd75f" if snap.warnings else "dim")
     for label, value in (
         ("malformed", snap.malformed),
-        ("lost", snap.lost + snap.dropped_by_writer),
+        ("lost", snap.lost),  # sequence gaps: a record a writer dropped is one (once)
         ("dup", snap.duplicates),
     ):
         t.append(" · ", style="dim")
@@ -96,10 +107,17 @@ class LogPanel(Panel):
         self._tally: object = None
 
     def inputs(self, snap: Snapshot) -> object:
-        return (snap.logs, snap.events, snap.malformed, snap.malformed_last)
+        return (
+            snap.logs,
+            snap.events,
+            snap.files,
+            snap.write_gaps,
+            snap.malformed,
+            snap.malformed_last,
+        )
 
     def watch_snapshot(self, snap: Snapshot) -> None:
-        tally = (snap.warnings, snap.malformed, snap.lost + snap.dropped_by_writer, snap.duplicates)
+        tally = (snap.warnings, snap.malformed, snap.lost, snap.duplicates)
         if tally != self._tally:  # a title set is a repaint, even when it is the same
             self._tally = tally
             self.border_subtitle = counts(snap)
