@@ -116,11 +116,14 @@ class Run:
     def file_changed(self, change: FileChanged) -> None:
         """The stream said the file changed under it (it starts the new one at 0)."""
         stream = change.stream
-        held = self._held.get(stream)
-        if held is not None:  # the same change again: deleted, then a new file there
-            held.notice.size = change.size
-            return
         self._said.add(stream)
+        held = self._held.get(stream)
+        if held is not None:
+            if not any(type(item) is not Restarted for item in held.items):
+                held.notice.size = change.size  # the same change: deleted, then a file there
+                held.items.clear()
+                return
+            self._decide(stream, held, undecided=True)  # it never said whose it is: another
         notice = FileNotice(
             change.change, change.at, Outcome.PENDING, change.read, change.size, stream
         )
@@ -152,8 +155,9 @@ class Run:
         held.items.extend(items)
         self._decide(stream, held)
 
-    def _decide(self, stream: int, held: _Held) -> None:
-        """Whose history the held items continue, once their records say."""
+    def _decide(self, stream: int, held: _Held, undecided: bool = False) -> None:
+        """Whose history the held items continue, once their records say (``undecided``:
+        the file was replaced again before they did: another file)."""
         whose: RunState | None = None
         looked = 0
         for item in held.items:
@@ -166,10 +170,11 @@ class Run:
                 if looked >= HOLD_ITEMS:
                     break
         else:
-            return  # not known yet: wait for more
+            if not undecided:
+                return  # not known yet: wait for more
         del self._held[stream]
         notice, items = held.notice, held.items
-        if not self._state.records:  # nothing was shown: nothing to keep apart
+        if whose is None and not self._state.records:  # nothing shown: nothing to keep apart
             self._notices.remove(notice)
             self._state.apply_all(items)
             return

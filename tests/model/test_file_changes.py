@@ -503,3 +503,22 @@ async def test_the_pipeline_keeps_order_and_gives_the_runs_manifest_to_its_own_h
         for t in tasks:
             t.cancel()
     assert json.dumps(summarize(pipe.run.state, T0 + 40))  # JSON-ready
+
+
+def test_a_file_replaced_again_before_it_said_whose_it_is_is_not_mixed_in() -> None:
+    run = Run()
+    path = RunPath(run)
+    live = Training(path)
+    live.start()
+    live.steps(10)
+    t1 = live.t
+    path.changed("replaced", t1)
+    path.write(b"some other program's output\n" * 3)  # no record of ours yet
+    path.changed("replaced", t1 + 1)
+    path.write(live.file_event("replaced", t1 + 0.5, moved_to="metrics.jsonl.replaced-1"))
+    live.steps(5)
+    state = run.state
+    assert not state.foreign and state.malformed_count == 0  # none of the other file's lines
+    assert state.table.step_view().tolist() == list(range(15)) and state.lost_records == 0
+    assert run.shelved[-1].malformed_count == 3
+    assert [n.outcome.value for n in state.file_notices] == ["other", "back"]
