@@ -367,3 +367,34 @@ def shared_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- a real small filesystem, to fill ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``64k``) mounted at ``where``, made for it (needs root;
+    unmounted on leaving)."""
+    need(os.geteuid() == 0, "root (mount -t tmpfs)")
+    where.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    need(mount.returncode == 0, f"mount -t tmpfs refused: {mount.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill_filesystem(path: Path) -> None:
+    """Take every free byte of the filesystem ``path`` is on, in the new file ``path``."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (b"\0" * 4096, b"\0"):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(chunk)

@@ -123,10 +123,6 @@ def telemetry_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def closing_line(telemetry: Any) -> str:
-    s = telemetry.writer.snapshot()
-    errors = ", ".join(f"{k}: {v}" for k, v in sorted(s["errors"].items()))
-    line = (
-        f"[eagle3] telemetry: {s['written']} records written to "
-        f"{telemetry.run_dir / 'metrics.jsonl'}, {s['dropped']} dropped"
-    )
-    return line + (f" ({errors})" if errors else "")
+    """What the writer did, as it was: records written and not written (why), and what
+    happened to the file meanwhile (``JsonlWriter.outcome``)."""
+    return f"[eagle3] telemetry: {telemetry.writer.outcome()}"

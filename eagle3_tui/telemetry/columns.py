@@ -52,6 +52,8 @@ from itertools import accumulate
 from operator import sub
 from typing import Any, Callable, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
+from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_aside, open_append
+
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
 HEAD = struct.Struct("<4sIII")
@@ -281,6 +283,12 @@ class ColumnLog:
     :meth:`add` takes each line the writer appended, at its offset; rows collect
     until a block is due. Errors are counted, never raised: the companion only
     speeds up reading, and the lines are there either way.
+
+    The companion is opened as ``metrics.jsonl`` is (never through a link, never
+    another user's file: such an entry is moved aside, ``metrics.cols.refused-…``), and
+    made again when it was deleted or replaced. When the JSON lines' file changed under
+    the writer (deleted, replaced, truncated), :meth:`restart` empties it: its blocks
+    index a file that is no longer there as they say (an inode number can be reused).
     """
 
     def __init__(
@@ -294,6 +302,8 @@ class ColumnLog:
         self.on_error = on_error
         """Told of each block that could not be written (the writer counts it)."""
         self._fd: int | None = None
+        self._own: tuple[int, int] = (0, 0)
+        """The companion's own (device, inode), as opened."""
         self._ident: tuple[int, int] = (0, 0)
         self._shape: Shape | None = None
         self._const: tuple[str, str] = ("", "")
@@ -333,6 +343,43 @@ class ColumnLog:
         """Drop the rows not yet written (their lines did not all reach the file)."""
         self._offsets, self._lengths, self._rows = [], [], []
 
+    def restart(self) -> None:
+        """Forget the rows not yet written and empty the companion (the JSON lines' file
+        changed: what it indexes is gone or moved). Nothing is made where there is none."""
+        self.forget()
+        try:
+            if self._fd is None and not os.path.lexists(self.path):
+                return
+            os.ftruncate(self._open(), 0)
+        except Exception as e:
+            self.errors += 1
+            if self.on_error is not None:
+                self.on_error(e)
+
+    def _open(self) -> int:
+        """The companion's descriptor: the file still at the path, else opened again
+        (an entry that may not be written is moved aside and a new file made)."""
+        if self._fd is not None:
+            try:
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._own:
+                    return self._fd
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+        try:
+            fd, _ = open_append(self.path)
+        except UnsafeFileError:
+            st = os.lstat(self.path)
+            move_aside(self.path, "refused", (st.st_dev, st.st_ino))
+            fd = create_exclusive(self.path, 0o644, os.O_APPEND)
+            if self.on_error is not None:
+                self.on_error(UnsafeFileError(self.path, "moved aside (not written through)"))
+        st = os.fstat(fd)
+        self._fd, self._own = fd, (st.st_dev, st.st_ino)
+        return fd
+
     def flush(self) -> None:
         if not self._rows or self._shape is None:
             return
@@ -340,12 +387,10 @@ class ColumnLog:
             block = encode_block(
                 self._ident, self._const, self._shape, self._offsets, self._lengths, self._rows
             )
-            if self._fd is None:
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-                self._fd = os.open(self.path, flags, 0o644)
+            fd = self._open()
             view = memoryview(block)
             while view:
-                view = view[os.write(self._fd, view) :]
+                view = view[os.write(fd, view) :]
             self.blocks += 1
         except Exception as e:
             self.errors += 1

@@ -9,6 +9,8 @@ there on purpose:
   component (``O_NOFOLLOW``), create with ``O_EXCL``, and refuse an existing file
   that is not a regular file of this user with one link (a planted hard link to a
   root-only file, a FIFO that would block the writer);
+* :func:`move_aside` renames a refused entry out of the way (a rename never follows a
+  link), so that the writer's own file can be created in its place;
 * :func:`write_atomic` writes through a temporary file with an unpredictable name,
   created exclusively, then renamed over the target (a link there is replaced, not
   followed);
@@ -30,6 +32,7 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from typing import BinaryIO
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -157,6 +160,43 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o644) -> tuple[int, b
             raise
         return fd, False
     raise UnsafeFileError(path, "keeps appearing and disappearing", errno.EAGAIN)
+
+
+def describe_entry(path: str | os.PathLike[str]) -> str:
+    """What is at ``path``, in words, the link itself and not what it names: ``a symbolic
+    link to /root/secret``, ``a FIFO``, ``a regular file of alice``, ``a regular file with 2
+    hard links``; OSError when nothing is there."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return f"a symbolic link to {os.readlink(path)}"
+    if stat.S_ISREG(st.st_mode):
+        if st.st_uid != os.geteuid():
+            return f"a regular file of {user_name(st.st_uid)}"
+        if st.st_nlink > 1:
+            return f"a regular file with {st.st_nlink} hard links"
+    return kind_of(st.st_mode)
+
+
+def move_aside(path: str | os.PathLike[str], tag: str, expect: tuple[int, int]) -> str:
+    """Rename the entry at ``path`` (a rename never follows a link) to
+    ``<path>.<tag>-<YYYYmmdd-HHMMSS>-<6 hex>`` beside it; the new path.
+
+    ``expect`` is the (device, inode) of the entry meant: when what was renamed is
+    another one (the path was replaced meanwhile, by a sibling writer, say), it is put
+    back where nothing has taken its place since and :class:`UnsafeFileError` (EAGAIN)
+    says so: look again."""
+    path = os.fspath(path)
+    aside = f"{path}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+    if os.path.lexists(aside):  # 16 million names a second: never, but never replace one
+        raise FileExistsError(errno.EEXIST, "name taken", aside)
+    os.rename(path, aside)
+    st = os.lstat(aside)
+    if (st.st_dev, st.st_ino) == expect:
+        return aside
+    with contextlib.suppress(OSError):  # a link (hard, or of the link itself) fails if taken
+        os.link(aside, path, follow_symlinks=False)
+        os.unlink(aside)
+    raise UnsafeFileError(path, "was replaced while being moved aside", errno.EAGAIN)
 
 
 def write_atomic(

@@ -633,7 +633,7 @@ def _new_session(path: Path, rank: int, place: Place, run_id: str, interval: flo
         if telemetry is not None:
             telemetry._tick()
 
-    writer = JsonlWriter(path / METRICS_FILE, rank=rank, tick=(interval, tick))
+    writer = JsonlWriter(path / METRICS_FILE, rank=rank, tick=(interval, tick), run_id=run_id)
     handler = TelemetryHandler(writer, is_writer_rank=rank == 0)
     telemetry = Telemetry(path, writer, handler, interval=interval)
     telemetry.run_id = run_id

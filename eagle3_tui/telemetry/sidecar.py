@@ -461,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(cfg.run_dir) / METRICS_FILE,
         rank=cfg.rank,
         writer_id=f"{os.getpid()}-sidecar",
+        run_id=cfg.run_id or None,
+        columns=False,  # it writes no training steps: the trainer's writer keeps the companion
     )
     wake: list[int] = []
     read_ops = _read_ops(0, wake)

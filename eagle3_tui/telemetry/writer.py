@@ -16,6 +16,22 @@ so readers see the gap). Nothing here raises into the caller: an unencodable
 value, a full disk (``ENOSPC``), a closed or replaced descriptor are counted by
 reason in :class:`WriterStats` and reported in the next heartbeat.
 
+A record counted written was written whole, into the run's file. The file is opened
+and watched by :class:`~eagle3_tui.telemetry.runfile.RunFile` (never through a link,
+never another user's file; deleted, replaced or truncated under the writer: noticed
+before the next write, the file made again). Two events tell a reader what the lines
+cannot (kind ``lifecycle``, the writer's envelope and sequence numbers):
+
+* ``file``: the file changed under the writer (``change``: deleted, replaced,
+  truncated, refused), the first line written after it was noticed;
+* ``write_gap``: writes failed (a full disk) and now succeed again: the exact count
+  and sequence range of the records not written, the first line after the gap.
+
+Each goes before the records still unwritten, with the sequence number the first of
+them had (those move up by one): a reader sees the numbers in order and without a
+gap that is not one. A short write's torn line is ended (``\n``) before any next
+record, so that no record is ever glued onto it.
+
 Standard library only (orjson is used when installed). No fsync per line.
 """
 
@@ -23,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
 import errno
 import json
 import os
@@ -36,7 +51,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from eagle3_tui.telemetry.columns import ColumnLog
-from eagle3_tui.telemetry.schema import SCHEMA_VERSION, scalar_or_list, to_jsonable
+from eagle3_tui.telemetry.runfile import FileChange, RunFile
+from eagle3_tui.telemetry.schema import SCHEMA_VERSION, Kind, scalar_or_list, to_jsonable
 
 try:  # optional fast path
     import orjson
@@ -82,6 +98,8 @@ POLL_S: Final = 0.025
 WAKE_BYTES: Final = 256 << 10
 """A backlog this large wakes the writer thread at once."""
 _EMPTY: Final[Mapping[str, Any]] = {}
+_PREFIX: Final = b'{"v":%d,"seq":' % SCHEMA_VERSION
+"""How each line the writer encodes starts (the envelope's first fields, in order)."""
 MAX_WRITE: Final = 1 << 16
 OVERHEAD_SAMPLES: Final = 2048
 
@@ -103,6 +121,30 @@ class WriterStats:
     queued: int = 0
     queue_peak_bytes: int = 0
     reopened: int = 0
+    dropped_by: dict[str, int] = field(default_factory=dict)
+    """Records not written, by reason (``dropped`` is their sum)."""
+
+
+@dataclass
+class WriteGap:
+    """Records whose write failed since the last one that succeeded (a ``write_gap``)."""
+
+    reason: str
+    since: float
+    first_seq: int
+    last_seq: int
+    records: int = 0
+
+    def payload(self, until: float) -> dict[str, Any]:
+        return {
+            "event": "write_gap",
+            "reason": self.reason,
+            "records": self.records,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "since": self.since,
+            "until": until,
+        }
 
 
 class JsonlWriter:
@@ -111,7 +153,8 @@ class JsonlWriter:
     ``write`` never raises and never blocks on I/O (see the module docstring);
     with ``background=False`` it writes in the calling thread instead (tests,
     tools). ``tick`` (seconds, callback) runs the callback in the writer thread
-    every ``tick[0]`` seconds; its exceptions are counted, never raised.
+    every ``tick[0]`` seconds; its exceptions are counted, never raised. ``run_id``:
+    the run's id, written in ``file`` events (a sibling writer's new file is known by it).
     """
 
     def __init__(
@@ -125,8 +168,10 @@ class JsonlWriter:
         max_queue_bytes: int = MAX_QUEUE_BYTES,
         tick: tuple[float, Callable[[], None]] | None = None,
         columns: bool = True,
+        run_id: str | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        self.run_id = run_id
         self._columns = ColumnLog(self.path, on_error=self._count_error) if columns else None
         """The columnar companion of the training steps written (telemetry/columns.py)."""
         self.rank = rank
@@ -135,8 +180,14 @@ class JsonlWriter:
         self._lock = threading.Lock()
         self._seq = 0
         self.stats = WriterStats()
-        self._fd: int | None = None
-        self._ident: tuple[int, int] | None = None
+        self._file = RunFile(self.path, run_id, clock, self._count_error, self._count_reopen)
+        self.changes: list[FileChange] = []
+        """What happened to the file under this writer (each written as a ``file`` event)."""
+        self._events: list[FileChange] = []
+        """Changes whose ``file`` event is not written yet."""
+        self._gap: WriteGap | None = None
+        self._torn = False
+        """A short write left part of a line whose ending newline could not be written."""
         # encoded lines, or (kind, payload, step, seq, ts, accounted size) to encode
         self._queue: collections.deque[bytes | _Deferred] = collections.deque()
         self._estimate = 600  # bytes per deferred record, until one is encoded
@@ -186,7 +237,7 @@ class JsonlWriter:
                 if line is None:
                     return False
                 if not self._background:
-                    self._write_lines([line])
+                    self._write_lines([line], locked=True)
                     return True
                 size = self._enqueue_locked(line, len(line))
             return self._queued(size)
@@ -309,6 +360,7 @@ class JsonlWriter:
             self._thread_cpu = time.thread_time() - cpu0
             if self._closing and not self._queue:
                 break
+        self._write_lines([], force=True)  # what the file went through, said before the count
         self._close_fd()
 
     def _drain(self) -> None:
@@ -339,29 +391,112 @@ class JsonlWriter:
             if lines:
                 self._write_lines(lines)
 
-    def _write_lines(self, lines: list[bytes]) -> None:
-        """Write whole lines with as few ``os.write`` calls as possible; count what fails."""
-        if not self._check_fd():
-            self._count_drop(self.stats.last_error or "not_open", len(lines))
+    def _write_lines(self, lines: list[bytes], locked: bool = False, force: bool = False) -> None:
+        """Write whole lines with as few ``os.write`` calls as possible; count what fails.
+
+        First the file is verified (:meth:`RunFile.verify`), and the events owed are
+        written (a ``file`` event, a ``write_gap`` once writes succeed again).
+        ``locked``: the caller holds the lock (no writer thread); ``force``: look at the
+        path now, not at most once a second, and write the events owed even without
+        lines (the close)."""
+        file = self._file
+        change = file.verify(force)
+        if change is not None:
+            self._noticed(change)
+        if file.fd is None:
+            if lines:
+                self._not_written(lines, file.problem or "not_open")
             return
-        assert self._fd is not None
-        data = lines[0] if len(lines) == 1 else b"".join(lines)
+        if (self._events or self._gap is not None) and (lines or force):
+            failed = self._write_events(lines, locked)
+            if failed is not None:
+                if lines:
+                    self._not_written(lines, failed)
+                else:
+                    self._count_error(failed)
+                return
+        if not lines:
+            return
+        whole, error = self._append(lines)
+        if error is not None:
+            self._not_written(lines[whole:], error)
+        elif self._events:  # a truncation the write revealed: say it at once
+            self._write_events([], locked)
+
+    def _write_events(self, lines: list[bytes], locked: bool) -> OSError | None:
+        """Write the events owed (``file`` events, then the ``write_gap``) before
+        ``lines``, with the sequence numbers the first unwritten records had (those, in
+        ``lines`` and in the queue, move up). The error when not all were written (none:
+        their numbers are given back); the records behind them are not written then."""
+        now = self._clock()
+        payloads = [c.payload(self.run_id, os.path.basename(self.path), 0) for c in self._events]
+        for p in payloads:
+            p["written_before"] = self.stats.written
+        if self._gap is not None:
+            payloads.append(self._gap.payload(now))
+        k = len(payloads)
+        first = self._make_room(lines, k, locked)
+        events = [self._encode(Kind.LIFECYCLE, p, first + i) or b"" for i, p in enumerate(payloads)]
+        whole, error = self._append(events)
+        if whole == 0 and error is not None:
+            self._make_room(lines, -k, locked)
+            return error
+        del self._events[: min(whole, len(self._events))]
+        if whole == k:
+            self._gap = None
+        if error is not None:  # a short write: the events after the tear are records lost
+            self._not_written(events[whole:], error)
+        return error
+
+    def _make_room(self, lines: list[bytes], k: int, locked: bool) -> int:
+        """Move every record not yet written (``lines`` in hand, then the queue) up by
+        ``k`` sequence numbers (down, with ``k`` < 0: given back); the first freed number.
+        Rare (only when an event is written), so a whole-queue pass is fine."""
+
+        def shift() -> int:
+            first = _seq_of(lines[0]) if lines else self._seq
+            if k < 0:
+                first += k
+            lines[:] = [_renumbered(line, k) for line in lines]
+            self._queue = collections.deque(
+                _renumbered(item, k)
+                if isinstance(item, bytes)
+                else (item[0], item[1], item[2], item[3] + k, item[4], item[5])
+                for item in self._queue
+            )
+            self._seq += k
+            return first
+
+        if locked:
+            return shift()
+        with self._lock:
+            return shift()
+
+    def _append(self, lines: list[bytes]) -> tuple[int, OSError | None]:
+        """One ``os.write`` of ``lines`` (after the newline a torn line is owed): how many
+        whole lines made it, and the error when not all did. A short write's torn line
+        is ended at once, or by the next write's first byte."""
+        fd = self._file.fd
+        assert fd is not None
+        prefix = b"\n" if self._torn else b""
+        data = prefix + (lines[0] if len(lines) == 1 else b"".join(lines))
         try:
-            n = os.write(self._fd, data)
+            n = os.write(fd, data)
         except OSError as e:
             if e.errno in (errno.EBADF, errno.EINVAL):
-                self._fd = None  # closed behind our back: reopen on the next write
-            self._count_drop(e, len(lines))
-            return
+                self._file.lost()  # closed behind our back: reopened on the next write
+            return 0, e
+        start, change = self._file.wrote(n)
+        if change is not None:  # the lines landed in a truncated file: its event is owed
+            self._noticed(change)
+        if n >= len(prefix):
+            self._torn = False
+        self.stats.bytes += n
         if n == len(data):
             self.stats.written += len(lines)
-            self.stats.bytes += n
-            if self._columns is not None and self._ident is not None:
-                self._index(lines, n)
-            return
-        # A short write (a full disk): count the whole lines that made it, end the torn
-        # one so that it cannot swallow the next line, and drop the rest.
-        done = 0
+            self._index(lines, None if start is None else start + len(prefix))
+            return len(lines), None
+        done = len(prefix)
         whole = 0
         for line in lines:
             if done + len(line) > n:
@@ -369,79 +504,84 @@ class JsonlWriter:
             done += len(line)
             whole += 1
         self.stats.written += whole
-        self.stats.bytes += done
-        if n > done:
-            with contextlib.suppress(OSError):
-                os.write(self._fd, b"\n")
-        self._count_drop(OSError(errno.ENOSPC, "short write"), len(lines) - whole)
+        self._index(lines[:whole], None if start is None else start + len(prefix))
+        if n > done:  # a torn line: end it, or owe its newline to the next write
+            try:
+                self._torn = os.write(fd, b"\n") != 1
+            except OSError:
+                self._torn = True
+        return whole, OSError(errno.ENOSPC, "short write")
 
-    def _index(self, lines: list[bytes], n: int) -> None:
+    def _noticed(self, change: FileChange) -> None:
+        """A change of the file: its event is owed (unless a sibling writer wrote it), and
+        the companion starts again (its blocks index the file as it was)."""
+        self.changes.append(change)
+        if not change.adopted:
+            self._events.append(change)
+        if self._columns is not None:
+            self._columns.restart()
+
+    def _not_written(self, lines: list[bytes], e: BaseException | str) -> None:
+        """Count ``lines`` as not written, once each, in the stretch a ``write_gap`` reports."""
+        self._count_drop(e, len(lines))
+        name = _error_name(e)
+        seqs = [_seq_of(line) for line in lines]
+        gap = self._gap
+        if gap is None:
+            gap = self._gap = WriteGap(name, self._clock(), min(seqs), max(seqs))
+        gap.records += len(lines)
+        gap.first_seq = min(gap.first_seq, *seqs)
+        gap.last_seq = max(gap.last_seq, *seqs)
+
+    def _index(self, lines: list[bytes], at: int | None) -> None:
         """Hand the lines just appended, at their offsets, to the companion: with
         ``O_APPEND`` our descriptor's position is the end of our own write, whatever
         other writers appended before or after it."""
-        assert self._fd is not None and self._columns is not None and self._ident is not None
+        cols = self._columns
+        if cols is None or not lines:
+            return
+        if at is None:  # where they landed is unknown: rows before them are unsure too
+            cols.forget()
+            return
+        ident = self._file.ident
+        assert ident is not None
         try:
-            at = os.lseek(self._fd, 0, os.SEEK_CUR) - n
             for line in lines:
-                self._columns.add(self._ident, at, line)
+                cols.add(ident, at, line)
                 at += len(line)
         except Exception as e:  # the companion only speeds reading up: never fatal
-            self._columns.forget()
+            cols.forget()
             self._count_error(e)
 
     def _open(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            st = os.fstat(fd)
-        except OSError as e:
-            self._fd = None
-            self._count_error(e)
-            return
-        self._fd = fd
-        self._ident = (st.st_dev, st.st_ino)
-
-    def _check_fd(self) -> bool:
-        """Is our descriptor still the file we opened? Reopen when it was closed or
-        reused behind our back (never writing into someone else's file)."""
-        if self._fd is not None:
-            try:
-                st = os.fstat(self._fd)
-                if (st.st_dev, st.st_ino) == self._ident:
-                    return True
-                self._count_error("fd_replaced")  # not ours any more: do not close it
-            except OSError as e:
-                self._count_error(e)
-            self._fd = None
-        self._open()
-        if self._fd is not None:
-            self.stats.reopened += 1
-            return True
-        return False
+        """The file opened (or what is at the path refused and moved aside: the ``file``
+        event is owed to the first write)."""
+        change = self._file.verify(force=True)
+        if change is not None:
+            self._noticed(change)
 
     def _close_fd(self) -> None:
         if self._columns is not None:
             self._columns.close()
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError as e:
-                self._count_error(e)
-            self._fd = None
+        try:
+            self._file.close()
+        except OSError as e:
+            self._count_error(e)
 
     # ---- bookkeeping --------------------------------------------------------------
     def _count_error(self, e: BaseException | str) -> None:
-        if isinstance(e, str):
-            name = e
-        elif isinstance(e, OSError) and e.errno:
-            name = errno.errorcode.get(e.errno, type(e).__name__)
-        else:
-            name = type(e).__name__
+        name = _error_name(e)
         self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
         self.stats.last_error = f"{name}: {e}"[:300] if not isinstance(e, str) else name
 
     def _count_drop(self, e: BaseException | str, n: int = 1) -> None:
         self.stats.dropped += n
+        name = _error_name(e)
+        self.stats.dropped_by[name] = self.stats.dropped_by.get(name, 0) + n
         self._count_error(e)
+
+    def _count_reopen(self) -> None:
+        self.stats.reopened += 1
 
     def overhead_us(self) -> dict[str, float]:
         """Percentiles of the recent caller-side costs, in microseconds."""
@@ -475,6 +615,27 @@ class JsonlWriter:
     def next_seq(self) -> int:
         return self._seq
 
+    def outcome(self) -> str:
+        """The truth about this writer's file in one line (a training's closing line):
+        records written, records not written and why, what happened to the file."""
+        s = self.stats
+        text = f"{s.written} records written to {self.path}, {s.dropped} not written"
+        if s.dropped_by:
+            text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(s.dropped_by.items())) + ")"
+        for c in self.changes:
+            at = time.strftime("%H:%M:%S", time.localtime(c.noticed))
+            moved = f", {os.path.basename(c.moved_to)} moved aside" if c.moved_to else ""
+            if c.change == "refused":
+                text += f"; at the start it was {c.found}{moved}, a new file made"
+            elif c.change == "truncated":
+                text += f"; it was truncated at {at}"
+            else:
+                made = "made by another writer of the run" if c.adopted else "made"
+                text += f"; it was {c.change} at {at}{moved}, a new file {made}"
+        if self._file.fd is None and self._file.said:
+            text += f"; cannot write {self._file.said}"
+        return text
+
     # ---- the end ------------------------------------------------------------------
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait (at most ``timeout`` s) until every queued line was handed to the kernel."""
@@ -499,6 +660,7 @@ class JsonlWriter:
             self._thread.join(timeout)
         else:
             with self._lock:
+                self._write_lines([], locked=True, force=True)
                 self._close_fd()
         self._closed = True
 
@@ -508,6 +670,28 @@ class JsonlWriter:
         self._forked = True
         self._lock = threading.Lock()
         self._columns = None  # the parent's rows and descriptor: not ours to write
+
+
+def _error_name(e: BaseException | str) -> str:
+    """What a failure is counted as: an errno's name (``ENOSPC``), else the type's."""
+    if isinstance(e, str):
+        return e
+    if isinstance(e, OSError) and e.errno:
+        return errno.errorcode.get(e.errno, type(e).__name__)
+    return type(e).__name__
+
+
+def _seq_of(line: bytes) -> int:
+    """The sequence number of a line this writer encoded."""
+    at = len(_PREFIX)
+    return int(line[at : line.index(b",", at)])
+
+
+def _renumbered(line: bytes, by: int) -> bytes:
+    """``line`` (this writer's) with its sequence number moved by ``by``."""
+    at = len(_PREFIX)
+    end = line.index(b",", at)
+    return b"%s%d%s" % (_PREFIX, int(line[at:end]) + by, line[end:])
 
 
 _live_writers: weakref.WeakSet[JsonlWriter] = weakref.WeakSet()

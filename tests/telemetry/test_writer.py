@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import stat
+import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eagle3_tui.telemetry.writer import JsonlWriter
-from tests.conftest import read_jsonl
+from tests.conftest import need, read_jsonl
 
 
 def test_envelope_and_sequence_on_every_line(tmp_path: Path) -> None:
@@ -82,31 +84,12 @@ def test_an_unserializable_value_never_raises_and_is_counted(tmp_path: Path) -> 
     assert w.stats.errors == {"unserializable": 1} and w.stats.dropped == 0
 
 
-def test_a_full_disk_drops_and_counts_but_never_raises(tmp_path: Path) -> None:
-    need_dev_full()
-    link = tmp_path / "m.jsonl"
-    link.symlink_to("/dev/full")
-    w = JsonlWriter(link)
-    for i in range(20):
-        assert w.write("train", {"train": {"loss": 1.0}}, step=i)  # queued: the caller is fine
-    assert w.flush(10)
-    w.close()
-    assert w.stats.written == 0 and w.stats.dropped == 20
-    assert w.stats.errors.get("ENOSPC", 0) >= 1 and "ENOSPC" in w.stats.last_error
-    assert w.snapshot()["dropped"] == 20
-
-
-def need_dev_full() -> None:
-    if not Path("/dev/full").exists():
-        pytest.skip("no /dev/full on this system")
-
-
 def test_a_descriptor_closed_behind_its_back_is_reopened(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     w = JsonlWriter(path, background=False)
     w.write("log", {"msg": "one"})
-    assert w._fd is not None
-    os.close(w._fd)  # a library that closes every descriptor, say
+    assert w._file.fd is not None
+    os.close(w._file.fd)  # a library that closes every descriptor, say
     w.write("log", {"msg": "two"})
     w.close()
     assert [r["msg"] for r in read_jsonl(path)] == ["one", "two"]
@@ -117,8 +100,8 @@ def test_a_reused_descriptor_is_never_written_to(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     w = JsonlWriter(path, background=False)
     w.write("log", {"msg": "one"})
-    assert w._fd is not None
-    fd = w._fd
+    assert w._file.fd is not None
+    fd = w._file.fd
     os.close(fd)
     other = tmp_path / "someone-elses.txt"
     reused = os.open(other, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -133,50 +116,71 @@ def test_a_reused_descriptor_is_never_written_to(tmp_path: Path) -> None:
     assert w.stats.errors.get("fd_replaced") == 1
 
 
-def test_a_blocked_filesystem_never_blocks_the_caller(tmp_path: Path) -> None:
-    """A FIFO nobody reads stands in for a hung mount: os.write blocks for real."""
-    fifo = tmp_path / "m.jsonl"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that the writer's open succeeds
+@contextlib.contextmanager
+def frozen_filesystem(
+    tmp_path: Path,
+) -> Iterator[tuple[Path, Callable[[], None], Callable[[], None]]]:
+    """A real ext4 filesystem (a loop-mounted image), and the functions that freeze and
+    thaw it (``fsfreeze``): while frozen, every write to it blocks in the kernel, as on a
+    hung mount (thawed on leaving, whatever happened)."""
+    need(os.geteuid() == 0 and shutil.which("fsfreeze") is not None, "root and fsfreeze")
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(32 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True, check=False)
+    need(made.returncode == 0, f"mkfs.ext4: {made.stderr.decode(errors='replace').strip()}")
+    mount = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, check=False
+    )
+    need(mount.returncode == 0, f"a loop mount: {mount.stderr.decode(errors='replace').strip()}")
+    frozen = []
+
+    def freeze() -> None:
+        subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+        frozen.append(True)
+
+    def thaw() -> None:
+        if frozen:
+            subprocess.run(["fsfreeze", "-u", str(mnt)], check=True)
+            frozen.clear()
+
     try:
-        w = JsonlWriter(fifo, max_queue_bytes=256 << 10)
+        yield mnt, freeze, thaw
+    finally:
+        thaw()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_blocked_filesystem_never_blocks_the_caller(tmp_path: Path) -> None:
+    """A frozen filesystem is a hung mount: the writer thread's os.write blocks for real."""
+    with frozen_filesystem(tmp_path) as (mnt, freeze, thaw):
+        path = mnt / "m.jsonl"
+        w = JsonlWriter(path, max_queue_bytes=256 << 10)
+        w.write("log", {"msg": "before"})
+        assert w.flush(10)
+        freeze()
         payload = {"train": {f"loss_{k}": 0.1 * k for k in range(20)}, "pad": "x" * 400}
         done = threading.Event()
         results: list[bool] = []
 
         def trainer() -> None:
-            for i in range(5000):  # ~3 MB: far beyond the pipe buffer and the queue
+            for i in range(5000):  # ~3 MB: far beyond the queue
                 results.append(w.write("train", payload, step=i))
             done.set()
 
         t = threading.Thread(target=trainer, daemon=True)
         t.start()
         assert done.wait(60), "the caller blocked on a blocked filesystem"
-        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
         dropped = results.count(False)
         assert dropped > 0 and w.stats.dropped == dropped
         assert w.stats.errors.get("queue_full") == dropped
         assert not w.flush(0.2)  # the thread is still stuck in os.write
-    finally:
-        # unblock it: read everything, then the queue drains
-        drained = bytearray()
-        os.set_blocking(reader, True)
-        while not w.flush(0.05):
-            drained += os.read(reader, 1 << 20)
+        thaw()  # the queue drains
+        assert w.flush(30)
         w.close()
-        while True:
-            os.set_blocking(reader, False)
-            try:
-                chunk = os.read(reader, 1 << 20)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            drained += chunk
-        os.close(reader)
-    lines = bytes(drained).splitlines()
-    seqs = [json.loads(line)["seq"] for line in lines]
-    assert seqs == sorted(seqs) and len(seqs) == 5000 - dropped  # whole lines, in order
+        seqs = [r["seq"] for r in read_jsonl(path)]
+    assert seqs == sorted(seqs) and len(seqs) == 5001 - dropped  # whole lines, in order
     assert w.stats.written == len(seqs)
 
 
