@@ -191,19 +191,30 @@ class FileNotice:
     ``shown_until``, when known)."""
     shown_until: float | None = None
 
-    def goes_with(self, event: Mapping[str, Any]) -> bool:
+    def goes_with(self, event: Mapping[str, Any], writer: str) -> bool:
         """Whether a writer's ``file`` event, met first in the file after this change,
-        tells of it: a change the stream saw, of that kind, that close in time."""
-        if self.writer is not None or self.outcome not in _STREAM_SAW:
-            return False
+        tells of it: a change the stream saw, of that kind, that close in time; or, once
+        a writer told of it, another writer of the run telling of the same change (each
+        writes its own event: the one that made the file, the others that adopted it)."""
         change = event.get("change")
+        noticed = finite(event.get("noticed"))
+        close = noticed is None or self.at is None or abs(noticed - self.at) <= MERGE_S
+        if self.writer is not None:
+            return writer != self.writer and change == self.change and close
+        if self.outcome not in _STREAM_SAW:
+            return False
         if self.change != "restarted" and (change == "truncated") != (self.change == "truncated"):
             return False  # the stream said which: a truncation, or a new file
-        noticed = finite(event.get("noticed"))
-        return noticed is None or self.at is None or abs(noticed - self.at) <= MERGE_S
+        return close
 
     def merge(self, event: Mapping[str, Any], writer: str) -> None:
-        """The writer's ``file`` event that goes with this change."""
+        """The writer's ``file`` event that goes with this change (a second writer's
+        adds only where the file was moved, if the first did not say)."""
+        moved = event.get("moved_to")
+        if self.writer is not None:
+            if self.moved_to is None and isinstance(moved, str):
+                self.moved_to = moved[:300]
+            return
         change = event.get("change")
         if isinstance(change, str) and change in CHANGES:
             self.change = change  # the writer saw what happened; the stream what followed
@@ -211,7 +222,7 @@ class FileNotice:
         if noticed is not None:
             self.at = noticed if self.at is None else min(self.at, noticed)
         self.writer = writer
-        moved, found = event.get("moved_to"), event.get("found")
+        found = event.get("found")
         self.moved_to = moved[:300] if isinstance(moved, str) else None
         self.found = found[:300] if isinstance(found, str) else None
         previous = event.get("previous")
@@ -256,9 +267,7 @@ class FileNotice:
         if self.outcome is Outcome.OTHER:
             other = self.other_run if self.set_aside else run_id
             whose = (
-                f"another run: run id {other}"
-                if other
-                else "another file: none of its writers is this run's"
+                f"another run: run id {other}" if other else "no writer or run id of this run in it"
             )
             if self.set_aside:
                 until = f" until {clock(self.shown_until)}" if self.shown_until else ""

@@ -889,7 +889,7 @@ class RunState:
             return  # the other file's past: not this run's path
         payload = msgspec.structs.asdict(rec)
         latest = self.file_notices[-1] if self.file_notices else None
-        if latest is not None and latest.goes_with(payload):
+        if latest is not None and latest.goes_with(payload, rec.w):
             latest.merge(payload, rec.w)
             return
         notice = FileNotice(rec.change, None, Outcome.HERE, noted=rec.ts)

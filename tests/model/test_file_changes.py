@@ -213,7 +213,12 @@ def test_a_new_file_with_no_record_of_our_schema_in_its_first_items_is_another_f
     assert "has not said yet whose it is" in build_snapshot(run.state, live.t).files[-1].text
     path.write(b"still not json\n")
     assert run.state.foreign and run.state.records == 0
-    assert build_snapshot(run.state, live.t).health is Health.UNREADABLE
+    snap = build_snapshot(run.state, live.t)
+    assert snap.health is Health.UNREADABLE
+    assert snap.other_file == (
+        f"metrics.jsonl replaced at {clock(live.t)}: now showing the file there (no writer or "
+        "run id of this run in it); the earlier history is not this file's"
+    )
     assert run.shelved[-1].train_steps == 5
 
 
@@ -235,15 +240,19 @@ def test_deleted_then_recreated_by_the_trainer_continues_the_same_history(lost: 
     )
     live.trainer.seq += lost  # records written into the deleted file after it was read
     path.changed("deleted", t1 + 2)  # the file there again, new
-    path.write(live.file_event("deleted", t1 + 1))
+    path.write(
+        live.file_event("deleted", t1 + 1),
+        # its sibling writer adopts the file the trainer made, and says so in its turn
+        live.sidecar.at(live.t).event("file", change="deleted", run_id=RUN_ID, noticed=t1 + 1.5),
+    )
     live.steps(10)
     state = run.state
     assert not state.foreign and state.table.step_view().tolist() == list(range(40))
     assert state.lost_records == lost
     loss = "nothing lost" if not lost else f"{lost} records lost across it"
-    assert build_snapshot(state, live.t).files[-1].text == (
+    assert [n.text for n in build_snapshot(state, live.t).files] == [
         f"metrics.jsonl deleted at {clock(t1)}; the trainer recreated it ({loss})"
-    )
+    ]
     assert diagnose(state, live.t).health is Health.RUNNING
 
 
