@@ -6,9 +6,10 @@ Two steps, one request each (the client asks the person in between):
     Every check that needs nothing but ``/proc``, before anything touches the
     process; each refusal names its fix: the PID exists and is the process that
     was shown (start time, boot id); we may trace it (same user or
-    CAP_SYS_PTRACE; Yama's ``ptrace_scope``); it runs CPython 3.8 or later; the
-    tool its version needs is there (gdb on PATH for 3.8-3.13; for 3.14+ remote
-    debugging not disabled); it is not instrumented already (the launcher's
+    CAP_SYS_PTRACE; Yama's ``ptrace_scope``; no other tracer); it runs CPython 3.8
+    or later; there is a way in (3.8-3.13: eagle3-tui's injector, else gdb on PATH
+    that can call into a process here; 3.14+: remote debugging not disabled); it
+    is not instrumented already (the launcher's
     ``EAGLE3_TUI_RUN_ID`` in its environment, its PID in its user's run index, an
     attach of it queued or done); it is a training (PyTorch loaded; speculators
     seen in its command or script, else looked for inside). The answer says what
@@ -21,12 +22,12 @@ Two steps, one request each (the client asks the person in between):
     per-process directory next to it; the trainer's own interpreter is made to run
     the entry file at its next safe point, in its main thread:
 
-    * CPython 3.8-3.13: ``gdb -p`` loads only libpython's and libc's symbols (all
-      of a PyTorch process's take seconds, with the trainer stopped: 8.6 s
-      measured, 11 ms this way), maps a fresh page, copies a line of Python into
-      it, and ``Py_AddPendingCall(PyRun_SimpleString, page)``; detach. The line
-      runs the entry file and swallows every exception (one escaping
-      ``PyRun_SimpleString`` would surface in the trainer as a SystemError).
+    * CPython 3.8-3.13: eagle3-tui's injector (``agent/ptrace.py``: only the main
+      thread stopped, for milliseconds, every register given back, AMX included),
+      or gdb where the injector cannot go (``agent/debugger.py``): a fresh page, a
+      line of Python copied into it, ``Py_AddPendingCall(PyRun_SimpleString,
+      page)``. The line runs the entry file and swallows every exception (one
+      escaping ``PyRun_SimpleString`` would surface in the trainer as a SystemError).
     * CPython 3.14+: ``sys.remote_exec(pid, entry)`` (PEP 768), run by the
       target's own interpreter binary.
 
@@ -51,7 +52,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.debugger import gdb_call_problem, inject_gdb, inject_remote_exec
+from eagle3_tui.agent import ptrace
+from eagle3_tui.agent.debugger import (
+    gdb_call_problem,
+    inject_gdb,
+    inject_ptrace,
+    inject_remote_exec,
+)
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_RESULT, MANIFEST, OP_ATTACH, RUN_ID_ENV
 from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
@@ -96,8 +103,9 @@ PERMISSION = "permission"  # another user, ptrace_scope, no CAP_SYS_PTRACE
 NOT_PYTHON = "not_python"  # not CPython
 UNSUPPORTED = "unsupported"  # CPython older than 3.8
 NOT_TRAINER = "not_trainer"  # no PyTorch loaded / no Trainer found inside
-NO_GDB = "no_gdb"  # gdb missing (3.8-3.13)
-GDB_UNUSABLE = "gdb_unusable"  # gdb cannot call into a process here (tried on a throwaway one)
+NO_GDB = "no_gdb"  # 3.8-3.13: the injector cannot go there, and gdb is missing
+GDB_UNUSABLE = "gdb_unusable"  # ... and gdb cannot call into a process here (tried first)
+TRACED = "traced"  # another tracer (a debugger, strace, py-spy) holds the process
 REMOTE_DEBUG_OFF = "remote_debug_off"  # 3.14+: -X disable_remote_debug, env, build
 ALREADY = "already"  # telemetry is attached already
 PENDING = "queued"  # an attach is queued in the process already
@@ -260,6 +268,14 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     problem = permission_problem(pid)
     if problem is not None:
         raise RefusedError(PERMISSION, problem, pid=pid)
+    other = ptrace.tracer(pid)
+    if other:
+        raise RefusedError(
+            TRACED,
+            f"pid {pid} is traced by pid {other} (a debugger, strace, py-spy): a process "
+            "has one tracer at a time; detach that one, then attach",
+            pid=pid,
+        )
     ids = status_ids(pid)
     uid = ids.get("Uid", [os.geteuid()])[0]
     gid = ids.get("Gid", [os.getegid()])[0]
@@ -269,7 +285,16 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     env = environ(pid)
     start = p.start
     _refuse_if_it_has_telemetry(pid, start, env, uid)
-    mechanism, gdb = _mechanism(pid, py, argv, env)
+    asked = req.get("mechanism")
+    mechanism, gdb, injector_problem = _mechanism(pid, py, argv, env, asked)
+    if asked and asked != mechanism:  # the inject step: the way the person confirmed
+        raise RefusedError(
+            FAILED,
+            f"pid {pid} can no longer be attached through {asked} "
+            f"({injector_problem or 'its interpreter changed'}): nothing was done",
+            status=FAILED,
+            pid=pid,
+        )
     evidence, why = training_evidence(pid, argv, maps)
     if evidence is False:
         raise RefusedError(NOT_TRAINER, f"pid {pid} is not a training: {why}", pid=pid)
@@ -283,7 +308,7 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
     root = str(cache_dir(uid))
     key = attach_key(pid, start, here)
     _refuse_if_attached_before(pid, root, key)
-    _refuse_if_gdb_cannot_call(pid, gdb)
+    _refuse_if_gdb_cannot_call(pid, gdb, injector_problem)
     return {
         "pid": pid,
         "start_ticks": start,
@@ -295,6 +320,7 @@ def plan(req: dict[str, Any]) -> dict[str, Any]:
         "python": py.to_dict(),
         "mechanism": mechanism,
         "gdb": gdb,
+        "injector_problem": injector_problem,
         "argv": argv,
         "cwd": cwd,
         "run_dir": run_dir,
@@ -376,41 +402,52 @@ def _refuse_if_it_has_telemetry(pid: int, start: int, env: dict[str, str] | None
 
 
 def _mechanism(
-    pid: int, py: PythonInfo, argv: list[str], env: dict[str, str] | None
-) -> tuple[str, str | None]:
-    """How the code gets in: ``remote_exec`` (3.14+) or ``gdb`` (and its path);
-    refused when that way is closed (no gdb, remote debugging off). Whether this gdb
-    can call into a process is tried last (:func:`_refuse_if_gdb_cannot_call`)."""
+    pid: int,
+    py: PythonInfo,
+    argv: list[str],
+    env: dict[str, str] | None,
+    asked: str | None = None,
+) -> tuple[str, str | None, str | None]:
+    """How the code gets in: ``ptrace`` (eagle3-tui's injector, CPython 3.8-3.13), else
+    ``gdb`` (its path; why the injector cannot go there), or ``remote_exec`` (3.14+);
+    refused when no way is open. ``asked`` = ``gdb`` takes gdb where both could (to
+    compare them). Whether gdb can call into a process is tried last
+    (:func:`_refuse_if_gdb_cannot_call`)."""
     assert py.version is not None  # _its_cpython
-    if py.version < REMOTE_EXEC_VERSION:
-        gdb = shutil.which("gdb")
-        if gdb is None:
-            raise RefusedError(
-                NO_GDB,
-                f"gdb is not on PATH on this host ({os.environ.get('PATH', '')}); CPython "
-                f"{py.version[0]}.{py.version[1]} is attached through gdb: install it "
-                "(apt-get install gdb, dnf install gdb)",
-                pid=pid,
+    if py.version >= REMOTE_EXEC_VERSION:
+        problem = remote_debug_problem(pid, argv, env)
+        if problem is None and build_allows_remote_debug(_runnable_exe(pid, py)) is False:
+            problem = (
+                f"{py.exe} was built without remote debugging (--without-remote-debug): "
+                "sys.remote_exec cannot reach it"
             )
-        return "gdb", gdb
-    problem = remote_debug_problem(pid, argv, env)
-    if problem is None and build_allows_remote_debug(_runnable_exe(pid, py)) is False:
-        problem = (
-            f"{py.exe} was built without remote debugging (--without-remote-debug): "
-            "sys.remote_exec cannot reach it"
+        if problem is not None:
+            raise RefusedError(REMOTE_DEBUG_OFF, problem, pid=pid)
+        return "remote_exec", None, None
+    injector_problem = ptrace.problem(pid, py.libpython)
+    if injector_problem is None and asked != "gdb":
+        return "ptrace", None, None
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        why = injector_problem or "gdb was asked for"
+        raise RefusedError(
+            NO_GDB,
+            f"{why}; gdb, the other way in, is not on PATH on this host "
+            f"({os.environ.get('PATH', '')}): install it (apt-get install gdb, dnf install gdb)",
+            pid=pid,
         )
-    if problem is not None:
-        raise RefusedError(REMOTE_DEBUG_OFF, problem, pid=pid)
-    return "remote_exec", None
+    return "gdb", gdb, injector_problem
 
 
-def _refuse_if_gdb_cannot_call(pid: int, gdb: str | None) -> None:
+def _refuse_if_gdb_cannot_call(pid: int, gdb: str | None, injector_problem: str | None) -> None:
     """The last check, the costliest (~0.7 s): gdb calls a function in a throwaway
     process first, so a gdb that would break the trainer's registers never reaches it."""
     if gdb is None:
         return
     problem = gdb_call_problem(gdb)
     if problem is not None:
+        if injector_problem is not None:
+            problem = f"{injector_problem}; and {problem}"
         raise RefusedError(GDB_UNUSABLE, problem, pid=pid)
 
 
@@ -506,14 +543,17 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
             result_file=ready["result"],
         )
     t_inject = time.time()
-    if info["mechanism"] == "gdb":
+    if info["mechanism"] == "ptrace":
+        done = inject_ptrace(pid, ready["entry"], python.get("libpython"))
+    elif info["mechanism"] == "gdb":
         done = inject_gdb(str(info["gdb"]), pid, ready["entry"], python.get("libpython"))
     else:
         exe = python["exe"] if os.path.exists(python["exe"]) else f"/proc/{pid}/exe"
         done = inject_remote_exec(exe, pid, ready["entry"])
     base = {
         "stopped_ms": done.get("stopped_ms"),
-        "tool_s": done.get("gdb_s"),
+        "registers": done.get("restored"),
+        "tool_s": done.get("tool_s"),
         "result_file": ready["result"],
         "lib": ready["lib"],
     }
@@ -522,7 +562,7 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
         raise RefusedError(
             reason,
             str(done.get("problem")),
-            status="refused" if reason == PERMISSION else FAILED,
+            status="refused" if reason in (PERMISSION, GONE) else FAILED,
             output=done.get("output"),
             **base,
         )

@@ -1,19 +1,27 @@
 """Making a live CPython run a file at its next safe point, in its main thread.
 
-* CPython 3.8-3.13: gdb. A command file attaches, loads only libpython's and libc's
-  symbols (a PyTorch process maps hundreds of MB of others, which gdb would read
-  with the trainer stopped: median 6.0 s measured, 0.30 s this way), maps a fresh
-  page (``mmap`` takes no allocator lock the stopped thread may hold), copies a line
-  of Python into it and calls ``Py_AddPendingCall(PyRun_SimpleString, page)``, then
-  detaches. The interpreter runs the line at its next safe point in its main thread;
-  if that thread is inside a long C call, the line waits there (queued).
+* CPython 3.8-3.13 on x86-64 Linux with glibc: eagle3-tui's own injector
+  (:mod:`eagle3_tui.agent.ptrace`): ptrace stops only the main thread, for a
+  millisecond or so, saves all of its registers (the whole extended state, AMX
+  included), maps a page, copies a line of Python into it and calls
+  ``Py_AddPendingCall(PyRun_SimpleString, page)``, then gives every register back.
+* Where the injector cannot go (another CPU, musl, shadow stacks, an interpreter
+  without the two functions: :func:`eagle3_tui.agent.ptrace.problem` says which), gdb,
+  when it is on PATH and passes :func:`gdb_call_problem`. A command file attaches,
+  loads only libpython's and libc's symbols (a PyTorch process maps hundreds of MB of
+  others, which gdb would read with the trainer stopped: median 6.0 s measured,
+  0.30 s this way), maps a fresh page, copies the line into it and makes the same
+  call, then detaches. gdb stops every thread while it is attached.
 * CPython 3.14+: ``sys.remote_exec(pid, file)`` (PEP 768), run by the target's own
   interpreter binary (both sides must be the same version).
+
+Every way, the interpreter runs the line at its next safe point in its main thread;
+if that thread is inside a long C call, the line waits there (queued).
 
 Before gdb touches a trainer, :func:`gdb_call_problem` makes the same kind of call in
 a throwaway child: a gdb that cannot give a process back its registers after a call
 (Debian's gdb 13.1 on a CPU with AMX: ``Couldn't write extended state status: Bad
-address``) leaves the process with a broken state (measured here: the sleep it was
+address``) leaves the process with a broken state (measured there: the sleep it was
 in failed with errno 514 and the script died), so it is refused, never tried on the
 trainer.
 
@@ -30,6 +38,7 @@ import tempfile
 import time
 from typing import Any
 
+from eagle3_tui.agent import ptrace
 from eagle3_tui.agent.pyprocess import container_hint
 from eagle3_tui.telemetry.inject import ENTRY_NAME
 from eagle3_tui.telemetry.safefs import trust_problem
@@ -226,6 +235,11 @@ def run_gdb_script(gdb: str, script: str, prefix: str) -> subprocess.CompletedPr
         os.unlink(path)
 
 
+def inject_ptrace(pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
+    """Queue the entry file's line with eagle3-tui's injector (in a forked child)."""
+    return ptrace.queue_line(pid, python_line(entry).encode(), libpython)
+
+
 def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
@@ -239,7 +253,7 @@ def inject_gdb(gdb: str, pid: int, entry: str, libpython: str | None) -> dict[st
             "output": str(e.output or "")[-2000:],
         }
     out = parse_gdb(proc.stdout + proc.stderr)
-    out["gdb_s"] = round(time.monotonic() - t0, 3)
+    out["tool_s"] = round(time.monotonic() - t0, 3)
     out["output"] = (proc.stdout + proc.stderr)[-2000:]
     return out
 
@@ -267,7 +281,10 @@ def inject_remote_exec(exe: str, pid: int, entry: str) -> dict[str, Any]:
         proc = _run_tool(remote_exec_command(exe, pid, entry))
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"queued": False, "problem": f"sys.remote_exec did not run: {e}"}
-    out: dict[str, Any] = {"queued": proc.returncode == 0, "gdb_s": round(time.monotonic() - t0, 3)}
+    out: dict[str, Any] = {
+        "queued": proc.returncode == 0,
+        "tool_s": round(time.monotonic() - t0, 3),
+    }
     if proc.returncode != 0:
         err = " ".join(proc.stderr.strip().splitlines()[-2:])[-400:]
         if "PermissionError" in err or "Operation not permitted" in err:

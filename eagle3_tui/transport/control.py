@@ -631,9 +631,10 @@ EXIT_DECLINED = 1  # the person answered no: nothing done
 EXIT_ALREADY = 10  # telemetry is attached already: nothing changed
 EXIT_QUEUED = 11  # injected; runs when the trainer's main thread next runs Python
 EXIT_NO_PROCESS = 12  # no such process (exited), or the PID is another process now
-EXIT_NO_PERMISSION = 13  # another user, ptrace_scope, no CAP_SYS_PTRACE
+EXIT_NO_PERMISSION = 13  # another user, ptrace_scope, no CAP_SYS_PTRACE, another tracer
 EXIT_NOT_ATTACHABLE = 14  # not CPython 3.8+, not a training, no Trainer found inside
-EXIT_MISSING_TOOL = 15  # gdb not on PATH or unusable here; remote debugging disabled (3.14+)
+EXIT_MISSING_TOOL = 15  # no way in: the injector cannot go there and gdb is missing or
+# unusable here (3.8-3.13); remote debugging disabled (3.14+)
 EXIT_ATTACH_FAILED = 16  # the injection or the attach inside failed (traceback shown)
 EXIT_CHOOSE = 17  # no --pid, and not exactly one training on the host
 
@@ -641,6 +642,7 @@ ATTACH_EXIT = {
     "gone": EXIT_NO_PROCESS,
     "reused": EXIT_NO_PROCESS,
     "permission": EXIT_NO_PERMISSION,
+    "traced": EXIT_NO_PERMISSION,
     "not_python": EXIT_NOT_ATTACHABLE,
     "unsupported": EXIT_NOT_ATTACHABLE,
     "not_trainer": EXIT_NOT_ATTACHABLE,
@@ -656,17 +658,30 @@ ATTACH_EXIT = {
 
 
 def attach_request(
-    step: str, run_dir: str | None, pid: int | None, confirmed: AttachPlan | None = None
+    step: str,
+    run_dir: str | None,
+    pid: int | None,
+    confirmed: AttachPlan | None = None,
+    mechanism: str | None = None,
 ) -> dict[str, Any]:
     """The agent request of an attach step; ``inject`` names the process confirmed
-    (PID, start time, boot id) and carries the telemetry package."""
-    request: dict[str, Any] = {"op": OP_ATTACH, "step": step, "run_dir": run_dir, "pid": pid}
+    (PID, start time, boot id), the way in it was shown (``mechanism``) and carries
+    the telemetry package. ``mechanism`` = ``gdb`` asks the plan for gdb where the
+    injector could go too (the benchmark compares them)."""
+    request: dict[str, Any] = {
+        "op": OP_ATTACH,
+        "step": step,
+        "run_dir": run_dir,
+        "pid": pid,
+        "mechanism": mechanism,
+    }
     if confirmed is not None:
         request.update(
             pid=confirmed.pid,
             start_ticks=confirmed.start_ticks,
             boot_id=confirmed.boot_id,
             run_dir=confirmed.run_dir,
+            mechanism=confirmed.mechanism or None,
         )
     if step == "inject":
         from eagle3_tui.transport.bundle import telemetry_library
@@ -676,11 +691,11 @@ def attach_request(
 
 
 async def attach_plan(
-    host: Host, run_dir: str | None, pid: int | None
+    host: Host, run_dir: str | None, pid: int | None, mechanism: str | None = None
 ) -> AttachPlan | AttachResult:
     """What attaching would do (every check done, nothing touched): the plan, or the
     refusal (``reason``: which check; ``choose``: the ``candidates``)."""
-    request = attach_request("plan", run_dir, pid)
+    request = attach_request("plan", run_dir, pid, mechanism=mechanism)
     ev = await call_agent(host, request, python=_python(host))
     return decode_plan(ev.fields, host.label)
 
@@ -706,17 +721,27 @@ def attach_exit_status(result: AttachPlan | AttachResult) -> int:
 
 
 def _ms(value: Any) -> str:
-    return f"{float(value):.0f} ms" if isinstance(value, int | float) else "?"
+    if not isinstance(value, int | float):
+        return "?"
+    return f"{float(value):.1f} ms" if value < 10 else f"{float(value):.0f} ms"
+
+
+MECHANISMS = {
+    "ptrace": "eagle3-tui's injector (ptrace): Py_AddPendingCall, at the next safe point "
+    "of its main thread (only that thread is stopped, for milliseconds; every register, "
+    "AMX included, given back)",
+    "gdb": "gdb: Py_AddPendingCall, at the next safe point of its main thread (the process "
+    "is stopped while gdb is attached: a few hundred ms)",
+    "remote_exec": "sys.remote_exec (PEP 768), at the next safe point of its main thread",
+}
+"""The plan's ``how``, by mechanism."""
 
 
 def format_attach_plan(plan: AttachPlan) -> str:
     """What attach will do, for the person who confirms it."""
-    how = (
-        "gdb: Py_AddPendingCall, at the next safe point of its main thread (the process is "
-        "stopped while gdb is attached: a few hundred ms)"
-        if plan.mechanism == "gdb"
-        else "sys.remote_exec (PEP 768), at the next safe point of its main thread"
-    )
+    how = MECHANISMS.get(plan.mechanism, printable(plan.mechanism))
+    if plan.mechanism == "gdb" and plan.injector_problem:
+        how += f"; not eagle3-tui's injector: {printable(plan.injector_problem)}"
     argv = " ".join(plan.argv)
     lines = [
         f"attach telemetry to pid {plan.pid} on {printable(str(plan.host))} "
@@ -739,6 +764,19 @@ def format_attach_plan(plan: AttachPlan) -> str:
     return "\n".join(lines)
 
 
+def _stopped(result: AttachResult) -> str:
+    """How long the injection held the trainer, and by what."""
+    mechanism = result.plan.mechanism if result.plan is not None else ""
+    if mechanism == "ptrace":
+        checked = ", registers given back and checked" if result.registers == "verified" else ""
+        if result.registers == "differs":
+            checked = ", registers read back DIFFERENT from the saved ones"
+        return f"main thread stopped {_ms(result.stopped_ms)} by eagle3-tui's injector{checked}"
+    if mechanism == "gdb":
+        return f"process stopped {_ms(result.stopped_ms)} by gdb"
+    return f"stopped {_ms(result.stopped_ms)}"
+
+
 def format_attach(result: AttachResult) -> str:
     status = result.status
     lines = [f"{status}: {printable(result.message)}"]
@@ -753,7 +791,7 @@ def format_attach(result: AttachResult) -> str:
             lines.append(f"  ckpts    {printable(result.checkpoint_dir)}")
     pause = []
     if result.stopped_ms is not None:
-        pause.append(f"process stopped {_ms(result.stopped_ms)} by gdb")
+        pause.append(_stopped(result))
     if result.pause_ms is not None:
         pause.append(f"main thread ran the attach for {_ms(result.pause_ms)}")
     if pause:

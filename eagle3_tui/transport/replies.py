@@ -408,8 +408,11 @@ class AttachPlan(Reply, kw_only=True):
     user: str = "?"
     python: PythonInfo = msgspec.field(default_factory=PythonInfo)
     mechanism: str = ""
-    """``gdb`` (CPython 3.8-3.13) or ``remote_exec`` (3.14+)."""
+    """``ptrace`` (eagle3-tui's injector, CPython 3.8-3.13), ``gdb`` (where the injector
+    cannot go) or ``remote_exec`` (3.14+)."""
     gdb: str | None = None
+    injector_problem: str | None = None
+    """Why not the injector, when gdb is the way in."""
     argv: list[str] = msgspec.field(default_factory=list)
     cwd: str | None = None
     run_dir: str | None = None
@@ -451,7 +454,10 @@ class AttachResult(Reply, kw_only=True):
     first_metric_s: float | None = None
     """Seconds from the injection to the first step's metrics."""
     stopped_ms: float | None = None
-    """How long gdb held the process stopped."""
+    """How long the injection held the trainer stopped (its main thread for the
+    injector, the whole process for gdb)."""
+    registers: str | None = None
+    """The injector's check of the registers it gave back: ``verified`` or ``differs``."""
     pause_ms: float | None = None
     """How long the trainer's main thread ran the attach."""
     tool_s: float | None = None

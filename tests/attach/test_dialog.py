@@ -19,7 +19,7 @@ PLAN = {
     "user": "alice",
     "argv": ["python", "train.py"],
     "python": {"label": "CPython 3.11 (/usr/bin/python3.11)"},
-    "mechanism": "gdb",
+    "mechanism": "ptrace",
     "evidence": "train.py imports speculators",
     "run_dir": "/runs/exp7",
     "files": "/home/alice/.cache/eagle3-tui",
@@ -69,10 +69,12 @@ async def test_choose_a_training_confirm_and_see_the_result() -> None:
         "message": "telemetry attached after step 41",
         "global_step": 41,
         "run_dir": "/runs/exp7",
-        "stopped_ms": 320.0,
+        "stopped_ms": 1.43,
+        "registers": "verified",
         "pause_ms": 31.0,
         "first_step": 42,
         "first_metric_s": 0.8,
+        "plan": PLAN,
     }
     host = AttachHost([choose, PLAN], result)
     app = make_app(ReplayTransport([], label="gpu-box:/runs/exp7"), control=host)
@@ -87,12 +89,14 @@ async def test_choose_a_training_confirm_and_see_the_result() -> None:
         assert host.asked == [None, 5151]
         shown = text_of(dialog.query_one("#plan"))
         assert "attach telemetry to pid 5151" in shown and "/runs/exp7" in shown
+        assert "eagle3-tui's injector (ptrace)" in shown.replace("\n", " ")
         await pilot.press("y")
         await until(pilot, lambda: dialog.state == "done", what="the result")
         assert host.attached == [5151]
         outcome = text_of(dialog.query_one("#outcome"))
         assert "attached: telemetry attached after step 41" in outcome
-        assert "process stopped 320 ms by gdb" in outcome
+        assert "main thread stopped 1.4 ms by eagle3-tui's injector" in outcome
+        assert "registers given back and checked" in outcome.replace("\n", " ")
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, AttachDialog), what="closed")
 
@@ -101,7 +105,9 @@ async def test_a_refusal_is_shown_and_nothing_is_attached() -> None:
     refused = {
         "status": "refused",
         "reason": "no_gdb",
-        "message": "gdb is not on PATH on this host: install it (apt-get install gdb)",
+        "message": "pid 5151 uses musl libc (ld-musl-x86_64.so.1): eagle3-tui's injector "
+        "supports glibc only; gdb, the other way in, is not on PATH on this host: install it "
+        "(apt-get install gdb, dnf install gdb)",
     }
     host = AttachHost([refused], {})
     app = make_app(ReplayTransport([], label="gpu-box:/runs/exp7"), control=host)

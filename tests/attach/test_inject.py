@@ -1,8 +1,10 @@
-"""The injection for real, with gdb, into live interpreters of every CPython version found
-here (3.8-3.13), and every refusal this machine can produce for real: gdb absent from
-PATH, another user's process, a non-Python PID, an exited PID, a reused PID, Python that
-is not a training (no PyTorch; PyTorch but no speculators), a call queued behind a main
-thread blocked in C. No speculators training here: see test_attach_ssh.py for that."""
+"""The injection for real, with eagle3-tui's injector and with gdb (where gdb can call
+into a process on this machine), into live interpreters of every CPython version found
+here (3.8-3.13), and every refusal this machine can produce for real: no way in (an
+interpreter the injector cannot call, and gdb absent from PATH or unusable), another
+user's process, a non-Python PID, an exited PID, a reused PID, Python that is not a
+training (no PyTorch; PyTorch but no speculators), a call queued behind a main thread
+blocked in C. No speculators training here: see test_ssh_attach.py for that."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +59,20 @@ def python_ready(proc: subprocess.Popen[bytes]) -> None:
 
 
 def torch_process(
-    cwd: Path, procs: list[subprocess.Popen[bytes]], body: str
+    cwd: Path, procs: list[subprocess.Popen[bytes]], body: str, exe: str = sys.executable
 ) -> subprocess.Popen[bytes]:
-    """A Python process with PyTorch imported (no speculators) that then runs ``body``."""
+    """A Python process with PyTorch imported (no speculators) that then runs ``body``;
+    another interpreter ``exe`` of our version imports our PyTorch."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         need(False, "torch is not installed")
     ready = cwd / "ready"
     (cwd / "torch_main.py").write_text(
         f"import time, torch\nopen({str(ready)!r}, 'w').close()\n{body}"
     )
-    proc = start([sys.executable, "torch_main.py"], cwd)
+    env = dict(os.environ, PYTHONPATH=str(Path(torch.__file__).parents[1]))
+    proc = start([exe, "torch_main.py"], cwd, env)
     procs.append(proc)
     wait_until(ready.exists, 60, "torch imported")
     return proc
@@ -90,11 +95,19 @@ def version_id(exe: str) -> str:
     return "3.11-ours" if exe == sys.executable else os.path.basename(exe)
 
 
+def injector(mechanism: str) -> Callable[[int, str, str | None], dict[str, Any]]:
+    """``inject(pid, entry, libpython)`` through ``mechanism`` (gdb: where it can call)."""
+    if mechanism == "ptrace":
+        return debugger.inject_ptrace
+    return partial(debugger.inject_gdb, need_gdb())
+
+
+@pytest.mark.parametrize("mechanism", ["ptrace", "gdb"])
 @pytest.mark.parametrize("exe", interpreters(), ids=version_id)
-def test_gdb_queues_python_into_a_live_interpreter(
-    exe: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+def test_a_line_is_queued_into_a_live_interpreter(
+    exe: str, mechanism: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    gdb = need_gdb()
+    inject = injector(mechanism)
     proc = python_loop(tmp_path, procs, exe)
     py = pyprocess.python_of(proc.pid)
     assert py is not None and py.version is not None
@@ -109,10 +122,10 @@ def test_gdb_queues_python_into_a_live_interpreter(
     bad = tmp_path / "raises.py"
     bad.write_text("raise RuntimeError('an error inside the injected code')\n")
     # an exception in the injected code stays there: the trainer's loop goes on
-    done = debugger.inject_gdb(gdb, proc.pid, str(bad), py.libpython)
-    assert done["queued"], done.get("output")
-    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
-    assert done["queued"], done.get("output")
+    done = inject(proc.pid, str(bad), py.libpython)
+    assert done["queued"], done
+    done = inject(proc.pid, str(entry), py.libpython)
+    assert done["queued"], done
     assert 0 < done["stopped_ms"] < 30_000
     wait_until(out.exists, 20, "the injected code to run")
     time.sleep(0.1)
@@ -127,7 +140,6 @@ def test_gdb_queues_python_into_a_live_interpreter(
 def test_a_call_waits_while_the_main_thread_is_in_c(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    gdb = need_gdb()
     asleep = tmp_path / "asleep"
     (tmp_path / "block.py").write_text(
         f"import time\nopen({str(asleep)!r}, 'w').write(repr(time.time()))\ntime.sleep(4)\n{LOOP}"
@@ -141,8 +153,8 @@ def test_a_call_waits_while_the_main_thread_is_in_c(
     entry.write_text(f"import time\nopen({str(out)!r}, 'w').write(repr(time.time()))\n")
     py = pyprocess.python_of(proc.pid)
     assert py is not None
-    done = debugger.inject_gdb(gdb, proc.pid, str(entry), py.libpython)
-    assert done["queued"]
+    done = debugger.inject_ptrace(proc.pid, str(entry), py.libpython)
+    assert done["queued"], done
     time.sleep(0.5)
     assert not out.exists()  # queued: time.sleep is C code
     wait_until(lambda: out.exists() and out.read_text(), 20, "the queued call")
@@ -252,12 +264,13 @@ def test_the_gdb_check_agrees_with_a_call_into_a_live_interpreter(
 
 
 def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
-    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], python_without_the_call: str
 ) -> None:
-    """A gdb that fails the check (here a script in gdb's place that answers as Debian's
-    gdb 13.1 does on a CPU with AMX) refuses the attach, exit 15, and gdb is never
-    pointed at the trainer: only at the throwaway process."""
-    proc = torch_process(tmp_path, procs, LOOP)
+    """Where the injector cannot go (an interpreter that does not export the function),
+    a gdb that fails the check (here a script in gdb's place that answers as Debian's
+    gdb 13.1 does on a CPU with AMX) refuses the attach, exit 15, with both reasons,
+    and gdb is never pointed at the process: only at the throwaway one."""
+    proc = torch_process(tmp_path, procs, LOOP, python_without_the_call)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
@@ -275,15 +288,34 @@ def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
     rc, out = attach_cli(str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
     assert rc == 15 and out["reason"] == "gdb_unusable", out
     assert "gdb 13.1" in out["message"] and "newer gdb" in out["message"]
+    assert "does not export Py_AddPendingCall" in out["message"]
     assert f"attach {proc.pid}" not in calls.read_text()
     assert proc.poll() is None
 
 
-def test_refused_without_gdb_on_path(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-    proc = python_loop(tmp_path, procs)
+def test_no_way_in_without_the_injector_and_gdb(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], python_without_the_call: str
+) -> None:
+    proc = python_loop(tmp_path, procs, python_without_the_call)
     env = dict(os.environ, PATH=str(tmp_path / "empty"))
     rc, out = attach_cli("--pid", str(proc.pid), env=env)
-    assert rc == 15 and out["reason"] == "no_gdb" and "apt-get install gdb" in out["message"]
+    assert rc == 15 and out["reason"] == "no_gdb", out
+    assert "does not export Py_AddPendingCall" in out["message"]
+    assert "apt-get install gdb" in out["message"]
+
+
+async def test_the_injector_needs_no_gdb_and_the_plan_says_so(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = torch_process(tmp_path, procs, LOOP)
+    env = dict(os.environ, PATH=str(tmp_path / "empty"))
+    proc_plan = cli("attach", str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
+    assert proc_plan.returncode == 2  # not confirmed (no terminal, no --yes): nothing done
+    assert "eagle3-tui's injector (ptrace)" in proc_plan.stderr.replace("\n", " ")
+    rc, out = attach_cli(str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
+    assert rc == 14 and out["status"] == "no_trainer", out  # injected; no Trainer inside
+    assert out["plan"]["mechanism"] == "ptrace" and out["registers"] == "verified"
+    assert 0 < out["stopped_ms"] < 1000
 
 
 async def test_refused_when_the_pid_is_another_process_now(
@@ -303,7 +335,6 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
 ) -> None:
     """PyTorch loaded, speculators nowhere: the attach is injected, stays queued while
     the main thread sleeps in C, and inside finds no Trainer and changes nothing."""
-    need_gdb()
     proc = torch_process(tmp_path, procs, f"time.sleep(6)\n{LOOP}")
     run_dir = tmp_path / "run"
     rc, out = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "0.5")

@@ -23,7 +23,12 @@ from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry import rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
-from eagle3_tui.transport.control import ATTACH_EXIT, attach_exit_status, format_attach
+from eagle3_tui.transport.control import (
+    ATTACH_EXIT,
+    attach_exit_status,
+    format_attach,
+    format_attach_plan,
+)
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import wait_until
 from tests.records import Lines
@@ -287,9 +292,23 @@ def test_each_refusal_has_its_exit_status() -> None:
     assert attach_exit_status(AttachResult(status="failed", reason=at.FAILED)) == 16
     codes = {ATTACH_EXIT[r] for r in (at.GONE, at.PERMISSION, at.NOT_TRAINER, at.NO_GDB)}
     assert len(codes) == 4
+    assert ATTACH_EXIT[at.TRACED] == ATTACH_EXIT[at.PERMISSION] == 13
+    assert ATTACH_EXIT[at.GDB_UNUSABLE] == ATTACH_EXIT[at.NO_GDB] == 15
 
 
-def test_the_report_shows_the_pause_and_the_first_metric() -> None:
+@pytest.mark.parametrize(
+    ("mechanism", "stopped_ms", "registers", "said"),
+    [
+        ("ptrace", 1.43, "verified", "main thread stopped 1.4 ms by eagle3-tui's injector, "
+         "registers given back and checked"),
+        ("ptrace", 12.6, "differs", "main thread stopped 13 ms by eagle3-tui's injector, "
+         "registers read back DIFFERENT"),
+        ("gdb", 212.4, None, "process stopped 212 ms by gdb"),
+    ],
+)  # fmt: skip
+def test_the_report_shows_the_pause_and_the_first_metric(
+    mechanism: str, stopped_ms: float, registers: str | None, said: str
+) -> None:
     text = format_attach(
         AttachResult(
             status="attached",
@@ -298,14 +317,33 @@ def test_the_report_shows_the_pause_and_the_first_metric() -> None:
             total_steps=72,
             epochs=3,
             run_dir="/r",
-            stopped_ms=212.4,
+            stopped_ms=stopped_ms,
+            registers=registers,
             pause_ms=38.9,
             first_step=7,  # the record's 0-based step: the 8th step
             first_metric_s=0.61,
+            plan=AttachPlan(pid=1, mechanism=mechanism),
         )
     )
-    assert "process stopped 212 ms by gdb" in text and "attach for 39 ms" in text
+    assert said in text and "attach for 39 ms" in text
     assert "metrics of step 8 0.6 s after the attach" in text  # numbered as every view
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "injector_problem", "said"),
+    [
+        ("ptrace", None, "eagle3-tui's injector (ptrace)"),
+        ("gdb", "pid 9 uses musl libc (ld-musl-x86_64.so.1): eagle3-tui's injector supports "
+         "glibc only", "gdb: Py_AddPendingCall"),
+        ("remote_exec", None, "sys.remote_exec (PEP 768)"),
+    ],
+)  # fmt: skip
+def test_the_plan_names_the_way_in(mechanism: str, injector_problem: str | None, said: str) -> None:
+    plan = AttachPlan(pid=9, mechanism=mechanism, injector_problem=injector_problem)
+    how = next(ln for ln in format_attach_plan(plan).splitlines() if ln.startswith("  how"))
+    assert said in how
+    if injector_problem:
+        assert "not eagle3-tui's injector: pid 9 uses musl libc" in how
 
 
 # ---- stacks: from telemetry to the diagnosis ----------------------------------------
