@@ -1029,12 +1029,13 @@ def build_attach_parser() -> argparse.ArgumentParser:
         (
             "Add eagle3-tui telemetry to a speculators training that runs without it, "
             "without restarting it: shows what will be done, asks, then has the trainer's "
-            "own interpreter attach it at a safe point of its main thread (gdb for CPython "
-            "3.8-3.13, sys.remote_exec for 3.14+). Exit status: 0 attached, 1 not "
-            "confirmed, 10 attached already, 11 queued (the main thread is in C code), "
-            "12 no such process, 13 no permission, 14 not a CPython speculators training, "
-            "15 gdb missing or remote debugging disabled, 16 failed, 17 which process "
-            "(give --pid), 2 error."
+            "own interpreter attach it at a safe point of its main thread (CPython 3.8-3.13: "
+            "eagle3-tui's own injector on x86-64 Linux with glibc, else gdb; 3.14+: "
+            "sys.remote_exec). Exit status: 0 attached, 1 not confirmed, 10 attached "
+            "already, 11 queued (the main thread is in C code), 12 no such process, 13 no "
+            "permission (or another tracer holds it), 14 not a CPython speculators training, "
+            "15 no way in (the injector cannot go there and no usable gdb; remote debugging "
+            "disabled on 3.14+), 16 failed, 17 which process (give --pid), 2 error."
         ),
     )
     p.add_argument(
