@@ -131,7 +131,8 @@ def need_gdb() -> str:
     """gdb, installed (else skip, or fail under EAGLE3_TUI_REQUIRE_ALL) and able to call
     into a process here. A gdb that cannot give a process back its registers after a
     call (Debian's gdb 13.1 on a CPU with AMX) is a fact of the machine, not something
-    to install: the tests that inject for real skip with gdb's reason, and the tests of
+    to install: only the gdb variants of the injection tests skip with gdb's reason;
+    every other real injection goes through eagle3-tui's injector, and the tests of
     the refusal itself run."""
     gdb = shutil.which("gdb")
     need(gdb is not None, "gdb is not installed (apt-get install gdb)")

@@ -26,7 +26,16 @@ workers and the GPU work go on:
    written back, read back to check, and the thread is let go (``PTRACE_DETACH``).
 
 The interpreter runs the line at its next safe point in its main thread; while that
-thread is in a long C call the line waits (queued), as with gdb.
+thread is in a long C call the line waits (queued), as with gdb. The page stays (4 KiB
+per injection): the interpreter reads the line from it then.
+
+Should the main thread hold the interpreter's pending-call lock at the stop (the few
+instructions in which it takes a queued call out, so only right after another
+injection), the call cannot take it: past :data:`CALL_TIMEOUT_S` the thread is
+stopped again, its saved state put back, and nothing is queued. Py_AddPendingCall
+itself, as built here, touches no vector register (the extended state read back
+after the call was identical); it is saved and written back all the same, since
+another build may.
 
 Signals that reach the main thread meanwhile stop it here first: each is held (taken
 out of the way of the call) and given back once its registers are, the first as
@@ -340,7 +349,7 @@ def _symbols(
     base = min(m.start for m in first)
     try:
         return _lookup(mem, base, names)
-    except (OSError, struct.error, ValueError, IndexError) as e:
+    except (OSError, OverflowError, struct.error, ValueError, IndexError) as e:
         raise UnsupportedError(f"the dynamic symbols of {path} cannot be read: {e}") from None
 
 
@@ -754,12 +763,13 @@ def queue_in(traced: Traced, where: Addresses, line: bytes) -> dict[str, Any]:
         out["problem"] = f"the injection failed in the middle ({e}): nothing queued"
     finally:
         mem.close()
-    traced.set_xstate(xstate)
+    try:
+        traced.set_xstate(xstate)
+    except OSError as e:  # the general registers go back all the same: orig_rax above all
+        out["restore_problem"] = f"the extended register state was not written back: {e}"
     traced.set_registers(saved)
-    if traced.xstate() != xstate or traced.registers().words != saved.words:
-        out["restored"] = "differs"  # never seen; said rather than hidden
-    else:
-        out["restored"] = "verified"
+    same = traced.xstate() == xstate and traced.registers().words == saved.words
+    out["restored"] = "verified" if same else "differs"  # never seen; said, not hidden
     out["signals"] = [h.name for h in traced.held]
     traced.detach()
     out["stopped_ms"] = traced.stopped_ms
