@@ -33,7 +33,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any, Callable  # noqa: UP035 (Python 3.8 on the host)
 
 from eagle3_tui.telemetry.safefs import (
     UnsafeFileError,
@@ -55,9 +55,6 @@ ADOPT_WAIT_S = 0.5
 written right after the ``O_EXCL`` create; an empty file after this is nobody's)."""
 FILE_MODE = 0o644
 
-Identity = Tuple[int, int]  # noqa: UP006 (evaluated: Python 3.8 cannot subscript tuple)
-"""A file's (device, inode)."""
-
 ADOPTED, EMPTY, AGAIN = "adopted", "empty", "again"
 """What :meth:`RunFile._examine` made of a file found at the path."""
 
@@ -71,11 +68,11 @@ class FileChange:
     file there), ``truncated`` (ours, shorter than we wrote it), ``refused`` (at the start:
     a link, a FIFO, another user's file, a hard link)."""
     noticed: float
-    previous: Optional[Tuple[int, int, int]]  # noqa: UP006,UP045 (3.8)
+    previous: tuple[int, int, int] | None
     """(device, inode, size) of what was there when last seen."""
-    moved_to: Optional[str] = None  # noqa: UP045 (3.8)
+    moved_to: str | None = None
     """Where the foreign entry was moved (replaced and refused only)."""
-    found: Optional[str] = None  # noqa: UP045 (3.8)
+    found: str | None = None
     """What was refused, in words: ``a symbolic link to /root/secret``."""
     adopted: bool = False
     """The new file was made by a sibling writer of the run (which wrote the event)."""
@@ -122,7 +119,7 @@ class RunFile:
         self._on_error = on_error
         self._on_reopened = on_reopened
         self.fd: int | None = None
-        self.ident: Identity | None = None
+        self.ident: tuple[int, int] | None = None
         self.end = 0
         """Where this writer's last write ended: the file shorter than this was truncated."""
         self.size = 0
@@ -362,7 +359,7 @@ class RunFile:
             return rec
         return None
 
-    def _use(self, fd: int, expect: Identity | None = None, again: bool = False) -> bool:
+    def _use(self, fd: int, expect: tuple[int, int] | None = None, again: bool = False) -> bool:
         """Write to ``fd`` from now on (if it is the file ``expect``; else it is closed
         and False). ``again``: the same file as before (where our writes ended holds);
         else a new one, even with the old one's inode number (reused at once)."""

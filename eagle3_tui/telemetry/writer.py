@@ -400,7 +400,11 @@ class JsonlWriter:
         path now, not at most once a second, and write the events owed even without
         lines (the close)."""
         file = self._file
-        change = file.verify(force)
+        try:
+            change = file.verify(force)
+        except Exception as e:  # never the writer thread's end: counted, tried again
+            self._count_error(e)
+            change = None
         if change is not None:
             self._noticed(change)
         if file.fd is None:
@@ -428,21 +432,21 @@ class JsonlWriter:
         ``lines``, with the sequence numbers the first unwritten records had (those, in
         ``lines`` and in the queue, move up). The error when not all were written (none:
         their numbers are given back); the records behind them are not written then."""
-        now = self._clock()
-        payloads = [c.payload(self.run_id, os.path.basename(self.path), 0) for c in self._events]
-        for p in payloads:
-            p["written_before"] = self.stats.written
+        name = os.path.basename(self.path)
+        payloads = [c.payload(self.run_id, name, self.stats.written) for c in self._events]
+        files = len(payloads)
         if self._gap is not None:
-            payloads.append(self._gap.payload(now))
+            payloads.append(self._gap.payload(self._clock()))
         k = len(payloads)
         first = self._make_room(lines, k, locked)
-        events = [self._encode(Kind.LIFECYCLE, p, first + i) or b"" for i, p in enumerate(payloads)]
+        encoded = (self._encode(Kind.LIFECYCLE, p, first + i) for i, p in enumerate(payloads))
+        events = [line for line in encoded if line is not None]  # (ours always encode)
         whole, error = self._append(events)
         if whole == 0 and error is not None:
             self._make_room(lines, -k, locked)
             return error
-        del self._events[: min(whole, len(self._events))]
-        if whole == k:
+        del self._events[: min(whole, files)]  # (a truncation this write revealed stays owed)
+        if whole == len(events):
             self._gap = None
         if error is not None:  # a short write: the events after the tear are records lost
             self._not_written(events[whole:], error)
@@ -450,20 +454,29 @@ class JsonlWriter:
 
     def _make_room(self, lines: list[bytes], k: int, locked: bool) -> int:
         """Move every record not yet written (``lines`` in hand, then the queue) up by
-        ``k`` sequence numbers (down, with ``k`` < 0: given back); the first freed number.
-        Rare (only when an event is written), so a whole-queue pass is fine."""
+        ``k`` sequence numbers (down, with ``k`` < 0: given back); the first of them's
+        number before the move (the first freed one). Rare (only when an event is
+        written), so a pass over the whole queue is fine."""
 
         def shift() -> int:
-            first = _seq_of(lines[0]) if lines else self._seq
-            if k < 0:
-                first += k
+            queue = self._queue
+            if lines:
+                first = _seq_of(lines[0])
+            elif queue:
+                head = queue[0]
+                first = _seq_of(head) if isinstance(head, bytes) else head[3]
+            else:
+                first = self._seq
             lines[:] = [_renumbered(line, k) for line in lines]
-            self._queue = collections.deque(
-                _renumbered(item, k)
-                if isinstance(item, bytes)
-                else (item[0], item[1], item[2], item[3] + k, item[4], item[5])
-                for item in self._queue
-            )
+            moved: collections.deque[bytes | _Deferred] = collections.deque()
+            for item in queue:
+                if isinstance(item, bytes):
+                    line = _renumbered(item, k)
+                    self._queue_bytes += len(line) - len(item)  # a digit more or less
+                    moved.append(line)
+                else:
+                    moved.append((item[0], item[1], item[2], item[3] + k, item[4], item[5]))
+            self._queue = moved
             self._seq += k
             return first
 

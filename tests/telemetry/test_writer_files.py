@@ -148,6 +148,35 @@ def test_a_file_deleted_mid_stream_is_made_again_and_said(tmp_path: Path) -> Non
     assert "it was deleted at" in w.outcome()
 
 
+def test_records_queued_when_a_change_is_noticed_follow_its_event_in_order(
+    tmp_path: Path,
+) -> None:
+    """The event takes the number of the first record not yet written, and every record
+    still queued behind it moves up by one: no number twice, none missing."""
+    path = tmp_path / "metrics.jsonl"
+    armed, entered, gate = threading.Event(), threading.Event(), threading.Event()
+
+    def tick() -> None:  # runs in the writer thread: holds it while records pile up
+        if armed.is_set() and not gate.is_set():
+            entered.set()
+            gate.wait(30)
+
+    w = JsonlWriter(path, run_id=RUN, writer_id="t", tick=(0.02, tick))
+    write_steps(w, range(3))
+    armed.set()
+    assert entered.wait(10)
+    for i in range(3, 300):  # ~300 kB: several batches, most of them still queued
+        assert w.write("train", {"train": {"loss": 1.0 / (i + 1)}, "pad": "p" * 900}, step=i)
+    path.unlink()
+    gate.set()
+    assert w.flush(10)
+    w.close()
+    recs = lines_of(path)
+    assert recs[0]["event"] == "file" and recs[0]["seq"] == 3
+    assert [r["seq"] for r in recs] == list(range(3, 301))
+    assert [r["step"] for r in recs[1:]] == list(range(3, 300))
+
+
 def test_a_foreign_file_put_in_its_place_is_moved_aside_never_mixed(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     w = JsonlWriter(path, run_id=RUN, writer_id="t")
@@ -344,6 +373,7 @@ def test_a_full_disk_loses_exactly_what_it_says_and_glues_nothing(tmp_path: Path
         except ValueError:
             torn.append(line)
     assert len(torn) <= 1 and data.endswith(b"\n")  # at most one torn line, ended
+    assert all(t.count(b'{"v":') == 1 for t in torn)  # no record glued onto it
     (gap,) = [r for r in recs if r.get("event") == "write_gap"]
     steps = [r["step"] for r in recs if r["kind"] == "train"]
     assert len(steps) == len(set(steps)) and steps == sorted(steps)
