@@ -383,6 +383,8 @@ class RunFile:
         self._pending = change
         self._retry_at = time.monotonic() + RETRY_S
         why = e.why if isinstance(e, UnsafeFileError) else (e.strerror or str(e))
+        if change is not None and change.found is not None:
+            why = f"{change.found} is there, not moved aside: {why}"
         name = errno.errorcode.get(e.errno or 0, type(e).__name__)
         if name != self.problem:
             self.problem = name

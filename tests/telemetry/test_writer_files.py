@@ -407,4 +407,5 @@ def test_no_file_it_may_write_counts_every_record_and_says_so_once(
     assert w.stats.dropped_by == {"EROFS": 30}
     said = [line for line in capfd.readouterr().err.splitlines() if "eagle3-tui" in line]
     assert len(said) == 1 and str(fs / "metrics.jsonl") in said[0] and "file system" in said[0]
+    assert f"a symbolic link to {secret} is there" in said[0]
     assert "30 not written (EROFS: 30)" in w.outcome()
