@@ -1,23 +1,26 @@
-"""Live attach: how long until metrics flow, and how long the trainer is paused.
+"""Live attach: how long the trainer is paused, and how long until metrics flow.
 
-    python benchmarks/bench_attach.py [--trials 3] [--pause-trials 5] [--no-ssh]
+    python benchmarks/bench_attach.py [--trials 2] [--pause-trials 20] [--no-ssh]
 
-1. The pause, measured by the victim itself: a Python process with PyTorch loaded
-   whose main thread ticks every millisecond and notes every gap over 20 ms. Into it,
-   alternately, a no-op line is queued (a) with the recipe of
-   ``shared/notes/live-attach.md`` as written (``gdb -p PID``, every library's
-   symbols loaded) and (b) with eagle3-tui's gdb script (only libpython's and libc's
-   symbols). Printed: the main thread's longest stop for each, and the ratio.
+1. The main thread's pause, measured by the victim itself and as reported: a Python
+   process with PyTorch loaded whose main thread either spins (busy) or sleeps 1 ms at
+   a time (asleep) and notes every gap in its loop. Into each, a no-op line is queued
+   ``--pause-trials`` times by eagle3-tui's injector (agent/ptrace.py) and, where gdb
+   can call into a process on this machine, by eagle3-tui's gdb script (only
+   libpython's and libc's symbols). Printed: median and worst of the stop each
+   reported (the injector: the main thread stopped to let go; gdb: attach to detach)
+   and of the longest gap the victim saw. Where gdb cannot call here (gdb 12/13 on a
+   CPU with AMX) it says so and prints the injector's figures alone.
 2. The real ``attach`` on a user's own speculators training launched without
    telemetry (``tests/attach/silent_training.py``, tiny model on the CPU, a 50 ms pace
    per step, detached): plan, then the confirmed injection, through the agent on this
-   machine and over a private sshd on 127.0.0.1 (alternating). Injections are made
-   mid-epoch (an epoch's end validates and saves for seconds). Printed:
+   machine and over a private sshd on 127.0.0.1, by each mechanism. Injections are
+   made mid-epoch (an epoch's end validates and saves for seconds). Printed:
    confirmation -> first metric (from the moment the inject request leaves until the
    first training step's record is readable in ``metrics.jsonl``); what attach reports
-   (gdb's stop from attach to detach, the attach code's time in the main thread); the
-   step time the training lost from the confirmation to its first metric (the step
-   intervals in between less as many median intervals).
+   (the stop, the attach code's time in the main thread); the step time the training
+   lost from the confirmation to its first metric (the step intervals in between less
+   as many median intervals).
 """
 
 from __future__ import annotations
@@ -87,77 +90,88 @@ def wait_mid_epoch(path: Path, proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.01)
 
 
-TICKER = """
+VICTIM = """
 import sys, time, torch
 out = open(sys.argv[1], "a", buffering=1)
+open(sys.argv[1] + ".ready", "w").close()
+busy = sys.argv[2] == "busy"
 last = time.perf_counter()
 while True:
-    time.sleep(0.001)
+    if busy:
+        sum(range(50))
+        limit = 0.0002
+    else:
+        time.sleep(0.001)
+        limit = 0.0012
     now = time.perf_counter()
-    if now - last > 0.02:
-        out.write(f"{time.time()} {1000 * (now - last):.1f}\\n")
+    if now - last > limit:
+        out.write(f"{time.time()} {1000 * (now - last):.3f}\\n")
     last = now
 """
+"""A PyTorch process whose main thread notes every gap in its loop: busy (Python
+arithmetic, a gap over 0.2 ms) or asleep (1 ms sleeps, one taking over 1.2 ms)."""
 
 
-def stops(path: Path, t0: float, t1: float) -> float:
-    """The main thread's longest stop (ms) that ended in [t0, t1 + 1]."""
+def longest_gap(path: Path, t0: float, t1: float) -> float:
+    """The victim's longest gap (ms) that ended in [t0, t1 + 0.2 s]."""
     worst = 0.0
     for line in path.read_text().splitlines():
         ended, ms = (float(x) for x in line.split())
-        if t0 <= ended <= t1 + 1.0:
+        if t0 <= ended <= t1 + 0.2:
             worst = max(worst, ms)
     return worst
 
 
-def pause_trials(root: Path, trials: int) -> tuple[list[float], list[float]]:
-    """The main thread's stop while a no-op is queued: notes' recipe, eagle3-tui's."""
-    gdb = shutil.which("gdb")
-    assert gdb is not None
-    log = root / "ticker.log"
+def victim(root: Path, kind: str) -> tuple[subprocess.Popen[bytes], Path, str | None]:
+    log = root / f"victim-{kind}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VICTIM, str(log), kind], stdin=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    while not Path(f"{log}.ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the victim did not start"
+        time.sleep(0.1)
+    time.sleep(1)
+    py = pyprocess.python_of(proc.pid)
+    assert py is not None
+    return proc, log, py.libpython
+
+
+def pause_trials(
+    root: Path, trials: int, gdb: str | None
+) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """A no-op line queued ``trials`` times into a busy and a sleeping victim by each
+    mechanism (gdb: where it can call into a process here): the stop each reported (the
+    injector: main thread stopped to let go; gdb: attach to detach) and the longest gap
+    the victim saw; ``none``: the longest gap it sees in as long a window with nothing
+    done (the machine's own noise)."""
     noop = root / "noop.py"
     noop.write_text("pass\n")
-    proc = subprocess.Popen([sys.executable, "-c", TICKER, str(log)], stdin=subprocess.DEVNULL)
-    plain: list[float] = []
-    ours: list[float] = []
-    try:
-        deadline = time.monotonic() + 120
-        while pyprocess.python_of(proc.pid) is None or not any(
-            "libtorch" in m for m in pyprocess.mapped_files(proc.pid)
-        ):
-            assert time.monotonic() < deadline, "the ticker did not start"
-            time.sleep(0.1)
-        time.sleep(2)
-        py = pyprocess.python_of(proc.pid)
-        assert py is not None
-        for _ in range(trials):
-            t0 = time.time()
-            plain_recipe(proc.pid)
-            time.sleep(1.5)
-            plain.append(stops(log, t0, time.time()))
-            t0 = time.time()
-            debugger.inject_gdb(gdb, proc.pid, str(noop), py.libpython)
-            time.sleep(1.5)
-            ours.append(stops(log, t0, time.time()))
-    finally:
-        proc.kill()
-        proc.wait()
-    return plain, ours
-
-
-def plain_recipe(pid: int) -> None:
-    """The notes' recipe as written, queuing ``pass``."""
-    subprocess.run(
-        [
-            "gdb", "-p", str(pid), "-batch", "-nx",
-            "-ex", "set $buf = (char*) mmap(0, 4096, 3, 0x22, -1, 0)",
-            "-ex", 'call (void) strcpy($buf, "pass")',
-            "-ex", "call (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, $buf)",
-        ],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )  # fmt: skip
+    out: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for kind in ("busy", "asleep"):
+        proc, log, libpython = victim(root, "busy" if kind == "busy" else "sleep")
+        try:
+            for mechanism in ("none", "ptrace", "gdb") if gdb else ("none", "ptrace"):
+                got: dict[str, list[float]] = {"reported": [], "seen": []}
+                for _ in range(trials):
+                    t0 = time.time()
+                    if mechanism == "none":
+                        done = {"queued": True, "stopped_ms": 0.0}
+                    elif mechanism == "ptrace":
+                        done = debugger.inject_ptrace(proc.pid, str(noop), libpython)
+                    else:
+                        assert gdb is not None
+                        done = debugger.inject_gdb(gdb, proc.pid, str(noop), libpython)
+                    t1 = time.time()
+                    assert done["queued"], done
+                    time.sleep(0.3)
+                    got["reported"].append(float(done["stopped_ms"]))
+                    got["seen"].append(longest_gap(log, t0, t1))
+                out[(kind, mechanism)] = got
+        finally:
+            proc.kill()
+            proc.wait()
+    return out
 
 
 def first_metric_seen(run_dir: Path, timeout: float = 60) -> float:
@@ -195,7 +209,9 @@ def prepare(data: Path) -> None:
     )
 
 
-async def one_trial(host: Host, root: Path, data: Path, label: str) -> dict[str, Any]:
+async def one_trial(
+    host: Host, root: Path, data: Path, label: str, mechanism: str
+) -> dict[str, Any]:
     out = root / label
     out.mkdir()
     times = out / "step_times"
@@ -204,8 +220,9 @@ async def one_trial(host: Host, root: Path, data: Path, label: str) -> dict[str,
         wait_steps(times, 10, proc)
         wait_mid_epoch(times, proc)
         run_dir = out / "eagle3"
-        plan = await attach_plan(host, str(run_dir), proc.pid)
-        assert isinstance(plan, AttachPlan), plan
+        asked = "gdb" if mechanism == "gdb" else None
+        plan = await attach_plan(host, str(run_dir), proc.pid, mechanism=asked)
+        assert isinstance(plan, AttachPlan) and plan.mechanism == mechanism, plan
         confirmed = time.time()
         task = asyncio.ensure_future(attach_run(host, plan, metric_wait_s=0.0))
         seen = await asyncio.to_thread(first_metric_seen, run_dir)
@@ -228,21 +245,46 @@ def med(rows: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in rows))
 
 
+def usable_gdb() -> str | None:
+    """gdb, when it can call into a process on this machine; else says why not."""
+    gdb = shutil.which("gdb")
+    problem = "gdb is not on PATH" if gdb is None else debugger.gdb_call_problem(gdb)
+    if problem is None:
+        return gdb
+    print(f"gdb cannot be compared here: {problem}", flush=True)
+    print("the injector's figures alone follow", flush=True)
+    return None
+
+
+def print_pauses(pauses: dict[tuple[str, str], dict[str, list[float]]], trials: int) -> None:
+    print(f"main thread's pause while a no-op line is queued ({trials} injections each):")
+    for (kind, mechanism), got in pauses.items():
+        who = {"none": "nothing", "ptrace": "injector"}.get(mechanism, mechanism)
+        for what, values in got.items():
+            if mechanism == "none" and what == "reported":
+                continue
+            print(
+                f"  {kind:6} {who:8} {what:8}  median {statistics.median(values):7.2f} ms  "
+                f"worst {max(values):7.2f} ms",
+                flush=True,
+            )
+    for kind in ("busy", "asleep"):
+        if (kind, "gdb") in pauses:
+            ratio = statistics.median(pauses[(kind, "gdb")]["seen"]) / max(
+                0.01, statistics.median(pauses[(kind, "ptrace")]["seen"])
+            )
+            print(f"  {kind}: the injector's pause is {ratio:.0f}x shorter than gdb's (seen)")
+
+
 async def main_async(args: argparse.Namespace) -> int:
-    if shutil.which("gdb") is None:
-        print("gdb is not installed", file=sys.stderr)
-        return 2
+    gdb = usable_gdb()
+    mechanisms = ["ptrace", "gdb"] if gdb else ["ptrace"]
     with tempfile.TemporaryDirectory(prefix="bench-attach-") as tmp:
         root = Path(tmp)
-        plain, ours = await asyncio.to_thread(pause_trials, root, args.pause_trials)
-        print(
-            f"queuing a no-op into a PyTorch process, its main thread stopped (median of "
-            f"{args.pause_trials}): notes' recipe {statistics.median(plain):.0f} ms "
-            f"{[round(x) for x in plain]}, eagle3-tui {statistics.median(ours):.0f} ms "
-            f"{[round(x) for x in ours]}: "
-            f"{statistics.median(plain) / max(1.0, statistics.median(ours)):.1f}x shorter",
-            flush=True,
-        )
+        pauses = await asyncio.to_thread(pause_trials, root, args.pause_trials, gdb)
+        print_pauses(pauses, args.pause_trials)
+        if args.trials < 1:
+            return 0
         data = root / "data"
         prepare(data)
         hosts: list[tuple[str, Host]] = [("local", LocalHost())]
@@ -254,29 +296,33 @@ async def main_async(args: argparse.Namespace) -> int:
             sshd = Sshd(root / "sshd").start()
             target = SshTarget(ALIAS, None, None, SshOptions(config=(str(sshd.ssh_config),)))
             hosts.append(("ssh", SshHost(target)))
-        rows: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in hosts}
+        rows: dict[tuple[str, str], list[dict[str, Any]]] = {
+            (name, m): [] for name, _ in hosts for m in mechanisms
+        }
         try:
             for trial in range(args.trials):
                 for name, host in hosts:
-                    row = await one_trial(host, root, data, f"{name}-{trial}")
-                    rows[name].append(row)
-                    print(
-                        f"trial {trial} {name:5}: first metric {row['first_metric_s']:.2f} s "
-                        f"after confirmation; gdb stopped it {row['stopped_ms']:.0f} ms, attach "
-                        f"ran {row['attach_ms']:.0f} ms in the main thread, the training lost "
-                        f"{row['attach_seen_ms']:.0f} ms",
-                        flush=True,
-                    )
+                    for m in mechanisms:
+                        row = await one_trial(host, root, data, f"{name}-{m}-{trial}", m)
+                        rows[(name, m)].append(row)
+                        print(
+                            f"trial {trial} {name:5} {m:6}: first metric "
+                            f"{row['first_metric_s']:.2f} s after confirmation; stopped "
+                            f"{row['stopped_ms']:.1f} ms, attach ran {row['attach_ms']:.0f} ms "
+                            f"in the main thread, the training lost "
+                            f"{row['attach_seen_ms']:.0f} ms",
+                            flush=True,
+                        )
         finally:
             for _, host in hosts:
                 await host.close()
             if sshd is not None:
                 sshd.stop()
     print()
-    for name, got in rows.items():
-        print(f"{name} ({len(got)} trials, medians):")
+    for (name, m), got in rows.items():
+        print(f"{name}, {'injector' if m == 'ptrace' else 'gdb'} ({len(got)} trials, medians):")
         print(f"  confirmation -> first metric     {med(got, 'first_metric_s'):.2f} s")
-        print(f"  process stopped by gdb           {med(got, 'stopped_ms'):.0f} ms (reported)")
+        print(f"  stopped by the injection         {med(got, 'stopped_ms'):.1f} ms (reported)")
         print(f"  attach code in the main thread   {med(got, 'attach_ms'):.0f} ms (reported)")
         print(
             f"  step time lost by the training   {med(got, 'attach_seen_ms'):.0f} ms (seen; "
@@ -287,8 +333,12 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=3, help="trainings attached to, per host")
-    p.add_argument("--pause-trials", type=int, default=5, help="no-op injections of each kind")
+    p.add_argument(
+        "--trials", type=int, default=2, help="trainings attached to, per host and mechanism"
+    )
+    p.add_argument(
+        "--pause-trials", type=int, default=20, help="no-op injections per victim and mechanism"
+    )
     p.add_argument("--no-ssh", action="store_true", help="only this machine's agent")
     ns = p.parse_args()
     # the attached runs register in an index of their own, not the user's

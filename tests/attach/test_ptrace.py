@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ import pytest
 
 from eagle3_tui.agent import ptrace, pyprocess
 from eagle3_tui.agent.debugger import python_line
-from tests.conftest import interpreters, wait_until
+from tests.conftest import interpreters, need, wait_until
 from tests.transport.conftest import cli
 
 TARGETS = Path(__file__).with_name("targets.py")
@@ -138,6 +139,7 @@ BLOCKED = ["read", "select", "sleep", "lock", "waitpid"]
 BUSY = ["numpy", "pool", "timer"]
 
 
+@pytest.mark.slow
 def test_forty_injections_into_busy_and_blocked_targets_change_nothing(
     tmp_path: Path, started: list[Target]
 ) -> None:
@@ -156,7 +158,7 @@ def test_forty_injections_into_busy_and_blocked_targets_change_nothing(
 
 @pytest.mark.slow
 def test_forty_injections_into_torch_math(tmp_path: Path, started: list[Target]) -> None:
-    pytest.importorskip("torch")
+    need(importlib.util.find_spec("torch") is not None, "torch is not installed")
     targets = start_all(["torch"], tmp_path, started)
     time.sleep(0.5)
     inject_rounds(targets, ROUNDS)
