@@ -120,7 +120,7 @@ if COSTS:
         patched.build_snapshot = _in_thread("build_snapshot (thread)", build)
         pipeline.Pipeline._feed = _counted("Pipeline._feed (thread)", pipeline.Pipeline._feed)  # type: ignore[method-assign]
         local_module: Any = local
-        local_module.read_from = _in_thread("read_from (thread)", local.read_from)
+        local_module._read = _in_thread("_read (thread)", local._read)
         MetricPlot.redraw = _counted(None, MetricPlot.redraw)  # type: ignore[method-assign]
         MetricPlot.watch_snapshot = _counted(None, MetricPlot.watch_snapshot)  # type: ignore[method-assign]
         Panel.watch_snapshot = _counted(None, Panel.watch_snapshot)  # type: ignore[method-assign]
