@@ -43,7 +43,7 @@ the detach's own signal with its original siginfo, any others queued again to th
 thread (with their siginfo where the kernel lets another process queue it, else
 as the same signal from this process). The kernel then delivers them as if they had
 arrived a few milliseconds later: a handler runs, a syscall they interrupt returns
-EINTR exactly when it would have. A fault inside the call (it would kill the
+EINTR or restarts (SA_RESTART) as it would have. A fault inside the call (it would kill the
 trainer) is caught the same way: the saved state is put back, nothing is queued.
 
 Addresses come from the process's own memory: the dynamic symbol table of libpython
@@ -52,13 +52,14 @@ Addresses come from the process's own memory: the dynamic symbol table of libpyt
 replaced on disk since, or another mount namespace, changes nothing.
 
 It runs in a forked child of the agent (:func:`queue_line`): if that child dies, its
-exit detaches the trainer. Measured here (CPython 3.8-3.13): the main thread is
-stopped well under a millisecond when it sleeps, a few when it is busy (see
-``benchmarks/bench_attach.py``), against a few hundred for gdb.
+exit detaches the trainer. The main thread of a PyTorch process is stopped a median
+1.0 ms when it sleeps (worst of 20: 3.3 ms), 3.7-4.9 ms when it is busy (worst
+16 ms, mostly waiting for a CPU: 2 cores shared with other jobs), against 330-540 ms
+for gdb (``benchmarks/bench_attach.py``).
 
 Refused (:func:`problem`, with the reason) until supported: another CPU than x86-64
 (aarch64: Grace, GH200), a 32-bit interpreter, musl libc, CET shadow stacks (the
-call's fake return would fault), an interpreter that exports neither function.
+call's fake return would fault), an interpreter that does not export both functions.
 
 Standard library only, Python 3.8+ (the agent).
 """
