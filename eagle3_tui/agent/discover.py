@@ -48,6 +48,7 @@ from eagle3_tui.agent.names import (
 )
 from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.isolation import as_module
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
 from eagle3_tui.telemetry.safefs import read_bounded
@@ -83,7 +84,11 @@ SCRIPT_BYTES = 256 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 START_GRACE_S = 30.0
 """A training younger than this is still starting (imports, data, workers)."""
-BUSY_CPU_PCT = 5.0
+WEAK_SIGNS_S = 90.0
+"""CPU or a growing log alone say "silent" only past this age (start-up looks alike):
+the model's ``SILENT_FROM_START_S``, so ``runs`` and ``summary`` say one thing."""
+BUSY_CPU_PCT = 10.0
+"""As the model's observed health: above this (% of a core, the whole tree) it works."""
 
 
 # ---- one process ---------------------------------------------------------------------
@@ -96,7 +101,9 @@ def is_python(argv: list[str], comm: str) -> bool:
 
 def entry_point(argv: list[str]) -> tuple[str, str]:
     """What the interpreter runs: ``("script", path)``, ``("module", name)``,
-    ``("code", text)`` or ``("", "")`` (an interactive interpreter)."""
+    ``("code", text)`` or ``("", "")`` (an interactive interpreter). eagle3-tui's own
+    isolated ``-c BOOT ROOT MODULE`` (telemetry/isolation.py) is the module it runs."""
+    argv = as_module(argv)
     i = 1
     while i < len(argv):
         a = argv[i]
@@ -496,7 +503,7 @@ class Training:
             "mine": uid == os.geteuid(),
             "readable": t.readable,
             "started": procs.started_at(t.st, btime),
-            "command": (self.launcher or t).argv,
+            "command": as_module((self.launcher or t).argv),
             "cwd": self.cwd,
             "log": self.log,
             "telemetry": self.run_dir is not None,
@@ -575,13 +582,19 @@ def quick_health(trainings: list[Training], now: float, btime: float | None) -> 
     """A first verdict per training from one short look (0.5 s of CPU time, the log's
     age, the GPU): ``summary`` (or the monitor) judges it fully."""
     before = {pid: procs.stat(pid) for t in trainings for pid in t.pids}
+    workers = {m["pid"] for t in trainings for m in t.members if m["role"] == "worker"}
+    io_before = {pid: procs.io_counters(pid) for pid in workers}
     time.sleep(0.5)
     for t in trainings:
         cpu = 0.0
+        read = 0
         for pid in t.pids:
             a, b = before.get(pid), procs.stat(pid)
             if a is not None and b is not None and a.start_ticks == b.start_ticks:
                 cpu += max(0.0, b.cpu_s - a.cpu_s) / 0.5 * 100.0
+            io_a, io_b = io_before.get(pid), procs.io_counters(pid) if pid in workers else None
+            if io_a is not None and io_b is not None:
+                read += max(0, io_b.get("rchar", 0) - io_a.get("rchar", 0))
         started = procs.started_at(t.trainer.st, btime) or now
         age = now - started
         try:
@@ -593,14 +606,32 @@ def quick_health(trainings: list[Training], now: float, btime: float | None) -> 
             health, why = "running", "telemetry attached: see summary for its metrics"
         elif age < START_GRACE_S:
             health, why = "waiting", f"started {age:.0f} s ago"
-        elif cpu >= BUSY_CPU_PCT or (log_age is not None and log_age < START_GRACE_S):
-            health, why = (
-                "silent",
-                f"busy ({cpu:.0f}% CPU), no metric logged: no handler on speculators.metrics",
-            )
         else:
-            health, why = "stalled", f"no CPU ({cpu:.0f}%) and no output for a while"
+            health, why = _quick_verdict(age, cpu, read, log_age)
         t.health = (health, why)
+
+
+def _quick_verdict(age: float, cpu: float, read: int, log_age: float | None) -> tuple[str, str]:
+    """The first verdict on a training without telemetry, by the model's rules
+    (``model/observed_health.py``): data read by its workers says the training loop
+    runs; CPU or a log written within :data:`START_GRACE_S` say it works, which
+    start-up does too (so only past :data:`WEAK_SIGNS_S`); none of them, stalled."""
+    signs = []
+    if cpu >= BUSY_CPU_PCT:
+        signs.append(f"{cpu:.0f}% CPU")
+    if read > 0:
+        signs.append(f"its workers read {read} B in 0.5 s")
+    if log_age is not None and log_age < START_GRACE_S:
+        signs.append(f"its log written {log_age:.0f} s ago")
+    if not signs:
+        quiet = f"{log_age:.0f} s" if log_age is not None else "a while"
+        return "stalled", f"no CPU ({cpu:.0f}%), no data read, no output for {quiet}"
+    if read == 0 and age < WEAK_SIGNS_S:  # start-up looks like this too
+        return "waiting", f"started {age:.0f} s ago, working ({', '.join(signs)})"
+    return (
+        "silent",
+        f"busy ({', '.join(signs)}), no metric logged: no handler on speculators.metrics",
+    )
 
 
 def _rows(trainings: list[Training]) -> list[dict[str, Any]]:

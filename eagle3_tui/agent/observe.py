@@ -45,6 +45,8 @@ from eagle3_tui.agent.discover import (
 from eagle3_tui.agent.frames import client_gone, emit, emit_data
 from eagle3_tui.agent.logparse import LineParser
 from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
+from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
+from eagle3_tui.agent.stuck import StuckWatch
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import nvml_from_env
 from eagle3_tui.telemetry.safefs import open_file
@@ -59,6 +61,9 @@ from eagle3_tui.telemetry.samplers import (
 from eagle3_tui.telemetry.schema import SCHEMA_VERSION, Kind, to_jsonable
 
 INTERVAL_S = 1.0
+IDLE_CPU_PCT = 10.0
+"""Below this (% of one core, the whole tree) an observed trainer is idle: its stack is
+looked at after a while (agent/stuck.py); the model's busy threshold is the same."""
 CATCH_UP_BYTES = 4 << 20
 """A log's first read starts at most this far from its end (its last lines matter)."""
 READ_BYTES = 1 << 20
@@ -138,6 +143,8 @@ class LogFollower:
         self.on_message = on_message
         self.size = 0
         self.grew = 0
+        self.mtime: float | None = None
+        """When the log last changed (a one-shot look sees growth from before it)."""
         self._catch_up_to = -1
         self._catch_up_ts = 0.0
 
@@ -157,6 +164,7 @@ class LogFollower:
             fresh = True
         self.grew = max(0, st.st_size - self.size) if self.size else 0
         self.size = st.st_size
+        self.mtime = st.st_mtime
         self.identity = ident
         if fresh:
             self._catch_up_to = st.st_size  # lines already there: stamped with the mtime
@@ -256,6 +264,7 @@ class Observer:
         self._vals: dict[str, float] = {}
         self.rounds = 0
         self.alive = True
+        self.stuck = StuckWatch(self.pid)
         self.cwd = row.get("cwd")
         self.started = row.get("started")
         self.set_checkpoint_dir(row.get("checkpoint_dir"))
@@ -414,7 +423,9 @@ class Observer:
             self.sink.write(Kind.VAL, payload, ts=mtime)
 
     # -- one round -----------------------------------------------------------------------
-    def round(self, now: float) -> None:
+    def round(self, now: float, last: bool = False) -> None:
+        """One look; ``last``: the final round of a one-shot look (``until_s``), where the
+        stack of a trainer idle throughout is read at once."""
         self.rounds += 1
         self.alive = procs.alive(self.pid, self.start)
         members = self.tree() if self.alive else []
@@ -432,6 +443,7 @@ class Observer:
             self.gpu.sample(now)
             self.io.sample(now)
         cpu = sum(m["cpu_pct"] or 0.0 for m in members)
+        self._look_for_the_stack(now, cpu, last)
         process = {
             "pid": self.pid,
             "started": self.started,
@@ -442,12 +454,26 @@ class Observer:
             "log_file": self.row.get("log"),
             "log_bytes": self.log.size if self.log is not None else None,
             "log_grew": self.log.grew if self.log is not None else None,
+            "log_mtime": self.log.mtime if self.log is not None else None,
             "checkpoint_dir": self.ckpt_dir,
             "epochs": self.row.get("epochs"),
             "cpu_pct": round(cpu, 1) if self.rounds > 1 else None,
             "launcher_pid": self.row.get("launcher_pid"),
+            "stack_unavailable": self.stuck.unavailable or None,
         }
         self.sink.write(Kind.PROC, {"alive": self.alive, "process": process, "processes": members})
+
+    def _look_for_the_stack(self, now: float, cpu: float, last: bool) -> None:
+        """A ``stack`` record of the trainer's main thread once its tree has been idle
+        (no CPU, no data read, no log growth) for a while (:class:`StuckWatch`)."""
+        grew = self.log is not None and self.log.grew > 0
+        idle = self.alive and self.rounds > 1 and cpu < IDLE_CPU_PCT
+        idle = idle and not self.io.last_bytes and not grew
+        age = now - self.started if isinstance(self.started, (int, float)) else 0.0
+        force = last and self.stuck.idle_since is not None and age >= STUCK_QUIET_S
+        stack = self.stuck.round(now, idle, force)
+        if stack is not None:
+            self.sink.write(Kind.STACK, stack)
 
     def cursor(self) -> dict[str, Any]:
         return {
@@ -487,12 +513,15 @@ def op_observe(req: dict[str, Any]) -> int:
     cursor = req.get("cursor") if isinstance(req.get("cursor"), dict) else {}
     emit(EV_OBSERVED, row=row, host=os.uname().nodename, now=time.time())
     obs = Observer(row, cursor or {}, interval)
+    first_look = True
     offset = 0
     t0 = time.monotonic()
     try:
         while True:
             round_start = time.monotonic()
-            obs.round(time.time())
+            last = until is not None and round_start - t0 + interval >= float(until)
+            obs.round(time.time(), last and not first_look)
+            first_look = False
             if obs.out:
                 data = b"".join(obs.out)
                 obs.out.clear()

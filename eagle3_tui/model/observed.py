@@ -36,10 +36,14 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     log_file: str | None = None
     log_bytes: float | None = None
     log_grew: float | None = None
+    log_mtime: float | None = None
+    """When the log last changed (its mtime, the host's clock)."""
     checkpoint_dir: str | None = None
     epochs: int | None = None
     cpu_pct: float | None = None
     launcher_pid: int | None = None
+    stack_unavailable: str | None = None
+    """Why the agent cannot read where the trainer is stuck (py-spy missing, refused)."""
 
 
 class Member(msgspec.Struct, kw_only=True, gc=False):

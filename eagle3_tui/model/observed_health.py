@@ -32,6 +32,7 @@ from eagle3_tui.model.health import (
     evidence,
 )
 from eagle3_tui.model.observed import ProcessInfo, last_train_bar, step_time
+from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import size
 
@@ -79,12 +80,21 @@ def observed_evidence(state: RunState, now: float, window: float) -> ObservedEvi
         cpu_pct=max(cpus) if cpus else None,
         gpu_util=base.gpu_util,
         gpu_busy=base.gpu_util is not None and base.gpu_util >= GPU_BUSY_UTIL,
-        reading=worker_bytes > 0 or any(p.files_read > 0 for p in io),
+        # bytes read, not files held open: a hung worker keeps its files open
+        reading=worker_bytes > 0,
         read_bytes=worker_bytes,
         checkpoints=any(e.ts >= since and e.event in _CKPT_WRITES for e in state.ckpt_events),
         bars=any(b.ts >= since for b in state.bars),
-        log_growing=any((s.log_grew or 0) > 0 for s in samples),
+        log_growing=any((s.log_grew or 0) > 0 for s in samples) or _log_changed_since(state, since),
     )
+
+
+def _log_changed_since(state: RunState, since: float) -> bool:
+    """The log changed in the window, as its mtime says (a look that began within the
+    window sees no growth of its own for what was written before it)."""
+    obs = state.observed
+    mtime = obs.info.log_mtime if obs is not None else None
+    return mtime is not None and mtime >= since
 
 
 def quiet_limit(state: RunState) -> float:
@@ -111,6 +121,28 @@ def _signs(ev: ObservedEvidence, window: float) -> str:
     if len(signs) > 1:
         return ", ".join(signs[:-1]) + " and " + signs[-1]
     return signs[0] if signs else "it is alive"
+
+
+def stuck_observed(state: RunState) -> StackSample | None:
+    """The main thread's stack the agent read (py-spy) in the trainer's current idle
+    spell: after the last sign of work (CPU, reads, log growth, an epoch bar)."""
+    sample = state.stack
+    if sample is None:
+        return None
+    busy = [s.ts for s in state.proc_samples if (s.cpu_pct or 0.0) >= BUSY_CPU_PCT]
+    busy += [s.ts for s in state.proc_samples if (s.log_grew or 0) > 0]
+    busy += [p.ts for p in state.io_history if p.worker_bytes > 0]
+    busy += [b.ts for b in state.bars]
+    if busy and max(busy) > sample.ts:
+        return None  # taken in an earlier idle spell: it moved on since
+    return sample
+
+
+def _unknown_where(state: RunState) -> str:
+    """Why where the trainer is stuck cannot be said (no py-spy on the host)."""
+    obs = state.observed
+    why = obs.info.stack_unavailable if obs is not None else None
+    return f"; where it is stuck is not known: {why}" if why else ""
 
 
 def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
@@ -140,11 +172,20 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
             "speculators.metrics logger has no handler, or its level is above INFO. " + REMEDY,
         )
     if ev.sampled and not ev.strong and not ev.weak and age >= limit:
+        idle = (
+            f"for {_ago(limit)}{pace} no CPU, no data read, nothing on a GPU, nothing new in "
+            "its log"
+        )
+        stuck = stuck_observed(state)
+        if stuck is not None:  # where it is: the guess at why is not needed
+            return Diagnosis(
+                Health.STALLED,
+                f"The trainer (pid {info.pid}) looks hung: {idle}; stuck in {describe(stuck)}.",
+            )
         return Diagnosis(
             Health.STALLED,
-            f"The trainer (pid {info.pid}) is alive, but for {_ago(limit)}{pace} it used no "
-            "CPU, read no data, ran nothing on a GPU and wrote nothing to its log: it looks "
-            "hung (a dataloader deadlock, or a collective waiting for a rank).",
+            f"The trainer (pid {info.pid}) looks hung: {idle} (a dataloader deadlock, or a "
+            f"collective waiting for a rank){_unknown_where(state)}.",
         )
     return Diagnosis(
         Health.WAITING,

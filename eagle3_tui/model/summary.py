@@ -11,6 +11,7 @@ from typing import Any
 from eagle3_tui.model.derived import epoch_number
 from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.inert import printable
+from eagle3_tui.model.observed_health import stuck_observed
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
@@ -48,8 +49,12 @@ def summarize(state: RunState, now: float) -> dict[str, Any]:
             "plain_records": state.plain_records,
             "handler_lines": state.wrapped_records,
         }
-    stuck = stuck_at(state)
+    observed = state.observed is not None and state.last_train_ts is None
+    stuck = stuck_observed(state) if observed else stuck_at(state)
     out["stuck"] = stuck_json(stuck) if stuck is not None else None
+    if observed and stuck is None and state.observed is not None:
+        # where a run without telemetry is stuck cannot be read (no py-spy): why
+        out["stuck_unavailable"] = state.observed.info.stack_unavailable
     return out
 
 

@@ -74,3 +74,12 @@ def module_argv(module: str, *args: str, python: str | None = None) -> list[str]
         json.dumps(inherited_paths()),
         *args,
     ]
+
+
+def as_module(argv: list[str]) -> list[str]:
+    """``argv`` as a person reads it: ``PYTHON -I -c BOOT ROOT MODULE PATHS ARGS...``
+    (:func:`module_argv`) shown as ``PYTHON -I -m MODULE ARGS...``; anything else as is."""
+    for i in range(len(argv) - 4):
+        if argv[i] == "-c" and argv[i + 1] == BOOT:
+            return [*argv[:i], "-m", argv[i + 3], *argv[i + 5 :]]
+    return list(argv)

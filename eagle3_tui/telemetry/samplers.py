@@ -278,6 +278,8 @@ class IoSampler:
         self._roles: dict[int, str] = {}
         self._last = time.monotonic()
         self._uptime: float | None = None
+        self.last_bytes = 0
+        """Bytes the run's processes read in the latest interval (what it wrote)."""
 
     def _started_since_last(self, pid: int) -> bool:
         st = procs.stat(pid)
@@ -360,6 +362,7 @@ class IoSampler:
         for gone in [p for p in self._prev if p not in seen]:
             del self._prev[gone]
         self._uptime = procs.uptime()
+        self.last_bytes = total
         self.writer.write(
             Kind.IO,
             {
