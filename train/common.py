@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.telemetry.isolation import module_argv
-from eagle3_tui.telemetry.safefs import open_append
+from eagle3_tui.telemetry.safefs import claim_append, open_append
 from eagle3_tui.telemetry.schema import LOG_FILE
 
 LOG_MODES = ("auto", "tee", "file", "none")
@@ -52,7 +52,12 @@ def setup_log(run_dir: Path, mode: str) -> LogSetup:
         sys.stdout.flush()
         sys.stderr.flush()
     try:
-        os.close(open_append(log)[0])  # made (or checked) here, where a refusal can be said
+        # made (or checked) here, where a refusal can be said: what another user planted
+        # at the path (a link to a root-only file...) is moved aside, never written through
+        fd, moved, found = claim_append(log)
+        os.close(fd)
+        if moved is not None:
+            print(f"[eagle3] {log}: {found} was there: moved aside to {moved}", file=sys.stderr)
         if mode in ("auto", "tee"):
             proc = subprocess.Popen(
                 module_argv("eagle3_tui.train.tee", str(log)),  # isolated: python -I

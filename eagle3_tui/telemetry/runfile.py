@@ -179,6 +179,21 @@ class RunFile:
         self.size = max(self.size, end) if change is None else end
         return start, change
 
+    def ends_mid_line(self) -> bool:
+        """Whether the file ends in another writer's torn line: bytes appended since this
+        writer's last write (a sibling's) whose last is not a newline — a line that
+        writer could not end (a full disk), which our next line must not be glued onto.
+        A one-byte read, only when someone else wrote since (the size seen before this
+        write differs from the end of our last one). Asked by a writer coming back from
+        failed writes only: a sibling's write still being copied in (the size grows page
+        by page while it is) can look torn too, and a newline then is a blank line."""
+        if self.fd is None or self.size == 0 or self.size == self.end:
+            return False
+        try:
+            return os.pread(self.fd, 1, self.size - 1) != b"\n"
+        except OSError:
+            return False
+
     def lost(self) -> None:
         """The descriptor was found closed (EBADF on write): opened again next time."""
         self.fd = None

@@ -120,11 +120,11 @@ def _blocking(fd: int) -> None:
 
 
 def create_exclusive(path: str | os.PathLike[str], mode: int = 0o644, flags: int = 0) -> int:
-    """A new file at ``path`` opened for writing (``O_CREAT | O_EXCL``: never an existing
-    file, never through a link); FileExistsError when something is there."""
+    """A new file at ``path`` opened to write and read (``O_CREAT | O_EXCL``: never an
+    existing file, never through a link); FileExistsError when something is there."""
     try:
         return os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags, mode
+            path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags, mode
         )
     except OSError as e:
         raise _open_error(path, e) from None
@@ -136,7 +136,7 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o644) -> tuple[int, b
     An existing entry must be a regular file of this user with one link: a symbolic
     link (never followed), a FIFO or device (opened without blocking, then refused),
     another user's file or a hard link to one raise :class:`UnsafeFileError`."""
-    base = os.O_WRONLY | os.O_APPEND | O_NOFOLLOW | O_CLOEXEC
+    base = os.O_RDWR | os.O_APPEND | O_NOFOLLOW | O_CLOEXEC  # (read: a writer looks at the tail)
     for _ in range(3):  # created and removed meanwhile: try again
         try:
             return os.open(path, base | os.O_CREAT | os.O_EXCL, mode), True
@@ -197,6 +197,38 @@ def move_aside(path: str | os.PathLike[str], tag: str, expect: tuple[int, int]) 
         os.link(aside, path, follow_symlinks=False)
         os.unlink(aside)
     raise UnsafeFileError(path, "was replaced while being moved aside", errno.EAGAIN)
+
+
+def claim_append(
+    path: str | os.PathLike[str], mode: int = 0o644
+) -> tuple[int, str | None, str | None]:
+    """``(fd, moved_to, found)``: ``path`` opened to append (:func:`open_append`), or,
+    when what is there may not be written (a link, a FIFO, another user's file, a hard
+    link), that entry moved aside (:func:`move_aside`, tag ``refused``) and a file of
+    our own made in its place; ``found`` says what it was. OSError when neither can be
+    done (the directory is not ours to write)."""
+    for _ in range(3):
+        try:
+            fd, _ = open_append(path, mode)
+            return fd, None, None
+        except UnsafeFileError:
+            pass
+        try:
+            found = describe_entry(path)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # gone meanwhile: open again
+        try:
+            moved = move_aside(path, "refused", (st.st_dev, st.st_ino))
+        except UnsafeFileError as e:
+            if e.errno == errno.EAGAIN:
+                continue
+            raise
+        try:
+            return create_exclusive(path, mode, os.O_APPEND), moved, found
+        except FileExistsError:
+            continue
+    raise UnsafeFileError(path, "keeps changing", errno.EAGAIN)
 
 
 def write_atomic(

@@ -491,7 +491,8 @@ class JsonlWriter:
         is ended at once, or by the next write's first byte."""
         fd = self._file.fd
         assert fd is not None
-        prefix = b"\n" if self._torn else b""
+        recovering = self._gap is not None  # a disk that was full: a sibling's line may be torn
+        prefix = b"\n" if self._torn or (recovering and self._file.ends_mid_line()) else b""
         data = prefix + (lines[0] if len(lines) == 1 else b"".join(lines))
         try:
             n = os.write(fd, data)

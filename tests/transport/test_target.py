@@ -96,5 +96,5 @@ def test_the_ssh_binary_gets_the_same_options_and_a_constant_command() -> None:
     assert argv[argv.index("-l") + 1] == "me" and argv[argv.index("-J") + 1] == "j@bastion:22"
     assert 'UserKnownHostsFile="/a b/kh"' in argv and "ServerAliveInterval=1" in argv
     assert argv[-3:-1] == ["--", "gpu-box"]
-    assert argv[-1].startswith("exec 'python3; rm -rf x' -c ")  # quoted: one word
+    assert argv[-1].startswith("exec 'python3; rm -rf x' -I -c ")  # quoted: one word; isolated
     assert "/runs" not in " ".join(argv)  # the run directory travels in the request only
