@@ -64,11 +64,20 @@ def test_a_full_disk_is_said_counted_exactly_and_survived(tmp_path: Path) -> Non
             (tmp_path / name).mkdir()
             (run_dir / name).symlink_to(tmp_path / name)
         log = tmp_path / "train.out"
-        with open(log, "ab") as out:
+        args = (
+            "--epochs",
+            "8",
+            "--step-delay",
+            "0.25",
+            "--log",
+            "none",
+            "--checkpoint-freq",
+            "100",
+        )
+        with open(log, "ab") as output:
             proc = subprocess.Popen(
-                [*TINY, "--run-dir", str(run_dir), "--epochs", "8", "--step-delay", "0.25"]
-                + ["--log", "none", "--checkpoint-freq", "100"],
-                stdout=out,
+                [*TINY, "--run-dir", str(run_dir), *args],
+                stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
