@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from eagle3_tui.agent.diskspace import DiskWatch
-from eagle3_tui.telemetry.safefs import open_regular
+from eagle3_tui.telemetry.safefs import kind_of, open_file, open_regular
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import (
     Chunk,
@@ -41,13 +41,20 @@ def check_run_dir(run_dir: Path) -> Path:
         raise TargetError(
             f"{run_dir}: no {METRICS_FILE} here (is telemetry attached to the trainer?)"
         )
+    if not path.is_file():  # a FIFO or a device planted there: never opened, never a hang
+        raise TargetError(f"{path}: is {kind_of(path.stat().st_mode)}, not a regular file")
     return path
 
 
 def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[Chunk]:
     """The file from ``offset`` to its current end, a chunk at a time (a catch-up
-    holds one chunk, not the whole file)."""
-    with open(path, "rb") as f:
+    holds one chunk, not the whole file). A regular file only (opened without blocking:
+    a FIFO put there since it was checked is refused, not waited on)."""
+    try:
+        f = open_file(path)
+    except OSError as e:
+        raise TargetError(f"{path}: {e.strerror or e}") from None
+    with f:
         f.seek(offset)
         while True:
             data = f.read(size)

@@ -466,3 +466,26 @@ def test_a_root_training_writes_through_no_planted_link(
     records = read_jsonl(shared_dir / "metrics.jsonl")
     assert any(r["kind"] == "train" for r in records)
     assert mf.read_manifest(shared_dir / "run.json")["status"] == "finished"
+
+
+@pytest.mark.parametrize("what", ["fifo", "link to /dev/zero"])
+def test_a_planted_metrics_file_of_a_local_run_is_one_line(
+    other_user: OtherUser, shared_dir: Path, what: str
+) -> None:
+    """Item 4 on this machine: ``summary`` and the monitor of a run directory whose
+    ``metrics.jsonl`` another user made a FIFO (it hung) or a link to ``/dev/zero``
+    (it read forever): one line, exit 2, at once."""
+    run_dir = shared_dir / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    os.chown(path, other_user.uid, other_user.gid, follow_symlinks=False)
+    for args in (("summary", str(run_dir)), (str(run_dir),)):
+        t0 = time.monotonic()
+        proc = as_root_in(shared_dir, *args, timeout=30)
+        assert time.monotonic() - t0 < 15, args
+        assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
