@@ -63,6 +63,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """mypy (strict) takes about a minute of one core; most of the suite waits on real
     trainings with a core to spare, so mypy starts once the tests are collected, at the
     lowest priority, and its test reads the result."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # every worker collects the suite: the one that runs the test starts mypy
     if any(item.nodeid == MYPY_TEST for item in session.items):
         start_mypy()
 
@@ -339,6 +341,17 @@ class OtherUser:
         return subprocess.Popen(self.argv(*cmd), **kw)
 
 
+def useradd(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``useradd ARGS``, again while the user database is locked (two test files run at
+    once, each making its user); the last attempt's result."""
+    for _ in range(20):
+        made = subprocess.run(["useradd", *args], capture_output=True, check=False)
+        if made.returncode not in (1, 10) or b"lock" not in made.stderr:  # 1, 10: cannot lock
+            return made
+        time.sleep(0.5)
+    return made
+
+
 @pytest.fixture
 def other_user() -> Iterator[OtherUser]:
     """A second, unprivileged user (made with ``useradd``, removed with every process it
@@ -348,7 +361,7 @@ def other_user() -> Iterator[OtherUser]:
     import uuid
 
     name = f"e3o{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "-m", "-U", "-s", "/bin/sh", name], check=True, capture_output=True)
+    useradd("-m", "-U", "-s", "/bin/sh", name)
     entry = pwd.getpwnam(name)
     try:
         yield OtherUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))

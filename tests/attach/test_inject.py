@@ -27,7 +27,7 @@ from eagle3_tui.agent import BOOTSTRAP, debugger, pyprocess, userfiles
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
 from eagle3_tui.transport.control import attach_plan, attach_run
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
-from tests.conftest import interpreters, need, need_gdb, wait_until
+from tests.conftest import interpreters, need, need_gdb, useradd, wait_until
 from tests.transport.conftest import cli
 
 pytestmark = pytest.mark.slow
@@ -359,7 +359,7 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
 def other_user() -> Iterator[tuple[str, int, int]]:
     need(os.geteuid() == 0 and shutil.which("useradd") is not None, "root and useradd")
     name = f"e3att{uuid.uuid4().hex[:6]}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    assert useradd("-m", "-s", "/bin/sh", name).returncode == 0
     import pwd
 
     entry = pwd.getpwnam(name)

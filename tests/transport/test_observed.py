@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.telemetry import procs
-from tests.conftest import need, need_training, wait_until
+from tests.conftest import need, need_training, useradd, wait_until
 from tests.transport.conftest import cli
 from tests.transport.sshd import ALIAS, Sshd, have_pid_namespaces, have_sshd
 
@@ -437,11 +437,7 @@ def other_user() -> Iterator[str]:
     """A user made for the test (it can log in over SSH: the fixture's authorized_keys)."""
     need(shutil.which("useradd") is not None, "useradd is not installed")
     name = f"e3i11u{os.getpid() % 100000}"
-    made = subprocess.run(
-        ["useradd", "-M", "-N", "-s", "/bin/bash", "-p", "*", name],  # "*": not locked
-        capture_output=True,
-        check=False,
-    )
+    made = useradd("-M", "-N", "-s", "/bin/bash", "-p", "*", name)  # "*": not locked
     need(made.returncode in (0, 9), f"cannot create a user: {made.stderr!r}")
     try:
         yield name

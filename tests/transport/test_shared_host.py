@@ -60,8 +60,14 @@ TEE = ("--epochs", "1", "--log", "tee")
 """A one-epoch tiny training whose output is copied to train.log by the log copier."""
 
 
+TAG = f"E3_TEST_TAG={os.getpid()}-{time.time_ns()}"
+"""In the environment of every command these tests run (and so of its agents): the
+agents this file started are found by it, not another test file's running meanwhile."""
+
+
 def as_root_in(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``eagle3-tui ARGS`` run by root from ``cwd``."""
+    key, value = TAG.split("=")
     return subprocess.run(
         [EAGLE3_TUI, *args],
         cwd=cwd,
@@ -69,6 +75,7 @@ def as_root_in(cwd: Path, *args: str, timeout: float = 120) -> subprocess.Comple
         text=True,
         timeout=timeout,
         check=False,
+        env=dict(os.environ, **{key: value}),
     )
 
 
@@ -285,8 +292,14 @@ def planted_training(user: OtherUser, shared_dir: Path, log: str) -> Iterator[in
 
 
 def _agents() -> list[int]:
+    """The live agents started by this file's commands."""
     out = subprocess.run(["pgrep", "-f", "eagle3-tui-agent"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    mine = []
+    for pid in map(int, out.stdout.split()):
+        with contextlib.suppress(OSError):
+            if TAG.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                mine.append(pid)
+    return mine
 
 
 @pytest.mark.parametrize("log", ["fifo", "/dev/zero"])
