@@ -139,14 +139,14 @@ def need_gdb() -> str:
     gdb = shutil.which("gdb")
     need(gdb is not None, "gdb is not installed (apt-get install gdb)")
     assert gdb is not None
-    problem = _gdb_call_problem(gdb)
+    problem = gdb_call_problem_here(gdb)
     if problem is not None:
         pytest.skip(f"gdb cannot call into a process on this machine: {problem}")
     return gdb
 
 
 @functools.cache
-def _gdb_call_problem(gdb: str) -> str | None:
+def gdb_call_problem_here(gdb: str) -> str | None:
     from eagle3_tui.agent.debugger import gdb_call_problem
 
     return gdb_call_problem(gdb)
