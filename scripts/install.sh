@@ -3,6 +3,11 @@
 #
 #   ./scripts/install.sh          eagle3-tui + torch (CPU) + speculators
 #   ./scripts/install.sh --test   the same, plus the test tools
+#   --allow-cuda                  take torch as the package index offers it, CUDA build too
+#
+# torch comes first, and only as a CPU build unless told: where the package index
+# offers the CUDA build (nvidia-* packages, several GB), install.sh says so and stops,
+# with how to get the CPU build instead.
 #
 # Where it installs: the active virtual environment (venv, virtualenv, conda) when
 # there is one; otherwise a project environment, .venv/ in the clone, created with
@@ -16,7 +21,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 extra=""
-[ "${1:-}" = "--test" ] && extra="[test]"
+allow_cuda=${EAGLE3_TUI_ALLOW_CUDA_TORCH:-}
+for arg in "$@"; do
+    case "$arg" in
+        --test) extra="[test]" ;;
+        --allow-cuda) allow_cuda=1 ;;
+        *) echo "usage: scripts/install.sh [--test] [--allow-cuda]" >&2; exit 2 ;;
+    esac
+done
 
 # shellcheck source=scripts/project-env.sh
 . "$root/scripts/project-env.sh"
@@ -44,8 +56,36 @@ fi
 
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-# torch first, so nothing below pulls a multi-GB CUDA build.
+# torch first, so nothing below pulls a multi-GB CUDA build. Ask pip what it would take
+# (a dry run): the CUDA build brings nvidia-* packages, several GB; never take it unasked.
+cuda_packages() {
+    local report
+    report=$(mktemp)
+    if ! "$PY" -m pip install --disable-pip-version-check -q --dry-run --report "$report" \
+        torch==2.13.0 >/dev/null 2>&1; then
+        rm -f "$report"
+        return 1
+    fi
+    "$PY" - "$report" <<'PYEOF'
+import json, sys
+names = [i["metadata"]["name"] for i in json.load(open(sys.argv[1])).get("install", [])]
+print(" ".join(n for n in names if n.lower().startswith(("nvidia-", "triton"))))
+PYEOF
+    rm -f "$report"
+}
 if ! "$PY" -c "import torch" 2>/dev/null; then
+    if cuda=$(cuda_packages) && [ -n "$cuda" ] && [ -z "$allow_cuda" ]; then
+        n=$(wc -w <<<"$cuda")
+        echo "install.sh: your package index offers torch 2.13.0 as its CUDA build: pip would" >&2
+        echo "  download it and $n nvidia/triton package(s) with it ($cuda): several GB." >&2
+        echo "  For the CPU build (what the demo and the tests need), give pip PyTorch's CPU" >&2
+        echo "  wheel index (pytorch.org, Get Started, Compute Platform: CPU) and run again:" >&2
+        echo "    PIP_EXTRA_INDEX_URL=<that index> ./scripts/install.sh $*" >&2
+        echo "  or take the CUDA build as it is: ./scripts/install.sh --allow-cuda $*" >&2
+        exit 3
+    fi
+    [ -n "$allow_cuda" ] && echo "install.sh: installing torch 2.13.0 as the index offers it" \
+        "(the CUDA build: several GB)" >&2
     pip_install torch==2.13.0
 fi
 for bad in torchvision torchaudio; do
@@ -56,4 +96,9 @@ done
 pip_install -r requirements/speculators-cpu.txt
 pip_install --no-deps speculators==0.9.0
 pip_install -e ".$extra"
-echo "install.sh: done ($("$PY" -m eagle3_tui --version), $("$PY" -c 'import sys; print(sys.prefix)'))"
+prefix=$("$PY" -c 'import sys; print(sys.prefix)')
+echo "install.sh: done ($("$PY" -m eagle3_tui --version), $prefix)"
+if ! active_env; then
+    echo "install.sh: eagle3-tui is in $prefix, not on your PATH: run it as" \
+        "./scripts/in-env eagle3-tui ..., or first: . $prefix/bin/activate"
+fi
