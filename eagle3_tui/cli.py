@@ -110,7 +110,9 @@ def add_json_and_ssh_options(p: argparse.ArgumentParser, json_help: str) -> argp
     return p
 
 
-def add_seconds_option(p: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
+def add_seconds_option(
+    p: argparse.ArgumentParser, flag: str, default: float | None, help: str
+) -> None:
     """An option that is a duration (``--grace``, ``--wait``)."""
     p.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help)
 
@@ -222,6 +224,22 @@ def build_kill_parser() -> argparse.ArgumentParser:
         "before the first signal: a SIGTERM in the middle of a save leaves that checkpoint "
         f"incomplete (default {SAVE_WAIT_S:.0f}; 0: signal at once)",
     )
+    add_seconds_option(
+        p,
+        "--stop-wait",
+        None,
+        "a run with telemetry is asked to stop at its next step boundary (nothing to redo "
+        "on resume); how long to wait for that before SIGTERM (default: by the run's pace, "
+        "max(60 s, 5 median steps, 1.5 x its longest gap between steps))",
+    )
+    p.add_argument(
+        "--no-attach",
+        dest="attach_first",
+        action="store_false",
+        help="a training without telemetry is attached first (eagle3-tui attach) so that it "
+        "stops at a step boundary and a restart redoes nothing; with this, it is SIGTERM'd "
+        "mid-step at once (a restart redoes the steps since its last checkpoint)",
+    )
     return add_json_and_ssh_options(p, "the report as one JSON object")
 
 
@@ -230,17 +248,28 @@ def build_resume_parser() -> argparse.ArgumentParser:
         "resume",
         (
             "Relaunch a stopped run with its manifest's resume command, detached, in its "
-            "directory and environment, appending to its log and metrics, only when its "
-            "latest checkpoint is complete. Exit status: 0 started (its PID is printed), "
-            "8 the relaunched run exited at once, 9 refused (still running, no complete "
-            "checkpoint), 2 error."
+            "directory and whole environment, appending to its log and metrics, only when "
+            "its latest checkpoint is complete. A training started without eagle3-tui and "
+            "stopped by its kill comes back with telemetry: the same command line, "
+            "directory and environment, its output appended to its own log. Exit status: 0 "
+            "started (its PID is printed), 8 the relaunched run exited at once, 9 refused "
+            "(still running, no complete checkpoint, not stopped by eagle3-tui's kill), 2 "
+            "error."
         ),
     )
     p.add_argument(
         "target",
         metavar="TARGET",
-        help="a local run directory, or [USER@]HOST[:RUN_DIR] (HOST alone: your latest "
+        nargs="?",
+        help="a local run or work directory, or [USER@]HOST[:DIR] (HOST alone: your latest "
         "stopped run there)",
+    )
+    p.add_argument(
+        "--pid",
+        type=int,
+        metavar="PID",
+        help="a training without telemetry that eagle3-tui's kill stopped (its trainer's or "
+        "torchrun agent's PID): restarted with telemetry; without TARGET, on this machine",
     )
     add_seconds_option(
         p,
@@ -534,14 +563,19 @@ def load_target(target: Target, label: str) -> tuple[Run, float]:
 
 def needs_choice(target: Target, pid: int | None) -> bool:
     """Whether the host's agent must say what the target means (a process, a work
-    directory, a host's live training) before it is read: all but a local run directory."""
+    directory, a host's live training) before it is read: all but a local run directory
+    (its run.json, or eagle3-tui's metrics.jsonl: a user's own handler's file is a work
+    directory's, whose training says how it is doing)."""
+    from eagle3_tui.agent.discover import eagle3_metrics
     from eagle3_tui.transport.target import LocalTarget
 
     if pid is not None:
         return True
     if isinstance(target, LocalTarget):
         d = target.run_dir
-        return d.is_dir() and not (d / "metrics.jsonl").exists() and not (d / "run.json").exists()
+        metrics = d / "metrics.jsonl"
+        ours = (d / "run.json").exists() or (metrics.exists() and eagle3_metrics(str(metrics)))
+        return d.is_dir() and not ours
     return True
 
 
@@ -879,7 +913,12 @@ def cmd_kill(ns: argparse.Namespace) -> int:
     async def kill(host: Host, t: Target) -> KillReport:
         run_dir = control.run_dir_of(t)
         return await control.kill_run(
-            host, run_dir, ns.grace, on_progress=_print_progress, save_wait_s=save_wait
+            host,
+            run_dir,
+            ns.grace,
+            on_progress=_print_progress,
+            save_wait_s=save_wait,
+            stop_wait_s=ns.stop_wait,
         )
 
     async def saves_done(targets: list[Target]) -> SaveWait | None:
@@ -909,7 +948,14 @@ def cmd_kill(ns: argparse.Namespace) -> int:
             return await control.on_host(
                 target,
                 lambda h: control.kill_run(
-                    h, None, ns.grace, on_progress=_print_progress, process=row
+                    h,
+                    None,
+                    ns.grace,
+                    on_progress=_print_progress,
+                    process=row,
+                    save_wait_s=save_wait,
+                    stop_wait_s=ns.stop_wait,
+                    attach_first=ns.attach_first,
                 ),
             )
         return await on_every_node(
@@ -968,6 +1014,10 @@ def cmd_resume(ns: argparse.Namespace) -> int:
         return await control.resume_run(host, control.run_dir_of(t), ns.wait)
 
     async def go() -> ResumeReport:
+        if ns.pid is not None:  # a training without telemetry: the restart its kill recorded
+            return await control.on_host(
+                target, lambda h: control.resume_run(h, None, ns.wait, pid=ns.pid)
+            )
         if not needs_choice(target, None):
             return await on_every_node(target, "resume", resume, ResumeReport)
         # a work directory or a host alone: the run it means (a live one is refused
@@ -981,8 +1031,8 @@ def cmd_resume(ns: argparse.Namespace) -> int:
         say_chosen(chosen.note)
         if chosen.choice is Choice.PROCESS:
             raise TargetError(
-                f"{chosen.short} is running without telemetry: "
-                "nothing to resume (kill it first, or attach: eagle3-tui attach)"
+                f"{chosen.short} is running without telemetry: nothing to resume (kill it "
+                "first: the kill records what resume reruns; or attach: eagle3-tui attach)"
             )
         return await on_every_node(
             pinned_to(target, chosen.chosen_run_dir()), "resume", resume, ResumeReport
@@ -1011,7 +1061,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
             target = parse_host(ns.target, opts)
 
     result = asyncio.run(control.on_host(target, lambda h: control.discover(h, ns.all, ns.prune)))
-    if not result.runs and not result.live and not result.pruned:
+    if not result.runs and not result.live and not result.ended and not result.pruned:
         raise control.no_runs_error(result, ns.target or "this machine")
     if ns.json:
         say_json(to_json(result))

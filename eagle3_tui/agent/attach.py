@@ -60,7 +60,7 @@ from eagle3_tui.agent.debugger import (
     inject_remote_exec,
 )
 from eagle3_tui.agent.frames import emit
-from eagle3_tui.agent.names import EV_RESULT, MANIFEST, OP_ATTACH, RUN_ID_ENV
+from eagle3_tui.agent.names import EV_RESULT, MANIFEST, OP_ATTACH, RUN_ID_ENV, RUNS_FOLDER
 from eagle3_tui.agent.processes import all_procs, ancestors, boot_id, proc_stat
 from eagle3_tui.agent.pyprocess import (
     PythonInfo,
@@ -85,14 +85,14 @@ from eagle3_tui.agent.userfiles import (
     read_json_file,
 )
 from eagle3_tui.telemetry.procs import ProcStat, cmdline, environ
-from eagle3_tui.telemetry.rerun import resume_command
+from eagle3_tui.telemetry.rerun import resume_command, torchrun_resume_command
 from eagle3_tui.telemetry.safefs import open_file
 
 MIN_VERSION = (3, 8)
 REMOTE_EXEC_VERSION = (3, 14)
 RESULT_WAIT_S = 10.0
 METRIC_WAIT_S = 15.0
-DEFAULT_RUNS = "eagle3-runs"
+DEFAULT_RUNS = RUNS_FOLDER
 """Without a run directory: ``<the trainer's cwd>/eagle3-runs/attached-<pid>``."""
 QUEUED = "queued: runs when the trainer's main thread next runs Python"
 
@@ -513,9 +513,10 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     root = info["files"]
     lib_dir = str(Path(root) / "lib" / lib_name(sources))
     resume = None
-    if info["torchrun"]:
+    if info["torchrun"]:  # the agent's command, every rank under the bootstrap
         parent = proc_stat(pid)
-        resume = cmdline(parent.ppid) if parent is not None else None
+        agent = cmdline(parent.ppid) if parent is not None else []
+        resume = torchrun_resume_command(agent, info["argv"], lib_dir, run_dir) or agent or None
     else:
         resume = resume_command(info["argv"], lib_dir, run_dir, python=python["exe"])
     request = {

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.telemetry.safefs import open_file, read_bounded
+from eagle3_tui.telemetry.safefs import open_file, read_bounded, write_atomic
 
 MAX_HEADER = 100 << 20
 """A safetensors header larger than this is not one (the real ones are kilobytes)."""
@@ -181,3 +183,82 @@ def checkpoint_report(
         "latest": checkpoint_info(latest) if latest is not None else None,
         "interrupted": info,
     }
+
+
+# ---- after a stop at a step boundary: the save speculators resumes from mid-epoch --------
+
+MOVED_ASIDE = "before-stop"
+"""``<epoch>.before-stop-<time>-<hex>``: where a numbered checkpoint the stop's save takes
+the place of is moved (a name speculators ignores: not an integer)."""
+STATE_FILES = ("model.safetensors", "optimizer_state_dict.pt")
+
+
+def stop_save_problems(
+    ckpt: Path, state: dict[str, Any], before: dict[str, tuple[int, int]] | None
+) -> list[str]:
+    """Why ``ckpt/interrupted/`` is not the complete save of the stop ``state`` describes
+    (the telemetry's ``stop-state.json``): speculators did not say it saved it, its files
+    are an earlier stop's (unchanged since the kill began, or older than the stop),
+    incomplete, or a later numbered checkpoint would be resumed from anyway. Empty when
+    it can become the checkpoint the run resumes from."""
+    problems = []
+    if state.get("phase") != "saved":
+        problems.append(f"speculators did not report the interrupt save ({state.get('phase')})")
+    for key, least in (("epoch", 0), ("local_step", 1), ("global_step", 1)):
+        value = state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            problems.append(f"the stop's {key} is {value!r}")
+    saved = ckpt / "interrupted"
+    if saved.is_symlink() or not saved.is_dir():
+        return [*problems, f"{saved} is not a directory"]
+    now = files_state(saved) or {}
+    if not now or now == (before or {}):
+        problems.append(f"{saved} was not written by this stop")
+    stopped_at = state.get("stopped_at")
+    if isinstance(stopped_at, (int, float)):
+        for name in STATE_FILES:
+            mtime = now.get(name, (0, 0))[1] / 1e9
+            if name in now and mtime < float(stopped_at) - 1.0:
+                problems.append(f"{name} is older than the stop")
+    problems += checkpoint_problems(saved)
+    latest = latest_numbered(ckpt)
+    epoch = state.get("epoch")
+    if latest is not None and isinstance(epoch, int) and int(latest.name) > epoch:
+        problems.append(f"{latest} is a later checkpoint: speculators would resume from it")
+    return problems
+
+
+def resume_at_stop(ckpt: str, epoch: int, local_step: int, global_step: int) -> dict[str, Any]:
+    """Make ``ckpt/interrupted/`` the numbered checkpoint speculators resumes from in the
+    middle of epoch ``epoch``, after its ``local_step``-th step: its
+    ``training_state.json`` (the library's own format), the directory renamed to
+    ``<epoch>/``, and the ``epoch<e>_step<k>`` link as the library makes one (an older link
+    of that epoch removed, as the library does). Nothing the run saved is destroyed: a
+    ``<epoch>/`` already there (a mid-epoch save of this epoch) is moved aside first
+    (:data:`MOVED_ASIDE`), and ``checkpoint_best`` follows it if it named it.
+
+    Runs as the checkpoint's owner (``userfiles.as_user``); renames never follow a link.
+    Returns ``{"path", "moved_aside", "link"}``."""
+    root = Path(ckpt)
+    saved = root / "interrupted"
+    if not stat.S_ISDIR(os.lstat(saved).st_mode):
+        raise OSError(f"{saved} is not a directory")
+    state = {"epoch": epoch, "local_step": local_step, "global_step": global_step}
+    write_atomic(saved / "training_state.json", json.dumps(state).encode(), 0o644)
+    target = root / str(epoch)
+    moved: Path | None = None
+    if os.path.lexists(target):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = root / f"{epoch}.{MOVED_ASIDE}-{stamp}-{os.urandom(3).hex()}"
+        os.rename(target, moved)
+    os.rename(saved, target)
+    best = root / "checkpoint_best"
+    if moved is not None and best.is_symlink() and os.readlink(best).rstrip("/") == str(epoch):
+        os.unlink(best)
+        os.symlink(moved.name, best)
+    for old in root.glob(f"epoch{epoch}_*"):
+        if old.is_symlink():
+            old.unlink()
+    link = root / f"epoch{epoch}_step{local_step}"
+    os.symlink(str(epoch), link)
+    return {"path": str(target), "moved_aside": str(moved) if moved else None, "link": str(link)}

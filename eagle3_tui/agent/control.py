@@ -44,9 +44,15 @@ from eagle3_tui.agent.processes import (
     verify_trainer,
     wait_gone,
 )
+from eagle3_tui.agent.processes import sigterm_targets as _sigterm_targets
+from eagle3_tui.agent.restart import find as find_restart
+from eagle3_tui.agent.restart import record as record_restart
+from eagle3_tui.agent.restart import redo as steps_redone
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
 from eagle3_tui.agent.saving import wait_for_save
+from eagle3_tui.agent.stopping import after_stop, ask_for_stop, owner_of, redo_from_records
 from eagle3_tui.agent.trust import manifest_owner, resume_problems, signal_owner
+from eagle3_tui.agent.userfiles import as_user
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.safefs import open_append, read_bounded, user_name
 from eagle3_tui.telemetry.topology import TORCHRUN_ENV
@@ -59,7 +65,13 @@ def op_kill(req: dict[str, Any]) -> int:
        run's records show a checkpoint save in progress, wait for it to finish (up to
        ``save_wait_s``: a SIGTERM in the middle of a save tears that checkpoint, see
        :mod:`saving`);
-    2. SIGTERM the trainer, not its group: speculators' handler saves
+    2. a run whose telemetry stops at a step boundary (its manifest's ``stop``) is asked
+       to, and nothing is signalled: it raises speculators' interrupt right after a
+       step's optimizer update, saves ``interrupted/`` and exits; once it is gone that
+       save becomes the numbered checkpoint speculators resumes from at the next step
+       (:mod:`stopping`). Otherwise, or when no step boundary comes in time (the request
+       withdrawn first), as before:
+       SIGTERM the trainer, not its group: speculators' handler saves
        ``interrupted/`` and exits, its dataloader workers with it. Under torchrun,
        every rank of this node at once, not the agent: the agent forwards SIGTERM
        to each rank's whole process group, which kills the dataloader workers
@@ -101,13 +113,17 @@ def op_kill(req: dict[str, Any]) -> int:
         return 0
     launcher, targets = _sigterm_targets(members, trainer)
     save_wait = _wait_for_save(req, m, run_dir, targets if trainer is not None else [])
+    stop = _ask_for_stop(req, m, run_dir, base, targets)
     if targets:
-        _stop_targets(m, members, trainer, targets, grace)
+        stopping = stop is not None and stop["how"] != "sigterm"  # it exits by itself
+        _stop_targets(m, members, trainer, targets, grace, None if stopping else signal.SIGTERM)
         if launcher and not wait_gone(launcher, linger):
             signal_member(launcher[0], signal.SIGTERM)  # its ranks are gone: it may go too
         wait_gone(list(members.values()), linger)
     _stop_the_rest(members, linger)
     remaining = [mb for mb in members.values() if mb.alive()]
+    if stop is not None:  # its save made the checkpoint a restart continues from
+        stop = after_stop(stop, m, run_dir, before, convert=not remaining)
     emit(
         EV_RESULT,
         op=OP_KILL,
@@ -119,13 +135,38 @@ def op_kill(req: dict[str, Any]) -> int:
         ),
         processes=[mb.report() for mb in members.values()],
         checkpoints=checkpoint_report(m, run_dir, before),
-        signalled_trainer=bool(targets),
+        signalled_trainer=bool(targets) and (stop is None or stop["how"] == "sigterm"),
         save_wait=save_wait,
+        stop=stop,
         host=os.uname().nodename,
         node_rank=m.get("node_rank"),
         **base,
     )
     return 0
+
+
+def _ask_for_stop(
+    req: dict[str, Any],
+    m: dict[str, Any],
+    run_dir: Path,
+    base: dict[str, Any],
+    targets: list[Member],
+) -> dict[str, Any] | None:
+    """A run with telemetry (a run directory's manifest) whose trainer lives: ask it to
+    stop at its next step boundary (:func:`stopping.ask_for_stop`); None for a training
+    named by PID (no telemetry: SIGTERM, as before)."""
+    if base.get("run_dir") is None or not targets:
+        return None
+    uid, gid = owner_of(run_dir / MANIFEST)
+    stop = ask_for_stop(
+        req,
+        m,
+        run_dir,
+        lambda: any(t.alive() for t in targets),
+        lambda fn, *args: as_user(uid, gid, fn, *args),
+    )
+    emit(EV_PROGRESS, step="stop", phase=stop["how"], elapsed=stop.get("waited_s", 0.0))
+    return stop
 
 
 KILL_LOCK_NOTE_S = 5.0
@@ -238,26 +279,16 @@ def _kill_subject(req: dict[str, Any]) -> tuple[dict[str, Any], Path, dict[str, 
     ``owner``, the manifest's user, taken out before any report)."""
     if isinstance(req.get("pid"), int):
         m, run_dir = discovered_manifest(req)
-        return m, run_dir, {"pid": m["pid"], "run_dir": None, "run_id": None, "owner": None}
+        base = {"pid": m["pid"], "run_dir": None, "run_id": None, "owner": None}
+        restart = record_restart(req, m)  # before any signal: it reads the live process
+        if restart is not None:
+            base["restart"] = restart
+        return m, run_dir, base
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
     owner = manifest_owner(run_dir)
     return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id"), "owner": owner}
-
-
-def _sigterm_targets(
-    members: dict[int, Member], trainer: Proc | None
-) -> tuple[list[Member], list[Member]]:
-    """The torchrun agent (if any) and the processes that get the first SIGTERM: under
-    torchrun the agent's children, this node's ranks (rank 0 gone or not), else the
-    agent itself; else the trainer; none when the trainer is gone and no agent is."""
-    launcher = [mb for mb in members.values() if mb.role == "launcher"]
-    if launcher:
-        return launcher, [mb for mb in members.values() if mb.ppid == launcher[0].pid] or launcher
-    if trainer is not None:
-        return launcher, [members[trainer.pid]]
-    return launcher, []
 
 
 def _stop_targets(
@@ -266,12 +297,15 @@ def _stop_targets(
     trainer: Proc | None,
     targets: list[Member],
     grace: float,
+    first: signal.Signals | None = signal.SIGTERM,
 ) -> None:
-    """SIGTERM the targets and give them ``grace`` seconds to save and exit; take in
-    the processes the run spawned meanwhile; SIGKILL everything alive if a target
-    outlived the grace (a rank that ignores SIGTERM)."""
-    for target in targets:
-        signal_member(target, signal.SIGTERM)
+    """Send ``first`` to the targets (None: they stopped at a step boundary and exit by
+    themselves) and give them ``grace`` seconds to save and exit; take in the processes
+    the run spawned meanwhile; SIGKILL everything alive if a target outlived the grace
+    (a rank that ignores SIGTERM)."""
+    if first is not None:
+        for target in targets:
+            signal_member(target, first)
     _wait_saving(targets, grace)
     settle(members)  # how each rank ended, read before its pidfd is reused
     target = next((t for t in targets if t.alive()), targets[0])
@@ -372,19 +406,18 @@ def op_resume(req: dict[str, Any]) -> int:
     """Relaunch the manifest's resume command, detached, from a complete checkpoint.
 
     Each check that could make the relaunch do harm refuses before anything starts:
-    a training started without eagle3-tui (nothing to rerun), a run with processes
-    alive, no complete numbered checkpoint, no resume command, no working directory.
+    a run with processes alive, no complete numbered checkpoint, no resume command, no
+    working directory, a file another user could have changed. A training started
+    without eagle3-tui (``pid``) is the restart its kill recorded (agent/restart.py),
+    with telemetry; none recorded: refused. ``plan``: every check, nothing started.
     """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
     wait_s = float(req.get("wait_s", 30.0))
-    if isinstance(req.get("pid"), int):
-        raise AgentError(
-            ERR_REFUSED,
-            "this training was started without eagle3-tui: there is no resume command to "
-            "rerun; start your script again (speculators resumes from the last numbered "
-            "checkpoint), with telemetry attached",
-        )
-    run_dir = resolve_run_dir(req.get("run_dir"))
+    pid = req.get("pid")  # a training without telemetry: the restart its kill recorded
+    if isinstance(pid, int):
+        run_dir = find_restart(pid, req)
+    else:
+        run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
     _refuse_if_running(m)
@@ -405,8 +438,18 @@ def op_resume(req: dict[str, Any]) -> int:
             + " (resume it as the user who owns them, or fix their ownership and modes)",
         )
     log = run_dir / str(m.get("log_file") or "train.log")
-    proc = _start_detached(cmd, cwd, env, log, latest)
     info = checkpoint_info(latest)
+    metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
+    # the run's own records where it has them (telemetry), else its restart record; read
+    # before the banner: the stopped run's output ends the log
+    redo = redo_from_records(metrics, info) or steps_redone(m, info)
+    # a training started without eagle3-tui comes back with telemetry: from the restart
+    # its kill recorded, or the telemetry its kill attached to it first
+    restart = isinstance(m.get("restart"), dict) or isinstance(pid, int)
+    if req.get("plan"):  # every check done, nothing started: what `r` shows before it asks
+        _emit_resume_plan(run_dir, cmd, cwd, env, log, info, redo, restart)
+        return 0
+    proc = _start_detached(cmd, cwd, env, log, latest)
     rc, confirmed = _await_manifest(proc, run_dir, wait_s)
     if rc is not None:
         emit(
@@ -433,8 +476,39 @@ def op_resume(req: dict[str, Any]) -> int:
         command=cmd,
         checkpoint=info,
         run_dir=str(run_dir),
+        redo=redo,
+        restart=restart,
     )
     return 0
+
+
+def _emit_resume_plan(
+    run_dir: Path,
+    cmd: list[str],
+    cwd: str,
+    env: dict[str, str],
+    log: Path,
+    info: dict[str, Any],
+    redo: dict[str, Any] | None,
+    restart: bool,
+) -> None:
+    """What a resume would run, where, in which environment, into which log, from which
+    checkpoint, and the steps it would do again; a restart of a training that had no
+    telemetry (``restart``) says so."""
+    emit(
+        EV_RESULT,
+        op=OP_RESUME,
+        status="plan",
+        message=f"would resume from {info['path']}",
+        log=str(log),
+        command=cmd,
+        cwd=cwd,
+        env_vars=len(env),
+        checkpoint=info,
+        run_dir=str(run_dir),
+        redo=redo,
+        restart=restart,
+    )
 
 
 def _refuse_if_running(m: dict[str, Any]) -> None:

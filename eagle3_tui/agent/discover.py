@@ -30,12 +30,14 @@ import time
 from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.logparse import metric_dict
 from eagle3_tui.agent.names import (
     CHOICE_PROCESS,
     CHOICE_RUN,
     CHOICE_SEVERAL,
     ERR_GONE,
     ERR_MISSING,
+    ERR_NOT_NAMED,
     ERR_NOT_TRAINING,
     ERR_PERMISSION,
     EV_RESULT,
@@ -46,11 +48,14 @@ from eagle3_tui.agent.names import (
     PURPOSE_RESUME,
     RUN_ID_ENV,
 )
+from eagle3_tui.agent.processes import kill_plan
 from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
+from eagle3_tui.agent.timeline import Timeline, find_ended, note_rows, settle
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.isolation import as_module
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
+from eagle3_tui.telemetry.procs import describe_exit
 from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
 
@@ -184,10 +189,7 @@ def source_files(argv: list[str], cwd: str | None) -> list[str]:
     return out
 
 
-def _regular(target: str) -> str | None:
-    if target.endswith(" (deleted)") or not target.startswith("/") or target.startswith("/dev/"):
-        return None
-    return target if os.path.isfile(target) else None
+_regular = procs.regular_path
 
 
 def stdout_file(pid: int, fds: dict[int, str] | None, pgrp: int) -> str | None:
@@ -216,6 +218,60 @@ def _tee_file(pid: int, pipe: str, pgrp: int) -> str | None:
         for fd, target in sorted(theirs.items()):
             if fd > 2 and _regular(target) and procs.fd_writable(other.pid, fd):
                 return target
+    return None
+
+
+def eagle3_metrics(path: str) -> bool:
+    """Whether the ``metrics.jsonl`` at ``path`` is eagle3-tui's telemetry file (a
+    ``run.json`` beside it, or our envelope in its first line), not a file a handler of
+    the user's own writes under that name."""
+    if os.path.exists(os.path.join(os.path.dirname(path), MANIFEST)):
+        return True
+    try:
+        first = read_bounded(path, 4096).split(b"\n", 1)[0]
+        obj = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and "kind" in obj and "w" in obj
+
+
+_NOT_METRICS = (".safetensors", ".pt", ".bin", ".arrow", ".lock", ".json", ".py", ".so")
+HANDLER_FILES = 8
+"""Files a trainer writes that are looked at for its own handler's metrics, at most."""
+
+
+def own_handler(
+    pid: int, fds: dict[int, str], log: str | None, log_tail: str
+) -> tuple[str | None, str | None]:
+    """A handler of the user's own on ``speculators.metrics``, found by what it wrote:
+    ``("json", path)`` for a file the trainer has open to write (not its log) whose last
+    lines are speculators' metric dicts as JSON (under ``msg``, or bare); ``("json" or
+    "printed", log)`` when its log carries them (a handler printing to stdout);
+    ``(None, None)`` when no metric is written anywhere."""
+    looked = 0
+    for fd, target in sorted(fds.items()):
+        if fd <= 2 or looked >= HANDLER_FILES:
+            continue
+        path = _regular(target)
+        if path is None or path == log or path.endswith(_NOT_METRICS):
+            continue
+        if not procs.fd_writable(pid, fd):
+            continue
+        looked += 1
+        if metric_lines(_tail(path, LOG_TAIL_BYTES)) == "json":
+            return "json", path
+    kind = metric_lines(log_tail)
+    if kind is not None and log:
+        return kind, log
+    return None, None
+
+
+def metric_lines(text: str) -> str | None:
+    """``json`` when the newest of these lines that carries a speculators metric dict is
+    a JSON line, ``printed`` when it is printed (a ``repr``), None when none does."""
+    for line in reversed(text.splitlines()[-200:]):
+        if metric_dict(line) is not None:
+            return "json" if line.lstrip().startswith("{") else "printed"
     return None
 
 
@@ -387,7 +443,9 @@ class Training:
                 role = "spawned"  # a multiprocessing child: a worker still starting, or other
             else:
                 role = "child"
-            self.members.append({"pid": pid, "role": role, "comm": st.comm})
+            self.members.append(
+                {"pid": pid, "role": role, "comm": st.comm, "start_ticks": st.start_ticks}
+            )
         self.evidence: list[str] = []
         self.cwd = procs.cwd(self.trainer.pid)
         fds = procs.fd_targets(self.trainer.pid)
@@ -399,6 +457,10 @@ class Training:
         self.manifest: dict[str, Any] = {}
         self.checkpoint_dir: str | None = None
         self.epochs: int | None = None
+        self.handler: str | None = None
+        """``json`` or ``printed``: a handler of the user's own writes its metric dicts
+        (to :attr:`metrics_file`), as JSON lines or as printed dicts."""
+        self.metrics_file: str | None = None
         self.speculators = False
         self.health: tuple[str, str] | None = None
         self.cpu_pct = 0.0
@@ -425,7 +487,9 @@ class Training:
         env = {} if not t.readable else t.env
         marker_dir = env.get(RUN_DIR_ENV) if env.get(RUN_ID_ENV) else None
         metrics_open = [
-            p for p in self.fds.values() if p.endswith("/metrics.jsonl") and p.startswith("/")
+            p
+            for p in self.fds.values()
+            if p.endswith("/metrics.jsonl") and p.startswith("/") and eagle3_metrics(p)
         ]
         run_dir = marker_dir or (os.path.dirname(metrics_open[0]) if metrics_open else None)
         if run_dir:
@@ -445,6 +509,14 @@ class Training:
         if self.log and _OUTPUT_SIGNS.search(log_tail):
             self.speculators = True
             ev.append("its log shows speculators' output")
+        if run_dir is None:
+            self.handler, self.metrics_file = own_handler(t.pid, self.fds, self.log, log_tail)
+            if self.handler is not None:
+                self.speculators = True  # the dicts are speculators' metrics
+                how = "JSON lines" if self.handler == "json" else "printed dicts"
+                ev.append(
+                    f"its own handler writes speculators' metrics ({how}) to {self.metrics_file}"
+                )
         # where checkpoints go, and how many epochs
         argv = t.argv
         save = _arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
@@ -497,6 +569,7 @@ class Training:
             "start_ticks": t.st.start_ticks,
             "boot_id": boot,
             "pgid": t.st.pgrp,
+            "sid": t.st.session,
             "launcher_pid": self.launcher.pid if self.launcher is not None else None,
             "uid": uid,
             "user": user_name(uid),
@@ -507,12 +580,19 @@ class Training:
             "cwd": self.cwd,
             "log": self.log,
             "telemetry": self.run_dir is not None,
+            "handler": self.handler,
+            "metrics_file": self.metrics_file,
             "run_dir": self.run_dir,
             "run_id": self.run_id,
             "checkpoint_dir": self.checkpoint_dir,
             "epochs": self.epochs,
             "ranks": [
-                {"pid": s.pid, "rank": s.env.get("RANK"), "local_rank": s.env.get("LOCAL_RANK")}
+                {
+                    "pid": s.pid,
+                    "start_ticks": s.st.start_ticks,
+                    "rank": s.env.get("RANK"),
+                    "local_rank": s.env.get("LOCAL_RANK"),
+                }
                 for s in self.ranks
             ],
             "workers": [m["pid"] for m in self.members if m["role"] == "worker"],
@@ -606,9 +686,26 @@ def quick_health(trainings: list[Training], now: float, btime: float | None) -> 
             health, why = "running", "telemetry attached: see summary for its metrics"
         elif age < START_GRACE_S:
             health, why = "waiting", f"started {age:.0f} s ago"
+        elif t.handler is not None and t.metrics_file:
+            health, why = _handler_verdict(now, t.metrics_file, cpu, read)
         else:
             health, why = _quick_verdict(age, cpu, read, log_age)
         t.health = (health, why)
+
+
+def _handler_verdict(now: float, metrics_file: str, cpu: float, read: int) -> tuple[str, str]:
+    """The first verdict on a training whose own handler writes its metrics: by when it
+    last wrote (within :data:`START_GRACE_S`: running), else as the model's quiet run
+    (working: silent; nothing moves: stalled)."""
+    try:
+        quiet = now - os.stat(metrics_file).st_mtime
+    except OSError:
+        return "waiting", f"its own handler's file {metrics_file} cannot be read"
+    if quiet <= START_GRACE_S:
+        return "running", f"its own JSON handler wrote a metric {quiet:.0f} s ago"
+    if cpu >= BUSY_CPU_PCT or read > 0:
+        return "silent", f"busy ({cpu:.0f}% CPU), no metric from its own handler for {quiet:.0f} s"
+    return "stalled", f"no CPU ({cpu:.0f}%), no data read, no metric for {quiet:.0f} s"
 
 
 def _quick_verdict(age: float, cpu: float, read: int, log_age: float | None) -> tuple[str, str]:
@@ -671,11 +768,14 @@ def gpu_users(pids: list[int]) -> dict[int, list[int]]:
 
 
 def live_rows(health: bool = True) -> list[dict[str, Any]]:
+    """Every live training's row (``health``: with a first verdict); each one without
+    telemetry leaves a record from now on (:mod:`timeline`)."""
     trainings, _ = scan()
     now = time.time()
     if health and trainings:
         quick_health(trainings, now, procs.boot_time())
     rows = _rows(trainings)
+    note_rows(rows)
     users = gpu_users([p for r in rows for p in (m["pid"] for m in r["members"])])
     for r in rows:
         mine = {m["pid"] for m in r["members"]}
@@ -687,6 +787,75 @@ def live_rows(health: bool = True) -> list[dict[str, Any]]:
         if r["gpus"]:
             r["evidence"].append("uses GPU " + ",".join(str(g["index"]) for g in r["gpus"]))
     return rows
+
+
+# ---- what outlives a trainer -----------------------------------------------------------
+
+
+def left_behind(process: dict[str, Any]) -> list[dict[str, Any]]:
+    """What of a training is alive though its trainer is not: the processes of its tree
+    that a look recorded while it lived (same PID and start time) and their
+    descendants, and the dataloader workers and helpers of its process group or
+    session started after it (reparented when the trainer was SIGKILLed, they live
+    on for seconds: a worker notices its parent's death every 5 s). Its PID, start time,
+    role, name and memory each; eagle3-tui's own agents are never one."""
+    if process.get("boot_id") and process.get("boot_id") != procs.boot_id():
+        return []
+    table = procs.all_stats()
+    family = own_family(table)
+    trainer, since = process.get("pid"), process.get("start_ticks") or 0
+    recorded = {
+        (m.get("pid"), m.get("start_ticks")): str(m.get("role") or "child")
+        for m in process.get("members") or []
+        if isinstance(m, dict)
+    }
+    group, session, uid = process.get("pgid"), process.get("sid"), process.get("uid")
+    found: dict[int, str] = {}
+    for pid, st in table.items():
+        if st.zombie or pid in family or pid == trainer:
+            continue
+        role = recorded.get((pid, st.start_ticks))
+        joined = ""
+        kin = st.pgrp == group or st.session == session
+        if role is None and kin and st.start_ticks >= since and procs.owner(pid) == uid:
+            joined = " ".join(procs.cmdline(pid)[:6])
+            role = _orphan_role(st, joined)
+        if role is not None and "eagle3-tui-agent" not in joined:
+            found[pid] = role
+    kids: dict[int, list[int]] = {}
+    for st in table.values():
+        kids.setdefault(st.ppid, []).append(st.pid)
+    todo = list(found)
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            if kid not in found and kid not in family and not table[kid].zombie:
+                found[kid] = "child"
+                todo.append(kid)
+    return [
+        {
+            "pid": pid,
+            "start_ticks": table[pid].start_ticks,
+            "role": role,
+            "comm": table[pid].comm,
+            "rss_bytes": procs.rss_bytes(pid),
+        }
+        for pid, role in sorted(found.items())
+    ]
+
+
+def _orphan_role(st: procs.ProcStat, joined: str) -> str | None:
+    """A dataloader worker or a helper by its name or command line; None for anything
+    else of the same group or session (a shell, another program: not the run's)."""
+    if st.comm == "pt_data_worker" or any(m in joined for m in _WORKER_MARKS):
+        return "worker"
+    if any(h in joined for h in _HELPERS):
+        return "helper"
+    return None
+
+
+def left_behind_of(tl: Timeline) -> list[dict[str, Any]]:
+    """:func:`left_behind` of a recorded training (what its record says of it)."""
+    return left_behind(tl.process)
 
 
 # ---- one PID ---------------------------------------------------------------------------
@@ -718,6 +887,7 @@ def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
     for t in trainings:
         if pid in t.pids:
             row = _rows([t])[0]
+            note_rows([row])
             role = next(m["role"] for m in t.members if m["pid"] == pid)
             if pid != t.trainer.pid:
                 row["named_pid"] = {"pid": pid, "role": role}
@@ -757,6 +927,7 @@ def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
         "log_file": row.get("log"),
         "run_id": row.get("run_id"),
         "run_dir": row.get("run_dir"),
+        "ranks": row.get("ranks") or [],
         "observed": True,
     }
 
@@ -764,18 +935,76 @@ def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
 # ---- operations ------------------------------------------------------------------------
 
 
-def _under(path: str | None, root: str) -> bool:
-    if not path:
-        return False
-    path = os.path.realpath(path)
-    return path == root or path.startswith(root.rstrip("/") + "/")
+NAMED_BY = (
+    ("run_dir", "run directory"),
+    ("cwd", "working directory"),
+    ("log", "log directory"),
+    ("metrics_file", "metrics directory"),
+    ("checkpoint_dir", "checkpoint directory"),
+)
+"""What a directory may be to a training to name it (for a file, its directory)."""
 
 
-def works_in(row: dict[str, Any], directory: str) -> bool:
-    """Whether a training works in ``directory``: its working directory, log, checkpoint
-    directory or run directory is there or below."""
+def own_directories(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The directories that name the training ``row`` (a discovery row, a registered
+    run, an observed run's record), each with what it is to it, resolved (``realpath``)."""
+    out = []
+    for key, what in NAMED_BY:
+        value = row.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        path = os.path.dirname(value) if key in ("log", "metrics_file") else value
+        out.append((what, os.path.realpath(path)))
+    return out
+
+
+def names(row: dict[str, Any], directory: str) -> bool:
+    """Whether ``directory`` names the training: it is its run directory, working
+    directory, log directory or checkpoint directory (its own handler's, too), exactly,
+    after ``realpath``. A directory above them names none: ``kill /tmp/x`` stopped a
+    training whose run directory was /tmp/x/run3 (issue 26)."""
     root = os.path.realpath(directory)
-    return any(_under(row.get(k), root) for k in ("cwd", "log", "checkpoint_dir", "run_dir"))
+    return any(path == root for _, path in own_directories(row))
+
+
+def works_below(row: dict[str, Any], directory: str) -> bool:
+    """Whether one of the training's own directories lies below ``directory`` (which
+    then names it not: it is a candidate the refusal lists)."""
+    root = os.path.realpath(directory)
+    prefix = root if root.endswith("/") else root + "/"
+    return any(path.startswith(prefix) for _, path in own_directories(row))
+
+
+def _candidate(row: dict[str, Any]) -> str:
+    """A training that works below a directory, for the refusal: what it is, and each
+    of its own directories (one of which the user can give instead)."""
+    argv = row.get("command") or []
+    cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv))[:60]
+    if "status" in row:  # a registered run
+        head = f"run {row['run_dir']} ({row.get('status') or '?'}, pid {row.get('pid')})"
+    else:
+        ended = ", ended" if row.get("alive") is False else ""
+        who = "" if row.get("mine", True) else f" of {row.get('user')}"
+        head = f"pid {row.get('pid')} ({cmd}){who}{ended}"
+    dirs = ", ".join(f"{what} {path}" for what, path in own_directories(row))
+    return f"{head}: {dirs}"
+
+
+CANDIDATES_SHOWN = 8
+
+
+def not_named(path: str, candidates: list[dict[str, Any]]) -> AgentError:
+    """The refusal of a directory that is none of a training's own but above some:
+    nothing is chosen (nothing signalled), the candidates are listed."""
+    listed = "; ".join(_candidate(r) for r in candidates[:CANDIDATES_SHOWN])
+    more = len(candidates) - CANDIDATES_SHOWN
+    tail = f"; and {more} more" if more > 0 else ""
+    return AgentError(
+        ERR_NOT_NAMED,
+        f"{path} names no training: it is not the run, working, log or checkpoint directory "
+        f"of one; {len(candidates)} training(s) work below it (give one of their "
+        f"directories, or --pid PID): {listed}{tail}",
+    )
 
 
 def _manifest_status(run_dir: str) -> str:
@@ -794,25 +1023,50 @@ def latest_stopped_run(live_dirs: set[str]) -> str | None:
     return None
 
 
-def run_working_in(directory: str) -> str | None:
-    """The newest run of this user whose trainer worked in ``directory`` (its working
-    directory, log, checkpoints or run directory there or below): a work directory
-    names its stopped run too, e.g. a live attach's ``eagle3-runs/attached-PID``."""
+def registered_in(directory: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """This user's registered runs (newest first) that ``directory`` names, and those
+    whose own directories lie below it: rows with the directories that name them."""
     rows, _ = registered_rows(False)  # newest first
+    named, below = [], []
     for r in rows:
         run_dir = str(r.get("run_dir") or "")
         manifest = load_manifest(run_dir)
         if manifest is None:
             continue
-        row = {k: manifest.get(k) for k in ("cwd", "checkpoint_dir", "log_file")}
-        if works_in({**row, "log": row["log_file"], "run_dir": run_dir}, directory):
-            return run_dir
-    return None
+        log = manifest.get("log_file")
+        row = {
+            "run_dir": run_dir,
+            "cwd": manifest.get("cwd"),
+            "checkpoint_dir": manifest.get("checkpoint_dir"),
+            "log": os.path.join(run_dir, log) if isinstance(log, str) and log else None,
+            "pid": manifest.get("pid"),
+            "started": r.get("started_at"),
+            "status": manifest.get("status"),
+        }
+        if names(row, directory):
+            named.append(row)
+        elif works_below(row, directory):
+            below.append(row)
+    return named, below
+
+
+def run_working_in(directory: str) -> str | None:
+    """The newest run of this user whose trainer worked in ``directory`` (it is its
+    working directory, log or checkpoint directory or run directory): a work directory
+    names its stopped run too, e.g. a live attach's ``eagle3-runs/attached-PID``."""
+    named, _ = registered_in(directory)
+    return str(named[0]["run_dir"]) if named else None
+
+
+def ended_rows() -> list[dict[str, Any]]:
+    """The trainings without telemetry this user's agent observed that have ended
+    (their records, :mod:`timeline`), newest first."""
+    return [tl.row() for tl in settle(left_behind_of) if tl.end() is not None]
 
 
 def op_discover(req: dict[str, Any]) -> int:
-    """The live trainings (with or without telemetry) and the registered runs (this
-    user's; ``all``: every user's)."""
+    """The live trainings (with or without telemetry), the ended ones observed without
+    telemetry (``ended``) and the registered runs (this user's; ``all``: every user's)."""
     live = live_rows()
     pruned = prune_index() if req.get("prune") else None
     registered, others = registered_rows(bool(req.get("all")))
@@ -827,6 +1081,7 @@ def op_discover(req: dict[str, Any]) -> int:
         EV_RESULT,
         op=OP_DISCOVER,
         live=live,
+        ended=ended_rows(),
         runs=registered,
         others=others,
         pruned=pruned,
@@ -842,51 +1097,71 @@ def op_discover(req: dict[str, Any]) -> int:
 def _describe_choice(row: dict[str, Any]) -> str:
     cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(row["command"]))
     where = f" in {row['cwd']}" if row.get("cwd") else ""
-    tel = "telemetry attached" if row.get("telemetry") else "no telemetry"
+    if row.get("telemetry"):
+        tel = "telemetry attached"
+    elif row.get("handler"):
+        tel = "no telemetry, metrics by its own handler"
+    else:
+        tel = "no telemetry"
     return f"pid {row['pid']} ({cmd[:60]}){where}, {tel}"
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _describe_end(row: dict[str, Any]) -> str:
+    """How an observed training ended, for a choice's note."""
+    at, before = row.get("ended_at"), row.get("last_alive")
+    when = f"between {_when(before)} and {_when(at)}" if before else f"at {_when(at)}"
+    how = describe_exit(row.get("exit_status"))
+    return f"ended {when} ({how}): its record, kept since eagle3-tui first saw it"
+
+
+def _is_run_directory(path: str) -> bool:
+    """eagle3-tui's run directory: its manifest, or its telemetry's ``metrics.jsonl``
+    (a ``metrics.jsonl`` of the user's own handler is a work directory's file)."""
+    metrics = os.path.join(path, "metrics.jsonl")
+    if os.path.exists(os.path.join(path, MANIFEST)):
+        return True
+    return os.path.exists(metrics) and eagle3_metrics(metrics)
 
 
 def op_choose(req: dict[str, Any]) -> int:
     """Which run or process a target means.
 
-    ``pid``: that process's training. ``run_dir``: the run there (it has metrics.jsonl
-    or run.json), else the live training that works in that directory. Neither: the
-    SSH user's live training; when there is none, the latest registered run. A finished
-    run or another user's never pre-empts a live one of this user. ``purpose`` resume
-    with neither: the latest stopped run (a live one cannot be resumed), else as above.
-    The answer says what was chosen and what was not (``note``); several candidates
-    come back as a list.
+    ``pid``: that process's training (after it ended: its record, when an eagle3-tui
+    look kept one). ``run_dir``: the run there (it has run.json, or eagle3-tui's
+    metrics.jsonl), else the live training it names (it is that training's run,
+    working, log or checkpoint directory), else its newest stopped run (registered, or
+    observed and ended); a directory above trainings' directories is refused with them
+    listed. Neither: the SSH user's live training; when there is none, the latest
+    registered run. A finished run or another user's never pre-empts a live one of this
+    user. ``purpose`` resume with neither: the latest stopped run (a live one cannot be
+    resumed), else as above. The answer says what was chosen and what was not
+    (``note``); several candidates come back as a list.
     """
     host = os.uname().nodename
     me = user_name(os.geteuid())
     pid = req.get("pid")
     base: dict[str, Any] = {"op": OP_CHOOSE, "host": host, "user": me}
     if isinstance(pid, int):
-        row = describe(pid, req.get("start_ticks"))
-        named = row.get("named_pid")
-        note = f"pid {pid} is the {named['role']} of " if named else ""
-        emit(
-            EV_RESULT,
-            choice=CHOICE_PROCESS,
-            row=row,
-            note=note + _describe_choice(row),
-            short=f"pid {pid}",
-            **base,
-        )
-        return 0
+        return _choose_pid(pid, req.get("start_ticks"), base)
     run_dir = req.get("run_dir")
+    live: list[dict[str, Any]] = []
     if run_dir:
         path = os.path.expanduser(str(run_dir))
         if not os.path.exists(path):
             raise AgentError(ERR_MISSING, f"{path}: no such run directory")
         if not os.path.isdir(path):
             raise AgentError(ERR_MISSING, f"{path}: not a directory")
-        if os.path.exists(os.path.join(path, "metrics.jsonl")) or os.path.exists(
-            os.path.join(path, MANIFEST)
-        ):
+        if _is_run_directory(path):
             emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
             return 0
-        rows = [r for r in live_rows(health=False) if works_in(r, path)]
+        live = live_rows(health=False)
+        rows = [r for r in live if names(r, path)]
         scope = f"in {path}"
     else:
         path = ""
@@ -945,23 +1220,7 @@ def op_choose(req: dict[str, Any]) -> int:
                 f"{path}: no metrics.jsonl here; the live training working here belongs to "
                 f"{who}, not to {me} (connect as that user)",
             )
-        earlier = run_working_in(path)
-        if earlier is not None:  # a stopped run of this directory: what kill/resume mean
-            status = _manifest_status(earlier)
-            emit(
-                EV_RESULT,
-                choice=CHOICE_RUN,
-                run_dir=earlier,
-                note=f"no live training works in {path}: its latest run, {earlier} ({status})",
-                short=f"the latest run in {path} ({status})",
-                **base,
-            )
-            return 0
-        raise AgentError(
-            ERR_MISSING,
-            f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
-            "live training works in this directory",
-        )
+        return _choose_stopped(path, live, req.get("purpose") == PURPOSE_RESUME, base)
     try:
         latest = resolve_run_dir(None)
     except AgentError:
@@ -981,9 +1240,90 @@ def op_choose(req: dict[str, Any]) -> int:
     return 0
 
 
+def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
+    """``--pid``: that process's training; gone, the record of it when one was kept."""
+    start = start_ticks if isinstance(start_ticks, int) else None
+    try:
+        row = describe(pid, start)
+    except AgentError as e:
+        ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
+        if ended is None:
+            raise
+        row = ended.row()
+        note = f"{_describe_choice(row)}, {_describe_end(row)}"
+        emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)
+        return 0
+    named = row.get("named_pid")
+    note = f"pid {pid} is the {named['role']} of " if named else ""
+    emit(
+        EV_RESULT,
+        choice=CHOICE_PROCESS,
+        row=row,
+        note=note + _describe_choice(row),
+        short=f"pid {pid}",
+        **base,
+    )
+    return 0
+
+
+def _choose_stopped(
+    path: str, live: list[dict[str, Any]], resume: bool, base: dict[str, Any]
+) -> int:
+    """A work directory no live training of this user is named by: its newest stopped
+    run (registered; or observed without telemetry and ended, not for a resume), else
+    the ``metrics.jsonl`` of a user's own handler there read as it is, else a refusal
+    listing the trainings below it, else missing."""
+    registered, registered_below = registered_in(path)
+    ended = [] if resume else ended_rows()
+    ended_named = [r for r in ended if names(r, path)]
+    newest_run = registered[0] if registered else None
+    newest_end = ended_named[0] if ended_named else None
+    run_start = float(newest_run.get("started") or 0.0) if newest_run else -1.0
+    end_start = float(newest_end.get("started") or 0.0) if newest_end else -1.0
+    # the restart a kill recorded for the observed training is that same process: its
+    # record says how it went (a resume, which needs the restart, sees no records)
+    same = bool(newest_end and newest_run and newest_run.get("pid") == newest_end.get("pid"))
+    if newest_run is not None and run_start >= end_start and not same:
+        earlier = str(newest_run["run_dir"])
+        status = _manifest_status(earlier)
+        emit(
+            EV_RESULT,
+            choice=CHOICE_RUN,
+            run_dir=earlier,
+            note=f"no live training works in {path}: its latest run, {earlier} ({status})",
+            short=f"the latest run in {path} ({status})",
+            **base,
+        )
+        return 0
+    if newest_end is not None:
+        emit(
+            EV_RESULT,
+            choice=CHOICE_PROCESS,
+            row=newest_end,
+            note=f"no live training works in {path}: {_describe_choice(newest_end)}, "
+            f"{_describe_end(newest_end)}",
+            short=f"pid {newest_end['pid']}, ended",
+            **base,
+        )
+        return 0
+    if os.path.exists(os.path.join(path, "metrics.jsonl")):  # its own handler's, read as is
+        emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
+        return 0
+    below = [r for r in live if works_below(r, path)]
+    below += registered_below + [r for r in ended if works_below(r, path)]
+    if below:
+        raise not_named(path, below)
+    raise AgentError(
+        ERR_MISSING,
+        f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
+        "live training works in this directory",
+    )
+
+
 def op_describe(req: dict[str, Any]) -> int:
-    """One discovered training: its row, whether it is alive, and a manifest-like
-    identity (what ``k`` will signal), as ``status`` answers for a registered run."""
+    """One discovered training: its row, whether it is alive, a manifest-like identity
+    and what ``k`` would act on (``processes``), as ``status`` answers for a registered
+    run."""
     pid = int(req["pid"])
     start = req.get("start_ticks")
     host = os.uname().nodename
@@ -1002,13 +1342,15 @@ def op_describe(req: dict[str, Any]) -> int:
             now=time.time(),
         )
         return 0
+    manifest = manifest_of(row, host)
     emit(
         EV_RESULT,
         op=OP_DESCRIBE,
         alive=True,
         problem=None,
         row=row,
-        manifest=manifest_of(row, host),
+        processes=kill_plan(manifest, procs.stat(int(row["pid"]))),
+        manifest=manifest,
         host=host,
         now=time.time(),
     )

@@ -159,8 +159,35 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def handler_line(line: str) -> dict[str, Any] | None:
+    """A line of a user's own JSON handler (``{"t", "logger", "level", "msg"}``, as
+    ``logging`` with a JSON formatter writes it), as its object; None for any other."""
+    if not line.startswith("{") or '"msg"' not in line:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and "msg" in obj else None
+
+
+def _handler_time(t: Any) -> float | None:
+    """A handler's ``t``: epoch seconds, or a date and time (``asctime``, ISO 8601)."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+        return float(t)
+    if isinstance(t, str):
+        return _stamp(t)
+    return None
+
+
 def level_of(line: str) -> tuple[str, str, str, float | None]:
-    """(level, logger, message, timestamp) of one line of output."""
+    """(level, logger, message, timestamp) of one line of output (a JSON handler's
+    line: its own)."""
+    obj = handler_line(line)
+    if obj is not None and isinstance(obj.get("msg"), str):
+        level = str(obj.get("level") or obj.get("levelname") or "INFO").upper()
+        logger = str(obj.get("logger") or obj.get("name") or "stdout")
+        return _LEVELS.get(level, level), logger, obj["msg"], _handler_time(obj.get("t"))
     m = _LOGURU.match(line)
     if m:
         level = _LEVELS.get(m.group("level"), m.group("level"))
@@ -222,7 +249,8 @@ class LineParser:
 
     @staticmethod
     def _metrics(d: dict[str, Any], line: str) -> Parsed:
-        _, _, _, ts = level_of(line)
+        wrapper = handler_line(line)
+        ts = _handler_time(wrapper.get("t")) if wrapper is not None else level_of(line)[3]
         step = d.get("global_step")
         epoch = d.get("epoch")
         if isinstance(d.get("train"), dict):

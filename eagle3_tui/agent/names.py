@@ -20,6 +20,9 @@ COLUMNS_WANTED = {"profile": list(MONITOR_PROFILE)}
 """A follow or read request's ``"columns"``: send the steps the companion file indexes
 as C frames (agent/columns.py), with only these fields of these groups."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
+RUNS_FOLDER = "eagle3-runs"
+"""In a trainer's working directory: the run directories eagle3-tui makes for a training
+started without it (``attached-PID`` by attach, ``restart-PID`` by a kill)."""
 
 # Operations (the request's "op").
 OP_FOLLOW = "follow"
@@ -66,6 +69,7 @@ ERR_NOT_TRAINING = "not_training"  # it exists, but is not a speculators trainin
 ERR_PERMISSION = "permission"  # another user's process, unreadable to this one
 ERR_GONE = "gone"  # no such process (it exited, or its PID is another process now)
 ERR_NO_MANIFEST = "no_manifest"  # the run directory exists but has no run manifest
+ERR_NOT_NAMED = "not_named"  # a directory above trainings' own directories: not one of them
 ERROR_KINDS = (
     ERR_INVALID,
     ERR_MISSING,
@@ -74,5 +78,6 @@ ERROR_KINDS = (
     ERR_PERMISSION,
     ERR_GONE,
     ERR_NO_MANIFEST,
+    ERR_NOT_NAMED,
 )
 """Every kind an error event may carry (the client's ``replies.ErrorKind`` mirrors it)."""

@@ -40,15 +40,25 @@ from eagle3_tui.agent.discover import (
     _WORKER_MARKS,
     describe,
     find_checkpoint_dir,
+    left_behind,
+    left_behind_of,
     user_name,
 )
-from eagle3_tui.agent.frames import client_gone, emit, emit_data
+from eagle3_tui.agent.frames import AgentError, client_gone, emit, emit_data
 from eagle3_tui.agent.logparse import LineParser
-from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
+from eagle3_tui.agent.names import ERR_GONE, EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
 from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
 from eagle3_tui.agent.stuck import StuckWatch
+from eagle3_tui.agent.timeline import (
+    COPY_EVERY_S,
+    Timeline,
+    TimelineWriter,
+    find_ended,
+    open_timeline,
+)
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import nvml_from_env
+from eagle3_tui.telemetry.procs import exit_status, open_pidfd
 from eagle3_tui.telemetry.safefs import open_file
 from eagle3_tui.telemetry.samplers import (
     CheckpointWatcher,
@@ -77,10 +87,14 @@ class FrameSink:
     """Records in the JSON-lines schema, collected for the next data frame: what the
     telemetry samplers write to (``write(kind, payload)``, as a JsonlWriter)."""
 
-    def __init__(self, writer: str, out: list[bytes], seq: int = 0) -> None:
+    def __init__(
+        self, writer: str, out: list[bytes], seq: int = 0, tee: TimelineWriter | None = None
+    ) -> None:
         self.w = writer
         self.out = out
         self.seq = seq
+        self.tee = tee
+        """The run's timeline, offered each record (it keeps what it keeps)."""
 
     def write(
         self,
@@ -104,6 +118,8 @@ class FrameSink:
         self.seq += 1
         line = json.dumps(to_jsonable(rec), separators=(",", ":"), allow_nan=False)
         self.out.append(line.encode() + b"\n")
+        if self.tee is not None:
+            self.tee.write(kind, dict(payload) if payload else None, step, rec["ts"])
         return True
 
 
@@ -212,10 +228,21 @@ class LogFollower:
 
 
 class Observer:
-    """One observed training: its samplers, its log, its checkpoints; one round per
-    interval."""
+    """One observed training: its samplers, its log, its own handler's file, its
+    checkpoints; one round per interval. With a ``timeline`` it keeps its record
+    (:mod:`timeline`) while it holds it; ``ended``: a post-mortem look at a training that
+    has ended (its record's end), with its log read from ``log_source`` (the record's
+    copy)."""
 
-    def __init__(self, row: dict[str, Any], cursor: dict[str, Any], interval: float) -> None:
+    def __init__(
+        self,
+        row: dict[str, Any],
+        cursor: dict[str, Any],
+        interval: float,
+        timeline: Timeline | None = None,
+        ended: dict[str, Any] | None = None,
+        log_source: str | None = None,
+    ) -> None:
         self.row = row
         self.pid = int(row["pid"])
         self.start = int(row["start_ticks"])
@@ -223,27 +250,36 @@ class Observer:
         self.root = launcher if isinstance(launcher, int) else self.pid
         self.interval = interval
         self.out: list[bytes] = []
-        self.sink = FrameSink(f"obs-{self.pid}-{uuid.uuid4().hex[:6]}", self.out)
+        self.timeline = timeline
+        self.recorder = TimelineWriter(timeline) if timeline is not None else None
+        self.sink = FrameSink(f"obs-{self.pid}-{uuid.uuid4().hex[:6]}", self.out, 0, self.recorder)
         seq = int(cursor.get("seq") or 0)
-        self.log_sink = FrameSink(f"log-{self.pid}-{self.start}", self.out, seq)
+        self.log_sink = FrameSink(f"log-{self.pid}-{self.start}", self.out, seq, self.recorder)
         self.parser = LineParser(cursor.get("parser"))
         self.watcher = CheckpointWatcher(_WithoutInventory(self.sink), None)
         self.ckpt_dir: str | None = None
         self.inventoried = False
-        log = row.get("log")
-        same_log = cursor.get("log") == log
-        self.log = (
-            LogFollower(
-                str(log),
-                self.log_sink,
-                self.parser,
-                int(cursor.get("log_offset") or 0) if same_log else 0,
-                cursor.get("log_identity") if same_log else None,
-                on_message=self.watcher.on_message,
-            )
-            if log
+        log = log_source or row.get("log")
+        self.log = self._follower(log, cursor, "log", self.log_sink, self.parser)
+        metrics = row.get("metrics_file")
+        self.metrics_sink = FrameSink(
+            f"own-{self.pid}-{self.start}", self.out, int(cursor.get("metrics_seq") or 0)
+        )
+        self.metrics = (
+            self._follower(metrics, cursor, "metrics", self.metrics_sink, LineParser())
+            if metrics and metrics != row.get("log")
             else None
         )
+        self.record: dict[str, Any] = {**row, "members": []}
+        """What a record keeps of it (and what :func:`left_behind` needs): its row and
+        every process of its tree seen, with its start time."""
+        self.end = ended
+        """How it ended (``ended_at``, ``exit_status``, ``leftovers``, ``watched``), once
+        a look found it gone."""
+        self.pidfd = open_pidfd(self.pid) if ended is None else None
+        if self.pidfd is not None and not procs.alive(self.pid, self.start):
+            os.close(self.pidfd)  # not the process described: its end is not ours to read
+            self.pidfd = None
         self.members: dict[int, str] = {}
         self.gpu = GpuSampler(
             self.sink,
@@ -259,15 +295,39 @@ class Observer:
             exclude=lambda: {p for p, r in self.members.items() if r != "worker"},
         )
         self._roles: dict[tuple[int, int], str] = {}
+        self._recorded: set[tuple[int, int]] = set()
         self._cpu: dict[int, tuple[int, float]] = {}
         self._last = time.monotonic()
         self._vals: dict[str, float] = {}
         self.rounds = 0
+        self._log_copied = float("-inf")
         self.alive = True
         self.stuck = StuckWatch(self.pid)
         self.cwd = row.get("cwd")
         self.started = row.get("started")
         self.set_checkpoint_dir(row.get("checkpoint_dir"))
+
+    def _follower(
+        self,
+        path: str | None,
+        cursor: dict[str, Any],
+        name: str,
+        sink: FrameSink,
+        parser: LineParser,
+    ) -> LogFollower | None:
+        """A follower of ``path`` from where ``cursor`` left it (``<name>_offset`` and
+        its identity, when the cursor is of the same file)."""
+        if not path:
+            return None
+        same = cursor.get(name) == path
+        return LogFollower(
+            str(path),
+            sink,
+            parser,
+            int(cursor.get(f"{name}_offset") or 0) if same else 0,
+            cursor.get(f"{name}_identity") if same else None,
+            on_message=self.watcher.on_message if name == "log" else None,
+        )
 
     # -- the tree ------------------------------------------------------------------------
     def _role(self, st: procs.ProcStat) -> str:
@@ -307,6 +367,11 @@ class Observer:
                 continue
             role = self._role(st)
             members[pid] = role
+            if (pid, st.start_ticks) not in self._recorded:
+                self._recorded.add((pid, st.start_ticks))
+                self.record["members"].append(
+                    {"pid": pid, "start_ticks": st.start_ticks, "role": role, "comm": st.comm}
+                )
             prev = self._cpu.get(pid)
             pct = None
             if prev is not None and prev[0] == st.start_ticks:
@@ -427,10 +492,13 @@ class Observer:
         """One look; ``last``: the final round of a one-shot look (``until_s``), where the
         stack of a trainer idle throughout is read at once."""
         self.rounds += 1
-        self.alive = procs.alive(self.pid, self.start)
+        self.alive = self.end is None and procs.alive(self.pid, self.start)
         members = self.tree() if self.alive else []
+        holding = self.recorder is not None and self.recorder.holding()
         if self.log is not None:
             self.log.poll(now)
+        if self.metrics is not None:
+            self.metrics.poll(now)
         if self.ckpt_dir is None and self.rounds % FIND_CKPT_EVERY == 1:
             self._find_checkpoint_dir()
         if self.ckpt_dir is not None:
@@ -442,6 +510,9 @@ class Observer:
         if self.alive:
             self.gpu.sample(now)
             self.io.sample(now)
+            self._keep(now, holding)
+        elif self.end is None:
+            self.end = self._ended(now)
         cpu = sum(m["cpu_pct"] or 0.0 for m in members)
         self._look_for_the_stack(now, cpu, last)
         process = {
@@ -460,8 +531,59 @@ class Observer:
             "cpu_pct": round(cpu, 1) if self.rounds > 1 else None,
             "launcher_pid": self.row.get("launcher_pid"),
             "stack_unavailable": self.stuck.unavailable or None,
+            "handler": self.row.get("handler"),
+            "metrics_file": self.row.get("metrics_file"),
         }
+        if self.end is not None:  # how it ended; what of it was still alive then
+            process.update({k: self.end.get(k) for k in ("exit_status", "ended_at", "last_alive")})
+            members = [
+                {
+                    "pid": x.get("pid"),
+                    "role": x.get("role"),
+                    "comm": x.get("comm"),
+                    "rss": x.get("rss_bytes"),
+                }
+                for x in self.end.get("leftovers") or []
+                if isinstance(x, dict)
+            ]
         self.sink.write(Kind.PROC, {"alive": self.alive, "process": process, "processes": members})
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    def _keep(self, now: float, holding: bool) -> None:
+        """Its record: seen alive now, with every process of its tree so far; its log's
+        tail copied while it grows (by the record's writer, every 10 s at most)."""
+        if self.timeline is None:
+            return
+        try:
+            self.timeline.note(
+                {**self.row, "checkpoint_dir": self.ckpt_dir}, self.record["members"]
+            )
+            grew = self.log is not None and self.log.grew > 0
+            if holding and grew and now - self._log_copied >= COPY_EVERY_S:
+                self._log_copied = now
+                self.timeline.copy_log_tail(self.row.get("log"))
+        except OSError:
+            self.timeline = None  # the state directory refused: observed, not recorded
+
+    def _ended(self, now: float) -> dict[str, Any]:
+        """The first look that finds it gone: how it ended (the pidfd held since the first
+        look tells its exit status), and what of its tree is still alive; kept in its
+        record."""
+        status = exit_status(self.pid, self.pidfd)
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        record = {**self.record, **(self.timeline.process if self.timeline else {})}
+        record["members"] = self.record["members"] + list(record.get("members") or [])
+        leftovers = left_behind(record)
+        end = {"ended_at": now, "exit_status": status, "leftovers": leftovers, "watched": True}
+        if self.timeline is not None:
+            try:
+                end = self.timeline.ended(now, status, leftovers, True, self.row.get("log"))
+            except OSError:
+                self.timeline = None
+        return end
 
     def _look_for_the_stack(self, now: float, cpu: float, last: bool) -> None:
         """A ``stack`` record of the trainer's main thread once its tree has been idle
@@ -476,17 +598,27 @@ class Observer:
             self.sink.write(Kind.STACK, stack)
 
     def cursor(self) -> dict[str, Any]:
+        metrics = self.metrics
         return {
             "seq": self.log_sink.seq,
-            "log": self.row.get("log"),
+            "log": self.log.path if self.log is not None else None,
             "log_offset": self.log.offset if self.log is not None else 0,
             "log_identity": self.log.identity if self.log is not None else None,
             "parser": self.parser.state,
+            "metrics": metrics.path if metrics is not None else None,
+            "metrics_offset": metrics.offset if metrics is not None else 0,
+            "metrics_identity": metrics.identity if metrics is not None else None,
+            "metrics_seq": self.metrics_sink.seq,
         }
 
     def close(self) -> None:
         self.gpu.close()
         self.io.close()
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def _stdin_closed(timeout_s: float) -> bool:
@@ -504,15 +636,25 @@ def _stdin_closed(timeout_s: float) -> bool:
 def op_observe(req: dict[str, Any]) -> int:
     """Observe a training without telemetry: records every ``interval_s`` until the
     trainer exits (``ended``), the client goes away, or ``until_s`` passed (``eof``: a
-    one-shot look for ``summary``)."""
+    one-shot look for ``summary``); its record is kept meanwhile. A training that has
+    ended is read from its record (:func:`post_mortem`)."""
     pid = int(req["pid"])
     start = req.get("start_ticks")
-    row = describe(pid, start if isinstance(start, int) else None)
+    start = start if isinstance(start, int) else None
     interval = max(0.1, float(req.get("interval_s") or INTERVAL_S))
     until = req.get("until_s")
     cursor = req.get("cursor") if isinstance(req.get("cursor"), dict) else {}
-    emit(EV_OBSERVED, row=row, host=os.uname().nodename, now=time.time())
-    obs = Observer(row, cursor or {}, interval)
+    try:
+        row = describe(pid, start)
+    except AgentError as e:
+        ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
+        if ended is None:
+            raise
+        return post_mortem(ended, cursor or {}, interval)
+    timeline = open_timeline(row)
+    record = str(timeline.path) if timeline is not None else None
+    emit(EV_OBSERVED, row=row, host=os.uname().nodename, now=time.time(), record=record)
+    obs = Observer(row, cursor or {}, interval, timeline)
     first_look = True
     offset = 0
     t0 = time.monotonic()
@@ -543,3 +685,31 @@ def op_observe(req: dict[str, Any]) -> int:
                 return 0
     finally:
         obs.close()
+
+
+def post_mortem(timeline: Timeline, cursor: dict[str, Any], interval: float) -> int:
+    """A training that has ended, as its record has it: what was kept while it lived
+    (unless this is a reconnect: ``cursor``), then one look with it gone — its log as
+    copied at its end, its checkpoints and validations as they are now, and a ``proc``
+    record saying how it ended — then ``ended``."""
+    row = timeline.row()
+    emit(EV_OBSERVED, row=row, host=os.uname().nodename, now=time.time(), record=str(timeline.path))
+    offset = 0
+    if not cursor:
+        kept = timeline.records()
+        if kept:
+            emit_data(offset, kept)
+            offset += len(kept)
+    copy = timeline.log_tail() if not cursor else None
+    obs = Observer(row, cursor, interval, ended=timeline.end(), log_source=copy)
+    try:
+        obs.round(time.time())
+        if obs.out:
+            data = b"".join(obs.out)
+            emit_data(offset, data)
+            offset += len(data)
+            emit(EV_CURSOR, **obs.cursor())
+    finally:
+        obs.close()
+    emit(EV_ENDED, pid=obs.pid, now=time.time(), size=offset)
+    return 0

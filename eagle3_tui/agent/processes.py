@@ -74,6 +74,13 @@ class Member:
                 os.close(self.pidfd)
             self.pidfd = None
 
+    def release(self) -> None:
+        """Let go of its pidfd (a look at the run, not a kill: nothing to read later)."""
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
     def report(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
@@ -180,6 +187,10 @@ def label_member(mb: Member, labels: dict[tuple[int, int], str]) -> None:
             label = "sidecar"
         elif "eagle3_tui.train.tee" in cmd:
             label = "log copier"
+        elif "multiprocessing.resource_tracker" in cmd:
+            label = "resource tracker"
+        elif mb.comm == "pt_data_worker":  # torch names its dataloader workers so
+            label = "worker"
     mb.label = label or ""
 
 
@@ -232,8 +243,39 @@ def find_members(
     for mb in out.values():  # a rank's dataloader workers and sidecar say whose they are
         parent = out.get(table[mb.pid].ppid) if mb.pid in table else None
         if parent is not None and parent.label.startswith("rank ") and mb.role == "child":
-            mb.label = f"{mb.label or 'worker'}, {parent.label}"
+            mb.label = f"{mb.label or 'worker'}, {parent.label}"  # "worker, rank 0"
     return out
+
+
+def sigterm_targets(
+    members: dict[int, Member], trainer: Proc | None
+) -> tuple[list[Member], list[Member]]:
+    """The torchrun agent (if any) and the processes that get a kill's first SIGTERM:
+    under torchrun the agent's children, this node's ranks (rank 0 gone or not), else
+    the agent itself; else the trainer; none when the trainer is gone and no agent is."""
+    launcher = [mb for mb in members.values() if mb.role == "launcher"]
+    if launcher:
+        return launcher, [mb for mb in members.values() if mb.ppid == launcher[0].pid] or launcher
+    if trainer is not None:
+        return launcher, [members[trainer.pid]]
+    return launcher, []
+
+
+def kill_plan(m: dict[str, Any], trainer: Proc | None) -> list[dict[str, Any]]:
+    """What a kill of the run would act on now, for the person who confirms it: every
+    process of the run as the kill finds it (``find_members``), labelled as the kill's
+    report labels it (``rank 1``, ``worker, rank 0``, ``sidecar``, ``torchrun agent``),
+    ``first`` on those the first SIGTERM goes to (:func:`sigterm_targets`)."""
+    members = find_members(m, trainer)
+    _, targets = sigterm_targets(members, trainer)
+    first = {t.pid for t in targets}
+    rows = []
+    for pid, mb in members.items():
+        mb.release()
+        rows.append(
+            {"pid": pid, "role": mb.role, "label": mb.label, "comm": mb.comm, "first": pid in first}
+        )
+    return rows
 
 
 def wait_gone(members: list[Member], timeout: float, tick: float = 0.05) -> bool:
@@ -316,11 +358,13 @@ def leftovers(m: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for pid, mb in sorted(members.items()):
         held, devices = (gpus or {}).get(pid, (None, []))
+        mb.release()
         out.append(
             {
                 "pid": pid,
                 "comm": mb.comm,
                 "role": mb.role,
+                "label": mb.label,
                 "rss_bytes": rss_bytes(pid),
                 "gpu_bytes": held if gpus is not None else None,
                 "gpus": devices,

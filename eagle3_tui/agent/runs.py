@@ -19,7 +19,7 @@ from eagle3_tui.agent.names import (
     OP_RUNS,
     OP_STATUS,
 )
-from eagle3_tui.agent.processes import leftovers, verify_trainer
+from eagle3_tui.agent.processes import kill_plan, leftovers, verify_trainer
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT, index_lock
 from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 
@@ -203,12 +203,13 @@ def op_status(req: dict[str, Any]) -> int:
     """Whether the run's trainer is alive (PID, start time and boot id checked), its
     manifest, and when it is not alive, what of the run still is (``leftovers``: its
     dataloader workers and helpers, with memory and GPU): what a monitor needs to tell
-    a dead run from a silent one, and to say what ``kill`` would still end."""
-    emit(EV_RESULT, op=OP_STATUS, **status_of(req.get("run_dir")))
+    a dead run from a silent one, and to say what ``kill`` would still end. ``plan``:
+    with what a kill would act on now (``processes``: the ``k`` dialog's rows)."""
+    emit(EV_RESULT, op=OP_STATUS, **status_of(req.get("run_dir"), bool(req.get("plan"))))
     return 0
 
 
-def status_of(run_dir: str | None) -> dict[str, Any]:
+def status_of(run_dir: str | None, plan: bool = False) -> dict[str, Any]:
     """``status``'s answer (also read in-process by the CLI for a run on this machine)."""
     path = resolve_run_dir(run_dir)
     m = read_manifest(path)
@@ -220,6 +221,7 @@ def status_of(run_dir: str | None) -> dict[str, Any]:
         "problem": problem,
         "manifest": m,
         "leftovers": [] if alive else leftovers(m),
+        "processes": kill_plan(m, trainer) if plan and alive else [],
         "host": os.uname().nodename,
         "now": time.time(),
     }

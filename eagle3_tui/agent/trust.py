@@ -22,10 +22,11 @@ from typing import Any
 from eagle3_tui.agent.discover import entry_point
 from eagle3_tui.agent.names import MANIFEST
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.rerun import BOOTSTRAP
 from eagle3_tui.telemetry.safefs import trust_problem, user_name
 
 
-def _which(name: str, env: dict[str, str], cwd: str) -> str | None:
+def which(name: str, env: dict[str, str], cwd: str) -> str | None:
     """The file ``name`` runs as (``PATH`` of the run's environment for a bare name)."""
     if "/" in name:
         return os.path.normpath(os.path.join(cwd, name))
@@ -37,11 +38,16 @@ def _which(name: str, env: dict[str, str], cwd: str) -> str | None:
 
 
 def _program_files(cmd: list[str], cwd: str) -> list[str]:
-    """The files the command runs besides its interpreter: the Python script or the
-    ``-m`` module's file when it is below ``cwd``, and every other argument naming an
-    existing ``.py`` file (a torchrun command's training script)."""
+    """The files the command runs besides its interpreter: the script (a ``.py`` file, or
+    one such as torchrun's), or the ``-m`` module's file when it is below ``cwd``, and
+    every other argument naming an existing ``.py`` file (a torchrun command's training
+    script)."""
     out: list[str] = []
     kind, what = entry_point(cmd)
+    if kind == "script":
+        path = os.path.normpath(os.path.join(cwd, what))
+        if os.path.isfile(path):
+            out.append(path)
     if kind == "module":
         rel = what.replace(".", os.sep)
         for cand in (
@@ -82,11 +88,12 @@ def resume_problems(
     if isinstance(saved, str) and saved:
         checks.append(("the saved environment", str(run_dir / saved)))
     checks.append(("the working directory", cwd))
-    program = _which(cmd[0], env, cwd) if cmd else None
+    program = which(cmd[0], env, cwd) if cmd else None
     if program is None:
         return [f"{cmd[0] if cmd else '?'}: not found on the run's PATH"]
     checks.append(("the interpreter", program))
     checks += [("the script", path) for path in _program_files(cmd, cwd)]
+    checks += _bootstrap_files(cmd, env, cwd)
     for folder in (env.get("PYTHONPATH") or "").split(os.pathsep):
         if folder and os.path.isdir(os.path.join(cwd, folder)):
             checks.append(("PYTHONPATH", os.path.join(cwd, folder)))
@@ -106,6 +113,36 @@ def resume_problems(
         if problem is not None:
             problems.append(f"{what}: {problem}")
     return problems
+
+
+LIB_FILES = 400
+"""More files than the telemetry package has (~30): a directory this full is not it."""
+
+
+def _bootstrap_files(cmd: list[str], env: dict[str, str], cwd: str) -> list[tuple[str, str]]:
+    """What else a command with telemetry runs (telemetry/rerun.py): the interpreter
+    torchrun starts each rank with (the word after ``--no-python``), and the telemetry
+    package named after ``-c BOOTSTRAP`` (its directory and every file in it)."""
+    out: list[tuple[str, str]] = []
+    for i, arg in enumerate(cmd[:-1]):
+        if arg in ("--no-python", "--no_python"):
+            rank = which(cmd[i + 1], env, cwd)
+            out.append(("the ranks' interpreter", rank or cmd[i + 1]))
+        if arg == "-c" and cmd[i + 1] == BOOTSTRAP and i + 2 < len(cmd):
+            lib = os.path.normpath(os.path.join(cwd, cmd[i + 2]))
+            out.append(("the telemetry package", lib))
+            out += [("the telemetry package", path) for path in _tree(lib, LIB_FILES)]
+    return out
+
+
+def _tree(root: str, limit: int) -> list[str]:
+    """Every entry below ``root`` (links not followed), at most ``limit`` + 1 of them."""
+    out: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        out += [os.path.join(folder, name) for name in dirs + files]
+        if len(out) > limit:
+            break
+    return out[: limit + 1]
 
 
 def manifest_owner(run_dir: Path) -> int | None:

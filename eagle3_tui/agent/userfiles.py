@@ -114,8 +114,8 @@ def read_json_file(path: str) -> dict[str, Any] | None:
 
 def as_user(uid: int, gid: int, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` as the user ``uid`` (a forked child drops to it when we are not it),
-    so that root writes another user's files as that user. Its result travels as JSON;
-    its exception as an OSError."""
+    so that root writes another user's files as that user (in that user's home: its
+    cache, its index of runs). Its result travels as JSON; its exception as an OSError."""
     if uid == os.geteuid():
         return fn(*args)
     read_end, write_end = os.pipe()
@@ -131,6 +131,7 @@ def as_user(uid: int, gid: int, fn: Callable[..., Any], *args: Any) -> Any:
             os.setuid(uid)
             os.environ["HOME"] = entry.pw_dir
             os.environ.pop("XDG_CACHE_HOME", None)
+            os.environ.pop("XDG_STATE_HOME", None)  # that user's index of runs, not ours
             out = {"ok": fn(*args)}
         except BaseException as e:
             out = {"error": f"{type(e).__name__}: {e}"}

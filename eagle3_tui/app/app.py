@@ -50,6 +50,7 @@ from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, 
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
+from eagle3_tui.transport.replies import ResumeReport
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
@@ -169,6 +170,7 @@ class MonitorApp(App[None]):
         self._probed_at = 0.0
         self._tick_step: int | None = None
         self._step_seen_at = -math.inf
+        self._probing = False
         self._loss_plot = LossPlot("loss", id="loss")
         self._plots: tuple[MetricPlot, ...] = (
             self._loss_plot,
@@ -208,7 +210,13 @@ class MonitorApp(App[None]):
         if self.note:
             self.notify(self.note, title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
-            self.probe()
+            self._start_probing()
+
+    def _start_probing(self) -> None:
+        """The host is asked now, then every ``status_interval`` (see :meth:`_probe_tick`)."""
+        self.probe()
+        if not self._probing:
+            self._probing = True
             self.set_interval(self.status_interval, self._probe_tick, name="status")
 
     def notify(
@@ -269,12 +277,15 @@ class MonitorApp(App[None]):
         if data_only and since < DATA_TICKS * self.refresh_interval * 0.95:
             return  # new data alone: at most every DATA_TICKS ticks; a key: at the next
         self._building = True
+        pipeline = self.pipeline
         try:
-            snap, generation = await self.pipeline.snapshot(self.clock(), params, charts_due)
+            snap, generation = await pipeline.snapshot(self.clock(), params, charts_due)
         finally:
             self._building = False
         if self.view.paused and not view.paused:
             return  # paused while it was built: keep the frozen picture
+        if pipeline is not self.pipeline:
+            return  # another run is followed now: its own picture comes next
         self._built_at = time.monotonic()
         self._shown = (generation, view_key)  # what was built, not what is now
         if charts_due:
@@ -383,8 +394,42 @@ class MonitorApp(App[None]):
     @on(ControlDialog.Finished)
     @on(AttachDialog.Finished)
     def _control_finished(self, event: ControlDialog.Finished | AttachDialog.Finished) -> None:
+        if isinstance(event, ControlDialog.Finished) and self._follow_restart(event.result):
+            return
         self._probe_ok = True
         self.probe()
+
+    def _follow_restart(self, result: object) -> bool:
+        """After ``r`` on a training without telemetry: the restarted run writes its
+        metrics into the directory its kill recorded; the monitor follows it there, as if
+        it had been opened on it. Whether it did."""
+        control = self.control
+        if (
+            not isinstance(result, ResumeReport)
+            or result.status != "started"
+            or not result.restart
+            or result.run_dir is None
+            or control is None
+            or not control.observed
+            or self.open_run is None
+        ):
+            return False
+        chosen = f"restarted with telemetry: pid {result.pid}"
+        self.follow(self.open_run(result.run_dir), control.of_run(result.run_dir), chosen)
+        return True
+
+    def follow(self, source: Source, control: RunControl, chosen: str) -> None:
+        """Show another run in place of this one: a model of its own fed by ``source``
+        (the old stream ends), acted on and probed through ``control``; the header says
+        what is followed now, and why (``chosen``)."""
+        self.source, self.control, self.chosen = source, control, chosen
+        self.pipeline = Pipeline(self.clock)
+        self._shown, self._lines_at, self._probe_ok = None, -1, True
+        self.query_one(RunHeader).show_target(source.label, chosen)
+        self._worker(self.pipeline.pump(source, self._link_changed), "stream")
+        self._worker(self.pipeline.ingest(), "ingest")
+        self.notify(f"{chosen}; following {source.label}", title="following", timeout=20)
+        self._start_probing()
 
     @on(Worker.StateChanged)
     def _worker_failed(self, event: Worker.StateChanged) -> None:

@@ -79,12 +79,13 @@ class RunControl:
             return cls(source.host, source.run_dir, source.label)
         return None
 
-    async def status(self) -> Status:
+    async def status(self, plan: bool = False) -> Status:
         """Whether the trainer lives, the manifest, the host and its clock (see
-        control.run_status; for a process, control.describe)."""
+        control.run_status; for a process, control.describe); ``plan``: with what a kill
+        would act on now (a process's description always has it)."""
         if self.process is not None:
             return await control.describe(self.host, self.process)
-        return await control.run_status(self.host, self.run_dir)
+        return await control.run_status(self.host, self.run_dir, plan)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:
@@ -108,6 +109,21 @@ class RunControl:
         # no node is signalled while any node's records show a checkpoint save
         waited = await control.saves_done([save_wait(c) for c in [self, *self.nodes]])
         return control.with_save_wait(await self._every_node("kill", kill, KillReport), waited)
+
+    async def resume_plan(self) -> ResumeReport:
+        """What ``resume`` would launch, every check done on the host and nothing started
+        (for a training without telemetry: the restart its kill recorded)."""
+        return await control.resume_run(
+            self.host, self.run_dir, self.resume_wait_s, process=self.process, plan=True
+        )
+
+    def of_run(self, run_dir: str) -> RunControl:
+        """The control of another run directory of the same host (where a restarted
+        training, which had no telemetry, now writes its metrics)."""
+        where = f"{getattr(self.host, 'prefix', '')}{run_dir}"
+        return RunControl(
+            self.host, run_dir, where, self.kill_grace_s, self.save_wait_s, self.resume_wait_s
+        )
 
     async def resume(self) -> ResumeReport:
         if not self.nodes:

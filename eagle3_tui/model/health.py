@@ -314,7 +314,9 @@ def judge(state: RunState, now: float) -> Diagnosis:
     # what the samplers saw since the metrics stopped: not the samples of the last step
     ev = evidence(state, now, min(limit, quiet_for - AFTER_LAST_STEP_S))
     if ev.gpu_busy or ev.reading or ev.saving:
-        return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=False))
+        return Diagnosis(
+            Health.SILENT, _silent_sentence(ev, quiet_for, never=False, own=_own_handler(state))
+        )
     if alive or ev.gpu_known or ev.reads_known:
         parts = []
         if ev.gpu_known:
@@ -345,7 +347,9 @@ def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:
     working = ev.gpu_busy or ev.reading or ev.saving
     if quiet_for > allowance and working:
         never = how == "start" and not state.startups
-        return Diagnosis(Health.SILENT, _silent_sentence(ev, quiet_for, never=never))
+        return Diagnosis(
+            Health.SILENT, _silent_sentence(ev, quiet_for, never=never, own=_own_handler(state))
+        )
     what = {"resume": "since the resume", "start": "since start"}.get(how, f"since {how}")
     learned = (
         f"; its earlier starts took up to {_ago(max(state.startups))}" if state.startups else ""
@@ -366,7 +370,9 @@ def _unreadable(state: RunState) -> Diagnosis:
     )
 
 
-def _leftovers_sentence(state: RunState) -> str:
+def _leftovers_sentence(
+    state: RunState, lead: str = "Left behind, still alive", hint: str = " (k ends them)"
+) -> str:
     """The run's processes that outlived its trainer (dataloader workers...), by name."""
     if not state.leftovers:
         return ""
@@ -380,7 +386,7 @@ def _leftovers_sentence(state: RunState) -> str:
             parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
     more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
-    return f" Left behind, still alive: {'; '.join(shown)}{more} (k ends them)."
+    return f" {lead}: {'; '.join(shown)}{more}{hint}."
 
 
 def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: float) -> Diagnosis:
@@ -454,7 +460,15 @@ def _stuck_clause(state: RunState) -> str:
     return f"; stuck in {describe(sample)}" if sample is not None else ""
 
 
-def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
+def _own_handler(state: RunState) -> bool:
+    """Its metrics come from a handler of the user's own (its file or its log, read by
+    the agent; or a file of plain speculators dicts): it has a handler, whatever it
+    does now."""
+    obs = state.observed
+    return (obs is not None and obs.info.handler is not None) or state.plain_records > 0
+
+
+def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: bool) -> str:
     signs = []
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
@@ -463,6 +477,11 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool) -> str:
     if ev.saving:
         signs.append("checkpoints are being written")
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
+    if own:
+        return (
+            f"{lead} although {' and '.join(signs)}: its own handler has written none "
+            "since (the trainer no longer logs them, or the handler fails)."
+        )
     return (
         f"{lead} although {' and '.join(signs)}: the speculators.metrics logger may have "
         "no handler, or its level is above INFO."

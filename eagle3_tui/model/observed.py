@@ -44,6 +44,18 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     launcher_pid: int | None = None
     stack_unavailable: str | None = None
     """Why the agent cannot read where the trainer is stuck (py-spy missing, refused)."""
+    handler: str | None = None
+    """``json`` or ``printed``: a handler of the user's own writes its metric dicts (to
+    :attr:`metrics_file`), read there; None: no metric is written anywhere."""
+    metrics_file: str | None = None
+    exit_status: int | None = None
+    """Once it ended: how, as ``subprocess`` says it (-N: killed by signal N); None when
+    the kernel did not say (nobody held a pidfd on it when it ended)."""
+    ended_at: float | None = None
+    """Once it ended: when a look found it gone (within a look's interval of its end
+    when one watched it: ``last_alive`` is None), the host's clock."""
+    last_alive: float | None = None
+    """Found gone later: the last look that found it alive (it ended in between)."""
 
 
 class Member(msgspec.Struct, kw_only=True, gc=False):
@@ -153,4 +165,6 @@ def bar_progress(state: RunState) -> BarProgress | None:
     b = seen.bar
     st = step_time(state)
     epoch = b.epoch + 1 if b.done else b.epoch
+    if state.epochs_total:  # its last epoch done: that epoch, not one after the last
+        epoch = min(epoch, state.epochs_total - 1)
     return BarProgress(b.epoch * b.total + b.n - 1, epoch, b.total, 1.0 / st if st else None)

@@ -29,12 +29,14 @@ from eagle3_tui.model.health import (
     Diagnosis,
     Health,
     _ago,
+    _exit_text,
+    _leftovers_sentence,
     evidence,
 )
-from eagle3_tui.model.observed import ProcessInfo, last_train_bar, step_time
+from eagle3_tui.model.observed import ProcessInfo, bar_progress, last_train_bar, step_time
 from eagle3_tui.model.stack import StackSample, describe
-from eagle3_tui.model.state import RunState
-from eagle3_tui.model.units import size
+from eagle3_tui.model.state import LogLine, RunState
+from eagle3_tui.model.units import clock, size
 
 BUSY_CPU_PCT = 10.0
 """Above this (% of one core, the whole tree) the trainer is working."""
@@ -165,11 +167,15 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     if st:
         pace = f" (a step takes {_ago(st)})"
     if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
+        why = (
+            f"its own handler writes to {info.metrics_file}, but no metric came there"
+            if info.handler
+            else "the speculators.metrics logger has no handler, or its level is above INFO"
+        )
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "
-            f"{_ago(age)} ago, although it is alive and {_signs(ev, limit)}: the "
-            "speculators.metrics logger has no handler, or its level is above INFO. " + REMEDY,
+            f"{_ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. " + REMEDY,
         )
     if ev.sampled and not ev.strong and not ev.weak and age >= limit:
         idle = (
@@ -195,7 +201,14 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
 
 
 def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
+    """How a trainer without telemetry ended, from what was seen of it: ``interrupted/``
+    saved since it started (stopped), its exit status where the kernel said it (0:
+    finished; a signal or another status: dead), an error in its log, its last epoch
+    done; with when it ended, its log's last lines and what of it outlived it."""
     who = f"The trainer (pid {info.pid})"
+    when = _end_time(info)
+    status = info.exit_status
+    how = f" ({_exit_text(status)})" if status is not None else ""
     started = info.started or 0.0
     interrupted = [
         e
@@ -205,24 +218,64 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     if interrupted:
         return Diagnosis(
             Health.STOPPED,
-            f"{who} exited after saving {interrupted[-1].path} (a SIGTERM or Ctrl+C); a "
-            "restart resumes from the last numbered checkpoint.",
+            f"{who} stopped {when}{how} after saving {interrupted[-1].path} (a SIGTERM or "
+            "Ctrl+C); a restart resumes from the last numbered checkpoint.",
         )
-    recent = list(state.logs)[-30:]
-    errors = [line for line in recent if line.level in ("ERROR", "CRITICAL")]
-    if errors:
-        last = errors[-1].msg.strip().splitlines()[0][:160]
-        return Diagnosis(Health.DEAD, f"{who} exited with an error: {last}")
     seen = last_train_bar(state)
     epochs = info.epochs or state.epochs_total
-    if seen is not None and epochs and seen.bar.done and seen.bar.epoch + 1 >= epochs:
+    last_epoch = seen is not None and epochs and seen.bar.done and seen.bar.epoch + 1 >= epochs
+    progress = _progress(state, epochs)
+    if status == 0 or (status is None and last_epoch and not _errors(state)):
         return Diagnosis(
-            Health.FINISHED, f"{who} exited after its last epoch ({seen.bar.epoch + 1}/{epochs})."
+            Health.FINISHED,
+            f"{who} finished {when}{how}{progress}.",
         )
-    tail = recent[-1].msg.strip()[:120] if recent else ""
-    last_line = f"; the last line of its log: {tail}" if tail else ""
+    left = _leftovers_sentence(state, "Still alive when it ended", "")
+    errors = _errors(state)
+    if errors:
+        last = errors[-1].msg.strip().splitlines()[0][:160]
+        return Diagnosis(Health.DEAD, f"{who} died {when}{how} with an error: {last}.{left}")
+    lines = _last_lines(state)
+    if status is not None:
+        return Diagnosis(Health.DEAD, f"{who} died {when}{how}{progress}{lines}.{left}")
     return Diagnosis(
         Health.DEAD,
-        f"{who} is gone; without telemetry its exit status is unknown (killed, or crashed "
-        f"without a message){last_line}.",
+        f"{who} is gone ({when}); without telemetry its exit status is unknown (killed, or "
+        f"crashed without a message){progress}{lines}.{left}",
     )
+
+
+def _end_time(info: ProcessInfo) -> str:
+    """When it ended: ``at 14:02:11`` when a look watched it go, else between its last
+    look alive and the look that found it gone."""
+    if info.ended_at is None:
+        return "at an unknown time"
+    if info.last_alive is None:
+        return f"at {clock(info.ended_at)}"
+    return f"between {clock(info.last_alive)} and {clock(info.ended_at)}"
+
+
+def _errors(state: RunState) -> list[LogLine]:
+    return [line for line in list(state.logs)[-30:] if line.level in ("ERROR", "CRITICAL")]
+
+
+def _progress(state: RunState, epochs: int | None) -> str:
+    """``, after step 75 (epoch 3/3)``: how far it got, from its metrics or its bars."""
+    bars = bar_progress(state)
+    step = state.global_step if state.global_step is not None else (bars.step if bars else None)
+    if step is None:
+        return ""
+    epoch = bars.epoch + 1 if bars is not None else None
+    of = f"/{epochs}" if epochs else ""
+    at_epoch = f" (epoch {min(epoch, epochs) if epochs else epoch}{of})" if epoch else ""
+    return f", after step {step + 1:,}{at_epoch}"
+
+
+LAST_LINES = 3
+
+
+def _last_lines(state: RunState) -> str:
+    """The last lines of its log, for a death that said nothing else."""
+    recent = [line.msg.strip()[:100] for line in list(state.logs)[-LAST_LINES:]]
+    recent = [line for line in recent if line]
+    return f"; the last lines of its log: {' | '.join(recent)}" if recent else ""

@@ -149,6 +149,13 @@ class ObservedView:
     checkpoint_dir: str | None
     cpu_pct: float | None
     members: tuple[Member, ...]
+    """Its process tree; once it ended, what of it was still alive then."""
+    handler: str | None = None
+    """``json`` / ``printed``: its metrics come from a handler of the user's own."""
+    metrics_file: str | None = None
+    exit_status: int | None = None
+    ended_at: float | None = None
+    last_alive: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,6 +637,11 @@ def _observed(state: RunState) -> ObservedView | None:
         checkpoint_dir=info.checkpoint_dir,
         cpu_pct=info.cpu_pct,
         members=obs.members,
+        handler=info.handler,
+        metrics_file=info.metrics_file,
+        exit_status=info.exit_status,
+        ended_at=info.ended_at,
+        last_alive=info.last_alive,
     )
 
 

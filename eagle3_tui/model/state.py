@@ -33,6 +33,7 @@ from eagle3_tui.model.observed import (
     decode_members,
     decode_process,
 )
+from eagle3_tui.model.observed import Member as ObservedMember
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
     PROFILE_FIELDS,
@@ -925,7 +926,9 @@ class RunState:
             return
         self.observed = Observed(rec.ts, rec.alive, info, tuple(members))
         self.proc_samples.append(ProcSample(rec.ts, rec.alive, info.cpu_pct, info.log_grew))
-        self.set_process(rec.alive, rec.ts)
+        # its tree once the trainer is gone: what of the run was still alive then
+        left = [] if rec.alive else [_leftover(m) for m in members]
+        self.set_process(rec.alive, rec.ts, left)
         if self.epochs_total is None and isinstance(info.epochs, int) and info.epochs > 0:
             self.epochs_total = info.epochs
 
@@ -1042,6 +1045,12 @@ class StepColumns:
     """The ``train`` keys, in the lines' order."""
     columns: dict[str, npt.NDArray[Any]]
     """The table's columns: ``train/<key>``, ``profile/<field>``, ``lr``, ``epoch``."""
+
+
+def _leftover(m: ObservedMember) -> Leftover:
+    """A process of an observed run alive when its trainer was found gone."""
+    rss = int(m.rss) if m.rss is not None and math.isfinite(m.rss) else None
+    return Leftover(m.pid, m.comm[:32], rss, None)
 
 
 def _rows_valid(rows: StepColumns) -> bool:

@@ -185,6 +185,11 @@ def _observed(snap: Snapshot) -> dict[str, Any] | None:
         "log_file": o.log_file,
         "checkpoint_dir": o.checkpoint_dir,
         "cpu_pct": o.cpu_pct,
+        "handler": o.handler,
+        "metrics_file": o.metrics_file,
+        "exit_status": o.exit_status,
+        "ended_at": o.ended_at,
+        "last_alive": o.last_alive,
         "processes": [
             {"pid": m.pid, "role": m.role, "comm": m.comm, "cpu_pct": m.cpu_pct, "rss": m.rss}
             for m in o.members
@@ -207,13 +212,22 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
         return []
     workers = sum(1 for p in o["processes"] if p["role"] == "worker")
     cmd = " ".join(o["command"])[:100]
+    how = "its own JSON handler" if o.get("handler") == "json" else "no telemetry"
+    if o.get("handler") == "printed":
+        how = "its own handler (printed dicts)"
+    tree = _counted(len(o["processes"]), "process", "processes")
+    tree += f" ({_counted(workers, 'dataloader worker', 'dataloader workers')})"
+    if not o["alive"]:
+        left = f"{tree} of it still alive then" if o["processes"] else "nothing of it left"
+        tree = f"ended; {left}"
     lines = [
-        f"process  pid {o['pid']} ({o['user']}), no telemetry: {cmd}",
-        f"         in {o['cwd']}; {_counted(len(o['processes']), 'process', 'processes')} "
-        f"({_counted(workers, 'dataloader worker', 'dataloader workers')})",
+        f"process  pid {o['pid']} ({o['user']}), {how}: {cmd}",
+        f"         in {o['cwd']}; {tree}",
         f"log      {o['log_file'] or 'not a file (a terminal or a pipe)'}",
         f"ckpts    {o['checkpoint_dir'] or 'not found yet'}",
     ]
+    if o.get("metrics_file") and o["metrics_file"] != o["log_file"]:
+        lines.append(f"metrics  {o['metrics_file']} (its own handler's file)")
     if no_metrics:
         lines.append("metrics  per-step loss and accuracies: not available without telemetry")
     return lines

@@ -38,12 +38,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.safefs import write_atomic
 
 TRAINER_MODULE = "speculators.train.trainer"
-RESUME_ENV_FILE = "resume-env.json"
-"""In the run directory: the trainer's environment at exec, for ``resume`` (mode 0600)."""
 ENTRY_NAME = "__eagle3_tui_attach__"
 
 
@@ -102,13 +99,6 @@ def find_trainer() -> tuple[Any, str, int]:
     return None, "none", 0
 
 
-def _initial_environ() -> dict[str, str]:
-    """The environment this process was started with (``/proc/self/environ``), which
-    is what relaunching its command needs; ``os.environ`` where /proc is absent."""
-    env = procs.environ(os.getpid())
-    return dict(os.environ) if env is None else env
-
-
 def _write_json(path: str, obj: dict[str, Any], mode: int = 0o600) -> None:
     """``path`` replaced by ``obj`` (never written through a link: safefs.write_atomic)."""
     write_atomic(path, json.dumps(obj, default=str).encode(), mode, fsync=False)
@@ -145,13 +135,6 @@ def _attach(req: dict[str, Any], t0: float) -> dict[str, Any]:
         resume_command=list(resume) if isinstance(resume, list) and resume else None,
         log_file=req.get("log_file"),
     )
-    env_file = run_dir / RESUME_ENV_FILE
-    extra: dict[str, Any] = {}
-    try:
-        _write_json(str(env_file), _initial_environ())
-        extra["resume_env_file"] = RESUME_ENV_FILE
-    except OSError as e:
-        telemetry._warn(f"cannot write {env_file}: {e}; resume uses the agent's environment")
     step = telemetry.progress_step()
     pause_ms = round((time.perf_counter() - t0) * 1000.0, 3)
     attached = {
@@ -161,7 +144,7 @@ def _attach(req: dict[str, Any], t0: float) -> dict[str, Any]:
         "pause_ms": pause_ms,
         "found_by": found_by,
     }
-    telemetry.update_manifest(attached=attached, **extra)
+    telemetry.update_manifest(attached=attached)
     telemetry.event("attach", pid=os.getpid(), global_step=step, mechanism=req.get("mechanism"))
     m = telemetry.manifest or {}
     return {

@@ -37,6 +37,10 @@ RUN_ID_ENV: Final = "EAGLE3_TUI_RUN_ID"
 """Environment marker inherited by every process of a run (dataloader workers too)."""
 RUN_DIR_ENV: Final = "EAGLE3_TUI_RUN_DIR"
 """The run directory the marker belongs to (a launcher sets both before exec)."""
+RESUME_ENV_FILE: Final = "resume-env.json"
+"""In the run directory: the whole environment the run's command was started with, which
+``resume`` runs it in again (its manifest's ``resume_env_file``; mode 0600: it may hold
+tokens)."""
 
 ENV_KEYS: Final = (
     "CUDA_VISIBLE_DEVICES",
@@ -101,12 +105,12 @@ def build_manifest(
     }
 
 
-def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(path: Path, manifest: dict[str, Any], mode: int = 0o644) -> None:
     """Replace ``path`` atomically with ``manifest`` (may raise OSError): through a
     temporary file of an unpredictable name, created exclusively (a link planted at
     ``path`` or at a guessable temporary name is never written through)."""
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    write_atomic(path, data)
+    write_atomic(path, data, mode)
 
 
 def update_manifest(path: Path, **fields: Any) -> dict[str, Any]:
@@ -176,6 +180,12 @@ def resume_point(checkpoint_dir: str | os.PathLike[str] | None) -> tuple[str | N
     except (OSError, ValueError, TypeError, AttributeError):
         step = 0
     return str(path), step
+
+
+def save_environment(path: Path, env: dict[str, str]) -> None:
+    """``env`` as ``path`` (a JSON object), replaced atomically, mode 0600: an environment
+    may hold tokens, readable by its user only (may raise OSError)."""
+    write_atomic(path, json.dumps(env, sort_keys=True).encode(), 0o600, fsync=False)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

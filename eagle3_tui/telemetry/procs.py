@@ -40,6 +40,7 @@ class ProcStat(NamedTuple):
     cpu_s: float
     start_ticks: int
     pgrp: int = 0
+    session: int = 0
 
     @property
     def start(self) -> int:
@@ -76,6 +77,7 @@ def stat(pid: int) -> ProcStat | None:
             cpu_s=(int(f[11]) + int(f[12])) / CLK_TCK,
             start_ticks=int(f[19]),
             pgrp=int(f[2]),
+            session=int(f[3]),
         )
     except (ValueError, IndexError):
         return None
@@ -136,15 +138,22 @@ def owner(pid: int) -> int | None:
         return None
 
 
+ENVIRON_LIMIT = 8 << 20
+"""More than the kernel lets an ``execve`` pass (a quarter of the stack limit, at most
+6 MiB): an environment this size is not whole."""
+
+
 def environ(pid: int) -> dict[str, str] | None:
     """The environment the process started with (``/proc/PID/environ``: changes it made
     later with ``putenv`` are not there), decoded as ``os.environ`` is (undecodable
     bytes kept as surrogates: a relaunch gets them back exactly); None when unreadable
-    (another user) or gone."""
+    (another user), gone, or larger than :data:`ENVIRON_LIMIT` (read bounded)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
+            raw = f.read(ENVIRON_LIMIT)
     except OSError:
+        return None
+    if len(raw) >= ENVIRON_LIMIT:
         return None
     out: dict[str, str] = {}
     for item in raw.split(b"\0"):
@@ -173,6 +182,26 @@ def link(path: str) -> str | None:
 def cwd(pid: int) -> str | None:
     """The working directory; None when unreadable or gone."""
     return link(f"/proc/{pid}/cwd")
+
+
+def regular_path(target: str) -> str | None:
+    """``target`` (what a descriptor's link in ``/proc/PID/fd`` names) when it is a
+    regular file reachable by that absolute path: not a pipe, socket, terminal or other
+    device, not a deleted file."""
+    if target.endswith(" (deleted)") or not target.startswith("/") or target.startswith("/dev/"):
+        return None
+    return target if os.path.isfile(target) else None
+
+
+def output_file(pid: int) -> str | None:
+    """The regular file the process's stdout (else stderr) is, by absolute path: where its
+    output goes (``> train.log``); None for a terminal, a pipe or a deleted file."""
+    for fd in (1, 2):
+        target = link(f"/proc/{pid}/fd/{fd}")
+        found = regular_path(target) if target is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def fd_targets(pid: int) -> dict[int, str] | None:

@@ -103,6 +103,44 @@ def resume_command(
     return [*head, "-c", BOOTSTRAP, lib, run_dir, "--", *program]
 
 
+_TORCHRUN_ENTRY_FLAGS = frozenset(
+    {"-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
+)
+"""torchrun's flags that say how it starts a rank's program (the command below says it
+anew)."""
+
+
+def torchrun_resume_command(
+    agent_argv: list[str], rank_argv: list[str], lib: str, run_dir: str
+) -> list[str] | None:
+    """The torchrun agent's own command (``torchrun`` stays ``torchrun``: the same
+    options, number of processes, rendezvous) whose ranks each run their program under
+    the bootstrap, so that every rank has telemetry from its first line.
+
+    torchrun starts each rank as ``PYTHON -u [-m] PROGRAM ARGS`` (``--no-python``:
+    ``PROGRAM ARGS`` as given), so the agent's command ends with the rank's program:
+    that part becomes ``--no-python PYTHON -u -c BOOTSTRAP LIB RUN_DIR -- [-m] PROGRAM
+    ARGS`` (:func:`resume_command` of a rank's own command line). None when a rank runs
+    no Python program or the agent's command does not end with the rank's."""
+    rank = resume_command(rank_argv, lib, run_dir)
+    split = split_python_argv(agent_argv)
+    if rank is None or split is None:
+        return None
+    head, program = split
+    entry = 2 if program[0] == "-m" else 1  # -m torch.distributed.run, or the torchrun script
+    options = program[entry:]
+    shared = 0
+    while (
+        shared < min(len(options), len(rank_argv))
+        and options[-1 - shared] == rank_argv[-1 - shared]
+    ):
+        shared += 1
+    if shared == 0:
+        return None
+    own = [a for a in options[: len(options) - shared] if a not in _TORCHRUN_ENTRY_FLAGS]
+    return [*head, *program[:entry], *own, "--no-python", *rank]
+
+
 def _watch_trainer(on_trainer: Callable[[Any], None]) -> None:
     """Call ``on_trainer(trainer)`` when a speculators Trainer starts ``run_training``:
     patched in when ``speculators.train.trainer`` is imported (never imported here)."""
@@ -169,11 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     if lib in sys.path:  # the package's directory stays off the program's path
         sys.path.remove(lib)
     from eagle3_tui.telemetry import attach
-    from eagle3_tui.telemetry.inject import RESUME_ENV_FILE
 
     telemetry = attach(run_dir, resume_command=_own_command())
-    if (Path(run_dir) / RESUME_ENV_FILE).is_file():
-        telemetry.update_manifest(resume_env_file=RESUME_ENV_FILE)
     _watch_trainer(telemetry.watch_trainer)
     if program[0] == "-m":
         sys.argv = ["-m", *program[2:]]

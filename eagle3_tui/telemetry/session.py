@@ -62,7 +62,10 @@ from eagle3_tui.telemetry.schema import (
 )
 from eagle3_tui.telemetry.stack import MainThreadWhere
 from eagle3_tui.telemetry.stacks import StallWatch
+from eagle3_tui.telemetry.stop import MANIFEST_FIELD as STOP_FIELD
+from eagle3_tui.telemetry.stop import StepStop
 from eagle3_tui.telemetry.topology import (
+    TORCHRUN_ENV,
     Place,
     TopologyExchange,
     launcher_info,
@@ -150,6 +153,10 @@ class Telemetry:
         handler.on_message = self._on_message
         self.stall_watch = StallWatch(self.progress_step, self._write_stack)
         """Records the main thread's stack when the steps stop (see ``stacks.py``)."""
+        self.step_stop = StepStop(run_dir, lambda: self.rank, self.event)
+        """The stop at a step boundary a kill asks for (``stop.py``), checked by the handler
+        after each training step's metrics."""
+        handler.step_stop = self.step_stop
 
     @property
     def last_step(self) -> int | None:
@@ -212,7 +219,7 @@ class Telemetry:
         s = self.writer.snapshot()
         s["reattached"] = self.reattached
         s["last_step"] = self.last_step
-        s["interrupted"] = self.interrupted
+        s["interrupted"] = self.interrupted or self.step_stop.stopped is not None
         unsent = getattr(self.samplers, "unsent", 0)
         if unsent:
             s["sidecar_unsent"] = unsent
@@ -226,6 +233,7 @@ class Telemetry:
             self._send({"op": "message", "text": text, "ts": time.time()})
         elif text.startswith("Received SIG") and "interrupting" in text:
             self.interrupted = True
+        self.step_stop.on_message(text)
 
     def _send(self, op: dict[str, Any]) -> None:
         host = self.samplers
@@ -239,6 +247,7 @@ class Telemetry:
         if self._closed:
             return
         self.reattach("a logging reset (found by the periodic check)")
+        self.step_stop.tick()
         if self.rank == 0 or self.trainer is not None:  # a rank > 0 logs no step of its own
             self.stall_watch.tick()
         rank = _distributed_rank()
@@ -345,10 +354,20 @@ class Telemetry:
         Without ``status`` it is decided as at exit (:meth:`final_status`). An interrupt
         is never overwritten: speculators returns normally from ``run_training()`` after
         a SIGTERM/SIGINT (it saved ``interrupted/``), so a ``finish`` asked for after the
-        handler saw "Received SIGTERM — interrupting" is written as ``interrupt``."""
+        handler saw "Received SIGTERM — interrupting" is written as ``interrupt``.
+
+        After a stop at a step boundary (``stop.py``) it is an ``interrupt`` too, and its
+        ``step`` is the steps done at the stop, whatever the caller passed: the interrupt
+        left ``train_epoch`` before speculators counted that step (``global_step`` is one
+        short), and a caller passing ``trainer.global_step`` would say one step less than
+        the save holds."""
         if self._finished:
             return
         self._finished = True
+        stopped = self.step_stop.stopped
+        if stopped is not None:
+            self.interrupted = True
+            fields["step"] = stopped["global_step"]
         event = _EVENT_ALIASES.get(status, status) if status else self._auto_status()
         if event == "finish" and self.interrupted:
             event = "interrupt"
@@ -369,7 +388,7 @@ class Telemetry:
         return self._auto_status()
 
     def _auto_status(self) -> str:
-        if self.interrupted:
+        if self.interrupted or self.step_stop.stopped is not None:
             return "interrupt"
         total, _ = self.bounds()
         step = getattr(self.trainer, "global_step", None)
@@ -677,8 +696,9 @@ def _write_manifest(
     if place.distributed:
         entry = rank_entry(place, manifest["run_dir"], run_id)
         manifest.update(manifest_fields(place, launcher, entry))
+    manifest["stop"] = dict(STOP_FIELD)  # a kill may ask for a stop at a step boundary
     if previous is not None:
-        for key in ("checkpoint_dir", "epochs", "steps_per_epoch", "total_steps", "log_file"):
+        for key in _CARRIED:
             if manifest.get(key) is None and previous.get(key) is not None:
                 manifest[key] = previous[key]
         manifest["first_started_at"] = previous.get("first_started_at", previous.get("started_at"))
@@ -686,12 +706,50 @@ def _write_manifest(
     else:
         manifest["first_started_at"] = manifest["started_at"]
         manifest["resumes"] = 0
+    if manifest.get("log_file") is None:  # the one-liner under `nohup … > train.log`
+        started = place.launcher_pid if place.launcher_pid is not None else os.getpid()
+        manifest["log_file"] = procs.output_file(started)
+    if _save_environment(telemetry):
+        manifest["resume_env_file"] = mf.RESUME_ENV_FILE
     telemetry.manifest = manifest
     try:
         mf.write_manifest(telemetry.manifest_path, manifest)
         mf.register_run(manifest)
     except OSError as e:
         telemetry._warn(f"cannot write the run manifest or index: {e}")
+
+
+_CARRIED = (
+    "checkpoint_dir",
+    "epochs",
+    "steps_per_epoch",
+    "total_steps",
+    "log_file",
+    "resume_env_file",
+)
+"""What a resumed process keeps of the manifest before it when it cannot tell itself."""
+
+
+def _save_environment(telemetry: Telemetry) -> bool:
+    """The whole environment the run's command was started with, kept for ``resume`` to
+    run it in again (the script's own variables, the scheduler's, the user's PATH): the
+    initial environment (``/proc/PID/environ``) of this process, or under torchrun of the
+    agent whose command a resume reruns, in ``resume-env.json``, mode 0600 (it may hold
+    tokens). False when it cannot be written (a warning; resume then starts from the
+    agent's environment and the manifest's few variables)."""
+    place = telemetry.place
+    env = procs.environ(place.launcher_pid) if place.launcher_pid is not None else None
+    if env is None:
+        env = procs.environ(os.getpid()) or dict(os.environ)
+        if place.launcher_pid is not None:  # a rank's own: less what torchrun sets per rank
+            env = {k: v for k, v in env.items() if k not in TORCHRUN_ENV}
+    path = telemetry.run_dir / mf.RESUME_ENV_FILE
+    try:
+        mf.save_environment(path, env)
+    except OSError as e:
+        telemetry._warn(f"cannot write {path}: {e}; resume uses the agent's environment")
+        return False
+    return True
 
 
 def _start_samplers(

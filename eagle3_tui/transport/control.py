@@ -34,6 +34,7 @@ from eagle3_tui.agent.names import (
     OP_STATUS,
 )
 from eagle3_tui.model.state import SAMPLES_KEPT
+from eagle3_tui.telemetry.procs import describe_exit
 from eagle3_tui.transport.base import TargetError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
@@ -45,6 +46,7 @@ from eagle3_tui.transport.channel import (
     call_agent,
 )
 from eagle3_tui.transport.replies import (
+    AttachedFirst,
     AttachPlan,
     AttachResult,
     CheckpointInfo,
@@ -54,12 +56,15 @@ from eagle3_tui.transport.replies import (
     KillReport,
     NodePlace,
     ProcessRow,
+    Redo,
     Resolved,
+    RestartRecord,
     ResumeReport,
     RunsReport,
     SaveWait,
     SaveWaitReport,
     Status,
+    StopReport,
     decode,
     decode_plan,
 )
@@ -86,10 +91,12 @@ EXIT_NOT_TRAINING = 20  # the PID is not a speculators training
 EXIT_PERMISSION = 21  # another user's process, unreadable to the SSH user
 EXIT_GONE = 22  # no such process: it exited (meanwhile)
 EXIT_SEVERAL = 23  # several live trainings and no --pid (headless)
+EXIT_NOT_NAMED = 24  # a directory above trainings' own directories: the candidates listed
 EXIT_BY_KIND = {
     ErrorKind.NOT_TRAINING: EXIT_NOT_TRAINING,
     ErrorKind.PERMISSION: EXIT_PERMISSION,
     ErrorKind.GONE: EXIT_GONE,
+    ErrorKind.NOT_NAMED: EXIT_NOT_NAMED,
     ErrorKind.REFUSED: EXIT_REFUSED,
 }
 
@@ -156,17 +163,79 @@ async def kill_run(
     on_progress: ProgressCallback | None = None,
     process: ProcessRow | None = None,
     save_wait_s: float | None = None,
+    stop_wait_s: float | None = None,
+    attach_first: bool = True,
 ) -> KillReport:
     """Kill the run in ``run_dir``, or (``process``: a discovered training's row) that
     process tree, identified by PID, start time and boot id. A checkpoint save in
-    progress is waited for first, up to ``save_wait_s`` (None: the agent's default)."""
+    progress is waited for first, up to ``save_wait_s`` (None: the agent's default); a
+    run with telemetry is asked to stop at a step boundary, waited for up to
+    ``stop_wait_s`` (None: by the run's pace, agent/stopping.py) before SIGTERM.
+
+    A training without telemetry is attached first where it can be (``attach_first``,
+    :func:`attach_for_stop`): then it is that run which is stopped, at a step boundary,
+    and resumed at the next step. Where it cannot, its kill records its restart and
+    SIGTERMs it, as the report says."""
+    first: AttachedFirst | None = None
+    if process is not None and attach_first:
+        first = await attach_for_stop(host, process, on_progress)
+        if first.status == "attached" and first.run_dir is not None:
+            report = await kill_run(
+                host, first.run_dir, grace_s, on_progress, None, save_wait_s, stop_wait_s
+            )
+            return msgspec.structs.replace(report, attached_first=first)
     request: dict[str, Any] = {"op": OP_KILL, "run_dir": run_dir, "grace_s": grace_s}
     if save_wait_s is not None:
         request["save_wait_s"] = save_wait_s
-    if process is not None:
+    if stop_wait_s is not None:
+        request["stop_wait_s"] = stop_wait_s
+    if process is not None:  # no telemetry: the agent records its restart, with this package
+        from eagle3_tui.transport.bundle import telemetry_library
+
         request.update(pid=process.pid, start_ticks=process.start_ticks, boot_id=process.boot_id)
+        request["lib"] = telemetry_library()
     ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
-    return decode(KillReport, ev.fields, host.label)
+    report = decode(KillReport, ev.fields, host.label)
+    return report if first is None else msgspec.structs.replace(report, attached_first=first)
+
+
+async def attach_for_stop(
+    host: Host, process: ProcessRow, on_progress: ProgressCallback | None = None
+) -> AttachedFirst:
+    """Attach telemetry to a training without it, before its kill, so that the kill can
+    stop it at a step boundary (attach's own checks decide; the process must still be
+    the one shown: same PID, start time and boot id). A torchrun job is not attached
+    (every rank would have to be, before any can stop); its kill SIGTERMs it."""
+    t0 = time.monotonic()
+
+    def said(status: Any, message: str, **more: Any) -> AttachedFirst:
+        first = AttachedFirst(
+            status=status, message=message, took_s=round(time.monotonic() - t0, 3), **more
+        )
+        if on_progress is not None:
+            on_progress(Event("progress", {"step": "attach_first", "first": first}))
+        return first
+
+    if process.launcher_pid is not None or len(process.ranks) > 1:
+        return said("skipped", "a torchrun job: each rank would have to be attached first")
+    plan = await attach_plan(host, None, process.pid)
+    if not isinstance(plan, AttachPlan):
+        return said("refused", plan.message or str(plan.reason))
+    if (plan.start_ticks, plan.boot_id) != (process.start_ticks, process.boot_id):
+        return said("refused", f"pid {process.pid} is another process now")
+    if on_progress is not None:
+        on_progress(Event("progress", {"step": "attach_first", "plan": plan.mechanism}))
+    result = await attach_run(host, plan)
+    if result.status == "attached" and result.run_dir:
+        return said(
+            "attached",
+            result.message,
+            run_dir=result.run_dir,
+            mechanism=plan.mechanism,
+            stopped_ms=result.stopped_ms,
+        )
+    status = "queued" if result.status == "queued" else "failed"
+    return said(status, result.message or str(result.reason), mechanism=plan.mechanism)
 
 
 async def wait_for_save(
@@ -202,35 +271,49 @@ async def saves_done(
 
 
 async def resume_run(
-    host: Host, run_dir: str | None, wait_s: float, process: ProcessRow | None = None
+    host: Host,
+    run_dir: str | None,
+    wait_s: float,
+    process: ProcessRow | None = None,
+    pid: int | None = None,
+    plan: bool = False,
 ) -> ResumeReport:
+    """Relaunch the run in ``run_dir``; or the training without telemetry that ``process``
+    (its discovery row) or ``pid`` names, from the restart its kill recorded, with
+    telemetry. ``plan``: every check on the host, nothing started (status ``plan``)."""
     request: dict[str, Any] = {"op": OP_RESUME, "run_dir": run_dir, "wait_s": wait_s}
-    if process is not None:
-        request["pid"] = process.pid
+    if process is not None:  # where its kill wrote the record: its working directory
+        request.update(pid=process.pid, start_ticks=process.start_ticks, cwd=process.cwd)
+    elif pid is not None:
+        request["pid"] = pid
+    if plan:
+        request["plan"] = True
     ev = await call_agent(host, request, python=_python(host))
     return decode(ResumeReport, ev.fields, host.label)
 
 
-async def run_status(host: Host, run_dir: str | None) -> Status:
+async def run_status(host: Host, run_dir: str | None, plan: bool = False) -> Status:
     """Whether the manifest's PID is still the trainer (start time and boot id match),
     why not, the manifest, what outlived it, the host and the host's clock. On this
     machine the agent's own ``status`` code runs in a thread of this process: the
     monitor's probe of a local run then starts no Python process every minute (it cost
-    ~0.1 % of a core on its own: benchmarks/bench_follow.py's "children")."""
+    ~0.1 % of a core on its own: benchmarks/bench_follow.py's "children"). ``plan``:
+    with what a kill would act on now (the ``k`` dialog's rows)."""
     if isinstance(host, LocalHost):
-        return await asyncio.to_thread(local_status, run_dir)
-    ev = await call_agent(host, {"op": OP_STATUS, "run_dir": run_dir}, python=_python(host))
+        return await asyncio.to_thread(local_status, run_dir, plan)
+    request = {"op": OP_STATUS, "run_dir": run_dir, "plan": plan}
+    ev = await call_agent(host, request, python=_python(host))
     return decode(Status, ev.fields, host.label)
 
 
-def local_status(run_dir: str | None) -> Status:
+def local_status(run_dir: str | None, plan: bool = False) -> Status:
     """``status`` of a run on this machine: the agent's own code, run in this process,
     decoded as its reply is; its errors as the agent's would read."""
     from eagle3_tui.agent.frames import AgentError
     from eagle3_tui.agent.runs import status_of
 
     try:
-        fields = status_of(run_dir)
+        fields = status_of(run_dir, plan)
     except AgentError as e:  # as the agent's error frame reads: its kind, its line
         raise AgentAnswerError(str(e), ErrorKind.of(e.kind)) from None
     except Exception as e:  # as an agent that failed: a TargetError, never into the app
@@ -461,6 +544,25 @@ def format_progress(ev: Event) -> str | None:
             "another kill of this run is running: waiting for it, sending no signal "
             f"({float(ev.get('elapsed', 0)):.0f} s)"
         )
+    if step == "stop":
+        phase = ev.get("phase")
+        if phase == "asked":
+            return (
+                "asked the trainer to stop at its next step boundary (SIGTERM after "
+                f"{float(ev.get('wait_s', 0)):.0f} s without one)"
+            )
+        if phase in ("accepted", "scheduled"):
+            return f"the ranks agree on the step to stop at ({phase})"
+        if phase == "step_boundary":
+            return "stopped at a step boundary: speculators saves interrupted/"
+        if phase == "sigterm":
+            return "no stop at a step boundary: SIGTERM"
+        return None
+    if step == "attach_first":
+        first = ev.get("first")
+        if isinstance(first, AttachedFirst):
+            return attached_first_line(first)
+        return f"attaching telemetry first ({ev.get('plan')}), so that it stops at a step boundary"
     if step == "save":
         return (
             f"a checkpoint save is in progress ({printable(str(ev.get('path')))}): waiting "
@@ -501,6 +603,8 @@ def format_kill(result: KillReport) -> str:
         nodes = [f"== {printable(str(n.where))}\n{format_kill(n)}" for n in result.nodes]
         return "\n".join(first + nodes)
     lines = [f"{result.status}: {printable(result.message)}"]
+    if result.attached_first is not None:
+        lines.append(attached_first_line(result.attached_first))
     if result.save_wait is not None:
         lines.append(save_wait_line(result.save_wait))
     if result.processes:
@@ -516,8 +620,134 @@ def format_kill(result: KillReport) -> str:
     ckpt = result.checkpoints
     if ckpt.dir is not None:
         lines.append("checkpoints:")
-        lines.append(_interrupted_line(ckpt.interrupted, result))
+        moved = result.stop.checkpoint if result.stop is not None else None
+        if moved is not None:  # this stop's interrupted/, renamed: no longer at its path
+            lines.append(f"  interrupted: written by this stop, now {printable(moved.path)}")
+        else:
+            lines.append(_interrupted_line(ckpt.interrupted, result))
         lines.append(_checkpoint_line("resume from", ckpt.latest))
+    if result.stop is not None:
+        lines.extend(stop_lines(result.stop))
+    if result.restart is not None:
+        lines.extend(restart_lines(result.restart, result.pid))
+    return "\n".join(lines)
+
+
+def attached_first_line(first: AttachedFirst) -> str:
+    """What the kill's attach-first step did."""
+    if first.status == "attached":
+        stopped = f", the trainer held {first.stopped_ms:.0f} ms" if first.stopped_ms else ""
+        return (
+            f"attached telemetry first ({first.mechanism}{stopped}, {first.took_s:.1f} s): "
+            f"its metrics in {printable(str(first.run_dir))}"
+        )
+    return f"not attached first ({first.status}: {printable(first.message)}): SIGTERM as before"
+
+
+def stop_lines(stop: StopReport) -> list[str]:
+    """How the kill stopped a run with telemetry, what its save holds (steps and epochs
+    numbered from 1, as everywhere), and where a restart continues."""
+    if stop.how == "step_boundary" and stop.global_step is not None:
+        within = ""
+        if stop.epoch is not None and stop.local_step is not None:
+            within = f" (epoch {stop.epoch + 1}, step {stop.local_step} of the epoch)"
+        lines = [
+            f"stopped at a step boundary: the save holds global step {stop.global_step}"
+            f"{within}; a restart continues at step {stop.global_step + 1}"
+        ]
+        if stop.checkpoint is not None:
+            moved = stop.checkpoint.moved_aside
+            lines.append(
+                f"  interrupted/ is now {printable(stop.checkpoint.path)}, the checkpoint "
+                "speculators resumes from mid-epoch"
+                + (f"; the one that was there is kept as {printable(moved)}" if moved else "")
+            )
+        else:
+            why = "; ".join(stop.not_converted) or "?"
+            lines.append(f"  but its save did not become the numbered checkpoint: {printable(why)}")
+    elif stop.how == "sigterm":
+        lines = [f"SIGTERM'd mid-step: {printable(str(stop.reason))}"]
+    elif stop.how == "exited":
+        lines = [f"not stopped by the kill: {printable(str(stop.reason))}"]
+    else:
+        lines = ["its ranks stopped with node 0's, at the same step"]
+    if stop.redo is not None and stop.how != "node0":
+        redo = stop.redo
+        from_step = _shown_step(redo.checkpoint_step)
+        lines.append(
+            f"  a restart redoes nothing: it continues at step {from_step}"
+            if redo.steps == 0
+            else f"  a restart redoes from step {from_step}: {redo.steps} step(s) (the "
+            f"records reached step {_shown_step(redo.last_step)})"
+        )
+    return lines
+
+
+def restart_lines(record: RestartRecord, pid: int | None) -> list[str]:
+    """Where a kill recorded the restart of a training without telemetry, and what
+    ``resume`` (``r``) will do with it."""
+    if record.problem is not None or record.run_dir is None:
+        return [f"restart: {printable(str(record.problem))}"]
+    where = printable(record.run_dir)
+    log = printable(record.log_file) if record.log_file else f"{where}/train.log"
+    how = (
+        "with telemetry, its metrics written there"
+        if record.telemetry
+        else f"WITHOUT telemetry ({printable(str(record.note))})"
+    )
+    return [
+        f"restart: recorded in {where} (its command line, working directory, all "
+        f"{record.env_vars} environment variables, readable by its user only)",
+        f"  r, or eagle3-tui resume --pid {pid}: relaunches it from its latest complete "
+        f"checkpoint {how}; output appended to {log}",
+    ]
+
+
+def shown_command(cmd: list[str]) -> str:
+    """A command line for a person: the telemetry bootstrap's code (telemetry/rerun.py)
+    named, not quoted."""
+    from eagle3_tui.telemetry.rerun import BOOTSTRAP
+
+    return " ".join("<eagle3-tui telemetry>" if a == BOOTSTRAP else a for a in cmd)
+
+
+def redo_line(redo: Redo | None) -> str:
+    """The steps a resume will do again, and how that is known."""
+    if redo is None:
+        return "redo     not known (nothing records how far the run got after its checkpoint)"
+    at = f"the checkpoint holds step {redo.checkpoint_step}"
+    if redo.exact:
+        seen = "progress bar" if redo.source == "bar" else "metric line"
+        last = _shown_step(redo.last_step)
+        return f"redo     {redo.steps} step(s): {at}, the run's last was {last} (its log's {seen})"
+    since = f"{redo.since_s:.0f} s" if redo.since_s is not None else "?"
+    pace = f"{redo.pace:.2f}" if redo.pace is not None else "?"
+    return (
+        f"redo     about {redo.steps} step(s): {at}; the run was stopped {since} after "
+        f"that save, at {pace} steps/s (its checkpoints' pace)"
+    )
+
+
+def format_resume_plan(plan: ResumeReport) -> str:
+    """What ``resume`` will launch (its ``plan``), for the person who confirms it."""
+    ck = plan.checkpoint
+    at = "" if ck is None else _checkpoint_at(ck.global_step, ck.epoch)
+    lines = []
+    if plan.restart:
+        lines.append(
+            "restart with telemetry (its command line, directory and environment, as its "
+            "kill took them from the process)"
+        )
+    lines += [
+        f"run      {printable(shown_command(plan.command))}",
+        f"in       {printable(str(plan.cwd))}  (its whole environment: {plan.env_vars} variables)",
+        f"log      {printable(str(plan.log))}  (appended, after a banner)",
+        f"from     {printable(ck.path if ck is not None else '?')}{at}",
+        redo_line(plan.redo),
+    ]
+    if plan.restart:
+        lines.append(f"metrics  {printable(str(plan.run_dir))}  (the monitor follows it there)")
+    lines.append("detached (new session, no hang-up)")
     return "\n".join(lines)
 
 
@@ -567,13 +797,16 @@ def format_resume(result: ResumeReport) -> str:
     ck = result.checkpoint
     confirmed = "" if result.confirmed else " (its manifest has not been updated yet)"
     at = "" if ck is None else _checkpoint_at(ck.global_step, ck.epoch)
-    return "\n".join(
-        [
-            f"started: pid {result.pid}{confirmed}",
-            f"  from {printable(ck.path if ck is not None else 'None')}{at}",
-            f"  log  {printable(str(result.log))}",
-        ]
-    )
+    lines = [
+        f"started: pid {result.pid}{confirmed}",
+        f"  from {printable(ck.path if ck is not None else 'None')}{at}",
+        f"  log  {printable(str(result.log))}",
+    ]
+    if result.restart:  # a run that had no telemetry has it now
+        lines.append(f"  with telemetry: its metrics in {printable(str(result.run_dir))}")
+    if result.redo is not None:
+        lines.append("  " + redo_line(result.redo))
+    return "\n".join(lines)
 
 
 def _when(ts: object) -> str:
@@ -582,20 +815,48 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
+def _telemetry(row: ProcessRow) -> str:
+    """What writes a training's metrics, in a word: eagle3-tui's telemetry, a handler of
+    the user's own (``own JSON``: its JSON lines; ``own``: dicts it prints), or nothing."""
+    if row.telemetry:
+        return "yes"
+    if row.handler is not None:
+        return "own JSON" if row.handler == "json" else "own"
+    return "no"
+
+
+def _row_extra(row: ProcessRow) -> str:
+    """After a training's directory: its command, its log, its own handler's file, and
+    once it ended, how."""
+    command = " ".join(a.rsplit("/", 1)[-1] if i == 0 else a for i, a in enumerate(row.command))
+    extra = f"  {command[:60]}"
+    if row.handler is not None:
+        what = "its own JSON handler" if row.handler == "json" else "its own handler (printed)"
+        extra += f"  (metrics by {what}: {row.metrics_file})"
+    if row.log and not row.telemetry and row.log != row.metrics_file:
+        extra += f"  (log {row.log})"
+    if not row.alive:
+        when = (
+            f"between {_when(row.last_alive)} and {_when(row.ended_at)}"
+            if row.last_alive is not None
+            else _when(row.ended_at)
+        )
+        extra += f"  (ended {when}, {describe_exit(row.exit_status)})"
+    return extra
+
+
 def format_discovered(result: DiscoverReport) -> str:
-    """The host's live trainings (with or without telemetry), then the registered runs
-    that are not live: one row per run."""
+    """The host's live trainings (with or without telemetry), the ended ones eagle3-tui
+    observed without telemetry, then the registered runs that are not live: one row per
+    run."""
     lines = [f"{'STARTED':<19}  {'HEALTH':<9} {'PID':>8}  {'USER':<10} {'TELEMETRY':<9}  WHERE"]
-    for r in result.live:
+    for r in [*result.live, *result.ended]:
         where = r.run_dir or r.cwd or "?"
-        command = " ".join(a.rsplit("/", 1)[-1] if i == 0 else a for i, a in enumerate(r.command))
-        extra = f"  {command[:60]}"
-        if r.log and not r.telemetry:
-            extra += f"  (log {r.log})"
+        health = (r.health or "live") if r.alive else "ended"
         lines.append(
-            f"{_when(r.started):<19}  {r.health or 'live':<9} "
+            f"{_when(r.started):<19}  {health:<9} "
             f"{r.pid:>8}  {r.user[:10]:<10} "
-            f"{'yes' if r.telemetry else 'no':<9}  {printable(where + extra)}"
+            f"{_telemetry(r):<9}  {printable(where + _row_extra(r))}"
         )
     for e in result.runs:
         if e.live_pid:
@@ -759,8 +1020,8 @@ def format_attach_plan(plan: AttachPlan) -> str:
         f"{printable(plan.user)}; nothing is installed)"
     )
     if plan.torchrun:
-        lines.append("  note     under torchrun only this rank is attached; resume relaunches")
-        lines.append("           torchrun's own command, without telemetry")
+        lines.append("  note     under torchrun only this rank is attached now; resume relaunches")
+        lines.append("           torchrun's own command with telemetry in every rank")
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ class ErrorKind(enum.StrEnum):
     PERMISSION = names.ERR_PERMISSION
     GONE = names.ERR_GONE
     NO_MANIFEST = names.ERR_NO_MANIFEST
+    NOT_NAMED = names.ERR_NOT_NAMED
     UNKNOWN = "unknown"
 
     @classmethod
@@ -76,10 +77,24 @@ class LeftoverProcess(msgspec.Struct, kw_only=True):
     pid: int
     comm: str = "?"
     role: str | None = None
+    label: str = ""
+    """What it is, where known (``worker, rank 0``, ``sidecar``)."""
     rss_bytes: int | None = None
     gpu_bytes: int | None = None
     """GPU memory it holds, summed over devices (None: NVML cannot say)."""
     gpus: list[int] = msgspec.field(default_factory=list)
+
+
+class PlannedProcess(msgspec.Struct, kw_only=True):
+    """A process a kill would act on now (``status`` with ``plan``, ``describe``): what it
+    is (``label``: ``rank 1``, ``worker, rank 0``, ``sidecar``, ``torchrun agent``; else
+    its ``role``), and whether the first SIGTERM goes to it."""
+
+    pid: int
+    role: str = ""
+    label: str = ""
+    comm: str = ""
+    first: bool = False
 
 
 class Status(Reply, kw_only=True):
@@ -91,6 +106,8 @@ class Status(Reply, kw_only=True):
     problem: str | None = None
     manifest: dict[str, Any] = msgspec.field(default_factory=dict)
     leftovers: list[LeftoverProcess] = msgspec.field(default_factory=list)
+    processes: list[PlannedProcess] = msgspec.field(default_factory=list)
+    """What a kill would act on now (asked with ``plan``; always for ``describe``)."""
     host: str | None = None
     now: float | None = None
     """The host's clock when it answered."""
@@ -166,8 +183,99 @@ class SaveWaitReport(Reply, kw_only=True):
     run_dir: str | None = None
 
 
+class RestartRecord(msgspec.Struct, kw_only=True):
+    """What a kill of a training without telemetry recorded for ``resume`` to restart it
+    with telemetry (agent/restart.py), or why it could not (``problem``)."""
+
+    run_dir: str | None = None
+    """The record's run directory (``…/eagle3-runs/restart-PID``)."""
+    resume_command: list[str] = msgspec.field(default_factory=list)
+    telemetry: bool = False
+    """Whether the command starts the program under the telemetry bootstrap."""
+    note: str | None = None
+    """Why not, when it does not."""
+    log_file: str | None = None
+    """The user's own log, which the restart's output is appended to."""
+    env_file: str | None = None
+    env_vars: int = 0
+    """How many variables the saved environment holds (all of the process's)."""
+    lib: str | None = None
+    """The telemetry package written for it (the user's cache)."""
+    problem: str | None = None
+
+
+class Redo(msgspec.Struct, kw_only=True):
+    """The steps a resume will do again: the checkpoint's step against the last step the
+    run reached, as its records tell (``exact``), or its pace tells (about)."""
+
+    checkpoint_step: int
+    steps: int
+    exact: bool = False
+    source: str = ""
+    """What tells: ``metrics`` (its last metric line), ``bar`` (its epoch's progress bar
+    in its log), ``pace`` (its checkpoints' pace: an estimate)."""
+    last_step: int | None = None
+    """The 0-based global step of its last step, when known."""
+    pace: float | None = None
+    """Steps per second (its checkpoints'), when the count is an estimate."""
+    since_s: float | None = None
+    """From the checkpoint's save to the stop, when the count is an estimate."""
+
+
+class StopCheckpoint(msgspec.Struct, kw_only=True):
+    """The numbered checkpoint a stop's ``interrupted/`` became (agent/checkpoints.py
+    ``resume_at_stop``)."""
+
+    path: str
+    moved_aside: str | None = None
+    """Where a numbered checkpoint of the same epoch that was there went (never removed)."""
+    link: str | None = None
+
+
+StopHow = Literal["step_boundary", "sigterm", "exited", "node0"]
+
+
+class StopReport(msgspec.Struct, kw_only=True):
+    """How a kill of a run with telemetry stopped it (agent/stopping.py): at a step
+    boundary through speculators' interrupt path (``step_boundary``: ``global_step`` steps
+    done, the ``local_step``-th of ``epoch``), by SIGTERM (``reason``: not asked, or no
+    step boundary within ``wait_s``), ended by itself first (``exited``), or with node 0's
+    ranks (``node0``); the checkpoint a restart continues from and what it redoes."""
+
+    how: StopHow
+    reason: str | None = None
+    request: str | None = None
+    waited_s: float = 0.0
+    wait_s: float | None = None
+    phase: str | None = None
+    epoch: int | None = None
+    local_step: int | None = None
+    global_step: int | None = None
+    checkpoint: StopCheckpoint | None = None
+    not_converted: list[str] = msgspec.field(default_factory=list)
+    """Why the stop's save did not become the numbered checkpoint (a restart redoes)."""
+    redo: Redo | None = None
+
+
+class AttachedFirst(msgspec.Struct, kw_only=True):
+    """A kill of a training without telemetry attached it first, so that it too stops at a
+    step boundary and a restart redoes nothing (``attached``: ``run_dir`` is where its
+    telemetry writes, the run the kill then stopped); or why not (``refused``: a check of
+    attach's; ``skipped``: not tried; ``queued``/``failed``: tried, no telemetry came):
+    then it was SIGTERM'd as before."""
+
+    status: Literal["attached", "refused", "skipped", "queued", "failed"]
+    message: str = ""
+    run_dir: str | None = None
+    mechanism: str | None = None
+    stopped_ms: float | None = None
+    """How long the injection held the trainer's main thread."""
+    took_s: float = 0.0
+    """From the plan to attached telemetry (its first step's metrics, when one came)."""
+
+
 KillStatus = Literal["stopped", "not_running", "refused", "remaining", "error"]
-ResumeStatus = Literal["started", "failed", "refused", "error"]
+ResumeStatus = Literal["started", "failed", "refused", "error", "plan"]
 
 
 class KillReport(Reply, kw_only=True):
@@ -190,6 +298,14 @@ class KillReport(Reply, kw_only=True):
     """A node's report in a multi-node one: which node."""
     nodes: list[KillReport] | None = None
     """Several nodes: each one's report (this one's fields are the first node's)."""
+    restart: RestartRecord | None = None
+    """A training without telemetry: what its restart will run (recorded before the
+    first signal)."""
+    stop: StopReport | None = None
+    """A run with telemetry: how it was stopped and where a restart continues."""
+    attached_first: AttachedFirst | None = None
+    """A training without telemetry: whether the kill attached telemetry to it first (the
+    client's step, before the agent's kill)."""
 
 
 class ResumeReport(Reply, kw_only=True):
@@ -204,6 +320,14 @@ class ResumeReport(Reply, kw_only=True):
     run_dir: str | None = None
     where: str | None = None
     nodes: list[ResumeReport] | None = None
+    cwd: str | None = None
+    """``plan``: the working directory it runs in."""
+    env_vars: int | None = None
+    """``plan``: how many variables its environment holds."""
+    redo: Redo | None = None
+    restart: bool = False
+    """The restart of a training that had no telemetry (its kill's record): it comes
+    back with telemetry, its metrics in ``run_dir``."""
 
 
 # ---- runs -----------------------------------------------------------------------------
@@ -252,6 +376,8 @@ class DiscoverReport(Reply, kw_only=True):
     registered runs (the login user's; ``others`` counts the ones left out)."""
 
     live: list[ProcessRow] = msgspec.field(default_factory=list)
+    ended: list[ProcessRow] = msgspec.field(default_factory=list)
+    """Trainings without telemetry eagle3-tui observed that have ended (their records)."""
     runs: list[RunEntry] = msgspec.field(default_factory=list)
     others: int = 0
     pruned: list[str] | None = None
@@ -322,6 +448,10 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     log: str | None = None
     """Where its output goes, when that is a file."""
     telemetry: bool = False
+    handler: str | None = None
+    """``json`` or ``printed``: no telemetry, but a handler of the user's own writes its
+    metric dicts (to ``metrics_file``; read there)."""
+    metrics_file: str | None = None
     run_dir: str | None = None
     run_id: str | None = None
     checkpoint_dir: str | None = None
@@ -336,6 +466,16 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     cpu_pct: float | None = None
     gpus: list[GpuUse] = msgspec.field(default_factory=list)
     named_pid: NamedPid | None = None
+    alive: bool = True
+    """False: it has ended; this is the record eagle3-tui kept of it (``record``)."""
+    ended_at: float | None = None
+    """When a look found it gone (the host's clock)."""
+    last_alive: float | None = None
+    """Found gone later: the last look that found it alive (it ended in between)."""
+    exit_status: int | None = None
+    """How it ended where the kernel said (-N: signal N); None: not known."""
+    record: str | None = None
+    """Where its record is on the host (agent/timeline.py)."""
 
 
 class Choice(enum.StrEnum):

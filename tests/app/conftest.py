@@ -115,7 +115,7 @@ class FakeControl(RunControl):
         self.fail = fail
         self.calls: list[str] = []
 
-    async def status(self) -> Status:
+    async def status(self, plan: bool = False) -> Status:
         self.calls.append("status")
         if self.fail:
             raise TargetError(self.fail)

@@ -219,7 +219,11 @@ def test_a_training_is_found_from_outside(fake_training: dict[str, Any]) -> None
     worker = next(m["pid"] for m in row["members"] if m["role"] == "worker")
     named = discover.describe(worker)  # a worker's PID names its training
     assert named["pid"] == row["pid"] and named["named_pid"] == {"pid": worker, "role": "worker"}
-    assert discover.works_in(row, str(work)) and not discover.works_in(row, "/usr")
+    assert discover.names(row, str(work)) and not discover.names(row, "/usr")
+    # a directory above its own names it not: it is below it
+    assert not discover.names(row, str(work.parent)) and discover.works_below(row, str(work.parent))
+    assert discover.names(row, str(work / "out" / "checkpoints"))  # its checkpoint directory
+    assert not discover.names(row, str(work / "out"))
 
 
 def test_what_is_not_a_training(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ class AttachDialog(ConfirmDialog):
         if not self.is_attached:
             return
         ok = result.status in ("attached", "queued")
-        outcome.update(headed(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
+        self.show_outcome(headed(format_attach(result), "bold #5fd75f" if ok else "bold #ff5f5f"))
         self.closing(focus=True)
 
     def action_choose(self, number: int) -> None:

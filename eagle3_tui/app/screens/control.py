@@ -21,7 +21,12 @@ from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.model.snapshot import EMPTY
 from eagle3_tui.transport.channel import Event
-from eagle3_tui.transport.control import format_kill, format_progress, format_resume
+from eagle3_tui.transport.control import (
+    format_kill,
+    format_progress,
+    format_resume,
+    format_resume_plan,
+)
 from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
 
 
@@ -62,9 +67,26 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
         return Group(*lines)
     pid, pgid = m.get("pid"), m.get("pgid")
     launcher = m.get("launcher_pid")
+    if isinstance(m.get("stop"), dict):  # its telemetry stops at a step boundary when asked
+        lines.append(
+            inert(
+                f"Stop at the next step boundary: the trainer (pid {pid}) is asked, not "
+                "signalled; right after a step it saves checkpoints/interrupted/ and exits, "
+                "and that save becomes the checkpoint a resume continues from (no step "
+                "redone). Only if no step boundary comes in time (max(60 s, 5 steps)):",
+                style="bold #5fd75f",
+                wrap=True,
+            )
+        )
     head = Text()
     head.append("SIGTERM ", style="bold #ff5f5f")
-    if isinstance(launcher, int):  # pid, pgid: what the run's manifest says, inert
+    ranks = sorted(p.pid for p in status.processes if p.first and p.pid != launcher)
+    if isinstance(launcher, int) and ranks:  # what the kill does under torchrun
+        head.append_text(
+            inert(f"each rank at once (pids {', '.join(map(str, ranks))}) ", style="bold")
+        )
+        head.append_text(inert(f"not the torchrun agent (pid {launcher}): it exits by itself; "))
+    elif isinstance(launcher, int):  # pid, pgid: what the run's manifest says, inert
         head.append(f"the torchrun agent, pid {launcher} ", style="bold")
         head.append_text(inert(f"(trainer pid {pid}), "))
     else:
@@ -81,6 +103,7 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
         )
     )
     lines.append(inert(f"run  {status.run_dir or control.where}", style="dim"))
+    lines.extend(_planned(status))
     if saving:
         now = Text(style="bold #ffd75f")
         now.append("The run is writing ")
@@ -106,6 +129,21 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
         )
     )
     return Group(*lines)
+
+
+def _planned(status: Status) -> list[Text]:
+    """Every process the kill would act on now, one row each (all of them: the dialog's
+    body scrolls), labelled as the kill's report labels it (``rank 1``, ``worker, rank
+    0``, ``sidecar``, ``torchrun agent``), those the first SIGTERM goes to first."""
+    if not status.processes:
+        return []
+    rows = [Text(f"{len(status.processes)} process(es) of the run now:", style="bold")]
+    for p in sorted(status.processes, key=lambda p: (not p.first, p.pid)):
+        row = Text("  ")
+        row.append("SIGTERM  " if p.first else "then     ", style="bold #ff5f5f" if p.first else "")
+        row.append_text(inert(f"pid {p.pid:<8} {p.label or p.role:<18} {p.comm}"))
+        rows.append(row)
+    return rows
 
 
 def resume_plan(status: Status, control: RunControl) -> RenderableType:
@@ -173,8 +211,11 @@ class ControlDialog(ConfirmDialog):
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
+        if self.op == "resume" and self.control.observed:
+            await self._load_restart()
+            return
         try:
-            status = await self.control.status()
+            status = await self.control.status(plan=self.op == "kill")
         except Exception as e:  # shown: no manifest, unreachable host, refused key...
             if not self.is_attached:
                 return  # closed meanwhile
@@ -187,6 +228,19 @@ class ControlDialog(ConfirmDialog):
             if self.op == "kill"
             else resume_plan(status, self.control)
         )
+
+    async def _load_restart(self) -> None:
+        """``r`` on a training without telemetry: the restart its kill recorded, as the
+        host would run it (every check made there; a refusal shown before any question)."""
+        try:
+            plan = await self.control.resume_plan()
+        except Exception as e:  # shown: not killed yet, no record, no complete checkpoint
+            if self.is_attached:
+                self.failed(inert(f"Cannot resume: {e}", style="bold #ff5f5f", wrap=True))
+            return
+        if self.is_attached:
+            lines = format_resume_plan(plan).splitlines()
+            self.ready(Group(*(inert(line, wrap=True) for line in lines)))
 
     def _on_progress(self, ev: Event) -> None:
         line = format_progress(ev)
@@ -217,8 +271,7 @@ class ControlDialog(ConfirmDialog):
             if not self.is_attached:
                 self.app.notify(f"{self.op} failed: {e}", severity="error", timeout=20)
                 return
-            outcome = self.query_one("#outcome", Static)
-            outcome.update(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
+            self.show_outcome(inert(f"{self.op} failed: {e}", style="bold #ff5f5f", wrap=True))
         else:
             self.state = "done"
             self.app.post_message(self.Finished(self.op, result))
@@ -231,7 +284,7 @@ class ControlDialog(ConfirmDialog):
                     timeout=20,
                 )
                 return
-            self.query_one("#outcome", Static).update(report(result))
+            self.show_outcome(report(result))
         self.closing(focus=True)
 
     def action_close(self) -> None:

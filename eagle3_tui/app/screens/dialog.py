@@ -29,7 +29,8 @@ def headed(text: str, first_style: str) -> RenderableType:
     """A report as the host wrote it: its first line in ``first_style``, the rest plain."""
     first, _, rest = text.partition("\n")
     return Group(
-        inert(first, style=first_style, wrap=True), *(inert(ln) for ln in rest.splitlines())
+        inert(first, style=first_style, wrap=True),
+        *(inert(ln, wrap=True) for ln in rest.splitlines()),
     )
 
 
@@ -99,6 +100,13 @@ class ConfirmDialog(ModalScreen[None]):
         self.state = "failed"
         self.query_one("#plan", Static).update(why)
         self.closing()
+
+    def show_outcome(self, what: RenderableType) -> None:
+        """The result, scrolled into view below a plan that may fill the dialog."""
+        outcome = self.query_one("#outcome", Static)
+        outcome.update(what)
+        body = self.query_one("#control-body", VerticalScroll)
+        self.call_after_refresh(body.scroll_to_widget, outcome, animate=False, top=True)
 
     def closing(self, *, focus: bool = False) -> None:
         """Cancelling has become closing."""

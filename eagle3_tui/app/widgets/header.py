@@ -71,6 +71,11 @@ class RunHeader(KeptLines):
         self._inputs: object = None
         self.renders = 0
 
+    def show_target(self, target: str, note: str) -> None:
+        """Another run is shown now (a restarted training, followed): where, and why."""
+        self.target, self.note = target, note
+        self.refresh()
+
     def watch_snapshot(self, snap: Snapshot) -> None:
         d, p = snap.diagnosis, snap.progress
         key = (d.label, d.health, d.link_down_since is None, snap.other_file is None)
