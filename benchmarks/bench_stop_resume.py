@@ -182,7 +182,8 @@ def main() -> int:
     p.add_argument("--skip-handlerless", action="store_true")
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-stop-"))
-    kills = [8 + 6 * i for i in range(a.trials)]  # mid-epoch steps of epoch 1
+    # mid-epoch steps of epoch 2: epoch 1's checkpoint is there for the SIGTERM path
+    kills = [30 + 5 * i for i in range(a.trials)]
     now = [with_telemetry(root, k, before=False) for k in kills]
     was = [with_telemetry(root, k, before=True) for k in kills]
     redone_now = show("with telemetry, stop at a step boundary (now)", now)

@@ -1248,7 +1248,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
 
     from eagle3_tui.transport.control import kill_run, on_host
 
-    say("eagle3-tui demo: stopping the run (SIGTERM, checkpoint saved, then verified)…", err=True)
+    say("eagle3-tui demo: stopping the run (at a step boundary, saved, then verified)…", err=True)
     try:
         result = asyncio.run(
             on_host(

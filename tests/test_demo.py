@@ -68,9 +68,10 @@ def test_demo_refuses_a_run_directory_in_use(tmp_path: Path) -> None:
 
 
 def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """After `r` the trainer is no longer the demo's child: quitting must still stop it."""
+    """After `r` the trainer is no longer the demo's child: quitting must still stop it,
+    as `k` does: at a step boundary, its save the numbered checkpoint a restart takes."""
     need_training()
     run_dir = tmp_path / "run"
     trainer = subprocess.Popen(
@@ -85,11 +86,20 @@ def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
         the_demos_child.wait()
         stop_demo_run(LocalTarget(run_dir), the_demos_child)
         assert trainer.wait(timeout=5) == 0  # graceful: speculators saved and exited 0
-        assert (run_dir / "checkpoints" / "interrupted").is_dir()
-        events = [
-            r["event"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"
-        ]
-        assert events[-1] == "interrupt"
+        said = capsys.readouterr().err
+        assert "asked the trainer to stop at its next step boundary" in said, said
+        assert "stopped at a step boundary" in said and "demo: stopped: all" in said, said
+        assert "no stop at a step boundary: SIGTERM" not in said, said
+        events = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"]
+        stop = next(e for e in events if e["event"] == "stop")  # right after a step
+        g = stop["global_step"]
+        assert events[-1]["event"] == "interrupt" and events[-1]["step"] == g, events[-2:]
+        # its interrupted/ save became the numbered checkpoint speculators resumes from
+        saved = run_dir / "checkpoints" / str(stop["epoch"])
+        state = json.loads((saved / "training_state.json").read_text())
+        assert state == {"epoch": stop["epoch"], "local_step": stop["local_step"], "global_step": g}
+        assert (saved / "model.safetensors").is_file()
+        assert not (run_dir / "checkpoints" / "interrupted").exists()
     finally:
         if trainer.poll() is None:
             trainer.kill()

@@ -119,7 +119,7 @@ def test_a_kill_stops_at_a_step_boundary_and_the_resume_redoes_nothing(tmp_path:
         def finished() -> bool:
             ends = [e["event"] for e in _events(run_dir)]
             assert "crash" not in ends, run.log()
-            return ends[-1] == "finish"
+            return bool(ends[-1] == "finish")
 
         wait_until(finished, 240, run.log)
     steps = _steps(run_dir)

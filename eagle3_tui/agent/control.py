@@ -50,7 +50,13 @@ from eagle3_tui.agent.restart import record as record_restart
 from eagle3_tui.agent.restart import redo as steps_redone
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
 from eagle3_tui.agent.saving import wait_for_save
-from eagle3_tui.agent.stopping import after_stop, ask_for_stop, owner_of, redo_from_records
+from eagle3_tui.agent.stopping import (
+    after_stop,
+    ask_for_stop,
+    joined_stop,
+    owner_of,
+    redo_from_records,
+)
 from eagle3_tui.agent.trust import manifest_owner, resume_problems, signal_owner
 from eagle3_tui.agent.userfiles import as_user
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
@@ -216,9 +222,12 @@ def _report_joined(
 ) -> None:
     """The result of a kill that waited for another kill of the run: no signal of its
     own, the same processes (found before it waited) and how each ended, the same
-    checkpoint report; if the run still lives (the other kill was refused, or left
-    processes), it says so and signals nothing: the other kill's report says why."""
+    checkpoint report, and the other kill's stop at a step boundary when it made one
+    (:func:`stopping.joined_stop`: then no kill signalled the trainer); if the run still
+    lives (the other kill was refused, or left processes), it says so and signals
+    nothing: the other kill's report says why."""
     settle(members)
+    stop = joined_stop(m, run_dir)
     remaining = [mb for mb in members.values() if mb.alive()]
     for mb in members.values():
         if mb.outcome != "alive":
@@ -236,9 +245,10 @@ def _report_joined(
         ),
         processes=[mb.report() for mb in members.values()],
         checkpoints=checkpoint_report(m, run_dir, before),
-        signalled_trainer=True,  # by the kill it joined: interrupted/ is that stop's
+        signalled_trainer=stop is None,  # by the kill it joined: interrupted/ is that stop's
         joined=True,
         save_wait=None,
+        stop=stop,
         host=os.uname().nodename,
         node_rank=m.get("node_rank"),
         **base,

@@ -1251,6 +1251,12 @@ def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
             raise
         row = ended.row()
         note = f"{_describe_choice(row)}, {_describe_end(row)}"
+        attached = attached_run(row)
+        if attached is not None:  # its telemetry's records say how it ended, not the outside
+            note += f"; telemetry was attached to it: its run {attached}"
+            short = f"pid {pid}"
+            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=attached, note=note, short=short, **base)
+            return 0
         emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)
         return 0
     named = row.get("named_pid")
@@ -1264,6 +1270,24 @@ def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
         **base,
     )
     return 0
+
+
+def attached_run(row: dict[str, Any]) -> str | None:
+    """The run directory of this user's run registered for the ended training ``row``
+    while it lived (its PID, registered between its start and the look that found it
+    gone): a live attach gave it telemetry (a kill attaches first), whose records say how
+    it ended (stopped at a step boundary, its save a numbered checkpoint), where the
+    outside record knows only that it went. None when it ran without telemetry to its
+    end."""
+    started, ended = row.get("started"), row.get("ended_at")
+    if not isinstance(started, (int, float)) or not isinstance(ended, (int, float)):
+        return None
+    for run in registered_rows(False)[0]:  # newest first
+        at = run.get("started_at")
+        same = run.get("pid") == row.get("pid") and run.get("exists")
+        if same and isinstance(at, (int, float)) and started <= at <= ended:
+            return str(run["run_dir"])
+    return None
 
 
 def _choose_stopped(

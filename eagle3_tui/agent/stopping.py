@@ -185,13 +185,19 @@ class StopRequest:
 def read_state(path: Path, request_id: object) -> dict[str, Any] | None:
     """The telemetry's state file at ``path``, when it answers the request
     ``request_id``."""
+    obj = _state_file(path)
+    if obj is None or obj.get("id") != request_id:
+        return None
+    return obj
+
+
+def _state_file(path: Path) -> dict[str, Any] | None:
+    """The telemetry's state file at ``path`` (read bounded, never through a link)."""
     try:
         obj = json.loads(read_bounded(path, STATE_LIMIT, follow=False))
     except (OSError, ValueError):
         return None
-    if not isinstance(obj, dict) or obj.get("id") != request_id:
-        return None
-    return obj
+    return obj if isinstance(obj, dict) else None
 
 
 def _write_request(path: str, body: str) -> bool:
@@ -301,13 +307,16 @@ def ask_for_stop(
     if names is None:
         why = "its telemetry does not stop at a step boundary (an older eagle3-tui)"
         return _not_asked(why)
+    node = m.get("node_rank")
+    if isinstance(node, int) and node > 0:
+        # before the pace: a node k > 0 logs no step of its own (rank 0 writes the
+        # metrics), so its records would always say "no step since the start" and its
+        # ranks would be signalled while node 0's stop has them agree on a step
+        return _follow_node0(alive, 2 * wait_s)
     if pace.steps == 0 and not pace.attached:
         # a SIGTERM loses nothing: the process has not trained since the checkpoint it
         # resumed from (or since step 0), and no step boundary comes while it loads
         return _not_asked("no step logged since the process started: a signal loses nothing")
-    node = m.get("node_rank")
-    if isinstance(node, int) and node > 0:
-        return _follow_node0(alive, 2 * wait_s)
     request = StopRequest(run_dir, names, as_owner)
     try:
         request.write()
@@ -371,11 +380,7 @@ def after_stop(
     names = stop_files(m)
     if names is not None and state:  # now that it is gone: saved, or the save failed
         state = read_state(run_dir / names[1], state.get("id")) or state
-    report = dict(stop)
-    for key in ("phase", "epoch", "local_step", "global_step"):
-        value = state.get(key)
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            report[key] = value
+    report = {**stop, **where_stopped(state)}
     ckpt = checkpoint_dir(m, run_dir)
     if stop.get("how") == "step_boundary" and ckpt is not None:
         problems = stop_save_problems(ckpt, state, before)
@@ -400,6 +405,50 @@ def after_stop(
     latest = latest_numbered(ckpt) if ckpt is not None else None
     metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
     report["redo"] = redo_from_records(metrics, checkpoint_info(latest) if latest else None)
+    return report
+
+
+def where_stopped(state: dict[str, Any]) -> dict[str, Any]:
+    """What a kill's report says of the state file (written by the run: checked): its
+    ``phase``, and the ``epoch``, ``local_step`` and ``global_step`` the save holds."""
+    out: dict[str, Any] = {}
+    if isinstance(state.get("phase"), str):
+        out["phase"] = state["phase"][:40]
+    for key in ("epoch", "local_step", "global_step"):
+        value = state.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
+def joined_stop(m: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """For a kill that waited for another kill of the run (``control._report_joined``):
+    the stop at a step boundary the other kill made, as :func:`after_stop` reports it
+    (``how``, where the save holds the run, what a restart redoes; the conversion is the
+    other kill's), when the state file says the run's trainer (the manifest's ``pid``)
+    raised at a step boundary; None when it was not stopped so (the other kill
+    signalled it, or it ended by itself)."""
+    names, pid = stop_files(m), m.get("pid")
+    state = _state_file(run_dir / names[1]) if names is not None else None
+    if state is None or state.get("phase") not in STOPPED:
+        return None
+    if not isinstance(pid, int) or state.get("pid") != pid:  # an earlier process's stop
+        return None
+    rid = state.get("id")
+    report: dict[str, Any] = {"how": "step_boundary"}
+    report["request"] = rid if isinstance(rid, str) else None
+    where = where_stopped(state)
+    report.update(where)
+    ckpt = checkpoint_dir(m, run_dir)
+    latest = latest_numbered(ckpt) if ckpt is not None else None
+    info = checkpoint_info(latest) if latest is not None else None
+    keys = ("epoch", "local_step", "global_step")
+    if info is not None and all(k in where and info.get(k) == where[k] for k in keys):
+        report["checkpoint"] = {"path": info["path"]}  # the other kill made the save this
+    else:
+        report["not_converted"] = ["the kill it joined did not make the save a checkpoint"]
+    metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
+    report["redo"] = redo_from_records(metrics, info)
     return report
 
 

@@ -350,9 +350,7 @@ class StepStop:
         when = self.stopped_at
         if text.startswith(INTERRUPT_SAVED):
             path = text[len(INTERRUPT_SAVED) :].strip().strip("'")
-            self._write_state(
-                "saved", self.request, saved_to=path, stopped_at=when, **self.stopped
-            )
+            self._write_state("saved", self.request, saved_to=path, stopped_at=when, **self.stopped)
         elif text.startswith(INTERRUPT_FAILED):
             self._write_state("save_failed", self.request, stopped_at=when, **self.stopped)
 

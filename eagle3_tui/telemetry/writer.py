@@ -492,7 +492,11 @@ class JsonlWriter:
         fd = self._file.fd
         assert fd is not None
         recovering = self._gap is not None  # a disk that was full: a sibling's line may be torn
-        prefix = b"\n" if self._torn or (recovering and self._file.ends_mid_line()) else b""
+        # our own torn line is owed its newline while it still ends the file: a sibling
+        # coming back first has ended it (its newline: ours would make a blank line)
+        owed = self._torn and self._file.size == self._file.end
+        looks = recovering or self._torn
+        prefix = b"\n" if owed or (looks and self._file.ends_mid_line()) else b""
         data = prefix + (lines[0] if len(lines) == 1 else b"".join(lines))
         try:
             n = os.write(fd, data)

@@ -183,7 +183,7 @@ async def kill_run(
             report = await kill_run(
                 host, first.run_dir, grace_s, on_progress, None, save_wait_s, stop_wait_s
             )
-            return msgspec.structs.replace(report, attached_first=first)
+            return msgspec.structs.replace(report, attached_first=first, pid=process.pid)
     request: dict[str, Any] = {"op": OP_KILL, "run_dir": run_dir, "grace_s": grace_s}
     if save_wait_s is not None:
         request["save_wait_s"] = save_wait_s

@@ -433,6 +433,8 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     start_ticks: int | None = None
     boot_id: str | None = None
     pgid: int | None = None
+    sid: int | None = None
+    """Its session (what a SIGKILLed trainer's workers still share: leftovers)."""
     launcher_pid: int | None = None
     """The torchrun agent (None: no torchrun)."""
     uid: int | None = None

@@ -5,6 +5,7 @@ the real agent on this machine, acting on a real tiny training."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -127,8 +128,9 @@ async def test_kill_cancelled_signals_nothing(live_run: LiveRun) -> None:
 
 async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
     """``k`` and ``r`` through the real agent on this machine: the probe says the trainer
-    lives, the kill stops it (checkpoint saved, every process gone, judged stopped), the
-    resume starts it again from its numbered checkpoint and the probe follows the new PID."""
+    lives, the kill stops it at a step boundary (no signal; its save made the numbered
+    checkpoint, every process gone, judged stopped), the resume starts it again from that
+    checkpoint at the next step and the probe follows the new PID."""
     ckpt0 = live_run.run_dir / "checkpoints" / "0" / "training_state.json"
     await wait_until(ckpt0.exists, 240, "the first checkpoint", live_run)
     pid = live_run.manifest()["pid"]
@@ -146,9 +148,24 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         await until(pilot, lambda: dialog.state == "done", timeout=180, what="the kill's report")
         outcome = text_of(dialog.query_one("#outcome"), 200)
         assert "stopped: all" in outcome and "process(es) of the run are gone" in outcome
-        assert f"{pid}  trainer" in outcome and "SIGTERM" in outcome, outcome
-        interrupted = live_run.run_dir / "checkpoints" / "interrupted"
-        assert f"interrupted: {interrupted}" in outcome and "complete" in outcome
+        # the trainer stopped by itself at a step boundary: no signal, exit status 0
+        assert re.search(rf"{pid}  trainer +\S+ +- +exited \(exit status 0\)", outcome), outcome
+        boundary = re.search(
+            r"stopped at a step boundary: the save holds global step (\d+) \(epoch (\d+), "
+            r"step (\d+) of the epoch\); a restart continues at step (\d+)",
+            outcome,
+        )
+        assert boundary is not None, outcome
+        g, epoch, local, at = (int(x) for x in boundary.groups())
+        assert at == g + 1 and 0 < local <= g and epoch >= 2  # after checkpoints/0
+        saved = live_run.run_dir / "checkpoints" / str(epoch - 1)  # speculators' 0-based
+        assert f"interrupted: written by this stop, now {saved}" in outcome, outcome
+        assert f"interrupted/ is now {saved}, the checkpoint speculators resumes" in outcome
+        assert f"a restart redoes nothing: it continues at step {g + 1}" in outcome, outcome
+        state_file = saved / "training_state.json"
+        state_saved = json.loads(state_file.read_text())
+        assert state_saved == {"epoch": epoch - 1, "local_step": local, "global_step": g}
+        assert not (live_run.run_dir / "checkpoints" / "interrupted").exists()
         await until(pilot, lambda: state.process_alive is False, timeout=30, what="a probe")
         await until(
             pilot, lambda: app.snapshot.health == Health.STOPPED, timeout=30, what="stopped"
@@ -166,8 +183,8 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         assert started is not None, outcome + live_run.log()
         new_pid = int(started.group(1))
         live_run.started.append(new_pid)
-        # the checkpoint it resumes from, with the step and the 1-based epoch it closes
-        assert re.search(r"checkpoints/\d+ \(step \d+, epoch [1-9]\d*\)", outcome), outcome
+        # the stop's checkpoint, with its global step and its 1-based epoch
+        assert f"{saved} (step {g}, epoch {epoch})" in outcome, outcome
         await until(
             pilot,
             lambda: state.process_alive is True and state.manifest.get("pid") == new_pid,

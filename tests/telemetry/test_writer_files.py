@@ -409,3 +409,43 @@ def test_no_file_it_may_write_counts_every_record_and_says_so_once(
     assert len(said) == 1 and str(fs / "metrics.jsonl") in said[0] and "file system" in said[0]
     assert f"a symbolic link to {secret} is there" in said[0]
     assert "30 not written (EROFS: 30)" in w.outcome()
+
+
+def test_a_torn_line_ended_by_a_sibling_gets_no_second_newline(tmp_path: Path) -> None:
+    """Two writers of one file on a full disk (the trainer and its sidecar): ``b``'s
+    line is torn and its newline owed, ``a``'s writes fail. Space returns and ``a``
+    writes first, ending ``b``'s torn line; ``b`` then owed nothing (its newline made a
+    blank line: two lines that are no record, seen in the real training's test)."""
+    with small_tmpfs(tmp_path / "fs", "256k") as fs:
+        path = fs / "metrics.jsonl"
+        a = JsonlWriter(path, run_id=RUN, writer_id="a")
+        b = JsonlWriter(path, run_id=RUN, writer_id="b")
+        write_steps(a, range(3))
+        write_steps(b, range(3))
+        fill_filesystem(fs / "filler")
+        for i in range(3, 100):  # the page the file ends in fills: b's line is torn
+            write_steps(b, range(i, i + 1))
+            if b.stats.dropped:
+                break
+        assert not path.read_bytes().endswith(b"\n")  # b's newline is owed
+        write_steps(a, range(3, 4))
+        assert a.stats.dropped == 1  # a has a gap too: it looks at the file's end
+        (fs / "filler").unlink()
+        write_steps(a, range(4, 5))
+        write_steps(b, range(100, 101))
+        a.close()
+        b.close()
+        data = path.read_bytes()
+    lines = data.split(b"\n")
+    assert lines[-1] == b""  # ended
+    recs, torn = [], []
+    for line in lines[:-1]:
+        try:
+            recs.append(json.loads(line))
+        except ValueError:  # a blank line too
+            torn.append(line)
+    assert len(torn) == 1 and torn[0].count(b'{"v":') == 1, torn  # b's, nothing glued on
+    gaps = {r["w"]: r["records"] for r in recs if r.get("event") == "write_gap"}
+    assert gaps == {"a": 1, "b": b.stats.dropped}
+    assert [r["step"] for r in recs if r.get("w") == "a" and r["kind"] == "train"] == [0, 1, 2, 4]
+    assert [r["step"] for r in recs if r.get("w") == "b" and r["kind"] == "train"][-1] == 100

@@ -201,17 +201,28 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         assert all(n["status"] == "stopped" for n in result["nodes"]), killed.stdout
         labels = {p["label"] for n in result["nodes"] for p in n["processes"]}
         assert {"rank 0", "rank 1", "torchrun agent"} <= labels, killed.stdout
-        # The kill waits for a save in progress, then signals every rank of every node. Each
-        # rank's speculators handler raises where the signal finds it; a rank that meets it
-        # inside a collective can leave rank 0's interrupt save failing (rank 0 exits 1, no
-        # interrupted/: seen in this project's CI). What the kill guarantees either way: no
-        # torn checkpoint for the resume to take, and the report says which one it takes.
-        ckpts = result["nodes"][0]["checkpoints"]
-        interrupted, latest = ckpts["interrupted"], ckpts["latest"]
-        assert interrupted is None or interrupted["problems"] == [], killed.stdout
-        assert latest is not None and latest["problems"] == [], killed.stdout
+        # Node 0's kill asks rank 0's telemetry to stop at a step boundary; the ranks agree
+        # on the step through the job's store, and node 1's kill waits for its rank to end
+        # with them (``node0``): no rank of any node is signalled (a rank signalled alone
+        # leaves the others' interrupt save waiting for it in a collective).
+        stop0, stop1 = (n["stop"] for n in result["nodes"])
+        assert (stop0["how"], stop1["how"]) == ("step_boundary", "node0"), killed.stdout
+        ranks = [
+            p for n in result["nodes"] for p in n["processes"] if p["label"] in ("rank 0", "rank 1")
+        ]
+        assert len(ranks) == 2 and all(p["signals"] == [] for p in ranks), killed.stdout
+        assert not any(n["signalled_trainer"] for n in result["nodes"]), killed.stdout
+        # the stop's save, gathered from both ranks, is the numbered checkpoint of its epoch
+        g, epoch = stop0["global_step"], stop0["epoch"]
+        ckpt = run_dir / "checkpoints"
+        assert stop0["checkpoint"]["path"] == str(ckpt / str(epoch)), killed.stdout
+        state = json.loads((ckpt / str(epoch) / "training_state.json").read_text())
+        assert state == {"epoch": epoch, "local_step": stop0["local_step"], "global_step": g}
+        assert not (ckpt / "interrupted").exists() and stop0["redo"]["steps"] == 0
+        latest = result["nodes"][0]["checkpoints"]["latest"]
+        assert latest["problems"] == [] and latest["global_step"] == g, killed.stdout
         assert not leftovers(run_dir), leftovers(run_dir)
-        steps_before = max(train_steps(records(run_dir / "metrics.jsonl")))
+        assert max(train_steps(records(run_dir / "metrics.jsonl"))) == g - 1
 
         # ---- resume from node 1 alone (its latest run): every node, the run continues ---
         resumed = cluster.cli("resume", node1, "--json")
@@ -233,7 +244,9 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         wait_until(continued, 360, "the resumed run's steps on both nodes", run_dir / "train.log")
         recs = records(run_dir / "metrics.jsonl")
         resume = [r for r in recs if r["kind"] == "lifecycle" and r["event"] == "resume"][-1]
-        assert 0 < resume["global_step"] <= steps_before + 1
+        assert resume["global_step"] == g  # at the stop's step: none redone, none skipped
+        steps = train_steps(recs)
+        assert steps == list(range(len(steps))), steps  # every step once, in order
         st, now = cluster.state(run_dir)
         assert diagnose(st, now).health is Health.RUNNING
 

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.telemetry import procs
-from tests.conftest import need, need_training, useradd, wait_until
+from tests.conftest import need, need_training, read_jsonl, useradd, wait_until
 from tests.transport.conftest import cli
 from tests.transport.sshd import ALIAS, Sshd, have_pid_namespaces, have_sshd
 
@@ -289,8 +289,16 @@ def test_summary_of_the_host_picks_it_and_says_silent_within_the_bound(
         f"({min(training.seen, key=training.seen.__getitem__)}), bound {bound:.0f} s; "
         f"trainer started {end - training.launched:.0f} s before; seen {training.seen}"
     )
-    text = cli("summary", *host.args(), ALIAS)  # the same for a person
-    assert text.returncode == 3 and "silent: No metric has been logged" in text.stdout
+    while True:  # the same for a person, by the same bound: waiting before it, silent after
+        asked = time.time()
+        text = cli("summary", *host.args(), ALIAS)
+        if text.returncode == 3:
+            break
+        assert text.returncode == 0 and "health   waiting: " in text.stdout, text.stdout
+        # one look of 2.5 s may see no read yet (the prefetched batches last): never late
+        assert asked < evidence + bound, (asked - evidence, bound, text.stdout)
+        time.sleep(1.0)
+    assert "silent: No metric has been logged" in text.stdout
     assert f"process  pid {row['pid']} (root), no telemetry" in text.stdout
 
 
@@ -448,9 +456,11 @@ def other_user() -> Iterator[str]:
 # ---- kill ------------------------------------------------------------------------------
 
 
-def test_kill_of_the_discovered_training_saves_interrupted_and_leaves_nothing(
+def test_kill_of_the_discovered_training_attaches_it_stops_at_a_step_and_leaves_nothing(
     host: Sshd, training: Training
 ) -> None:
+    """The kill attaches telemetry to it first, then stops it at a step boundary: no
+    signal, its save the numbered checkpoint a restart continues from."""
     row = live_row(host, training, lambda r: True, 60, "the row")
     deadline = time.monotonic() + 240
     while "checkpoint" not in training.seen:  # (this test alone: a save to resume from)
@@ -463,22 +473,36 @@ def test_kill_of_the_discovered_training_saves_interrupted_and_leaves_nothing(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "stopped", report
-    assert report["pid"] == row["pid"]
+    first = report["attached_first"]
+    run_dir = work / "eagle3-runs" / f"attached-{row['pid']}"
+    assert first["status"] == "attached" and first["run_dir"] == str(run_dir), first
+    assert report["run_dir"] == str(run_dir)  # the attached run is the one stopped
+    assert json.loads((run_dir / "run.json").read_text())["pid"] == row["pid"]
     trainer = next(p for p in report["processes"] if p["role"] == "trainer")
-    assert trainer["pid"] == row["pid"] and trainer["signals"] == ["SIGTERM"]
-    assert trainer["outcome"] == "exited"  # speculators' graceful exit, not SIGKILL
-    interrupted = work / "checkpoints" / "interrupted"
-    assert (interrupted / "model.safetensors").is_file(), sorted(os.listdir(interrupted.parent))
-    assert report["checkpoints"]["interrupted"]["path"] == str(interrupted)
+    assert trainer["pid"] == row["pid"] and trainer["signals"] == [], report
+    assert trainer["outcome"] == "exited" and not report["signalled_trainer"]
+    stop = report["stop"]
+    assert stop["how"] == "step_boundary", stop
+    g, epoch = stop["global_step"], stop["epoch"]
+    assert epoch >= 1 and 0 < stop["local_step"] <= g  # after the save of epoch 0
+    # its interrupted/ became the numbered checkpoint the library resumes from mid-epoch
+    saved = work / "checkpoints" / str(epoch)
+    assert stop["checkpoint"]["path"] == str(saved), stop
+    state = json.loads((saved / "training_state.json").read_text())
+    assert state == {"epoch": epoch, "local_step": stop["local_step"], "global_step": g}
+    assert (saved / "model.safetensors").is_file()
+    assert not (work / "checkpoints" / "interrupted").exists()
+    assert stop["redo"]["steps"] == 0 and stop["redo"]["exact"], stop
+    events = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"]
+    assert events[-1]["event"] == "interrupt" and events[-1]["step"] == g, events[-3:]
     for pid, start in family.items():
         st = procs.stat(pid)
         assert st is None or st.start_ticks != start or st.zombie, f"{pid} remains"
-    after = cli("runs", *host.args(), ALIAS, "--json")  # nothing live (maybe a finished run)
-    if after.returncode == 0:
-        assert json.loads(after.stdout)["live"] == [] and json.loads(after.stdout)["runs"]
-    else:
-        assert after.returncode == 2 and "no live training and no run registered" in after.stderr
-    # the PID now names nothing: a process that exited meanwhile
-    proc = cli("summary", *host.args(), ALIAS, "--pid", str(row["pid"]))
-    assert proc.returncode == 22, proc.stderr
-    assert "has exited" in proc.stderr or "no such process" in proc.stderr
+    after = runs_json(host)  # nothing live; the attached run, stopped
+    assert after["live"] == [], after["live"]
+    assert [r["status"] for r in after["runs"] if r["run_dir"] == str(run_dir)] == ["interrupted"]
+    # the PID names what it was: its telemetry's records say it stopped (not "dead")
+    proc = cli("summary", *host.args(), ALIAS, "--pid", str(row["pid"]), "--json")
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["health"] == "stopped"
+    assert f"its run {run_dir}" in proc.stderr, proc.stderr

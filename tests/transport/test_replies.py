@@ -258,7 +258,11 @@ async def test_discover_choose_and_describe_decode_what_the_agent_sends(
     shown = control.format_discovered(report)
     assert str(work) in shown and "silent_train.py" in shown and finished["run_dir"] in shown
     out = json.loads(to_json(report))  # runs --json: what the agent said, every key
-    assert set(next(r for r in out["live"] if r["pid"] == pid)) == set(mine[0]) | {"named_pid"}
+    shown_row = next(r for r in out["live"] if r["pid"] == pid)
+    # what only a record of an ended training has, at its live defaults
+    ended = {"alive": True, "ended_at": None, "last_alive": None, "exit_status": None}
+    assert set(shown_row) == set(mine[0]) | {"named_pid", "record", *ended}
+    assert {k: shown_row[k] for k in ended} == ended and shown_row["record"] is None
 
     # choose: a work directory means its live training
     fields = await raw({"op": names.OP_CHOOSE, "run_dir": str(work)})

@@ -291,14 +291,18 @@ def test_kill_and_resume_an_attached_run(sshd: Sshd, launch: Any) -> None:
     report = json.loads(proc.stdout)
     assert report["status"] == "stopped"
     trainer = [p for p in report["processes"] if p["role"] == "trainer"]
-    assert trainer and trainer[0]["pid"] == run.pid and trainer[0]["signals"] == ["SIGTERM"]
+    # the attached telemetry stops it at a step boundary: asked, not signalled
+    assert trainer and trainer[0]["pid"] == run.pid and trainer[0]["signals"] == [], report
+    assert report["stop"]["how"] == "step_boundary", report["stop"]
     assert run.proc.wait(30) == 0  # speculators' graceful exit
-    assert checkpoints.checkpoint_problems(run.out / "checkpoints" / "interrupted") == []
     family = [p for p in processes.all_procs().values() if p.pid == run.pid or p.ppid == run.pid]
     assert [p for p in family if not p.zombie] == []
+    # its interrupt save became the numbered checkpoint the library resumes from mid-epoch
     latest = checkpoints.latest_numbered(run.out / "checkpoints")
-    assert latest is not None
+    assert latest is not None and str(latest) == report["stop"]["checkpoint"]["path"]
+    assert checkpoints.checkpoint_problems(latest) == []
     step = json.loads((latest / "training_state.json").read_text())["global_step"]
+    assert step == report["stop"]["global_step"] and report["stop"]["redo"]["steps"] == 0
 
     proc = cli("resume", *sshd.args(), target, "--json", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

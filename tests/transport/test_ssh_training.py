@@ -94,7 +94,8 @@ def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, liv
     by_pid = {p["pid"]: p for p in report["processes"]}
     assert report["status"] == "stopped"
     assert by_pid[live.proc.pid]["role"] == "trainer"
-    assert by_pid[live.proc.pid]["signals"] == ["SIGTERM"]
+    assert by_pid[live.proc.pid]["signals"] == []  # asked to stop at a step boundary
+    assert report["stop"]["how"] == "step_boundary", report["stop"]
     assert by_pid[live.proc.pid]["outcome"] == "exited"
     assert set(workers) <= set(by_pid)
     assert all(p["outcome"] in ("exited", "killed") for p in report["processes"])
@@ -104,8 +105,10 @@ def test_kill_a_real_training_leaves_a_checkpoint_and_no_process(sshd: Sshd, liv
         p = processes.proc_stat(pid)
         assert p is None or p.start != start or p.zombie, f"{pid} ({procs[pid].comm}) remains"
     assert marker_processes(run_id) == []
-    interrupted = live.run_dir / "checkpoints" / "interrupted"
-    assert checkpoints.checkpoint_problems(interrupted) == []  # whole weights and optimizer state
+    # its interrupt save, now the numbered checkpoint a resume continues from: whole
+    saved = Path(report["stop"]["checkpoint"]["path"])
+    assert saved.parent == live.run_dir / "checkpoints" and saved.name.isdigit()
+    assert checkpoints.checkpoint_problems(saved) == []  # whole weights and optimizer state
     assert report["checkpoints"]["latest"]["problems"] == []
     events = [
         r["event"] for r in read_jsonl(live.run_dir / "metrics.jsonl") if r["kind"] == "lifecycle"

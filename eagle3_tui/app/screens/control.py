@@ -78,6 +78,18 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
                 wrap=True,
             )
         )
+    elif control.observed and not isinstance(launcher, int):  # no telemetry: attached first
+        lines.append(
+            inert(
+                f"Attach telemetry first (as a does: milliseconds of the trainer's main "
+                f"thread), then stop at the next step boundary: the trainer (pid {pid}) saves "
+                "checkpoints/interrupted/ right after a step and that save becomes the "
+                "checkpoint a restart continues from (no step redone). Where attach is "
+                "refused, or no step boundary comes in time:",
+                style="bold #5fd75f",
+                wrap=True,
+            )
+        )
     head = Text()
     head.append("SIGTERM ", style="bold #ff5f5f")
     ranks = sorted(p.pid for p in status.processes if p.first and p.pid != launcher)
