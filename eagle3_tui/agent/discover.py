@@ -1060,8 +1060,10 @@ def run_working_in(directory: str) -> str | None:
 
 def ended_rows() -> list[dict[str, Any]]:
     """The trainings without telemetry this user's agent observed that have ended
-    (their records, :mod:`timeline`), newest first."""
-    return [tl.row() for tl in settle(left_behind_of) if tl.end() is not None]
+    (their records, :mod:`timeline`), newest first; not one that had telemetry attached
+    before it ended (a kill attaches first): its run is listed, and says how it ended."""
+    rows = [tl.row() for tl in settle(left_behind_of) if tl.end() is not None]
+    return [r for r in rows if attached_run(r) is None]
 
 
 def op_discover(req: dict[str, Any]) -> int:

@@ -55,7 +55,7 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
     saves: dict[str, float] = {}
     last: dict[str, float] = {}
     for line in data.split(b"\n"):
-        if b'"ckpt"' not in line and b'"lifecycle"' not in line:
+        if b'"ckpt"' not in line and b'"lifecycle"' not in line and b'"train"' not in line:
             continue
         try:
             rec = json.loads(line)
@@ -64,10 +64,14 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
         if not isinstance(rec, dict):
             continue
         kind, event = rec.get("kind"), rec.get("event")
+        ts = rec.get("ts")
         if kind == "lifecycle" and event in _ENDS:
             saves.clear()
+        elif kind == "train" and isinstance(ts, (int, float)) and saves:
+            # speculators saves in the training loop: a step logged after a save began
+            # means that save is over, whatever became of the record of its end
+            saves = {p: since for p, since in saves.items() if since >= float(ts)}
         elif kind == "ckpt" and isinstance(rec.get("path"), str):
-            ts = rec.get("ts")
             when = float(ts) if isinstance(ts, (int, float)) else 0.0
             if event in ("save_started", "save_progress"):
                 saves.setdefault(rec["path"], when)

@@ -47,8 +47,10 @@ def lines_strategy() -> st.SearchStrategy[list[tuple[list[float], list[float]]]]
             xs = [float(i) for i in range(n)]
         else:
             xs = sorted(draw(st.lists(st.floats(-1e5, 1e5), min_size=n, max_size=n)))
-        # no subnormals: plotext's own tick labels overflow on a range of ~1e-309
-        ys = draw(st.lists(st.floats(-3, 3, allow_subnormal=False), min_size=n, max_size=n))
+        # 12 decimals: plotext's own tick labels (the reference picture) overflow on a
+        # range of ~1e-308 (hypothesis found 0 and 2.2e-308, the smallest normal float)
+        y = st.floats(-3, 3, allow_subnormal=False).map(lambda v: round(v, 12))
+        ys = draw(st.lists(y, min_size=n, max_size=n))
         return xs, [y * scale for y in ys]
 
     return st.lists(st.composite(line)(), min_size=1, max_size=4)

@@ -39,7 +39,7 @@ def kill(target: Path) -> subprocess.CompletedProcess[str]:
         [EAGLE3_TUI, "kill", str(target), "--grace", "60"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=400,  # attach, a step boundary (60 s at most), the grace: bounds, not times
         check=False,
     )
 

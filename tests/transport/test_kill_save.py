@@ -158,6 +158,10 @@ def ckpt(lines: Lines, event: str, path: str, **fields: Any) -> bytes:
         ([("save_started", "/c/1"), ("lifecycle", "resume")], None),  # an earlier life's
         ([("save_started", "/c/1"), ("lifecycle", "crash")], None),
         ([("save_started", "/c/1"), ("best", "/c/1"), ("completed", "/c/1")], "/c/1"),
+        # a step logged after the save began: the save (in the training loop) is over,
+        # though the record of its end never came (the kill waited minutes for it)
+        ([("save_started", "/c/1"), ("train", "")], None),
+        ([("save_started", "/c/1"), ("train", ""), ("save_started", "/c/2")], "/c/2"),
     ],
 )
 def test_the_save_in_progress_is_the_one_started_and_not_finished(
@@ -168,6 +172,8 @@ def test_the_save_in_progress_is_the_one_started_and_not_finished(
     for event, arg in events:
         if event == "lifecycle":
             out.append(lines.make("lifecycle", event=arg))
+        elif event == "train":
+            out.append(lines.train(1, 1.0))
         else:
             out.append(ckpt(lines, event, arg))
     found = saving.save_in_progress(write(tmp_path / "m.jsonl", out))

@@ -501,6 +501,7 @@ def test_kill_of_the_discovered_training_attaches_it_stops_at_a_step_and_leaves_
     after = runs_json(host)  # nothing live; the attached run, stopped
     assert after["live"] == [], after["live"]
     assert [r["status"] for r in after["runs"] if r["run_dir"] == str(run_dir)] == ["interrupted"]
+    assert [r for r in after["ended"] if r["pid"] == row["pid"]] == []  # listed once: its run
     # the PID names what it was: its telemetry's records say it stopped (not "dead")
     proc = cli("summary", *host.args(), ALIAS, "--pid", str(row["pid"]), "--json")
     assert proc.returncode == 7, proc.stdout + proc.stderr
