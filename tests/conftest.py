@@ -59,15 +59,6 @@ MYPY_TEST = "tests/test_lint.py::test_mypy_strict"
 _mypy: dict[str, Any] = {}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with slow tests (real trainings, sshd, tmux) first, each file's tests in
-    their order: two workers (``-n 2``, a file each) then end on short files together,
-    not one of them on a three-minute file alone (xdist's own order, by number of tests,
-    put the slow files last: 23 minutes where 19 do)."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """mypy (strict) takes about a minute of one core; most of the suite waits on real
     trainings with a core to spare, so mypy starts once the tests are collected, at the
