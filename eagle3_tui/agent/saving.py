@@ -37,21 +37,29 @@ _ENDS = frozenset({"start", "resume", "interrupt", "finish", "crash"})
 """Lifecycle events after which no earlier save can still be running."""
 
 
-def save_in_progress(metrics: Path) -> dict[str, Any] | None:
-    """The checkpoint save the run's records show started (``save_started`` or
-    ``save_progress``) and not finished, the newest if several: ``{"path", "since",
-    "last"}`` (its first and latest records' times); None when there is none or the
-    file cannot be read. A torn or malformed line is skipped."""
+def metrics_tail(metrics: Path) -> bytes | None:
+    """The last :data:`TAIL_BYTES` of ``metrics.jsonl`` from its first whole line, read
+    as a regular file (a FIFO planted there never hangs a kill); None when it cannot
+    be read."""
     try:
-        with open_file(metrics) as f:  # a FIFO planted there never hangs a kill
+        with open_file(metrics) as f:
             size = f.seek(0, 2)
             start = max(0, size - TAIL_BYTES)
             f.seek(start)
             data = f.read(size - start)
     except OSError:
         return None
-    if start:  # the first line is cut: from the next one on
-        data = data[data.find(b"\n") + 1 :]
+    return data[data.find(b"\n") + 1 :] if start else data  # a cut first line is skipped
+
+
+def save_in_progress(metrics: Path) -> dict[str, Any] | None:
+    """The checkpoint save the run's records show started (``save_started`` or
+    ``save_progress``) and not finished, the newest if several: ``{"path", "since",
+    "last"}`` (its first and latest records' times); None when there is none or the
+    file cannot be read. A torn or malformed line is skipped."""
+    data = metrics_tail(metrics)
+    if data is None:
+        return None
     saves: dict[str, float] = {}
     last: dict[str, float] = {}
     for line in data.split(b"\n"):

@@ -41,9 +41,9 @@ from eagle3_tui.agent.checkpoints import (
 )
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_PROGRESS
-from eagle3_tui.agent.saving import TAIL_BYTES, is_stale, save_in_progress
+from eagle3_tui.agent.saving import is_stale, metrics_tail, save_in_progress
 from eagle3_tui.agent.userfiles import as_user
-from eagle3_tui.telemetry.safefs import open_file, read_bounded, write_atomic
+from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 from eagle3_tui.telemetry.stop import STOP_VERSION, read_request
 
 STOP_MIN_S = 60.0
@@ -95,16 +95,9 @@ def step_pace(metrics: Path) -> Pace:
     """The gaps between the logged steps of the current process, from the end of
     ``metrics.jsonl`` (read as a regular file, bounded; bad lines skipped)."""
     pace = Pace()
-    try:
-        with open_file(metrics) as f:  # a FIFO planted there never hangs a kill
-            size = f.seek(0, 2)
-            start = max(0, size - TAIL_BYTES)
-            f.seek(start)
-            data = f.read(size - start)
-    except OSError:
+    data = metrics_tail(metrics)
+    if data is None:
         return pace
-    if start:
-        data = data[data.find(b"\n") + 1 :]
     times: list[float] = []
     for line in data.split(b"\n"):
         if b'"train"' not in line and b'"lifecycle"' not in line:
