@@ -54,6 +54,7 @@ from typing import Any
 
 from eagle3_tui.agent import ptrace
 from eagle3_tui.agent.debugger import (
+    failed_file,
     gdb_call_problem,
     inject_gdb,
     inject_ptrace,
@@ -91,6 +92,9 @@ from eagle3_tui.telemetry.safefs import open_file
 MIN_VERSION = (3, 8)
 REMOTE_EXEC_VERSION = (3, 14)
 RESULT_WAIT_S = 10.0
+ENTRY_TRIES = 4
+"""How many times the line is queued when it stops before the entry's own code."""
+ENTRY_RETRY_S = 0.3
 METRIC_WAIT_S = 15.0
 DEFAULT_RUNS = RUNS_FOLDER
 """Without a run directory: ``<the trainer's cwd>/eagle3-runs/attached-<pid>``."""
@@ -544,13 +548,7 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
             result_file=ready["result"],
         )
     t_inject = time.time()
-    if info["mechanism"] == "ptrace":
-        done = inject_ptrace(pid, ready["entry"], python.get("libpython"))
-    elif info["mechanism"] == "gdb":
-        done = inject_gdb(str(info["gdb"]), pid, ready["entry"], python.get("libpython"))
-    else:
-        exe = python["exe"] if os.path.exists(python["exe"]) else f"/proc/{pid}/exe"
-        done = inject_remote_exec(exe, pid, ready["entry"])
+    done = _queue(info, ready["entry"])
     base = {
         "stopped_ms": done.get("stopped_ms"),
         "registers": done.get("restored"),
@@ -570,6 +568,7 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     as_user(uid, gid, mark_injected, ready["dir"])
     deadline = time.monotonic() + float(req.get("wait_s", RESULT_WAIT_S))
     result = None
+    tries = 1
     while result is None and time.monotonic() < deadline:
         result = as_user(uid, gid, read_json_file, ready["result"])
         if result is None:
@@ -577,6 +576,25 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
                 raise RefusedError(
                     GONE, f"pid {pid} exited before the attach ran", status="refused"
                 )
+            failed = as_user(uid, gid, take_failure, failed_file(ready["entry"]))
+            if failed is not None:  # it ran and stopped before the entry's own code
+                if tries >= ENTRY_TRIES:
+                    raise RefusedError(
+                        FAILED,
+                        f"the attach code failed in pid {pid} {tries} times, the last "
+                        f"with {failed}: nothing was changed in the trainer",
+                        status=FAILED,
+                        **base,
+                    )
+                tries += 1
+                time.sleep(ENTRY_RETRY_S)  # e.g. it landed inside one of the trainer's imports
+                again = _queue(info, ready["entry"])
+                if not again["queued"]:
+                    raise RefusedError(
+                        again.get("reason", FAILED), str(again.get("problem")), status=FAILED
+                    )
+                base["tries"] = tries
+                continue
             time.sleep(0.05)
     if result is None:
         return {"status": PENDING, "message": f"{QUEUED} (pid {pid})", **base}
@@ -594,6 +612,33 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     else:
         out["reason"] = FAILED
     return out
+
+
+def _queue(info: dict[str, Any], entry: str) -> dict[str, Any]:
+    """The entry file's line queued into the trainer by the chosen mechanism."""
+    pid = int(info["pid"])
+    python = info["python"]
+    if info["mechanism"] == "ptrace":
+        return inject_ptrace(pid, entry, python.get("libpython"))
+    if info["mechanism"] == "gdb":
+        return inject_gdb(str(info["gdb"]), pid, entry, python.get("libpython"))
+    exe = python["exe"] if os.path.exists(python["exe"]) else f"/proc/{pid}/exe"
+    return inject_remote_exec(exe, pid, entry)
+
+
+def take_failure(path: str) -> str | None:
+    """The exception the injected line wrote (:func:`debugger.python_line`), as one
+    printable line, and the file removed; None when there is none. Written by the
+    trainer's process: read as text, cut, never trusted further."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4096)
+        os.unlink(path)
+    except OSError:
+        return None
+    text = raw.decode("utf-8", "replace")
+    text = "".join(c if c.isprintable() else " " for c in text).strip()
+    return (text[:300] + "…" if len(text) > 300 else text) or "an exception"
 
 
 def op_attach(req: dict[str, Any]) -> int:

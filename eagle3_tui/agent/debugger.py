@@ -55,15 +55,29 @@ def python_line(entry: str) -> str:
     """The Python that ``PyRun_SimpleString`` runs: the entry file, with every exception
     stopped here (one escaping would come out of the trainer's current bytecode as a
     SystemError, a SystemExit would end the process); a Ctrl+C that lands meanwhile
-    is given back to the main thread."""
+    is given back to the main thread. Any other exception is written to
+    :func:`failed_file` (builtins only: the line can land in the middle of one of the
+    trainer's imports, where ``import runpy`` finds ``os`` half made), so that it is
+    said, and the injection tried again, never waited for in silence."""
+    failed = failed_file(entry)
     return (
         "try:\n"
         f" __import__('runpy').run_path({entry!r}, run_name={ENTRY_NAME!r})\n"
         "except KeyboardInterrupt:\n"
         " __import__('_thread').interrupt_main()\n"
-        "except BaseException:\n"
-        " pass\n"
+        "except BaseException as e:\n"
+        " try:\n"
+        f"  f = open({failed!r}, 'w')\n"
+        "  f.write(type(e).__name__ + ': ' + str(e))\n"
+        "  f.close()\n"
+        " except BaseException:\n"
+        "  pass\n"
     )
+
+
+def failed_file(entry: str) -> str:
+    """Where the injected line writes the exception that stopped the entry file."""
+    return entry + ".failed"
 
 
 def c_string(text: str) -> str:

@@ -183,9 +183,10 @@ def prepare(
     previous = read_json_file(str(result))
     if previous is not None and previous.get("status") in ("attached", "already"):
         return {"state": "already", "result": str(result)}
-    if previous is None and (where / "injected").exists():
+    failed = (where / "entry.py.failed").exists()  # debugger.failed_file: it ended
+    if previous is None and (where / "injected").exists() and not failed:
         return {"state": "queued", "result": str(result)}
-    for name in ("result.json", "injected"):
+    for name in ("result.json", "injected", "entry.py.failed"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(where / name)
     request = dict(request, result=str(result))

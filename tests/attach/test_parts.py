@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import attach as at
-from eagle3_tui.agent import debugger, pyprocess, userfiles
+from eagle3_tui.agent import debugger, processes, pyprocess, userfiles
 from eagle3_tui.model.health import Health, diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
@@ -452,3 +452,38 @@ def test_a_bad_stack_record_moves_nothing() -> None:
     run.feed(0, lines.make("stack", frames="not a list") + lines.make("stack", frames=[{"x": 1}]))
     assert run.state.stack is None
     assert run.state.malformed_count == 0
+
+
+# ---- an injected line that stopped before the entry's own code ----------------------
+
+
+def test_the_lines_failure_is_read_as_one_cut_printable_line(tmp_path: Path) -> None:
+    """Written by the trainer's process: untrusted text, cut, the file taken."""
+    entry = str(tmp_path / "entry.py")
+    failed = Path(debugger.failed_file(entry))
+    failed.write_bytes(b"ModuleNotFoundError: No module named 'os.path'\x1b[2J\n\x00" + b"x" * 5000)
+    said = at.take_failure(str(failed))
+    assert said is not None and said.startswith("ModuleNotFoundError: No module named 'os.path'")
+    assert "\x1b" not in said and "\x00" not in said and len(said) <= 301
+    assert not failed.exists()
+    assert at.take_failure(str(failed)) is None
+    # the line writes it with builtins only, and compiles
+    line = debugger.python_line(entry)
+    compile(line, "<attach>", "exec")
+    assert repr(str(failed)) in line and "import" not in line.split("except BaseException")[1]
+
+
+def test_an_attach_whose_line_failed_may_be_tried_again(tmp_path: Path) -> None:
+    """Injected, then the line failed (``.failed``): not "queued" for ever."""
+    sources = {"eagle3_tui/__init__.py": "__version__ = '0'\n"}
+    me = processes.proc_stat(os.getpid())
+    assert me is not None
+    key = userfiles.attach_key(os.getpid(), me.start, processes.boot_id())  # a live process
+    first = userfiles.prepare(str(tmp_path), key, sources, {"pid": 1})
+    assert first["state"] == "ready"
+    userfiles.mark_injected(first["dir"])
+    assert userfiles.prepare(str(tmp_path), key, sources, {"pid": 1})["state"] == "queued"
+    Path(debugger.failed_file(first["entry"])).write_text("AttributeError: half made")
+    again = userfiles.prepare(str(tmp_path), key, sources, {"pid": 1})
+    assert again["state"] == "ready"
+    assert not Path(debugger.failed_file(first["entry"])).exists()
