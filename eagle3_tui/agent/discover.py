@@ -29,6 +29,7 @@ import re
 import time
 from typing import Any
 
+from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.logparse import metric_dict
 from eagle3_tui.agent.names import (
@@ -509,6 +510,9 @@ class Training:
         if self.log and _OUTPUT_SIGNS.search(log_tail):
             self.speculators = True
             ev.append("its log shows speculators' output")
+        self.log_dir = _arg_value(t.argv, ("--log-dir", "--log_dir"))
+        if self.log_dir is not None and self.cwd and not os.path.isabs(self.log_dir):
+            self.log_dir = os.path.join(self.cwd, self.log_dir)
         if run_dir is None:
             self.handler, self.metrics_file = own_handler(t.pid, self.fds, self.log, log_tail)
             if self.handler is not None:
@@ -517,6 +521,13 @@ class Training:
                 ev.append(
                     f"its own handler writes speculators' metrics ({how}) to {self.metrics_file}"
                 )
+            else:
+                roots = [r for r in (self.log_dir, self.cwd) if r]
+                pids = {t.pid, *(int(m["pid"]) for m in self.members)}
+                events = tfevents.find_event_files(roots, pids)
+                if events:
+                    self.handler, self.metrics_file = "tensorboard", events[0]
+                    ev.append(f"speculators' TensorBoard backend writes its events to {events[0]}")
         # where checkpoints go, and how many epochs
         argv = t.argv
         save = _arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
@@ -582,6 +593,7 @@ class Training:
             "telemetry": self.run_dir is not None,
             "handler": self.handler,
             "metrics_file": self.metrics_file,
+            "log_dir": self.log_dir,
             "run_dir": self.run_dir,
             "run_id": self.run_id,
             "checkpoint_dir": self.checkpoint_dir,

@@ -251,19 +251,25 @@ class LineParser:
     def _metrics(d: dict[str, Any], line: str) -> Parsed:
         wrapper = handler_line(line)
         ts = _handler_time(wrapper.get("t")) if wrapper is not None else level_of(line)[3]
-        step = d.get("global_step")
-        epoch = d.get("epoch")
-        if isinstance(d.get("train"), dict):
-            payload: dict[str, Any] = {"train": _finite(d["train"])}
-            for key in ("profile", "lr", "epoch", "global_step"):
-                if key in d:
-                    payload[key] = _finite(d[key])
-            if isinstance(step, int):
-                payload["step"] = step
-            return ("train", payload, ts)
-        payload = {"val": _finite(d["val"])}
-        if isinstance(epoch, int):
-            payload["epoch"] = epoch
+        return metric_record(d, ts)
+
+
+def metric_record(d: dict[str, Any], ts: float | None) -> Parsed:
+    """The record of one of speculators' metric dicts (``{"train": …}`` or ``{"val": …}``,
+    as :func:`metric_dict` finds them), stamped ``ts``."""
+    step = d.get("global_step")
+    epoch = d.get("epoch")
+    if isinstance(d.get("train"), dict):
+        payload: dict[str, Any] = {"train": _finite(d["train"])}
+        for key in ("profile", "lr", "epoch", "global_step"):
+            if key in d:
+                payload[key] = _finite(d[key])
         if isinstance(step, int):
             payload["step"] = step
-        return ("val", payload, ts)
+        return ("train", payload, ts)
+    payload = {"val": _finite(d["val"])}
+    if isinstance(epoch, int):
+        payload["epoch"] = epoch
+    if isinstance(step, int):
+        payload["step"] = step
+    return ("val", payload, ts)

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.discover import (
     _HELPERS,
     _WORKER_MARKS,
@@ -45,7 +46,7 @@ from eagle3_tui.agent.discover import (
     user_name,
 )
 from eagle3_tui.agent.frames import AgentError, client_gone, emit, emit_data
-from eagle3_tui.agent.logparse import LineParser
+from eagle3_tui.agent.logparse import LineParser, metric_record
 from eagle3_tui.agent.names import ERR_GONE, EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
 from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
 from eagle3_tui.agent.stuck import StuckWatch
@@ -80,6 +81,8 @@ READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
 """Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 FIND_CKPT_EVERY = 5
+FIND_EVENTS_EVERY = 3
+"""Rounds between looks for a TensorBoard event file of the trainer's (none yet)."""
 """Rounds between looks for a checkpoint directory while none is known."""
 
 
@@ -227,6 +230,78 @@ class LogFollower:
                     self.on_message(str(payload.get("msg", "")), when)
 
 
+class EventFollower:
+    """A TensorBoard event file of speculators' own backend (:mod:`tfevents`), from an
+    offset: whole records only; the offset kept (:attr:`offset`) is where no metric
+    dict is half read, so a reconnect loses none and repeats none. A replaced or
+    truncated file starts again at 0."""
+
+    def __init__(
+        self, path: str, sink: FrameSink, offset: int = 0, identity: str | None = None
+    ) -> None:
+        self.path = path
+        self.sink = sink
+        self.offset = offset
+        self.identity = identity
+        self.size = 0
+        self.grew = 0
+        self.mtime: float | None = None
+        self.framing = tfevents.Framing()
+        self.regroup = tfevents.Regroup()
+        self._read_to = offset
+        self.records = 0
+
+    def poll(self, now: float) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self.grew = 0
+            return
+        if not stat.S_ISREG(st.st_mode):
+            self.grew = 0
+            return
+        ident = f"{st.st_dev}:{st.st_ino}"
+        if (self.identity is not None and ident != self.identity) or st.st_size < self.offset:
+            self.offset = self._read_to = 0
+            self.regroup = tfevents.Regroup()
+            self.framing = tfevents.Framing()
+        self.grew = max(0, st.st_size - self.size) if self.size else 0
+        self.size = st.st_size
+        self.mtime = st.st_mtime
+        self.identity = ident
+        if self.framing.broken_at is not None:
+            return  # its framing is lost there: nothing after it can be trusted
+        read = 0
+        try:
+            with open_file(self.path) as f:
+                while self._read_to < st.st_size and read < MAX_ROUND_BYTES:
+                    f.seek(self._read_to)
+                    data = f.read(min(tfevents.READ_BYTES, st.st_size - self._read_to))
+                    bodies, used = tfevents.records(data, self.framing, self._read_to)
+                    for body in bodies:
+                        self._event(body)
+                        self.records += 1
+                    if not used:
+                        break
+                    self._read_to += used
+                    read += used
+                    if not self.regroup.flat:
+                        self.offset = self._read_to
+        except OSError:
+            return
+
+    def _event(self, body: bytes) -> None:
+        found = tfevents.scalars(body)
+        if found is None:
+            self.framing.not_scalars += 1
+            return
+        wall, step, values = found
+        for tag, value in values:
+            for d, ts in self.regroup.add(wall, step, tag, value):
+                kind, payload, _ = metric_record(d, ts)
+                self.sink.write(kind, payload, ts=ts)
+
+
 class Observer:
     """One observed training: its samplers, its log, its own handler's file, its
     checkpoints; one round per interval. With a ``timeline`` it keeps its record
@@ -265,11 +340,13 @@ class Observer:
         self.metrics_sink = FrameSink(
             f"own-{self.pid}-{self.start}", self.out, int(cursor.get("metrics_seq") or 0)
         )
-        self.metrics = (
-            self._follower(metrics, cursor, "metrics", self.metrics_sink, LineParser())
-            if metrics and metrics != row.get("log")
-            else None
-        )
+        self.metrics: LogFollower | EventFollower | None = None
+        if row.get("handler") == "tensorboard" and metrics:
+            self.metrics = self._events(str(metrics), cursor)
+        elif metrics and metrics != row.get("log"):
+            self.metrics = self._follower(
+                metrics, cursor, "metrics", self.metrics_sink, LineParser()
+            )
         self.record: dict[str, Any] = {**row, "members": []}
         """What a record keeps of it (and what :func:`left_behind` needs): its row and
         every process of its tree seen, with its start time."""
@@ -306,6 +383,26 @@ class Observer:
         self.cwd = row.get("cwd")
         self.started = row.get("started")
         self.set_checkpoint_dir(row.get("checkpoint_dir"))
+
+    def _events(self, path: str, cursor: dict[str, Any]) -> EventFollower:
+        same = cursor.get("metrics") == path
+        return EventFollower(
+            path,
+            self.metrics_sink,
+            int(cursor.get("metrics_offset") or 0) if same else 0,
+            cursor.get("metrics_identity") if same else None,
+        )
+
+    def _find_event_file(self) -> None:
+        """speculators' TensorBoard backend writes its first event file at the first
+        metric: looked for (by the writer's PID in its name) until found."""
+        roots = [r for r in (self.cwd, self.row.get("log_dir")) if isinstance(r, str)]
+        pids = {self.pid, *self.members}  # under torchrun rank 0 writes
+        found = tfevents.find_event_files(roots, pids)
+        if found:
+            self.row["handler"] = "tensorboard"
+            self.row["metrics_file"] = found[0]
+            self.metrics = self._events(found[0], {})
 
     def _follower(
         self,
@@ -497,6 +594,8 @@ class Observer:
         holding = self.recorder is not None and self.recorder.holding()
         if self.log is not None:
             self.log.poll(now)
+        if self.metrics is None and self.alive and self.rounds % FIND_EVENTS_EVERY == 1:
+            self._find_event_file()
         if self.metrics is not None:
             self.metrics.poll(now)
         if self.ckpt_dir is None and self.rounds % FIND_CKPT_EVERY == 1:

@@ -23,6 +23,20 @@ if TYPE_CHECKING:
 HISTORY = 600
 """``proc`` samples kept (10 min at 1 s)."""
 
+HANDLER_WORDS = {
+    "json": "its own JSON handler",
+    "printed": "its own handler (printed dicts)",
+    "tensorboard": "speculators' TensorBoard backend (its event files)",
+}
+"""What writes the metrics of a run without telemetry, by ``ProcessInfo.handler``."""
+
+
+def metrics_source(handler: str | None) -> str | None:
+    """Where a run without telemetry's metrics come from, in words; None: nowhere."""
+    if handler is None:
+        return None
+    return HANDLER_WORDS.get(handler, f"its own handler ({handler})")
+
 
 class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     """``process`` of a ``proc`` record: the trainer and what was found about it."""
@@ -46,7 +60,9 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     """Why the agent cannot read where the trainer is stuck (py-spy missing, refused)."""
     handler: str | None = None
     """``json`` or ``printed``: a handler of the user's own writes its metric dicts (to
-    :attr:`metrics_file`), read there; None: no metric is written anywhere."""
+    :attr:`metrics_file`), read there; ``tensorboard``: speculators' own backend writes
+    them as events (``metrics_file``: the event file); None: no metric is written
+    anywhere."""
     metrics_file: str | None = None
     exit_status: int | None = None
     """Once it ended: how, as ``subprocess`` says it (-N: killed by signal N); None when

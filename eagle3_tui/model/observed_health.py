@@ -33,7 +33,13 @@ from eagle3_tui.model.health import (
     _leftovers_sentence,
     evidence,
 )
-from eagle3_tui.model.observed import ProcessInfo, bar_progress, last_train_bar, step_time
+from eagle3_tui.model.observed import (
+    ProcessInfo,
+    bar_progress,
+    last_train_bar,
+    metrics_source,
+    step_time,
+)
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import LogLine, RunState
 from eagle3_tui.model.units import clock, size
@@ -168,7 +174,8 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         pace = f" (a step takes {_ago(st)})"
     if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
         why = (
-            f"its own handler writes to {info.metrics_file}, but no metric came there"
+            f"{metrics_source(info.handler)} writes to {info.metrics_file}, but no metric came "
+            "there"
             if info.handler
             else "the speculators.metrics logger has no handler, or its level is above INFO"
         )

@@ -11,6 +11,7 @@ from typing import Any
 from eagle3_tui.model.derived import epoch_number
 from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.inert import printable
+from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.observed_health import stuck_observed
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
@@ -212,9 +213,7 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
         return []
     workers = sum(1 for p in o["processes"] if p["role"] == "worker")
     cmd = " ".join(o["command"])[:100]
-    how = "its own JSON handler" if o.get("handler") == "json" else "no telemetry"
-    if o.get("handler") == "printed":
-        how = "its own handler (printed dicts)"
+    how = metrics_source(o.get("handler")) or "no telemetry"
     tree = _counted(len(o["processes"]), "process", "processes")
     tree += f" ({_counted(workers, 'dataloader worker', 'dataloader workers')})"
     if not o["alive"]:
@@ -227,7 +226,7 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
         f"ckpts    {o['checkpoint_dir'] or 'not found yet'}",
     ]
     if o.get("metrics_file") and o["metrics_file"] != o["log_file"]:
-        lines.append(f"metrics  {o['metrics_file']} (its own handler's file)")
+        lines.append(f"metrics  {o['metrics_file']} (from {metrics_source(o.get('handler'))})")
     if no_metrics:
         lines.append("metrics  per-step loss and accuracies: not available without telemetry")
     return lines

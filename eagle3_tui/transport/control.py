@@ -33,6 +33,7 @@ from eagle3_tui.agent.names import (
     OP_SAVE_WAIT,
     OP_STATUS,
 )
+from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.telemetry.procs import describe_exit
 from eagle3_tui.transport.base import TargetError, printable
@@ -821,7 +822,7 @@ def _telemetry(row: ProcessRow) -> str:
     if row.telemetry:
         return "yes"
     if row.handler is not None:
-        return "own JSON" if row.handler == "json" else "own"
+        return {"json": "own JSON", "tensorboard": "TensorBoard"}.get(row.handler, "own")
     return "no"
 
 
@@ -831,7 +832,7 @@ def _row_extra(row: ProcessRow) -> str:
     command = " ".join(a.rsplit("/", 1)[-1] if i == 0 else a for i, a in enumerate(row.command))
     extra = f"  {command[:60]}"
     if row.handler is not None:
-        what = "its own JSON handler" if row.handler == "json" else "its own handler (printed)"
+        what = metrics_source(row.handler)
         extra += f"  (metrics by {what}: {row.metrics_file})"
     if row.log and not row.telemetry and row.log != row.metrics_file:
         extra += f"  (log {row.log})"

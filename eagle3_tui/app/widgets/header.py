@@ -79,7 +79,7 @@ class RunHeader(KeptLines):
     def watch_snapshot(self, snap: Snapshot) -> None:
         d, p = snap.diagnosis, snap.progress
         key = (d.label, d.health, d.link_down_since is None, snap.other_file is None)
-        key2 = (p.step, p.total_steps, p.epoch, p.epochs_total)
+        key2 = (p.step, p.total_steps, p.epoch, p.epochs_total, _source(snap))
         if (key, key2) != self._inputs:
             self._inputs = (key, key2)
             self.repaint_changed()
@@ -115,12 +115,31 @@ class RunHeader(KeptLines):
         if p.epoch is not None:
             total = f"/{p.epochs_total}" if p.epochs_total else ""
             text.append(f" · epoch {p.epoch}{total}")
+        source = _source(snap)
+        if source:
+            text.append(f" · {source}", style="dim")
         text.append("  ")
         if self.note:  # why this run (before the target, which may be long)
             text.append_text(inert(self.note, style="italic"))
             text.append(": ", style="dim")
         text.append_text(inert(self.target, style="dim"))
         return text
+
+
+SOURCE_WORDS = {
+    "tensorboard": "metrics from TensorBoard event files",
+    "json": "metrics from its own JSON handler",
+    "printed": "metrics from its printed dicts",
+}
+
+
+def _source(snap: Snapshot) -> str | None:
+    """Where the metrics of a run without telemetry come from (None: telemetry, or
+    nowhere)."""
+    obs = snap.observed
+    if obs is None or obs.handler is None:
+        return None
+    return SOURCE_WORDS.get(obs.handler, "metrics from its own handler")
 
 
 class HealthBanner(Static):
