@@ -31,7 +31,7 @@ from typing import Any
 
 from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.logparse import metric_dict
+from eagle3_tui.agent.logparse import KeyValueBlock, clean, metric_dict
 from eagle3_tui.agent.names import (
     CHOICE_PROCESS,
     CHOICE_RUN,
@@ -269,10 +269,13 @@ def own_handler(
 
 def metric_lines(text: str) -> str | None:
     """``json`` when the newest of these lines that carries a speculators metric dict is
-    a JSON line, ``printed`` when it is printed (a ``repr``), None when none does."""
+    a JSON line, ``printed`` when it is printed (a ``repr``, or ``key=value`` as the
+    library's CLI prints it), None when none does."""
     for line in reversed(text.splitlines()[-200:]):
         if metric_dict(line) is not None:
             return "json" if line.lstrip().startswith("{") else "printed"
+        if KeyValueBlock().start(clean(line)):
+            return "printed"
     return None
 
 
@@ -521,7 +524,7 @@ class Training:
                 ev.append(
                     f"its own handler writes speculators' metrics ({how}) to {self.metrics_file}"
                 )
-            else:
+            if self.handler in (None, "printed"):  # its event files have more digits
                 roots = [r for r in (self.log_dir, self.cwd) if r]
                 pids = {t.pid, *(int(m["pid"]) for m in self.members)}
                 events = tfevents.find_event_files(roots, pids)
@@ -1114,7 +1117,11 @@ def _describe_choice(row: dict[str, Any]) -> str:
     if row.get("telemetry"):
         tel = "telemetry attached"
     elif row.get("handler"):
-        tel = "no telemetry, metrics by its own handler"
+        tel = "no telemetry, " + {
+            "tensorboard": "metrics from its TensorBoard event files",
+            "printed": "metrics printed in its log",
+            "json": "metrics by its own JSON handler",
+        }.get(str(row["handler"]), "metrics by its own handler")
     else:
         tel = "no telemetry"
     return f"pid {row['pid']} ({cmd[:60]}){where}, {tel}"

@@ -9,7 +9,10 @@ handler that prints to stdout (a user's ``logging.basicConfig``), the metric dic
 themselves. Each line becomes:
 
 * a ``train`` or ``val`` record when it carries a speculators metric dict (as
-  ``repr`` or JSON, bare or in a JSON log line's ``msg``);
+  ``repr`` or JSON, bare or in a JSON log line's ``msg``), or the dict as the
+  library's own CLI prints it (``setup_root_logger``: its ``FormatDictFilter`` writes
+  ``train/loss=0.071, …, global_step=3``, three digits, and rich wraps it over many
+  lines: :class:`KeyValueBlock` puts them back together);
 * a ``progress`` record for an ``Epoch N`` bar (``phase`` train for the first bar of an
   epoch, val for the second), besides its ``log`` record;
 * a ``log`` record otherwise: level read from the line (loguru, logging, warnings,
@@ -58,6 +61,12 @@ _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 _ERROR = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)|Killed|Segmentation fault)\b(?::|$)")
 _NONFINITE = re.compile(r"(?<![\w'\".])(-?)(nan|inf)(?![\w'\"])")
 _LEVELS = {"WARN": "WARNING", "SUCCESS": "INFO", "TRACE": "DEBUG"}
+_KV = re.compile(
+    r"(?<![\w/.=-])([A-Za-z_][\w.-]*(?:/[\w.-]+)*)="
+    r"(-?(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|nan|inf)|'[^']*')(?=,|\s|$)"
+)
+_SOURCE_COLUMN = re.compile(r"\s+[\w.-]+\.py:\d+\s*$")
+"""rich's right-hand column (``trainer.py:587``), on a record's first line."""
 
 
 def clean(raw: str) -> str:
@@ -206,14 +215,96 @@ def level_of(line: str) -> tuple[str, str, str, float | None]:
     return "INFO", "stdout", line, None
 
 
+def unflatten(flat: list[tuple[str, Any]]) -> dict[str, Any]:
+    """speculators' ``_flatten_dict`` undone (``train/loss`` → ``{"train": {"loss"}}``);
+    ``epoch`` and ``global_step`` as ints."""
+    out: dict[str, Any] = {}
+    for tag, value in flat:
+        parts = tag.split("/")
+        node = out
+        for p in parts[:-1]:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = node[p] = {}
+            node = child
+        v = value
+        if len(parts) == 1 and parts[0] in ("epoch", "global_step") and isinstance(v, float):
+            v = int(v) if math.isfinite(v) and v == int(v) else v
+        node[parts[-1]] = v
+    return out
+
+
+def key_values(text: str) -> list[tuple[str, Any]] | None:
+    """The ``key=value`` pairs ``text`` consists of (numbers only kept), None when it
+    carries anything else."""
+    pairs = _KV.findall(text)
+    if not pairs or _KV.sub("", text).strip(" ,"):
+        return None
+    out: list[tuple[str, Any]] = []
+    for key, raw in pairs:
+        if raw.startswith("'"):
+            continue
+        value = float(raw)
+        out.append((key, int(raw) if raw.lstrip("-").isdigit() else value))
+    return out
+
+
+class KeyValueBlock:
+    """One metric dict as the library's CLI prints it, over the lines rich wraps it in:
+    opened by a line whose message starts with ``train/…=`` or ``val/…=`` (after a
+    level, a time, a logger), continued by indented lines of ``key=value`` only,
+    ended by its last key (``global_step`` for a train dict, ``epoch`` for a val
+    dict) or by any other line."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[str, Any]] = []
+        self.kind: str | None = None
+
+    def start(self, line: str) -> bool:
+        m = _KV.search(line)
+        if m is None or not m.group(1).startswith(("train/", "val/")) or "=" in line[: m.start()]:
+            return False
+        pairs = key_values(_SOURCE_COLUMN.sub("", line[m.start() :]))
+        if pairs is None:
+            return False
+        self.kind = m.group(1).split("/", 1)[0]
+        self.pairs = pairs
+        return True
+
+    def more(self, line: str) -> bool:
+        if not line[:1].isspace():
+            return False
+        pairs = key_values(_SOURCE_COLUMN.sub("", line).strip())
+        if pairs is None:
+            return False
+        self.pairs.extend(pairs)
+        return True
+
+    def complete(self) -> bool:
+        last = self.pairs[-1][0] if self.pairs else ""
+        return last == ("global_step" if self.kind == "train" else "epoch")
+
+    def take(self) -> list[Parsed]:
+        pairs, self.pairs, kind, self.kind = self.pairs, [], self.kind, None
+        d = unflatten(pairs)
+        if kind is None or not isinstance(d.get(kind), dict):
+            return []
+        return [metric_record(d, None)]
+
+
 class LineParser:
     """Turns a training's output into records, line by line. Its only state (which
     ``Epoch N`` bars were seen) travels in the observe cursor, so a reconnect resumes
-    with the same answers."""
+    with the same answers (a printed dict cut by a reconnect is lost).
 
-    def __init__(self, state: dict[str, Any] | None = None) -> None:
+    ``key_values``: whether dicts printed as ``key=value`` become records (off when the
+    metrics are read from a file of their own: they would come twice)."""
+
+    def __init__(self, state: dict[str, Any] | None = None, key_values: bool = True) -> None:
         bars = (state or {}).get("bars") or {}
         self.bars: dict[str, int] = {str(k): int(v) for k, v in bars.items()}
+        self.key_values = key_values
+        self.block = KeyValueBlock()
 
     @property
     def state(self) -> dict[str, Any]:
@@ -223,10 +314,16 @@ class LineParser:
         line = clean(raw)
         if not line.strip():
             return []
+        out: list[Parsed] = []
+        if self.block.kind is not None:
+            if self.block.more(line):
+                return self.block.take() if self.block.complete() else []
+            out.extend(self.block.take())  # cut short by another line: what it had
+        if self.key_values and self.block.start(line):
+            return out + (self.block.take() if self.block.complete() else [])
         metrics = metric_dict(line)
         if metrics is not None:
-            return [self._metrics(metrics, line)]
-        out: list[Parsed] = []
+            return [*out, self._metrics(metrics, line)]
         figures = bar(line)
         if figures is not None:
             m = _EPOCH_DESC.match(figures["desc"])

@@ -81,7 +81,7 @@ READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
 """Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 FIND_CKPT_EVERY = 5
-FIND_EVENTS_EVERY = 3
+FIND_EVENTS_EVERY = 5
 """Rounds between looks for a TensorBoard event file of the trainer's (none yet)."""
 """Rounds between looks for a checkpoint directory while none is known."""
 
@@ -330,7 +330,10 @@ class Observer:
         self.sink = FrameSink(f"obs-{self.pid}-{uuid.uuid4().hex[:6]}", self.out, 0, self.recorder)
         seq = int(cursor.get("seq") or 0)
         self.log_sink = FrameSink(f"log-{self.pid}-{self.start}", self.out, seq, self.recorder)
-        self.parser = LineParser(cursor.get("parser"))
+        separate = row.get("handler") == "tensorboard" or (
+            row.get("metrics_file") and row.get("metrics_file") != row.get("log")
+        )  # the metrics come from their own file: the log's printed ones would come twice
+        self.parser = LineParser(cursor.get("parser"), key_values=not separate)
         self.watcher = CheckpointWatcher(_WithoutInventory(self.sink), None)
         self.ckpt_dir: str | None = None
         self.inventoried = False
@@ -403,6 +406,7 @@ class Observer:
             self.row["handler"] = "tensorboard"
             self.row["metrics_file"] = found[0]
             self.metrics = self._events(found[0], {})
+            self.parser.key_values = False
 
     def _follower(
         self,

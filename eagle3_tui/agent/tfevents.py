@@ -31,6 +31,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from eagle3_tui.agent.logparse import unflatten
+
 MAX_RECORD = 16 << 20
 """A record longer than this is taken as a broken length (a scalar event is ~50 bytes)."""
 READ_BYTES = 1 << 20
@@ -233,25 +235,6 @@ def _summary_value(buf: bytes) -> tuple[str, float] | None:
 
 # ---- speculators' dicts back together ------------------------------------------------
 
-_INTS = ("epoch", "global_step")
-
-
-def _unflatten(flat: list[tuple[str, float]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for tag, value in flat:
-        parts = tag.split("/")
-        node = out
-        for p in parts[:-1]:
-            child = node.get(p)
-            if not isinstance(child, dict):
-                child = node[p] = {}
-            node = child
-        v: Any = value
-        if parts[-1] in _INTS and len(parts) == 1 and math.isfinite(value) and value == int(value):
-            v = int(value)
-        node[parts[-1]] = v
-    return out
-
 
 class Regroup:
     """Scalar events, in file order, back into speculators' metric dicts: the trainer logs
@@ -292,7 +275,7 @@ class Regroup:
         self.flat, self.kind, self.step = [], None, None
         if kind is None:
             return []
-        d = _unflatten(flat)
+        d = unflatten(flat)
         if not isinstance(d.get(kind), dict):
             return []
         if kind == "train" and "global_step" not in d and step is not None:
@@ -312,10 +295,12 @@ def writer_pid(name: str) -> int | None:
 
 
 def find_event_files(roots: list[str], pids: set[int]) -> list[str]:
-    """Event files under ``roots`` written by one of ``pids`` (by their names), newest
-    first; a bounded walk (:data:`WALK_ENTRIES`, :data:`WALK_DEPTH`), no symlinked
+    """Event files under ``roots`` written by one of ``pids`` (by their names): the
+    newest writer's first, and of one time the writer made first (its metrics: the
+    handler's ``add_hparams`` makes a second writer, ``….1``, with the run's
+    configuration only); a bounded walk (:data:`WALK_ENTRIES`, :data:`WALK_DEPTH`), no symlinked
     directory followed, hidden and heavy directories skipped."""
-    found: list[tuple[float, str]] = []
+    found: list[tuple[tuple[int, int], str]] = []
     seen = 0
     todo = [(os.path.abspath(r), 0) for r in roots if r]
     visited: set[str] = set()
@@ -334,8 +319,9 @@ def find_event_files(roots: list[str], pids: set[int]) -> list[str]:
                 break
             try:
                 if e.is_file(follow_symlinks=False) and e.name.startswith("events.out.tfevents."):
-                    if writer_pid(e.name) in pids:
-                        found.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+                    m = _NAME.match(e.name)
+                    if m is not None and int(m.group(3)) in pids:
+                        found.append(((-int(m.group(1)), int(m.group(4))), e.path))
                 elif (
                     depth < WALK_DEPTH
                     and e.is_dir(follow_symlinks=False)
@@ -345,4 +331,4 @@ def find_event_files(roots: list[str], pids: set[int]) -> list[str]:
                     todo.append((e.path, depth + 1))
             except OSError:
                 continue
-    return [p for _, p in sorted(found, reverse=True)]
+    return [p for _, p in sorted(found)]

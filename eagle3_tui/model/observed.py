@@ -25,7 +25,7 @@ HISTORY = 600
 
 HANDLER_WORDS = {
     "json": "its own JSON handler",
-    "printed": "its own handler (printed dicts)",
+    "printed": "the metric dicts printed in its log",
     "tensorboard": "speculators' TensorBoard backend (its event files)",
 }
 """What writes the metrics of a run without telemetry, by ``ProcessInfo.handler``."""

@@ -89,3 +89,88 @@ def test_tensorboard_backend_is_read_and_never_called_silent(tmp_path: Path) -> 
         assert proc.wait(240) == 0, (work / "train.log").read_text()[-2000:]
     theirs = their_losses(logs)
     assert max(theirs) == 15  # 2 epochs of 8 steps, every one in its event file
+
+
+# ---- the library's own CLI entry point ---------------------------------------------
+
+CLI_SCRIPT = textwrap.dedent(
+    """
+    # the library's own CLI entry point (speculators.train.cli.main), on a CPU
+    import importlib
+    import sys
+
+    from speculators.train.config import TrainConfig
+
+    from eagle3_tui.train.cpu_shims import trainer_class
+
+    cli = importlib.import_module("speculators.train.cli")
+    cli.Trainer = trainer_class()  # the CPU shims; on a GPU host nothing is replaced
+    cli.main(TrainConfig.resolve(sys.argv[1:]))
+    """
+)
+
+
+def cli_args(work: Path, epochs: int, *extra: str) -> list[str]:
+    from eagle3_tui.train.tiny import TinyConfig, make_tiny_data
+
+    verifier, data = make_tiny_data(work / "tiny", TinyConfig(rows=20))
+    return [
+        *("--speculator-type", "eagle3", "--verifier-name-or-path", str(verifier)),
+        *("--data-path", str(data), "--save-path", "out/checkpoints"),
+        *("--epochs", str(epochs), "--draft-attn-impl", "sdpa", "--loss-implementation", "eager"),
+        *("--hidden-states-dtype", "float32", "--total-seq-len", "128", "--num-workers", "0"),
+        *("--draft-vocab-size", "64", "--target-layer-ids", "0", "1", "2", "--ttt-steps", "3"),
+        *("--on-missing", "raise", "--scheduler-type", "none", "--mask-token-id", "0"),
+        *extra,
+    ]
+
+
+def printed_losses(log: Path) -> dict[int, float]:
+    """The loss per global step as the CLI printed it (three digits)."""
+    from eagle3_tui.agent.logparse import LineParser
+
+    parser = LineParser()
+    out: dict[int, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        for kind, payload, _ in parser.parse(line):
+            if kind == "train":
+                out[payload["step"]] = payload["train"]["loss"]
+    return out
+
+
+@pytest.mark.parametrize("logger", ["default", "tensorboard"])
+def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: str) -> None:
+    """``--logger ""`` (its default) prints every metric dict to its log through its root
+    logger (rich, three digits): read there, never "no handler". ``--logger
+    tensorboard --log-dir logs --run-name cli_run``: the event files, found from its
+    argv, read with their full precision."""
+    work = tmp_path / "work"
+    work.mkdir()
+    extra = ("--logger", "tensorboard", "--log-dir", "logs", "--run-name", "cli_run")
+    args = cli_args(work, 40, *(extra if logger == "tensorboard" else ()))
+    log = work / "train.log"
+    logs = work / "logs" / "cli_run"
+    with ending(launch(work, CLI_SCRIPT, *args)) as proc:
+        wait_until(
+            lambda: len(printed_losses(log)) >= 5,
+            240,
+            lambda: f"five steps printed; log:\n{log.read_text(errors='replace')[-1500:]}",
+            0.3,
+        )
+        rc, out, err = cli("summary", "--pid", str(proc.pid))
+        assert rc == 0 and out["health"] in ("running", "waiting"), (out["reason"], err)
+        assert "no handler" not in out["reason"] + err
+        step = out["global_step"]
+        assert isinstance(step, int) and isinstance(out["loss"], float)
+        if logger == "tensorboard":
+            assert out["observed"]["handler"] == "tensorboard"
+            theirs = their_losses(logs)
+            assert step in theirs and out["loss"] == pytest.approx(theirs[step], rel=1e-6)
+        else:
+            assert out["observed"]["handler"] == "printed"
+            assert not (work / "logs").exists()  # no backend writes
+            printed = printed_losses(log)
+            assert step in printed and out["loss"] == pytest.approx(printed[step], abs=5e-4)
+        _, runs, _ = cli("runs")
+        [row] = [r for r in runs["live"] if r["pid"] == proc.pid]
+        assert (row["telemetry"], row["handler"]) == (False, out["observed"]["handler"])

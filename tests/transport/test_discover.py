@@ -74,6 +74,56 @@ def test_metric_dicts_printed_by_a_handler_become_records() -> None:
     assert p.parse("{'train': __import__('os').system('x')}")[0][0] == "log"
 
 
+# What the library's own CLI prints for a train dict and a val dict (setup_root_logger:
+# rich, no terminal, FormatDictFilter's three digits), verbatim from a CPU run.
+CLI_TRAIN = """\
+[14:20:57] INFO     train/loss_0=0.025, train/full_acc_0=0.032,   trainer.py:587
+                    train/cond_acc_0=0.032, train/loss_1=0.025,
+                    train/full_acc_1=0.011,
+                    train/cond_acc_1=0.333, train/loss_2=0.025,
+                    train/full_acc_2=0.00e+00,
+                    train/cond_acc_2=0.00e+00, train/loss=0.075,
+                    train/error_records=0.00e+00,
+                    profile/fetch_ms=6.915,
+                    profile/step_ms=54.628,
+                    profile/tokens_per_s=1.72e+03,
+                    profile/clip_ms=0.849, epoch=0,
+                    lr/Muon=0.001, lr/AdamW=0.001, global_step=1
+"""
+CLI_VAL = """\
+           INFO     val/loss_0_epoch=0.021,                       trainer.py:671
+                    val/full_acc_0_epoch=0.00e+00,
+                    val/loss_epoch=0.064, epoch=0
+           INFO     Validation epoch 1/1 completed                trainer.py:756
+"""
+
+
+def test_metric_dicts_as_the_librarys_cli_prints_them_become_records() -> None:
+    p = logparse.LineParser()
+    out = [r for line in (CLI_TRAIN + CLI_VAL).splitlines() for r in p.parse(line)]
+    assert [k for k, _, _ in out] == ["train", "val", "log"]
+    train, val = out[0][1], out[1][1]
+    assert train["step"] == train["global_step"] == 1 and train["epoch"] == 0
+    assert train["train"]["loss"] == 0.075 and train["train"]["cond_acc_1"] == 0.333
+    assert train["train"]["full_acc_2"] == 0.0 and train["profile"]["tokens_per_s"] == 1720.0
+    assert train["lr"] == {"Muon": 0.001, "AdamW": 0.001}
+    assert val == {"val": {"loss_0_epoch": 0.021, "full_acc_0_epoch": 0.0, "loss_epoch": 0.064},
+                   "epoch": 0}  # fmt: skip
+    assert out[2][1]["msg"].endswith("Validation epoch 1/1 completed                trainer.py:756")
+    # one line (a plain formatter), and a dict cut short by another line: what it had
+    plain = "INFO:speculators.metrics:train/loss=nan, train/full_acc_0=0.5, epoch=2, global_step=7"
+    [(kind, payload, _)] = p.parse(plain)
+    assert (kind, payload["step"], payload["train"]["loss"]) == ("train", 7, "NaN")
+    cut = p.parse(CLI_TRAIN.splitlines()[0]) + p.parse("Traceback (most recent call last):")
+    assert [k for k, _, _ in cut] == ["train", "log"] and "step" not in cut[0][1]
+    # not metrics: a key=value line of another kind, a line after words, off when told
+    assert p.parse("INFO     lr=0.001, warmup=10")[0][0] == "log"
+    assert p.parse("INFO     the loss train/loss=0.5 is fine")[0][0] == "log"
+    off = logparse.LineParser(key_values=False)
+    assert {k for line in CLI_TRAIN.splitlines() for k, _, _ in off.parse(line)} == {"log"}
+    assert discover.metric_lines(CLI_TRAIN) == "printed"
+
+
 def test_levels_and_times_read_from_the_lines() -> None:
     level = logparse.level_of
     loguru = "2026-12-01 05:02:24.187 | WARNING  | speculators.utils.loading:f:115 - no index"

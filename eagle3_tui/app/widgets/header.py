@@ -129,7 +129,7 @@ class RunHeader(KeptLines):
 SOURCE_WORDS = {
     "tensorboard": "metrics from TensorBoard event files",
     "json": "metrics from its own JSON handler",
-    "printed": "metrics from its printed dicts",
+    "printed": "metrics from its log",
 }
 
 
