@@ -43,6 +43,7 @@ import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
+from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import Event, RunState
 from eagle3_tui.model.units import clock, size
@@ -460,15 +461,18 @@ def _stuck_clause(state: RunState) -> str:
     return f"; stuck in {describe(sample)}" if sample is not None else ""
 
 
-def _own_handler(state: RunState) -> bool:
-    """Its metrics come from a handler of the user's own (its file or its log, read by
-    the agent; or a file of plain speculators dicts): it has a handler, whatever it
-    does now."""
+def _own_handler(state: RunState) -> str | None:
+    """What writes its metrics when that is a handler of the user's own or one of the
+    library's backends (its file, its event files or its log, read by the agent; or a
+    file of plain speculators dicts), in words: it has a handler, whatever it does
+    now. None: eagle3-tui's telemetry, or nothing."""
     obs = state.observed
-    return (obs is not None and obs.info.handler is not None) or state.plain_records > 0
+    if obs is not None and obs.info.handler is not None:
+        return metrics_source(obs.info.handler)
+    return "its own handler" if state.plain_records > 0 else None
 
 
-def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: bool) -> str:
+def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: str | None) -> str:
     signs = []
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
@@ -479,8 +483,8 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: bool) 
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
     if own:
         return (
-            f"{lead} although {' and '.join(signs)}: its own handler has written none "
-            "since (the trainer no longer logs them, or the handler fails)."
+            f"{lead} although {' and '.join(signs)}: {own} has written none since (the "
+            "trainer no longer logs them, or the handler fails)."
         )
     return (
         f"{lead} although {' and '.join(signs)}: the speculators.metrics logger may have "

@@ -25,7 +25,7 @@ HISTORY = 600
 
 HANDLER_WORDS = {
     "json": "its own JSON handler",
-    "printed": "the metric dicts printed in its log",
+    "printed": "the handler that prints them to its log",
     "tensorboard": "speculators' TensorBoard backend (its event files)",
 }
 """What writes the metrics of a run without telemetry, by ``ProcessInfo.handler``."""

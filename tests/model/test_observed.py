@@ -171,3 +171,25 @@ def test_malformed_observed_records_are_counted_and_move_nothing() -> None:
     state = o.run.state
     assert state.malformed_count == len(bad)
     assert state.observed is None and not state.bars and state.process_alive is None
+
+
+def test_a_backend_that_stops_writing_is_silent_and_named() -> None:
+    """speculators' TensorBoard backend wrote steps 0-9, then nothing while the trainer
+    kept reading data: silent, its backend named, never "no handler"."""
+    o = Observed()
+    events = "/work/exp7/logs/run/events.out.tfevents.1.host.4242.0"
+    train = Lines(writer="own", t0=T0, dt=0.0)
+    for step in range(10):
+        o.feed(o.obs.at(o.t).proc(handler="tensorboard", metrics_file=events, started=T0))
+        o.feed(train.at(o.t).train(step, loss=2.0 - 0.1 * step))
+        o.feed(o.obs.at(o.t).io(4096.0))
+        o.t += 1.0
+    assert o.health() == Health.RUNNING
+    while o.t < T0 + 10 + 120 and o.health() != Health.SILENT:
+        o.feed(o.obs.at(o.t).proc(handler="tensorboard", metrics_file=events, started=T0))
+        o.feed(o.obs.at(o.t).io(4096.0))
+        o.t += 1.0
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.SILENT, d.reason
+    assert "speculators' TensorBoard backend (its event files) has written none since" in d.reason
+    assert HANDLER not in d.reason and "no handler" not in d.reason
