@@ -193,9 +193,51 @@ def _tensor_value(buf: bytes) -> float | None:
     return None
 
 
+_DOUBLE = struct.Struct("<d")
+_FLOAT = struct.Struct("<f")
+
+
+def _one_scalar(event: bytes) -> tuple[float, int, list[tuple[str, float]]] | None:
+    """The layout ``add_scalar`` writes (``wall_time``, ``step``, one value with a tag
+    and a ``simple_value``), read without the general decoder (a third of the time);
+    None for anything else (the general decoder then decides)."""
+    n = len(event)
+    if n < 16 or event[0] != 0x09:
+        return None
+    wall = _DOUBLE.unpack_from(event, 1)[0]
+    at = 9
+    step = 0
+    if event[at] == 0x10:
+        step, at = _varint(event, at + 1)
+    if at + 2 > n or event[at] != 0x2A:
+        return None
+    size, at = _varint(event, at + 1)
+    if at + size != n or at + 2 > n or event[at] != 0x0A:
+        return None
+    size, at = _varint(event, at + 1)
+    if at + size != n or event[at] != 0x0A:
+        return None
+    size, at = _varint(event, at + 1)
+    end = at + size
+    if end + 5 != n or event[end] != 0x15 or not math.isfinite(wall):
+        return None
+    tag = event[at:end].decode("utf-8", "replace")
+    step = step - (1 << 64) if step >= 1 << 63 else step
+    return wall, step, [(tag, float(_FLOAT.unpack_from(event, end + 1)[0]))]
+
+
 def scalars(event: bytes) -> tuple[float, int, list[tuple[str, float]]] | None:
     """``(wall_time, step, [(tag, value), …])`` of an Event of scalars; None for any
     other record (or one that does not parse)."""
+    try:
+        quick = _one_scalar(event)
+    except (ValueError, IndexError, struct.error):
+        quick = None
+    return quick if quick is not None else decoded(event)
+
+
+def decoded(event: bytes) -> tuple[float, int, list[tuple[str, float]]] | None:
+    """:func:`scalars` by the general decoder (any field order, several values, tensors)."""
     wall = None
     step = 0
     values: list[tuple[str, float]] = []

@@ -89,6 +89,12 @@ def test_the_same_values_as_tensorboards_own_loader(tmp_path: Path, new_style: b
     assert {p["step"]: p["val"]["loss_epoch"] for p in val} == their_val
     assert f.framing.bad_crc == 0 and f.framing.broken_at is None
     assert f.offset == path.stat().st_size
+    # the quick path for add_scalar's layout reads what the general decoder reads
+    bodies, _ = tfevents.records(path.read_bytes(), tfevents.Framing())
+    quick = [tfevents._one_scalar(b) for b in bodies]
+    quick_train = [q for q in quick if q and q[2][0][0].startswith("train/")]
+    assert bool(quick_train) != new_style  # simple values take it, tensors do not
+    assert all(q == tfevents.decoded(b) for q, b in zip(quick, bodies, strict=True) if q)
 
 
 def test_a_file_read_as_it_grows_gives_each_step_once(tmp_path: Path) -> None:
