@@ -1261,16 +1261,24 @@ def op_choose(req: dict[str, Any]) -> int:
     return 0
 
 
-def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
-    """``--pid``: that process's training; gone, the record of it when one was kept."""
-    start = start_ticks if isinstance(start_ticks, int) else None
+def live_or_ended(pid: int, start: int | None) -> tuple[dict[str, Any], Timeline | None]:
+    """The training ``pid`` (started at ``start`` ticks) described live, or, gone, the
+    record of it kept while it lived (its row, and the record); :class:`AgentError`
+    when it is neither."""
     try:
-        row = describe(pid, start)
+        return describe(pid, start), None
     except AgentError as e:
         ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
         if ended is None:
             raise
-        row = ended.row()
+        return ended.row(), ended
+
+
+def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
+    """``--pid``: that process's training; gone, the record of it when one was kept."""
+    start = start_ticks if isinstance(start_ticks, int) else None
+    row, ended = live_or_ended(pid, start)
+    if ended is not None:
         note = f"{_describe_choice(row)}, {_describe_end(row)}"
         attached = attached_run(row)
         if attached is not None:  # its telemetry's records say how it ended, not the outside

@@ -39,22 +39,20 @@ from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.discover import (
     _HELPERS,
     _WORKER_MARKS,
-    describe,
     find_checkpoint_dir,
     left_behind,
-    left_behind_of,
+    live_or_ended,
     user_name,
 )
-from eagle3_tui.agent.frames import AgentError, client_gone, emit, emit_data
+from eagle3_tui.agent.frames import client_gone, emit, emit_data
 from eagle3_tui.agent.logparse import LineParser, metric_record
-from eagle3_tui.agent.names import ERR_GONE, EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
+from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
 from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
 from eagle3_tui.agent.stuck import StuckWatch
 from eagle3_tui.agent.timeline import (
     COPY_EVERY_S,
     Timeline,
     TimelineWriter,
-    find_ended,
     open_timeline,
 )
 from eagle3_tui.telemetry import procs
@@ -141,7 +139,41 @@ class _WithoutInventory:
         return self.sink.write(kind, payload, step)
 
 
-class LogFollower:
+class _Followed:
+    """A file followed from an offset: what a look at it finds (its size, growth, change
+    time, identity)."""
+
+    path: str
+    offset: int
+    identity: str | None
+    size: int
+    grew: int
+    mtime: float | None
+
+    def _look(self) -> tuple[os.stat_result, bool] | None:
+        """The file now (None: gone, or not a regular file: a FIFO or a device, nothing
+        to read ever), and whether it was replaced or truncated since the last look
+        (its content is to be read from 0 again)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self.grew = 0
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            self.grew = 0
+            return None
+        ident = f"{st.st_dev}:{st.st_ino}"
+        replaced = (self.identity is not None and ident != self.identity) or (
+            st.st_size < self.offset
+        )
+        self.grew = max(0, st.st_size - self.size) if self.size else 0
+        self.size = st.st_size
+        self.mtime = st.st_mtime
+        self.identity = ident
+        return st, replaced
+
+
+class LogFollower(_Followed):
     """The trainer's log from an offset: whole lines only, a truncated or replaced file
     restarts at 0, a first look starts near the end of a long file."""
 
@@ -168,23 +200,14 @@ class LogFollower:
         self._catch_up_ts = 0.0
 
     def poll(self, now: float) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            self.grew = 0
-            return
-        if not stat.S_ISREG(st.st_mode):  # a FIFO or device: nothing to read, ever
-            self.grew = 0
-            return
-        ident = f"{st.st_dev}:{st.st_ino}"
         fresh = self.identity is None
-        if (self.identity is not None and ident != self.identity) or st.st_size < self.offset:
+        looked = self._look()
+        if looked is None:
+            return
+        st, replaced = looked
+        if replaced:
             self.offset = 0  # replaced or truncated: its new content from the start
             fresh = True
-        self.grew = max(0, st.st_size - self.size) if self.size else 0
-        self.size = st.st_size
-        self.mtime = st.st_mtime
-        self.identity = ident
         if fresh:
             self._catch_up_to = st.st_size  # lines already there: stamped with the mtime
             self._catch_up_ts = st.st_mtime
@@ -230,7 +253,7 @@ class LogFollower:
                     self.on_message(str(payload.get("msg", "")), when)
 
 
-class EventFollower:
+class EventFollower(_Followed):
     """A TensorBoard event file of speculators' own backend (:mod:`tfevents`), from an
     offset: whole records only; the offset kept (:attr:`offset`) is where no metric
     dict is half read, so a reconnect loses none and repeats none. A replaced or
@@ -252,23 +275,14 @@ class EventFollower:
         self.records = 0
 
     def poll(self, now: float) -> None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            self.grew = 0
+        looked = self._look()
+        if looked is None:
             return
-        if not stat.S_ISREG(st.st_mode):
-            self.grew = 0
-            return
-        ident = f"{st.st_dev}:{st.st_ino}"
-        if (self.identity is not None and ident != self.identity) or st.st_size < self.offset:
+        st, replaced = looked
+        if replaced:
             self.offset = self._read_to = 0
             self.regroup = tfevents.Regroup()
             self.framing = tfevents.Framing()
-        self.grew = max(0, st.st_size - self.size) if self.size else 0
-        self.size = st.st_size
-        self.mtime = st.st_mtime
-        self.identity = ident
         if self.framing.broken_at is not None:
             return  # its framing is lost there: nothing after it can be trusted
         read = 0
@@ -747,12 +761,8 @@ def op_observe(req: dict[str, Any]) -> int:
     interval = max(0.1, float(req.get("interval_s") or INTERVAL_S))
     until = req.get("until_s")
     cursor = req.get("cursor") if isinstance(req.get("cursor"), dict) else {}
-    try:
-        row = describe(pid, start)
-    except AgentError as e:
-        ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
-        if ended is None:
-            raise
+    row, ended = live_or_ended(pid, start)
+    if ended is not None:
         return post_mortem(ended, cursor or {}, interval)
     timeline = open_timeline(row)
     record = str(timeline.path) if timeline is not None else None

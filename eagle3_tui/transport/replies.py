@@ -452,8 +452,11 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     telemetry: bool = False
     handler: str | None = None
     """``json`` or ``printed``: no telemetry, but a handler of the user's own writes its
-    metric dicts (to ``metrics_file``; read there)."""
+    metric dicts (to ``metrics_file``; read there); ``tensorboard``: speculators' own
+    backend writes them as events (``metrics_file``: the event file)."""
     metrics_file: str | None = None
+    log_dir: str | None = None
+    """Its ``--log-dir`` (the library's CLI: where its metric backends write), absolute."""
     run_dir: str | None = None
     run_id: str | None = None
     checkpoint_dir: str | None = None

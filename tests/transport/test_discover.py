@@ -337,7 +337,7 @@ def test_observe_stream_survives_nothing_but_reports_the_end(
 ) -> None:
     """The observed stream ends (``ended``) when the trainer exits."""
     script = tmp_path / "short.py"
-    script.write_text("import sys, time\nimport torch\nimport speculators.version\ntime.sleep(4)\n")
+    script.write_text("import sys, time\nimport torch\nimport speculators.version\ntime.sleep(8)\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
     try:
         row = None
