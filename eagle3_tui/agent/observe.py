@@ -79,9 +79,9 @@ READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
 """Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 FIND_CKPT_EVERY = 5
+"""Rounds between looks for a checkpoint directory while none is known."""
 FIND_EVENTS_EVERY = 5
 """Rounds between looks for a TensorBoard event file of the trainer's (none yet)."""
-"""Rounds between looks for a checkpoint directory while none is known."""
 
 
 class FrameSink:
@@ -279,7 +279,7 @@ class EventFollower(_Followed):
         if looked is None:
             return
         st, replaced = looked
-        if replaced:
+        if replaced or st.st_size < self._read_to:  # truncated inside a dict too
             self.offset = self._read_to = 0
             self.regroup = tfevents.Regroup()
             self.framing = tfevents.Framing()
@@ -303,6 +303,17 @@ class EventFollower(_Followed):
                         self.offset = self._read_to
         except OSError:
             return
+
+    @property
+    def problem(self) -> str | None:
+        """What could not be read of the file, in one line (None: nothing)."""
+        f = self.framing
+        said = []
+        if f.bad_crc:
+            said.append(f"{f.bad_crc} record(s) skipped (their CRC does not match)")
+        if f.broken_at is not None:
+            said.append(f"its framing is broken at byte {f.broken_at:,}: nothing after it is read")
+        return "; ".join(said) or None
 
     def _event(self, body: bytes) -> None:
         found = tfevents.scalars(body)
@@ -650,6 +661,9 @@ class Observer:
             "stack_unavailable": self.stuck.unavailable or None,
             "handler": self.row.get("handler"),
             "metrics_file": self.row.get("metrics_file"),
+            "metrics_problem": getattr(self.metrics, "problem", None),
+            "metrics_stuck": isinstance(self.metrics, EventFollower)
+            and self.metrics.framing.broken_at is not None,
         }
         if self.end is not None:  # how it ended; what of it was still alive then
             process.update({k: self.end.get(k) for k in ("exit_status", "ended_at", "last_alive")})

@@ -316,7 +316,10 @@ def judge(state: RunState, now: float) -> Diagnosis:
     ev = evidence(state, now, min(limit, quiet_for - AFTER_LAST_STEP_S))
     if ev.gpu_busy or ev.reading or ev.saving:
         return Diagnosis(
-            Health.SILENT, _silent_sentence(ev, quiet_for, never=False, own=_own_handler(state))
+            Health.SILENT,
+            _silent_sentence(
+                ev, quiet_for, never=False, own=_own_handler(state), problem=_unread(state)
+            ),
         )
     if alive or ev.gpu_known or ev.reads_known:
         parts = []
@@ -349,7 +352,10 @@ def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:
     if quiet_for > allowance and working:
         never = how == "start" and not state.startups
         return Diagnosis(
-            Health.SILENT, _silent_sentence(ev, quiet_for, never=never, own=_own_handler(state))
+            Health.SILENT,
+            _silent_sentence(
+                ev, quiet_for, never=never, own=_own_handler(state), problem=_unread(state)
+            ),
         )
     what = {"resume": "since the resume", "start": "since start"}.get(how, f"since {how}")
     learned = (
@@ -472,7 +478,17 @@ def _own_handler(state: RunState) -> str | None:
     return "its own handler" if state.plain_records > 0 else None
 
 
-def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: str | None) -> str:
+def _unread(state: RunState) -> str | None:
+    """What of its metrics file could not be read (bad records, broken framing)."""
+    obs = state.observed
+    if obs is None or not obs.info.metrics_stuck:
+        return None  # records skipped here and there do not silence a run
+    return obs.info.metrics_problem
+
+
+def _silent_sentence(
+    ev: Evidence, quiet_for: float, *, never: bool, own: str | None, problem: str | None = None
+) -> str:
     signs = []
     if ev.gpu_busy and ev.gpu_util is not None:
         signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
@@ -481,6 +497,11 @@ def _silent_sentence(ev: Evidence, quiet_for: float, *, never: bool, own: str | 
     if ev.saving:
         signs.append("checkpoints are being written")
     lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
+    if own and problem:
+        return (
+            f"{lead} although {' and '.join(signs)}: what {own} wrote cannot all be "
+            f"read ({problem})."
+        )
     if own:
         return (
             f"{lead} although {' and '.join(signs)}: {own} has written none since (the "

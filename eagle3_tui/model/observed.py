@@ -64,6 +64,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     them as events (``metrics_file``: the event file); None: no metric is written
     anywhere."""
     metrics_file: str | None = None
+    metrics_problem: str | None = None
+    """What could not be read of :attr:`metrics_file` (bad records, broken framing)."""
+    metrics_stuck: bool = False
+    """Nothing more of :attr:`metrics_file` can be read (its framing is broken)."""
     exit_status: int | None = None
     """Once it ended: how, as ``subprocess`` says it (-N: killed by signal N); None when
     the kernel did not say (nobody held a pidfd on it when it ended)."""

@@ -153,6 +153,7 @@ class ObservedView:
     handler: str | None = None
     """``json`` / ``printed``: its metrics come from a handler of the user's own."""
     metrics_file: str | None = None
+    metrics_problem: str | None = None
     exit_status: int | None = None
     ended_at: float | None = None
     last_alive: float | None = None
@@ -639,6 +640,7 @@ def _observed(state: RunState) -> ObservedView | None:
         members=obs.members,
         handler=info.handler,
         metrics_file=info.metrics_file,
+        metrics_problem=info.metrics_problem,
         exit_status=info.exit_status,
         ended_at=info.ended_at,
         last_alive=info.last_alive,

@@ -188,6 +188,7 @@ def _observed(snap: Snapshot) -> dict[str, Any] | None:
         "cpu_pct": o.cpu_pct,
         "handler": o.handler,
         "metrics_file": o.metrics_file,
+        "metrics_problem": o.metrics_problem,
         "exit_status": o.exit_status,
         "ended_at": o.ended_at,
         "last_alive": o.last_alive,
@@ -227,6 +228,8 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
     ]
     if o.get("metrics_file") and o["metrics_file"] != o["log_file"]:
         lines.append(f"metrics  {o['metrics_file']} (from {metrics_source(o.get('handler'))})")
+    if o.get("metrics_problem"):
+        lines.append(f"         not read: {printable(o['metrics_problem'])}")
     if no_metrics:
         lines.append("metrics  per-step loss and accuracies: not available without telemetry")
     return lines

@@ -4,13 +4,14 @@ recorded scenarios with a frozen clock."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from eagle3_tui.model.health import Health, diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import build_snapshot
-from eagle3_tui.model.summary import summarize
+from eagle3_tui.model.summary import format_text, summarize
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -193,3 +194,33 @@ def test_a_backend_that_stops_writing_is_silent_and_named() -> None:
     assert d.health == Health.SILENT, d.reason
     assert "speculators' TensorBoard backend (its event files) has written none since" in d.reason
     assert HANDLER not in d.reason and "no handler" not in d.reason
+
+
+def test_an_event_file_that_cannot_be_read_further_is_said_so() -> None:
+    """Its framing broken (the agent reads nothing past it): silent, and why, never
+    "has written none" (it may well write)."""
+    o = Observed()
+    events = "/work/exp7/logs/run/events.out.tfevents.1.host.4242.0"
+    broken: dict[str, Any] = {
+        "handler": "tensorboard",
+        "metrics_file": events,
+        "metrics_problem": "its framing is broken at byte 4,096: nothing after it is read",
+        "metrics_stuck": True,
+        "started": T0,
+    }
+    train = Lines(writer="own", t0=T0, dt=0.0)
+    for step in range(5):
+        o.feed(o.obs.at(o.t).proc(**broken))
+        o.feed(train.at(o.t).train(step, loss=1.0))
+        o.t += 1.0
+    while o.t < T0 + 5 + 120 and o.health() != Health.SILENT:
+        o.feed(o.obs.at(o.t).proc(**broken))
+        o.feed(o.obs.at(o.t).io(4096.0))
+        o.t += 1.0
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.SILENT, d.reason
+    assert "cannot all be read (its framing is broken at byte 4,096" in d.reason
+    assert "has written none" not in d.reason and "no handler" not in d.reason
+    s = summarize(o.run.state, o.t)
+    assert s["observed"]["metrics_problem"] == broken["metrics_problem"]
+    assert "not read: its framing is broken at byte 4,096" in format_text(s)

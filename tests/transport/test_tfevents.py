@@ -134,6 +134,7 @@ def test_hostile_records_are_counted_and_move_nothing(tmp_path: Path) -> None:
     bad.write_bytes(good + bytes(flipped) + garbage)
     sink, f = follow(bad)
     assert f.framing.bad_crc == 1 and f.framing.not_scalars >= 2
+    assert f.problem == "1 record(s) skipped (their CRC does not match)"
     assert [p["step"] for k, p, _ in sink.records if k == "train"] == [0, 1, 2, 3]
     # 3. a length that fails its CRC, or larger than memory allows: the framing is
     # lost there, nothing after it is read, the file is not read past it again
@@ -146,6 +147,7 @@ def test_hostile_records_are_counted_and_move_nothing(tmp_path: Path) -> None:
         broken.write_bytes(good + tail + _frame(bodies[3]))
         sink, f = follow(broken)
         assert f.framing.broken_at == len(good)
+        assert f.problem == f"its framing is broken at byte {len(good):,}: nothing after it is read"
         assert [p["step"] for k, p, _ in sink.records if k == "train"] == [0, 1, 2, 3]
         before = len(sink.records)
         f.poll(0.0)
