@@ -527,7 +527,8 @@ class Training:
             if self.handler in (None, "printed"):  # its event files have more digits
                 roots = [r for r in (self.log_dir, self.cwd) if r]
                 pids = {t.pid, *(int(m["pid"]) for m in self.members)}
-                events = tfevents.find_event_files(roots, pids)
+                since = procs.started_at(t.st)
+                events = tfevents.find_event_files(roots, pids, t.uid, since)
                 if events:
                     self.handler, self.metrics_file = "tensorboard", events[0]
                     ev.append(f"speculators' TensorBoard backend writes its events to {events[0]}")

@@ -426,7 +426,13 @@ class Observer:
         metric: looked for (by the writer's PID in its name) until found."""
         roots = [r for r in (self.cwd, self.row.get("log_dir")) if isinstance(r, str)]
         pids = {self.pid, *self.members}  # under torchrun rank 0 writes
-        found = tfevents.find_event_files(roots, pids)
+        uid, since = self.row.get("uid"), self.started
+        found = tfevents.find_event_files(
+            roots,
+            pids,
+            uid if isinstance(uid, int) else None,
+            since if isinstance(since, (int, float)) else None,
+        )
         if found:
             self.row["handler"] = "tensorboard"
             self.row["metrics_file"] = found[0]

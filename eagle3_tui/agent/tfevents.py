@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from eagle3_tui.agent.logparse import unflatten
+from eagle3_tui.telemetry.safefs import trust_problem
 
 MAX_RECORD = 16 << 20
 """A record longer than this is taken as a broken length (a scalar event is ~50 bytes)."""
@@ -336,12 +337,22 @@ def writer_pid(name: str) -> int | None:
     return int(m.group(3)) if m else None
 
 
-def find_event_files(roots: list[str], pids: set[int]) -> list[str]:
+def find_event_files(
+    roots: list[str], pids: set[int], uid: int | None, since: float | None = None
+) -> list[str]:
     """Event files under ``roots`` written by one of ``pids`` (by their names): the
     newest writer's first, and of one time the writer made first (its metrics: the
     handler's ``add_hparams`` makes a second writer, ``….1``, with the run's
     configuration only); a bounded walk (:data:`WALK_ENTRIES`, :data:`WALK_DEPTH`), no symlinked
-    directory followed, hidden and heavy directories skipped."""
+    directory followed, hidden and heavy directories skipped.
+
+    A name is anyone's to give: only a file the trainer's user ``uid`` (or root) owns,
+    in directories nobody else may write (:func:`~eagle3_tui.telemetry.safefs.trust_problem`),
+    and named after the trainer started (``since``, seconds since the epoch: a file of
+    an earlier process that had the same PID is not its) is taken. With ``uid`` None
+    (the trainer's user unknown: it is gone) nothing is."""
+    if uid is None:
+        return []
     found: list[tuple[tuple[int, int], str]] = []
     seen = 0
     todo = [(os.path.abspath(r), 0) for r in roots if r]
@@ -362,7 +373,12 @@ def find_event_files(roots: list[str], pids: set[int]) -> list[str]:
             try:
                 if e.is_file(follow_symlinks=False) and e.name.startswith("events.out.tfevents."):
                     m = _NAME.match(e.name)
-                    if m is not None and int(m.group(3)) in pids:
+                    if (
+                        m is not None
+                        and int(m.group(3)) in pids
+                        and (since is None or int(m.group(1)) >= int(since) - 1)
+                        and trust_problem(e.path, uid) is None
+                    ):
                         found.append(((-int(m.group(1)), int(m.group(4))), e.path))
                 elif (
                     depth < WALK_DEPTH

@@ -7,6 +7,7 @@ metric."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.observe import EventFollower
+from tests.conftest import OtherUser
 
 tb_loader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 writer_mod = pytest.importorskip("torch.utils.tensorboard")
@@ -173,7 +175,40 @@ def test_event_files_are_found_by_their_writers_pid(tmp_path: Path) -> None:
     mine.write_bytes(b"")
     other.write_bytes(b"")
     (tmp_path / "link").symlink_to(logs)  # not followed: found once
+    me = os.geteuid()
     assert tfevents.writer_pid(mine.name) == 4242
-    assert tfevents.find_event_files([str(tmp_path)], {4242}) == [str(mine)]
-    assert tfevents.find_event_files([str(tmp_path)], {1}) == []
-    assert tfevents.find_event_files([str(tmp_path / "missing")], {4242}) == []
+    assert tfevents.find_event_files([str(tmp_path)], {4242}, me) == [str(mine)]
+    assert tfevents.find_event_files([str(tmp_path)], {1}, me) == []
+    assert tfevents.find_event_files([str(tmp_path / "missing")], {4242}, me) == []
+    # named before the trainer started: an earlier process's, with the same PID
+    assert tfevents.find_event_files([str(tmp_path)], {4242}, me, since=1796306900) == []
+    assert tfevents.find_event_files([str(tmp_path)], {4242}, None) == []  # owner unknown
+
+
+def test_an_event_file_another_user_could_plant_is_not_read(
+    other_user: OtherUser, shared_dir: Path
+) -> None:
+    """A file named after the trainer's PID is not the trainer's when another user made
+    it, or could have replaced it (in a directory every user may write)."""
+    me = os.geteuid()
+    run = shared_dir / "run"  # a sticky shared place: the trainer's own files are kept
+    run.mkdir()
+    open_logs = run / "logs"  # a careless 0777 directory: anyone may swap what is in it
+    open_logs.mkdir()
+    open_logs.chmod(0o777)
+    planted = shared_dir / "planted"
+    name = "events.out.tfevents.1796306822.gpu-node.4242.0"
+    done = other_user.run(
+        "sh", "-c", f"mkdir {planted} && touch {planted}/{name}.a {open_logs}/{name}.b"
+    )
+    assert done.returncode == 0, done.stderr
+    assert (planted / f"{name}.a").stat().st_uid == other_user.uid
+    (open_logs / f"{name}.c").write_bytes(b"")  # the trainer's user's, but replaceable
+    assert tfevents.find_event_files([str(shared_dir)], {4242}, me) == []
+    kept = run / f"{name}.d"
+    kept.write_bytes(b"")
+    assert tfevents.find_event_files([str(shared_dir)], {4242}, me) == [str(kept)]
+    # the other user's own trainer does get its own file
+    assert tfevents.find_event_files([str(planted)], {4242}, other_user.uid) == [
+        str(planted / f"{name}.a")
+    ]
