@@ -29,7 +29,7 @@ import re
 import time
 from typing import Any
 
-from eagle3_tui.agent import tfevents
+from eagle3_tui.agent import tfevents, trackers
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.logparse import KeyValueBlock, clean, metric_dict
 from eagle3_tui.agent.names import (
@@ -52,6 +52,7 @@ from eagle3_tui.agent.names import (
 from eagle3_tui.agent.processes import kill_plan
 from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
 from eagle3_tui.agent.timeline import Timeline, find_ended, note_rows, settle
+from eagle3_tui.agent.trackers import TRACKER_NAMES
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.isolation import as_module
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
@@ -279,7 +280,7 @@ def metric_lines(text: str) -> str | None:
     return None
 
 
-def _arg_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+def arg_value(argv: list[str], names: tuple[str, ...]) -> str | None:
     for i, a in enumerate(argv):
         for name in names:
             if a == name and i + 1 < len(argv):
@@ -465,6 +466,10 @@ class Training:
         """``json`` or ``printed``: a handler of the user's own writes its metric dicts
         (to :attr:`metrics_file`), as JSON lines or as printed dicts."""
         self.metrics_file: str | None = None
+        self.metrics_run: str | None = None
+        """The trainer's run in its tracker's store (``handler`` ``mlflow``, ``trackio``)."""
+        self.metrics_note: str | None = None
+        """Why its tracker's store cannot be read (ambiguous, not trusted, elsewhere)."""
         self.speculators = False
         self.health: tuple[str, str] | None = None
         self.cpu_pct = 0.0
@@ -513,7 +518,7 @@ class Training:
         if self.log and _OUTPUT_SIGNS.search(log_tail):
             self.speculators = True
             ev.append("its log shows speculators' output")
-        self.log_dir = _arg_value(t.argv, ("--log-dir", "--log_dir"))
+        self.log_dir = arg_value(t.argv, ("--log-dir", "--log_dir"))
         if self.log_dir is not None and self.cwd and not os.path.isabs(self.log_dir):
             self.log_dir = os.path.join(self.cwd, self.log_dir)
         if run_dir is None:
@@ -532,10 +537,12 @@ class Training:
                 if events:
                     self.handler, self.metrics_file = "tensorboard", events[0]
                     ev.append(f"speculators' TensorBoard backend writes its events to {events[0]}")
+                else:
+                    self._find_tracker(since)
         # where checkpoints go, and how many epochs
         argv = t.argv
-        save = _arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
-        epochs = _arg_value(argv, ("--epochs", "--num-epochs", "--num_epochs"))
+        save = arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
+        epochs = arg_value(argv, ("--epochs", "--num-epochs", "--num_epochs"))
         for text in texts:
             if save is None:
                 m = _SAVE_PATH_LITERAL.search(text)
@@ -572,6 +579,26 @@ class Training:
                 self.log = os.path.join(run_dir, str(m["log_file"]))
 
     # -- what a client sees -------------------------------------------------------------
+    def _find_tracker(self, since: float | None) -> None:
+        """speculators' MLflow or trackio backend's store of this training (by its
+        environment and working directory: :func:`trackers.find_tracker`)."""
+        t = self.trainer
+        named = set((arg_value(t.argv, ("--logger",)) or "").replace(" ", "").split(","))
+        found = trackers.find_tracker(t.env, self.cwd, t.uid, since, named)
+        if found is None:
+            return
+        backend, store, why = found
+        if store is not None:
+            self.handler, self.metrics_file, self.metrics_run = backend, store.path, store.run
+            self.evidence.append(
+                f"speculators' {TRACKER_NAMES[backend]} backend writes its metrics to "
+                f"{store.path} (run {store.run})"
+            )
+        elif why is not None:
+            self.evidence.append(f"speculators' {TRACKER_NAMES[backend]} backend: {why}")
+            if self.handler is None:  # it writes them, where they cannot be read
+                self.handler, self.metrics_note = backend, why
+
     @property
     def pids(self) -> list[int]:
         return [m["pid"] for m in self.members]
@@ -597,6 +624,8 @@ class Training:
             "telemetry": self.run_dir is not None,
             "handler": self.handler,
             "metrics_file": self.metrics_file,
+            "metrics_run": self.metrics_run,
+            "metrics_note": self.metrics_note,
             "log_dir": self.log_dir,
             "run_dir": self.run_dir,
             "run_id": self.run_id,
@@ -1118,11 +1147,12 @@ def _describe_choice(row: dict[str, Any]) -> str:
     if row.get("telemetry"):
         tel = "telemetry attached"
     elif row.get("handler"):
+        handler = str(row["handler"])
         tel = "no telemetry, " + {
             "tensorboard": "metrics from its TensorBoard event files",
             "printed": "metrics printed in its log",
             "json": "metrics by its own JSON handler",
-        }.get(str(row["handler"]), "metrics by its own handler")
+        }.get(handler, f"metrics by its {TRACKER_NAMES.get(handler, 'own')} handler")
     else:
         tel = "no telemetry"
     return f"pid {row['pid']} ({cmd[:60]}){where}, {tel}"

@@ -234,6 +234,21 @@ def unflatten(flat: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tracked_dict(flat: list[tuple[str, Any]], step: int | None) -> dict[str, Any] | None:
+    """One of speculators' metric dicts from what a tracker keeps of it: its flattened
+    keys (``train/loss`` …) and the step it was logged at; None when the keys are not
+    a train or a validation dict (the run's hyperparameters, a tracker's own keys)."""
+    d = unflatten(flat)
+    kind = "train" if isinstance(d.get("train"), dict) else "val"
+    if not isinstance(d.get(kind), dict):
+        return None
+    if kind == "train" and "global_step" not in d and step is not None:
+        d["global_step"] = step
+    if kind == "val" and step is not None:
+        d.setdefault("global_step", step)
+    return d
+
+
 def key_values(text: str) -> list[tuple[str, Any]] | None:
     """The ``key=value`` pairs ``text`` consists of (numbers only kept), None when it
     carries anything else."""

@@ -35,10 +35,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent import tfevents
+from eagle3_tui.agent import tfevents, trackers
 from eagle3_tui.agent.discover import (
     _HELPERS,
     _WORKER_MARKS,
+    arg_value,
     find_checkpoint_dir,
     left_behind,
     live_or_ended,
@@ -77,6 +78,8 @@ CATCH_UP_BYTES = 4 << 20
 """A log's first read starts at most this far from its end (its last lines matter)."""
 READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
+MAX_ROUND_ROWS = 200_000
+"""Rows of a tracker's store read per round (a long history is read over rounds)."""
 """Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 FIND_CKPT_EVERY = 5
 """Rounds between looks for a checkpoint directory while none is known."""
@@ -327,6 +330,50 @@ class EventFollower(_Followed):
                 self.sink.write(kind, payload, ts=ts)
 
 
+class StoreFollower:
+    """A run in the store of speculators' MLflow or trackio backend (:mod:`trackers`),
+    from a position (:attr:`offset`: a row, after which no dict is half read): a
+    reconnect loses none and repeats none. Its :attr:`identity` is the run: a cursor of
+    another run starts again at the beginning."""
+
+    def __init__(
+        self, store: trackers.Store, sink: FrameSink, offset: int = 0, identity: str | None = None
+    ) -> None:
+        self.store = store
+        self.path = store.path
+        self.sink = sink
+        self.identity = f"{store.kind}:{store.run}"
+        self.offset = offset if identity == self.identity else 0
+        self.error: str | None = None
+        self.records = 0
+
+    def poll(self, now: float) -> None:
+        rows = 0
+        while rows < MAX_ROUND_ROWS:
+            try:
+                found, after = self.store.read(self.offset)
+            except trackers.StoreError as e:
+                self.error = f"{self.store.words} {self.path} cannot be read: {e}"
+                return
+            self.error = None
+            for d, ts in found:
+                kind, payload, _ = metric_record(d, ts)
+                self.sink.write(kind, payload, ts=ts)
+            self.records += len(found)
+            rows += max(1, after - self.offset)
+            if after == self.offset:
+                return
+            self.offset = after
+
+    @property
+    def problem(self) -> str | None:
+        """What could not be read of the run, in one line (None: nothing)."""
+        said = [self.error] if self.error else []
+        if self.store.skipped:
+            said.append(f"{self.store.skipped} row(s) skipped (not one of its metric dicts)")
+        return "; ".join(said) or None
+
+
 class Observer:
     """One observed training: its samplers, its log, its own handler's file, its
     checkpoints; one round per interval. With a ``timeline`` it keeps its record
@@ -368,9 +415,14 @@ class Observer:
         self.metrics_sink = FrameSink(
             f"own-{self.pid}-{self.start}", self.out, int(cursor.get("metrics_seq") or 0)
         )
-        self.metrics: LogFollower | EventFollower | None = None
+        self.metrics: LogFollower | EventFollower | StoreFollower | None = None
+        store = trackers.store_for(row.get("handler"), metrics, row.get("metrics_run"))
         if row.get("handler") == "tensorboard" and metrics:
             self.metrics = self._events(str(metrics), cursor)
+        elif store is not None:
+            self.metrics = self._store(store, cursor)
+        elif row.get("handler") in trackers.TRACKER_NAMES:
+            pass  # a backend whose store cannot be read (metrics_note says why)
         elif metrics and metrics != row.get("log"):
             self.metrics = self._follower(
                 metrics, cursor, "metrics", self.metrics_sink, LineParser()
@@ -421,23 +473,47 @@ class Observer:
             cursor.get("metrics_identity") if same else None,
         )
 
-    def _find_event_file(self) -> None:
-        """speculators' TensorBoard backend writes its first event file at the first
-        metric: looked for (by the writer's PID in its name) until found."""
+    def _store(self, store: trackers.Store, cursor: dict[str, Any]) -> StoreFollower:
+        same = cursor.get("metrics") == store.path
+        return StoreFollower(
+            store,
+            self.metrics_sink,
+            int(cursor.get("metrics_offset") or 0) if same else 0,
+            cursor.get("metrics_identity") if same else None,
+        )
+
+    def _find_metrics(self) -> None:
+        """speculators' backends make their files at the first metric (TensorBoard's
+        event file, MLflow's run, trackio's rows): looked for until found, the event
+        file by the writer's PID in its name, a tracker's run in its store."""
         roots = [r for r in (self.cwd, self.row.get("log_dir")) if isinstance(r, str)]
         pids = {self.pid, *self.members}  # under torchrun rank 0 writes
-        uid, since = self.row.get("uid"), self.started
-        found = tfevents.find_event_files(
-            roots,
-            pids,
-            uid if isinstance(uid, int) else None,
-            since if isinstance(since, (int, float)) else None,
-        )
-        if found:
+        row_uid, row_since = self.row.get("uid"), self.started
+        uid = row_uid if isinstance(row_uid, int) else None
+        since = float(row_since) if isinstance(row_since, (int, float)) else None
+        events = tfevents.find_event_files(roots, pids, uid, since)
+        if events:
             self.row["handler"] = "tensorboard"
-            self.row["metrics_file"] = found[0]
-            self.metrics = self._events(found[0], {})
+            self.row["metrics_file"] = events[0]
+            self.metrics = self._events(events[0], {})
             self.parser.key_values = False
+            return
+        command = self.row.get("command")
+        argv = [str(a) for a in command] if isinstance(command, list) else []
+        named = set(str(arg_value(argv, ("--logger",)) or "").replace(" ", "").split(","))
+        env = procs.environ(self.pid) or {}
+        found = trackers.find_tracker(env, self.cwd, uid, since, named)
+        if found is None:
+            return
+        backend, store, why = found
+        if store is not None:
+            self.row.update(
+                handler=backend, metrics_file=store.path, metrics_run=store.run, metrics_note=None
+            )
+            self.metrics = self._store(store, {})
+            self.parser.key_values = False
+        elif self.row.get("handler") is None:
+            self.row.update(handler=backend, metrics_note=why)
 
     def _follower(
         self,
@@ -630,7 +706,7 @@ class Observer:
         if self.log is not None:
             self.log.poll(now)
         if self.metrics is None and self.alive and self.rounds % FIND_EVENTS_EVERY == 1:
-            self._find_event_file()
+            self._find_metrics()
         if self.metrics is not None:
             self.metrics.poll(now)
         if self.ckpt_dir is None and self.rounds % FIND_CKPT_EVERY == 1:
@@ -667,9 +743,13 @@ class Observer:
             "stack_unavailable": self.stuck.unavailable or None,
             "handler": self.row.get("handler"),
             "metrics_file": self.row.get("metrics_file"),
-            "metrics_problem": getattr(self.metrics, "problem", None),
-            "metrics_stuck": isinstance(self.metrics, EventFollower)
-            and self.metrics.framing.broken_at is not None,
+            "metrics_problem": getattr(self.metrics, "problem", None)
+            or self.row.get("metrics_note"),
+            "metrics_stuck": (
+                isinstance(self.metrics, EventFollower)
+                and self.metrics.framing.broken_at is not None
+            )
+            or (self.metrics is None and bool(self.row.get("metrics_note"))),
         }
         if self.end is not None:  # how it ended; what of it was still alive then
             process.update({k: self.end.get(k) for k in ("exit_status", "ended_at", "last_alive")})

@@ -31,7 +31,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from eagle3_tui.agent.logparse import unflatten
+from eagle3_tui.agent.logparse import tracked_dict
 from eagle3_tui.telemetry.safefs import trust_problem
 
 MAX_RECORD = 16 << 20
@@ -314,18 +314,10 @@ class Regroup:
 
     def flush(self) -> list[tuple[dict[str, Any], float]]:
         """The dict being put together, if it is one of speculators' (else dropped)."""
-        flat, kind, step, ts = self.flat, self.kind, self.step, self.ts
+        flat, step, ts = self.flat, self.step, self.ts
         self.flat, self.kind, self.step = [], None, None
-        if kind is None:
-            return []
-        d = unflatten(flat)
-        if not isinstance(d.get(kind), dict):
-            return []
-        if kind == "train" and "global_step" not in d and step is not None:
-            d["global_step"] = step
-        if kind == "val" and step is not None:
-            d.setdefault("global_step", step)
-        return [(d, ts)]
+        d = tracked_dict(flat, step)
+        return [] if d is None else [(d, ts)]
 
 
 # ---- the files ------------------------------------------------------------------------

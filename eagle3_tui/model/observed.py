@@ -27,6 +27,9 @@ HANDLER_WORDS = {
     "json": "its own JSON handler",
     "printed": "the handler that prints them to its log",
     "tensorboard": "speculators' TensorBoard backend (its event files)",
+    "mlflow": "speculators' MLflow backend (its store)",
+    "trackio": "speculators' trackio backend (its database)",
+    "wandb": "speculators' W&B backend (its offline run file)",
 }
 """What writes the metrics of a run without telemetry, by ``ProcessInfo.handler``."""
 

@@ -173,12 +173,16 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     if st:
         pace = f" (a step takes {_ago(st)})"
     if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
-        why = (
-            f"{metrics_source(info.handler)} writes to {info.metrics_file}, but no metric came "
-            "there"
-            if info.handler
-            else "the speculators.metrics logger has no handler, or its level is above INFO"
-        )
+        if info.handler and info.metrics_stuck and info.metrics_problem:
+            source = metrics_source(info.handler)
+            why = f"what {source} writes cannot be read: {info.metrics_problem}"
+        elif info.handler:
+            why = (
+                f"{metrics_source(info.handler)} writes to {info.metrics_file}, but no metric "
+                "came there"
+            )
+        else:
+            why = "the speculators.metrics logger has no handler, or its level is above INFO"
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "

@@ -816,13 +816,23 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
+BACKEND_WORDS = {
+    "json": "own JSON",
+    "tensorboard": "TensorBoard",
+    "mlflow": "MLflow",
+    "trackio": "trackio",
+    "wandb": "W&B",
+}
+"""The runs column for what writes a training's metrics, by ``ProcessRow.handler``."""
+
+
 def _telemetry(row: ProcessRow) -> str:
     """What writes a training's metrics, in a word: eagle3-tui's telemetry, a handler of
     the user's own (``own JSON``: its JSON lines; ``own``: dicts it prints), or nothing."""
     if row.telemetry:
         return "yes"
     if row.handler is not None:
-        return {"json": "own JSON", "tensorboard": "TensorBoard"}.get(row.handler, "own")
+        return BACKEND_WORDS.get(row.handler, "own")
     return "no"
 
 
@@ -833,7 +843,11 @@ def _row_extra(row: ProcessRow) -> str:
     extra = f"  {command[:60]}"
     if row.handler is not None:
         what = metrics_source(row.handler)
-        extra += f"  (metrics by {what}: {row.metrics_file})"
+        if row.metrics_note:
+            extra += f"  (metrics by {what}, not read: {row.metrics_note})"
+        else:
+            run = f", run {row.metrics_run}" if row.metrics_run else ""
+            extra += f"  (metrics by {what}: {row.metrics_file}{run})"
     if row.log and not row.telemetry and row.log != row.metrics_file:
         extra += f"  (log {row.log})"
     if not row.alive:

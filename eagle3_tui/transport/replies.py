@@ -453,8 +453,12 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     handler: str | None = None
     """``json`` or ``printed``: no telemetry, but a handler of the user's own writes its
     metric dicts (to ``metrics_file``; read there); ``tensorboard``: speculators' own
-    backend writes them as events (``metrics_file``: the event file)."""
+    backend writes them as events (``metrics_file``: the event file); ``mlflow``,
+    ``trackio``: its backend's store (``metrics_file``, the run ``metrics_run`` in it)."""
     metrics_file: str | None = None
+    metrics_run: str | None = None
+    metrics_note: str | None = None
+    """Why its backend's store cannot be read (ambiguous, not trusted, on a server)."""
     log_dir: str | None = None
     """Its ``--log-dir`` (the library's CLI: where its metric backends write), absolute."""
     run_dir: str | None = None
