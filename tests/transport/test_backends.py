@@ -9,7 +9,10 @@ Trainer (``train/tiny.py``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -138,19 +141,66 @@ def printed_losses(log: Path) -> dict[int, float]:
     return out
 
 
-@pytest.mark.parametrize("logger", ["default", "tensorboard"])
+THEIR_STORE = textwrap.dedent(
+    """
+    import json, sys
+    if sys.argv[1] == "mlflow":
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(sys.argv[2])
+        [exp] = [e for e in client.search_experiments() if e.name == "speculators"]
+        [run] = client.search_runs([exp.experiment_id])
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
+    else:
+        from trackio.sqlite_storage import SQLiteStorage
+        got = {}
+        for run in SQLiteStorage.get_runs("speculators"):
+            for r in SQLiteStorage.get_logs("speculators", run):
+                if "train/loss" in r:
+                    got[r["step"]] = r["train/loss"]
+    print(json.dumps(got))
+    """
+)
+
+
+def their_store_losses(work: Path, logger: str, env: dict[str, str]) -> dict[int, float]:
+    """The loss per step as MLflow's or trackio's own reader gives it."""
+    (work / "their_reader.py").write_text(THEIR_STORE)
+    done = subprocess.run(
+        [sys.executable, "their_reader.py", logger, f"sqlite:///{work / 'mlflow.db'}"],
+        cwd=work,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        return {}
+    return {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+
+
+@pytest.mark.parametrize("logger", ["default", "tensorboard", "mlflow", "trackio"])
 def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: str) -> None:
     """``--logger ""`` (its default) prints every metric dict to its log through its root
     logger (rich, three digits): read there, never "no handler". ``--logger
     tensorboard --log-dir logs --run-name cli_run``: the event files, found from its
-    argv, read with their full precision."""
+    argv, read with their full precision; ``mlflow``, ``trackio``: their stores (MLflow's
+    ``mlflow.db`` in its working directory, trackio's database under ``HF_HOME``)."""
+    if logger in ("mlflow", "trackio"):
+        pytest.importorskip(logger)
     work = tmp_path / "work"
     work.mkdir()
-    extra = ("--logger", "tensorboard", "--log-dir", "logs", "--run-name", "cli_run")
-    args = cli_args(work, 40, *(extra if logger == "tensorboard" else ()))
+    extra = {
+        "default": (),
+        "tensorboard": ("--logger", "tensorboard", "--log-dir", "logs", "--run-name", "cli_run"),
+        "mlflow": ("--logger", "mlflow", "--run-name", "cli_run"),
+        "trackio": ("--logger", "trackio", "--run-name", "cli_run"),
+    }[logger]
+    args = cli_args(work, 40, *extra)
+    env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
     log = work / "train.log"
     logs = work / "logs" / "cli_run"
-    with ending(launch(work, CLI_SCRIPT, *args)) as proc:
+    with ending(launch(work, CLI_SCRIPT, *args, env=env)) as proc:
         wait_until(
             lambda: len(printed_losses(log)) >= 5,
             240,
@@ -166,6 +216,18 @@ def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: st
             assert out["observed"]["handler"] == "tensorboard"
             theirs = their_losses(logs)
             assert step in theirs and out["loss"] == pytest.approx(theirs[step], rel=1e-6)
+        elif logger in ("mlflow", "trackio"):
+            assert out["observed"]["handler"] == logger, out["observed"]
+            theirs = their_store_losses(work, logger, env)
+            assert step in theirs and out["loss"] == pytest.approx(theirs[step], rel=1e-9)
+            text = subprocess.run(
+                [EAGLE3_TUI, "summary", "--pid", str(proc.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            ).stdout
+            assert {"mlflow": "MLflow", "trackio": "trackio"}[logger] in text, text
         else:
             assert out["observed"]["handler"] == "printed"
             assert not (work / "logs").exists()  # no backend writes

@@ -54,8 +54,15 @@ BARE = ["--run-dir", "out", "--no-telemetry", "--log", "none"]
 """Its checkpoints go to ``out/checkpoints`` of its working directory."""
 
 
-def launch(work: Path, script: str, *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """``cd WORK; nohup python train.py ARGS > LOG 2>&1 &``: detached, a session of its own."""
+def launch(
+    work: Path,
+    script: str,
+    *args: str,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``cd WORK; nohup python train.py ARGS > LOG 2>&1 &``: detached, a session of its own
+    (with ``env`` added to the environment)."""
     need_training()
     work.mkdir(parents=True, exist_ok=True)
     (work / "train.py").write_text(script)
@@ -67,6 +74,7 @@ def launch(work: Path, script: str, *args: str, log: Path | None = None) -> subp
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
 
 
