@@ -622,20 +622,27 @@ OBSERVE_S = 2.5
 samples; the log and checkpoints are read back at once)."""
 
 
-def cmd_summary(ns: argparse.Namespace) -> int:
+def load_any(target: Target, label: str, pid: int | None = None) -> tuple[Run, float]:
+    """Any run a target names: a run directory's records (:func:`load_target`), or what
+    the host's agent says the target means (a process, a work directory, the host's
+    live training: with telemetry or without, its metrics from its log, its own
+    handler's file or its metric backend's files), looked at once."""
     import asyncio
 
+    if not needs_choice(target, pid):
+        return load_target(target, label)
+    run, now = asyncio.run(load_chosen(target, pid, label))
+    state = run.state
+    if state.records == 0 and state.malformed_count == 0 and state.observed is None:
+        raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
+    return run, now
+
+
+def cmd_summary(ns: argparse.Namespace) -> int:
     from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
 
     target = cli_target(ns)
-    label = ns.target or f"pid {ns.pid}"
-    if needs_choice(target, ns.pid):
-        run, now = asyncio.run(load_chosen(target, ns.pid, label))
-        state = run.state
-        if state.records == 0 and state.malformed_count == 0 and state.observed is None:
-            raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
-    else:
-        run, now = load_target(target, label)
+    run, now = load_any(target, ns.target or f"pid {ns.pid}", ns.pid)
     summary = summarize(run.state, now)
     if ns.json:
         say_json(json.dumps(summary, indent=None, sort_keys=False))
@@ -655,7 +662,11 @@ def build_compare_parser() -> argparse.ArgumentParser:
         "per epoch and the hyperparameters that differ. Exit status: 0, or 2 on error.",
     )
     p.add_argument(
-        "a", metavar="A", help="this run: a local run directory or [USER@]HOST[:RUN_DIR]"
+        "a",
+        metavar="A",
+        help="this run: a local run or work directory, or [USER@]HOST[:DIR] (a run "
+        "without telemetry too: its metrics from its log, its own handler or its "
+        "TensorBoard, MLflow or trackio files)",
     )
     p.add_argument("b", metavar="B", help="the previous run, likewise")
     p.add_argument(
@@ -672,8 +683,8 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.target import parse_target
 
     options = ssh_options(ns)
-    run_a, _ = load_target(parse_target(ns.a, options), ns.a)
-    run_b, _ = load_target(parse_target(ns.b, options), ns.b)
+    run_a, _ = load_any(parse_target(ns.a, options), ns.a)
+    run_b, _ = load_any(parse_target(ns.b, options), ns.b)
     result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
     if ns.json:
         say_json(json.dumps(comparison_json(result)))

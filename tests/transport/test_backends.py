@@ -53,7 +53,9 @@ def their_losses(log_dir: Path) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars("train/loss")}
 
 
-def test_tensorboard_backend_is_read_and_never_called_silent(tmp_path: Path) -> None:
+def test_tensorboard_backend_is_read_and_never_called_silent(
+    tmp_path: Path, tiny_run: Path
+) -> None:
     work = tmp_path / "work"
     logs = work / "logs" / "tiny_run"
     args = ["--run-dir", "out", "--no-telemetry", "--log", "none"]
@@ -92,6 +94,20 @@ def test_tensorboard_backend_is_read_and_never_called_silent(tmp_path: Path) -> 
         assert proc.wait(240) == 0, (work / "train.log").read_text()[-2000:]
     theirs = their_losses(logs)
     assert max(theirs) == 15  # 2 epochs of 8 steps, every one in its event file
+    # compare: this run (its event files, once it ended) against one with telemetry
+    done = subprocess.run(
+        [EAGLE3_TUI, "compare", str(work), str(tiny_run), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["a"]["last_step"] == 15 and result["b"]["last_step"] == 71
+    assert result["at_step"] == {"a": 15, "b": 15}
+    rows = {r["metric"]: r for r in result["rows"]}
+    assert {"loss", "full_acc_0", "cond_acc_2", "τ"} <= set(rows)
 
 
 # ---- the library's own CLI entry point ---------------------------------------------
