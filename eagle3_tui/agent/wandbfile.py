@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Tuple  # noqa: UP035 (Python 3.8 on the
 from eagle3_tui.agent.logparse import tracked_dict
 from eagle3_tui.agent.tfevents import _SKIP_DIRS, _fields
 from eagle3_tui.telemetry import procs
-from eagle3_tui.telemetry.safefs import trust_problem
+from eagle3_tui.telemetry.safefs import read_bounded, trust_problem
 
 HEADER = b":W&B" + struct.pack("<H", 0xBEE1) + b"\x00"
 """The file's first 7 bytes: ident, magic, store version 0."""
@@ -381,8 +381,7 @@ def _logged_by(run_dir: str, pids: set[int], since: float | None) -> bool:
     try:
         if since is not None and os.stat(log).st_mtime < since - 1:
             return False
-        with open(log, "rb") as f:
-            head = f.read(DEBUG_LOG_BYTES)
+        head = read_bounded(log, DEBUG_LOG_BYTES, follow=False)  # never a FIFO's wait
     except OSError:
         return False
     m = _DEBUG_PID.search(head)

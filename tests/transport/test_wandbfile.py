@@ -548,6 +548,9 @@ def test_a_run_file_another_user_could_plant_is_not_read(
     open_logs.chmod(0o777)
     make_run(open_logs, "bb")
     assert wandbfile.find_run_files([str(shared_dir)], {4242}, me, None) == []
+    fifo = make_run(shared_dir / "fifo", "dd").parent / "logs" / "debug.log"
+    fifo.unlink()
+    os.mkfifo(fifo)  # a debug.log nobody writes: never waited on
     kept = shared_dir / "kept"  # in the sticky shared place: the trainer's own is kept
     kept.mkdir()
     mine = make_run(kept, "cc")
