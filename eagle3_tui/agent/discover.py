@@ -29,7 +29,7 @@ import re
 import time
 from typing import Any
 
-from eagle3_tui.agent import tfevents, trackers
+from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.logparse import KeyValueBlock, clean, metric_dict
 from eagle3_tui.agent.names import (
@@ -534,9 +534,13 @@ class Training:
                 pids = {t.pid, *(int(m["pid"]) for m in self.members)}
                 since = procs.started_at(t.st)
                 events = tfevents.find_event_files(roots, pids, t.uid, since)
+                runs = [] if events else wandbfile.find_run_files(roots, pids, t.uid, since)
                 if events:
                     self.handler, self.metrics_file = "tensorboard", events[0]
                     ev.append(f"speculators' TensorBoard backend writes its events to {events[0]}")
+                elif runs:
+                    self.handler, self.metrics_file = "wandb", runs[0]
+                    ev.append(f"speculators' W&B backend writes its run file {runs[0]}")
                 else:
                     self._find_tracker(since)
         # where checkpoints go, and how many epochs

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent import tfevents, trackers
+from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.discover import (
     _HELPERS,
     _WORKER_MARKS,
@@ -330,6 +330,59 @@ class EventFollower(_Followed):
                 self.sink.write(kind, payload, ts=ts)
 
 
+class WandbFollower(_Followed):
+    """A W&B run file of speculators' own backend (:mod:`wandbfile`), from an offset:
+    whole records only (the offset kept is where a record begins: every row is one
+    step's whole metrics), a replaced or truncated file starting again at 0."""
+
+    def __init__(
+        self, path: str, sink: FrameSink, offset: int = 0, identity: str | None = None
+    ) -> None:
+        self.path = path
+        self.sink = sink
+        self.offset = offset
+        self.identity = identity
+        self.size = 0
+        self.grew = 0
+        self.mtime: float | None = None
+        self.framing = wandbfile.Framing()
+        self.records = 0
+
+    def poll(self, now: float) -> None:
+        looked = self._look()
+        if looked is None:
+            return
+        st, replaced = looked
+        if replaced:
+            self.offset = 0
+            self.framing = wandbfile.Framing()
+        if self.framing.broken_at is not None:
+            return  # not a W&B run file: nothing in it can be trusted
+        read = 0
+        try:
+            with open_file(self.path) as f:
+                while self.offset < st.st_size and read < MAX_ROUND_BYTES:
+                    f.seek(self.offset)
+                    data = f.read(min(wandbfile.READ_BYTES, st.st_size - self.offset))
+                    rows, used = wandbfile.history(data, self.framing, self.offset)
+                    for metrics, step, wall in rows:
+                        for d, ts in wandbfile.metric_dicts(metrics, step, wall):
+                            kind, payload, _ = metric_record(d, ts)
+                            self.sink.write(kind, payload, ts=ts)
+                    self.records += len(rows)
+                    if not used:
+                        break
+                    self.offset += used
+                    read += used
+        except OSError:
+            return
+
+    @property
+    def problem(self) -> str | None:
+        """What could not be read of the file, in one line (None: nothing)."""
+        return self.framing.problem
+
+
 class StoreFollower:
     """A run in the store of speculators' MLflow or trackio backend (:mod:`trackers`),
     from a position (:attr:`offset`: a row, after which no dict is half read): a
@@ -402,7 +455,7 @@ class Observer:
         self.sink = FrameSink(f"obs-{self.pid}-{uuid.uuid4().hex[:6]}", self.out, 0, self.recorder)
         seq = int(cursor.get("seq") or 0)
         self.log_sink = FrameSink(f"log-{self.pid}-{self.start}", self.out, seq, self.recorder)
-        separate = row.get("handler") == "tensorboard" or (
+        separate = row.get("handler") in ("tensorboard", "wandb") or (
             row.get("metrics_file") and row.get("metrics_file") != row.get("log")
         )  # the metrics come from their own file: the log's printed ones would come twice
         self.parser = LineParser(cursor.get("parser"), key_values=not separate)
@@ -415,10 +468,12 @@ class Observer:
         self.metrics_sink = FrameSink(
             f"own-{self.pid}-{self.start}", self.out, int(cursor.get("metrics_seq") or 0)
         )
-        self.metrics: LogFollower | EventFollower | StoreFollower | None = None
+        self.metrics: LogFollower | EventFollower | WandbFollower | StoreFollower | None = None
         store = trackers.store_for(row.get("handler"), metrics, row.get("metrics_run"))
         if row.get("handler") == "tensorboard" and metrics:
             self.metrics = self._events(str(metrics), cursor)
+        elif row.get("handler") == "wandb" and metrics:
+            self.metrics = self._wandb(str(metrics), cursor)
         elif store is not None:
             self.metrics = self._store(store, cursor)
         elif row.get("handler") in trackers.TRACKER_NAMES:
@@ -473,6 +528,15 @@ class Observer:
             cursor.get("metrics_identity") if same else None,
         )
 
+    def _wandb(self, path: str, cursor: dict[str, Any]) -> WandbFollower:
+        same = cursor.get("metrics") == path
+        return WandbFollower(
+            path,
+            self.metrics_sink,
+            int(cursor.get("metrics_offset") or 0) if same else 0,
+            cursor.get("metrics_identity") if same else None,
+        )
+
     def _store(self, store: trackers.Store, cursor: dict[str, Any]) -> StoreFollower:
         same = cursor.get("metrics") == store.path
         return StoreFollower(
@@ -496,6 +560,12 @@ class Observer:
             self.row["handler"] = "tensorboard"
             self.row["metrics_file"] = events[0]
             self.metrics = self._events(events[0], {})
+            self.parser.key_values = False
+            return
+        runs = wandbfile.find_run_files(roots, pids, uid, since)
+        if runs:
+            self.row.update(handler="wandb", metrics_file=runs[0], metrics_note=None)
+            self.metrics = self._wandb(runs[0], {})
             self.parser.key_values = False
             return
         command = self.row.get("command")
@@ -746,7 +816,7 @@ class Observer:
             "metrics_problem": getattr(self.metrics, "problem", None)
             or self.row.get("metrics_note"),
             "metrics_stuck": (
-                isinstance(self.metrics, EventFollower)
+                isinstance(self.metrics, (EventFollower, WandbFollower))
                 and self.metrics.framing.broken_at is not None
             )
             or (self.metrics is None and bool(self.row.get("metrics_note"))),

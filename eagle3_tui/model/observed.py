@@ -29,7 +29,7 @@ HANDLER_WORDS = {
     "tensorboard": "speculators' TensorBoard backend (its event files)",
     "mlflow": "speculators' MLflow backend (its store)",
     "trackio": "speculators' trackio backend (its database)",
-    "wandb": "speculators' W&B backend (its offline run file)",
+    "wandb": "speculators' W&B backend (its run file)",
 }
 """What writes the metrics of a run without telemetry, by ``ProcessInfo.handler``."""
 

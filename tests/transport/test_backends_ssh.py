@@ -8,6 +8,7 @@ naming the source, never SILENT."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -28,10 +29,11 @@ SOURCE = {
     "tensorboard": "metrics from TensorBoard event files",
     "mlflow": "metrics from MLflow's store",
     "trackio": "metrics from trackio's database",
+    "wandb": "metrics from W&B's run file",
 }
 
 
-COLUMN = {"tensorboard": "TensorBoard", "mlflow": "MLflow", "trackio": "trackio"}
+COLUMN = {"tensorboard": "TensorBoard", "mlflow": "MLflow", "trackio": "trackio", "wandb": "W&B"}
 """The runs listing's word for what writes the metrics."""
 
 
@@ -46,7 +48,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     server.stop()  # ends every process of the host (its PID namespace)
 
 
-@pytest.mark.parametrize("logger", ["tensorboard", "mlflow", "trackio"])
+@pytest.mark.parametrize("logger", ["tensorboard", "mlflow", "trackio", "wandb"])
 def test_a_backends_run_over_ssh_is_read_from_its_files(
     host: Sshd, tmp_path: Path, logger: str
 ) -> None:
@@ -57,6 +59,7 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
     (work / "train.py").write_text(CLI_SCRIPT)
     args = cli_args(work, 40, "--logger", logger, "--log-dir", "logs", "--run-name", "ssh_run")
     env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
+    env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(work / "logs")}
     command = shlex.join([sys.executable, "train.py", *args])
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     nohup = f"{assigns} nohup {command} > train.log 2>&1 < /dev/null &"
@@ -66,6 +69,12 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
     def theirs() -> dict[int, float]:
         if logger == "tensorboard":
             return their_losses(work / "logs" / "ssh_run")
+        if logger == "wandb":
+            from tests.transport.test_wandbfile import their_history
+
+            files = list((work / "logs").glob("wandb/offline-run-*/run-*.wandb"))
+            rows = their_history(files[0], {**os.environ, **env}) if files else []
+            return {s: m["train/loss"] for m, s, _ in rows if "train/loss" in m and s is not None}
         return their_store_losses(work, logger, env)
 
     try:

@@ -130,7 +130,7 @@ SOURCE_WORDS = {
     "tensorboard": "metrics from TensorBoard event files",
     "mlflow": "metrics from MLflow's store",
     "trackio": "metrics from trackio's database",
-    "wandb": "metrics from W&B's offline run file",
+    "wandb": "metrics from W&B's run file",
     "json": "metrics from its own JSON handler",
     "printed": "metrics from its log",
 }
