@@ -294,3 +294,63 @@ def test_the_librarys_cli_under_torchrun_is_read_from_its_backend(
         got = theirs()
         assert isinstance(step, int) and step in got
         assert mine == pytest.approx(got[step], rel=1e-6)
+
+
+def test_the_librarys_cli_is_attached_stopped_at_a_step_and_resumed_with_telemetry(
+    tmp_path: Path,
+) -> None:
+    """The library's CLI with its default logger, as a user's own script: ``kill
+    WORKDIR`` attaches telemetry first and stops it at a step boundary (its save the
+    numbered checkpoint), ``resume`` relaunches the same command with telemetry, which
+    continues at the next step."""
+    from eagle3_tui.agent import processes
+    from tests.conftest import read_jsonl
+
+    work = tmp_path / "work"
+    work.mkdir()
+    args = cli_args(work, 40)
+    log = work / "train.log"
+    with ending(launch(work, CLI_SCRIPT, *args)) as proc:
+        wait_until(
+            lambda: len(printed_losses(log)) >= 3,
+            240,
+            lambda: f"three steps printed; log:\n{log.read_text(errors='replace')[-1500:]}",
+            0.3,
+        )
+        rc, report, err = cli("kill", str(work))
+        assert rc == 0, (report, err)
+        assert report["status"] == "stopped" and report["attached_first"]["status"] == "attached"
+        stop = report["stop"]
+        assert stop["how"] == "step_boundary" and stop["redo"]["steps"] == 0, stop
+        assert proc.wait(60) == 0  # speculators' graceful exit
+        run_dir = Path(report["run_dir"])
+        saved = Path(stop["checkpoint"]["path"])
+        state = json.loads((saved / "training_state.json").read_text())
+        assert state["global_step"] == stop["global_step"]
+
+    rc, resumed, err = cli("resume", str(run_dir))
+    assert rc == 0 and resumed["status"] == "started" and resumed["confirmed"], (resumed, err)
+    pid = int(resumed["pid"])
+    try:
+
+        def after_resume() -> list[dict[str, Any]]:
+            records = read_jsonl(run_dir / "metrics.jsonl")
+            marks = [
+                i for i, r in enumerate(records)
+                if r["kind"] == "lifecycle" and r["event"] == "resume" and r["pid"] == pid
+            ]  # fmt: skip
+            return [r for r in records[marks[0] :] if r["kind"] == "train"] if marks else []
+
+        wait_until(
+            lambda: len(after_resume()) >= 2,
+            240,
+            lambda: f"two steps after the resume:\n{log.read_text(errors='replace')[-2000:]}",
+            0.5,
+        )
+        g = stop["global_step"]
+        assert [r["step"] for r in after_resume()[:2]] == [g, g + 1]
+        rc, again, err = cli("kill", str(run_dir))
+        assert rc == 0 and again["status"] == "stopped", (again, err)
+    finally:
+        if processes.proc_stat(pid) is not None:
+            os.killpg(pid, 9)
