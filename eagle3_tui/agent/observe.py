@@ -276,6 +276,8 @@ class EventFollower(_Followed):
         self.regroup = tfevents.Regroup()
         self._read_to = offset
         self.records = 0
+        self.behind = False
+        """More of the file was there than a round reads: the next round comes at once."""
 
     def poll(self, now: float) -> None:
         looked = self._look()
@@ -294,10 +296,13 @@ class EventFollower(_Followed):
                 while self._read_to < st.st_size and read < MAX_ROUND_BYTES:
                     f.seek(self._read_to)
                     data = f.read(min(tfevents.READ_BYTES, st.st_size - self._read_to))
-                    bodies, used = tfevents.records(data, self.framing, self._read_to)
-                    for body in bodies:
+                    ends: list[int] = []
+                    bodies, used = tfevents.records(data, self.framing, self._read_to, ends)
+                    for body, end in zip(bodies, ends):  # noqa: B905 (Python 3.8)
                         self._event(body)
                         self.records += 1
+                        if not self.regroup.flat:  # no dict half read up to here
+                            self.offset = self._read_to + end
                     if not used:
                         break
                     self._read_to += used
@@ -306,6 +311,7 @@ class EventFollower(_Followed):
                         self.offset = self._read_to
         except OSError:
             return
+        self.behind = self._read_to < st.st_size and self.framing.broken_at is None
 
     @property
     def problem(self) -> str | None:
@@ -347,6 +353,8 @@ class WandbFollower(_Followed):
         self.mtime: float | None = None
         self.framing = wandbfile.Framing()
         self.records = 0
+        self.behind = False
+        """More of the file was there than a round reads: the next round comes at once."""
 
     def poll(self, now: float) -> None:
         looked = self._look()
@@ -376,6 +384,7 @@ class WandbFollower(_Followed):
                     read += used
         except OSError:
             return
+        self.behind = self.offset < st.st_size and read >= MAX_ROUND_BYTES
 
     @property
     def problem(self) -> str | None:
@@ -399,9 +408,12 @@ class StoreFollower:
         self.offset = offset if identity == self.identity else 0
         self.error: str | None = None
         self.records = 0
+        self.behind = False
+        """A round's rows were read and more were there: the next round comes at once."""
 
     def poll(self, now: float) -> None:
         rows = 0
+        self.behind = False
         while rows < MAX_ROUND_ROWS:
             try:
                 found, after = self.store.read(self.offset)
@@ -417,6 +429,7 @@ class StoreFollower:
             if after == self.offset:
                 return
             self.offset = after
+        self.behind = True
 
     @property
     def problem(self) -> str | None:
@@ -962,6 +975,8 @@ def op_observe(req: dict[str, Any]) -> int:
             if client_gone():
                 return 0
             wait = max(0.0, interval - (time.monotonic() - round_start))
+            if getattr(obs.metrics, "behind", False):
+                wait = 0.0  # a long history being read: no pause until it is
             if until is not None:
                 time.sleep(wait)
             elif _stdin_closed(wait):

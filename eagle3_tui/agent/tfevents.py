@@ -91,9 +91,26 @@ class Framing:
         long): nothing after it is read."""
 
 
-def records(data: bytes, framing: Framing, base: int = 0) -> tuple[list[bytes], int]:
+_LENGTH_CRCS: dict[bytes, int] = {}
+"""Masked CRCs of record lengths already seen (a file's scalar events have a handful of
+lengths: each length's CRC is computed once, a tenth of a long file's reading)."""
+
+
+def _length_crc(head: bytes) -> int:
+    crc = _LENGTH_CRCS.get(head)
+    if crc is None:
+        if len(_LENGTH_CRCS) >= 4096:
+            _LENGTH_CRCS.clear()
+        crc = _LENGTH_CRCS[head] = masked_crc(head)
+    return crc
+
+
+def records(
+    data: bytes, framing: Framing, base: int = 0, ends: list[int] | None = None
+) -> tuple[list[bytes], int]:
     """The whole records at the start of ``data`` (read from offset ``base``) and how many
-    bytes they took; a torn record at the end is left for the next read."""
+    bytes they took; a torn record at the end is left for the next read. With ``ends``,
+    where in ``data`` each record returned ends is appended to it."""
     out: list[bytes] = []
     at = 0
     n = len(data)
@@ -101,7 +118,7 @@ def records(data: bytes, framing: Framing, base: int = 0) -> tuple[list[bytes], 
         head = data[at : at + 8]
         (length,) = struct.unpack_from("<Q", data, at)
         (length_crc,) = struct.unpack_from("<I", data, at + 8)
-        if masked_crc(head) != length_crc or length > MAX_RECORD:
+        if _length_crc(head) != length_crc or length > MAX_RECORD:
             framing.broken_at = base + at
             break
         end = at + 12 + length + 4
@@ -111,6 +128,8 @@ def records(data: bytes, framing: Framing, base: int = 0) -> tuple[list[bytes], 
         (body_crc,) = struct.unpack_from("<I", data, at + 12 + length)
         if masked_crc(body) == body_crc:
             out.append(body)
+            if ends is not None:
+                ends.append(end)
         else:
             framing.bad_crc += 1
         at = end

@@ -212,3 +212,35 @@ def test_an_event_file_another_user_could_plant_is_not_read(
     assert tfevents.find_event_files([str(planted)], {4242}, other_user.uid) == [
         str(planted / f"{name}.a")
     ]
+
+
+def test_the_kept_offset_loses_no_dict_and_repeats_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long file read over several rounds (small reads here): after every round, a
+    follower started afresh from the cursor (offset, identity) sends exactly the dicts
+    not yet sent, none twice (a reconnect mid-history)."""
+    from eagle3_tui.agent import observe
+
+    path = speculators_like(tmp_path / "logs", 60)
+    whole, _ = follow(path)
+    every = [(k, p.get("step")) for k, p, _ in whole.records]
+    assert len(every) == 60 + 15
+    monkeypatch.setattr(tfevents, "READ_BYTES", 700)  # reads end inside dicts
+    monkeypatch.setattr(observe, "MAX_ROUND_BYTES", 2000)
+    sink = Sink()
+    f = EventFollower(str(path), sink)  # type: ignore[arg-type]
+    rounds = 0
+    while len(sink.records) < len(every):
+        f.poll(0.0)
+        rounds += 1
+        assert f.behind == (f._read_to < path.stat().st_size)
+        fresh = Sink()
+        again = EventFollower(str(path), fresh, f.offset, f.identity)  # type: ignore[arg-type]
+        again.poll(0.0)
+        while again.behind:
+            again.poll(0.0)
+        sent = [(k, p.get("step")) for k, p, _ in sink.records]
+        rest = [(k, p.get("step")) for k, p, _ in fresh.records]
+        assert sent + rest == every, (rounds, f.offset)
+    assert rounds > 5
