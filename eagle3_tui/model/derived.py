@@ -254,6 +254,25 @@ def run_pace(state: RunState) -> Pace:
     )
 
 
+def average_pace(state: RunState) -> Pace:
+    """The pace of ``state``'s current process over all its logged steps, from its
+    start or resume to its last step: what a run that ended ran at (its last minute's
+    pace would read as a current one). Reads every row of the process (a 1M-step
+    process: ~10 ms)."""
+    table = state.table
+    steps, ts = table.step_view(), table.ts_view()  # views: read under the model's lock
+    start = state.process_start()
+    first = int(np.searchsorted(ts, start.ts, side="left")) if start is not None else 0
+    n = len(steps) - first
+    return pace(
+        steps[first:],
+        ts[first:],
+        table.floats("profile/tokens_per_s", n),
+        table.floats("profile/step_ms", n),
+        window_s=math.inf,
+    )
+
+
 # ---- numbering ------------------------------------------------------------------
 
 

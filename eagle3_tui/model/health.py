@@ -221,7 +221,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
     end = _ranks_end(state)  # torchrun: the first rank to end says how the run ended
     if end is not None and end.event == "crash":
         return _rank_death(end)
-    last = end if end is not None else state.ending()
+    last = end_event(state)
     diverged = _diverged(state)
     count = steps_done(state)
     if last is not None and last.event == "finish":
@@ -546,6 +546,30 @@ _ENDS = ("crash", "interrupt", "finish")
 def _distributed(state: RunState) -> bool:
     world = state.manifest.get("world_size")
     return (isinstance(world, int) and world > 1) or len(state.rank_heartbeats) > 1
+
+
+def end_event(state: RunState) -> Event | None:
+    """How the run's current process ended (its ``finish``, ``interrupt`` or ``crash``;
+    under torchrun the first rank's end); None while it runs."""
+    end = _ranks_end(state)
+    return end if end is not None else state.ending()
+
+
+def ended_at(state: RunState, verdict: Diagnosis) -> float | None:
+    """When the run ended, on the host's clock; None while it runs. Its end event's time;
+    for a run without telemetry the last look that found it alive (else the look that
+    found it gone); for a trainer judged dead without an end event (its heartbeats
+    stopped, a probe found it gone) its last record. Rates and the uptime stop there."""
+    end = end_event(state)
+    if end is not None:
+        return end.ts
+    obs = state.observed
+    if obs is not None and not obs.alive:
+        info = obs.info
+        return next((t for t in (info.last_alive, info.ended_at) if t is not None), obs.ts)
+    if verdict.health is Health.DEAD:
+        return state.last_ts
+    return None
 
 
 def _ranks_end(state: RunState) -> Event | None:

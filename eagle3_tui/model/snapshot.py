@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from eagle3_tui.model.derived import (
+    average_pace,
     ema,
     epoch_number,
     eta,
@@ -35,7 +36,7 @@ from eagle3_tui.model.derived import (
 )
 from eagle3_tui.model.downsample import m4, m4_indices
 from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
-from eagle3_tui.model.health import Diagnosis, Health, diagnose
+from eagle3_tui.model.health import Diagnosis, Health, diagnose, ended_at
 from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.state import CkptEvent, Event, IoPoint, Leftover, LogLine, Redo, RunState
 
@@ -95,7 +96,8 @@ class GpuView:
 class WorkerView:
     pid: int
     role: str
-    bytes_per_s: float
+    bytes_per_s: float | None
+    """None once the run ended (its reads are over, not current)."""
     read_total: float | None
     files: tuple[str, ...]
     rank: int = 0
@@ -105,6 +107,7 @@ class WorkerView:
 class IoView:
     bytes_per_s: float | None
     files_per_s: float | None
+    """The current read rates; None once the run ended (``Progress.ended_at``)."""
     workers: tuple[WorkerView, ...]
     recent_files: tuple[str, ...]
     spark: tuple[float, ...]
@@ -132,8 +135,16 @@ class Progress:
     fetch_frac: float | None
     """Mean share of step time spent waiting for data (data starvation)."""
     elapsed_s: float | None
+    """How long the run has been up: from its start to now, or to its end once it ended."""
     global_step: int | None = None
     """speculators' 0-based step counter of the last logged step (the plots' x axis)."""
+    ended_at: float | None = None
+    """When the run ended (the host's clock, :func:`~health.ended_at`); None while it
+    runs. Its figures stop there: the uptime, the pace, the read rates."""
+    pace_over: str = "recent"
+    """What ``steps_per_s``/``tokens_per_s`` measure: ``recent`` (the last minute of the
+    running process), ``run`` (the average of the process that ended, over all its
+    logged steps), ``epoch`` (a run without telemetry: its latest epoch bar's average)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +207,8 @@ class Snapshot:
     gpu_status: str | None = None
     gpu_error: str | None = None
     gpus: tuple[GpuView, ...] = ()
+    gpus_at: float | None = None
+    """When the newest GPU sample was taken (the host's clock)."""
     io: IoView | None = None
     checkpoints: tuple[CkptEvent, ...] = ()
     saving: str | None = None
@@ -385,10 +398,13 @@ def _plot_lines(
     return loss, acc, _tau_line(frame, state.ttt_steps, view)
 
 
-def _progress(state: RunState, now: float) -> Progress:
+def _progress(state: RunState, now: float, ended: float | None) -> Progress:
+    """Where the run is and how fast it goes, at ``now`` (the host's clock); once it
+    ended (``ended``), its span and its average pace, not a current one."""
     table = state.table
     steps = table.step_view()  # a view: read under the model's lock
-    pace = run_pace(state)
+    pace = run_pace(state) if ended is None else average_pace(state)
+    pace_over = "recent" if ended is None else "run"
     manifest = state.manifest
     spe = manifest.get("steps_per_epoch")
     if not isinstance(spe, int) or spe <= 0:
@@ -410,6 +426,7 @@ def _progress(state: RunState, now: float) -> Progress:
         )
         total = spe * state.epochs_total if state.epochs_total else None
         shown = step_number(step)
+        pace_over = "epoch"
     eta_epoch, eta_run = eta(step, epoch, spe, total, steps_per_s)
     started = manifest.get("started_at")
     if not isinstance(started, float | int) and state.observed is not None:
@@ -426,8 +443,10 @@ def _progress(state: RunState, now: float) -> Progress:
         eta_epoch_s=eta_epoch,
         eta_run_s=eta_run,
         fetch_frac=mean_tail(state.table.floats("profile/fetch_frac", 50)),
-        elapsed_s=(now - start) if start else None,
+        elapsed_s=(min(now, ended) if ended is not None else now) - start if start else None,
         global_step=step,
+        ended_at=ended,
+        pace_over=pace_over,
     )
 
 
@@ -473,7 +492,8 @@ def _read_rate(points: list[IoPoint]) -> tuple[float | None, float | None]:
     )
 
 
-def _io(state: RunState, view: ViewParams) -> IoView | None:
+def _io(state: RunState, view: ViewParams, ended: bool) -> IoView | None:
+    """What the run reads; once it ended (``ended``), what it read, no rate."""
     if not state.io_history:
         return None
     hist = list(state.io_history)
@@ -482,7 +502,7 @@ def _io(state: RunState, view: ViewParams) -> IoView | None:
     for p in hist:
         by_source.setdefault((p.host, p.rank), []).append(p)
     rates = [_read_rate(points) for points in by_source.values()]
-    known = [r for r in rates if r[0] is not None]
+    known = [r for r in rates if r[0] is not None and not ended]
     bps = sum(r[0] or 0.0 for r in known) if known else None
     fps = sum(r[1] or 0.0 for r in known) if known else None
     mine = next(iter(by_source.values()))
@@ -493,7 +513,7 @@ def _io(state: RunState, view: ViewParams) -> IoView | None:
         WorkerView(
             w.pid,
             w.role,
-            (w.read_bytes or 0.0) / max(interval, 1e-9),
+            None if ended else (w.read_bytes or 0.0) / max(interval, 1e-9),
             w.read_total,
             tuple(w.files[-3:]),
             rank=w.rank,
@@ -528,7 +548,8 @@ def build_snapshot(
     state.settle()
     fresh = cache.check(state) if cache is not None else True
     diagnosis = diagnose(state, now)
-    progress = _progress(state, state.host_time(now))
+    ended = ended_at(state, diagnosis)
+    progress = _progress(state, state.host_time(now), ended)
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):
         progress = replace(progress, eta_epoch_s=None, eta_run_s=None)
     if lines_of is not None and not fresh:
@@ -563,7 +584,8 @@ def build_snapshot(
         gpu_status=state.gpu_status,
         gpu_error=state.gpu_error,
         gpus=_gpus(state, view) if cache is None else cache.gpus(state, view),
-        io=_io(state, view),
+        gpus_at=state.last_gpu_ts,
+        io=_io(state, view, ended is not None),
         checkpoints=tuple(list(state.ckpt_events)[-50:]),
         saving=saving,
         logs=tuple(list(state.logs)[-300:]),

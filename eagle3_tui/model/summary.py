@@ -16,7 +16,7 @@ from eagle3_tui.model.observed_health import stuck_observed
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
-from eagle3_tui.model.units import duration, size
+from eagle3_tui.model.units import clock, duration, size
 
 # Exit statuses of `eagle3-tui summary` by health (README documents them).
 EXIT_BY_HEALTH = {
@@ -83,8 +83,11 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "tau": _num(snap.tau),
         "steps_per_s": _num(p.steps_per_s),
         "tokens_per_s": _num(p.tokens_per_s),
+        "pace_over": p.pace_over,
         "eta_epoch_s": _num(p.eta_epoch_s),
         "eta_run_s": _num(p.eta_run_s),
+        "elapsed_s": _num(p.elapsed_s),
+        "ended_at": p.ended_at,
         "fetch_frac": _num(p.fetch_frac),
         "metrics": {k: _num(v) for k, v in sorted(snap.latest.items())},
         "validation": [
@@ -258,8 +261,13 @@ def format_text(summary: dict[str, Any]) -> str:
             f"ttt {t['step']}    full_acc {f(t['full_acc'])}   cond_acc {f(t['cond_acc'])}"
         )
     pace = f"{f(summary['steps_per_s'], 2)} steps/s   {f(summary['tokens_per_s'], 0)} tokens/s"
-    eta = f"ETA epoch {_seconds(summary['eta_epoch_s'])}  run {_seconds(summary['eta_run_s'])}"
-    lines.append(f"pace     {pace}   {eta}")
+    if summary.get("ended_at") is not None:  # over: how long it ran, at what average
+        ran = f"ended {clock(summary['ended_at'])}, ran {_seconds(summary.get('elapsed_s'))}"
+        over = "its average" if summary.get("pace_over") == "run" else "its last epoch's average"
+        lines.append(f"pace     {ran}; {over} {pace}")
+    else:
+        eta = f"ETA epoch {_seconds(summary['eta_epoch_s'])}  run {_seconds(summary['eta_run_s'])}"
+        lines.append(f"pace     {pace}   {eta}   up {_seconds(summary.get('elapsed_s'))}")
     gpus = summary["gpus"]
     if gpus["status"] == "no_driver":
         lines.append("gpus     no NVIDIA driver")

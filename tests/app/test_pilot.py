@@ -499,3 +499,25 @@ async def test_several_live_trainings_are_picked_before_the_monitor() -> None:
     async with chooser.run_test(size=(100, 20)) as pilot:
         await pilot.press("q")
     assert chooser.return_value is None
+
+
+async def test_a_run_that_ended_stops_ticking() -> None:
+    """Looked at 13 minutes after an 8 s run ended (issue 28): not "up 12m53s" and its
+    last minute's pace, but when it ended and how long it ran, at its average pace; its
+    reads are over and its GPU rows say they are the last sample."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = [lines.event("start", pid=4242)]
+    for s in range(16):
+        data += [lines.train(s, 2.0 - s / 100), lines.io(164 * 2**20), lines.gpu(95.0)]
+    data.append(lines.event("finish", step=16))
+    ended = lines.ts - 0.5
+    app, _ = app_with(data, now=[ended + 13 * 60])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
+        progress = text_of(app.query_one(ProgressPanel))
+        assert "up " not in progress and "ETA" not in progress, progress
+        assert "ended 08:00:24 · ran 24 s" in progress, progress
+        assert "steps/s" in progress and "its average" in progress
+        data_panel = text_of(app.query_one(DataPanel))
+        assert "MiB/s" not in data_panel and "the run ended" in data_panel, data_panel
+        assert app.query_one(GpuPanel).border_subtitle == "the run ended; sampled 08:00:24"

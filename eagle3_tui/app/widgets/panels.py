@@ -463,8 +463,8 @@ class ProgressPanel(Panel):
         p = snap.progress
         return (
             (p.epoch, p.epochs_total, p.step, p.total_steps),
-            (rate(p.steps_per_s), rate(p.tokens_per_s)),
-            (duration(p.eta_epoch_s), duration(p.eta_run_s), duration(p.elapsed_s)),
+            (rate(p.steps_per_s), rate(p.tokens_per_s), p.pace_over),
+            (duration(p.eta_epoch_s), duration(p.eta_run_s), duration(p.elapsed_s), p.ended_at),
             snap.saving,
             snap.checkpoints,
         )
@@ -491,12 +491,18 @@ class ProgressPanel(Panel):
         pace = Text(no_wrap=True, overflow="ellipsis")
         pace.append("pace  ", style="dim")
         pace.append(f"{rate(p.steps_per_s)} steps/s · {rate(p.tokens_per_s)} tok/s")
-        lines.append(pace)
         eta = Text(no_wrap=True, overflow="ellipsis")
-        eta.append("ETA   ", style="dim")
-        eta.append(f"epoch {duration(p.eta_epoch_s)} · run {duration(p.eta_run_s)}")
-        eta.append(f" · up {duration(p.elapsed_s)}", style="dim")
-        lines.append(eta)
+        if p.ended_at is None:
+            eta.append("ETA   ", style="dim")
+            eta.append(f"epoch {duration(p.eta_epoch_s)} · run {duration(p.eta_run_s)}")
+            eta.append(f" · up {duration(p.elapsed_s)}", style="dim")
+        else:  # over: nothing is current; how long it ran, at what average
+            average = "its average" if p.pace_over == "run" else "its last epoch's average"
+            pace.append(f" · {average}", style="dim")
+            eta.append("ended ", style="dim")
+            eta.append(clock_time(p.ended_at), style="bold")
+            eta.append(f" · ran {duration(p.elapsed_s)}", style="dim")
+        lines += [pace, eta]
         if snap.saving is not None:
             growing = next(
                 (e.bytes for e in reversed(snap.checkpoints) if e.event == "save_progress"), None
@@ -544,10 +550,16 @@ def gpu_row(g: GpuView, cols: int) -> Text:
 
 
 class GpuPanel(Panel):
-    """One row per device: utilisation and memory bars, power, temperature, a sparkline."""
+    """One row per device: utilisation and memory bars, power, temperature, a sparkline;
+    once the run ended, its border says the rows are its last sample, not the present."""
 
     def inputs(self, snap: Snapshot) -> object:
         return (snap.gpu_status, snap.gpu_error, snap.gpus)
+
+    def watch_snapshot(self, snap: Snapshot) -> None:
+        at = snap.gpus_at if snap.gpus and snap.progress.ended_at is not None else None
+        self.border_subtitle = "" if at is None else f"the run ended; sampled {clock_time(at)}"
+        super().watch_snapshot(snap)
 
     def draw(self) -> RenderableType:
         snap = self.snapshot
@@ -589,7 +601,7 @@ class DataPanel(Panel):
     def inputs(self, snap: Snapshot) -> object:
         wait = snap.progress.fetch_frac
         shown = None if wait is None else (f"{wait:.0%}", wait >= STARVED)
-        return (snap.io, shown)
+        return (snap.io, shown, snap.progress.ended_at is None)
 
     def draw(self) -> RenderableType:
         snap = self.snapshot
@@ -609,8 +621,11 @@ class DataPanel(Panel):
             return Group(one_line("no read samples yet", style="dim"), starve)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append("read  ", style="dim")
-        head.append(f"{size(io.bytes_per_s)}/s", style="bold")
-        head.append(f" · {rate(io.files_per_s)} files/s ")
+        if snap.progress.ended_at is not None:  # its reads are over: no current rate
+            head.append("none now: the run ended ", style="dim")
+        else:
+            head.append(f"{size(io.bytes_per_s)}/s", style="bold")
+            head.append(f" · {rate(io.files_per_s)} files/s ")
         room = self.cols - head.cell_len
         if room > 3:
             head.append(sparkline(io.spark, room), style="#5fafff")
@@ -621,7 +636,8 @@ class DataPanel(Panel):
                 row.append(f"  r{w.rank}", style="dim")
             row.append(f" {w.pid:>7} " if io.ranks > 1 else f"  {w.pid:>7} ", style="bold")
             row.append_text(inert(w.role[:8].ljust(8), style="dim"))
-            row.append(f" {size(w.bytes_per_s)}/s")
+            if w.bytes_per_s is not None:
+                row.append(f" {size(w.bytes_per_s)}/s")
             if w.read_total is not None:
                 row.append(f"  total {size(w.read_total)}", style="dim")
             lines.append(row)

@@ -1,0 +1,105 @@
+"""A run that ended stops ticking: its uptime is its own span, its pace the average it
+ran at, its read rates and ETA no longer shown as current (issue 28, item 3)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+from eagle3_tui.model.summary import format_text, summarize
+from tests.records import Lines
+
+T0 = 1_800_000_000.0
+LATER = 13 * 60.0
+"""Looked at this long after the run ended, as the report's user did."""
+
+
+def run_of(*parts: bytes) -> Run:
+    run = Run()
+    run.feed(0, b"".join(parts))
+    return run
+
+
+def finished_run() -> tuple[Run, float]:
+    """An 8 s run: start, 16 steps every 0.5 s, finish; the finish's time is returned."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=4242)
+    data += b"".join(lines.train(s, 2.0 - s / 100) for s in range(16))
+    end = lines.ts
+    data += lines.event("finish", step=16)
+    return run_of(data), end
+
+
+def test_a_finished_run_is_up_for_its_own_span_not_until_now() -> None:
+    run, end = finished_run()
+    snap = build_snapshot(run.state, end + LATER, ViewParams())
+    p = snap.progress
+    assert snap.health.value == "finished"
+    assert p.ended_at == end
+    assert p.elapsed_s is not None and math.isclose(p.elapsed_s, 8.5)  # not 13 min
+    assert p.pace_over == "run"  # the run's average: 15 step intervals in 7.5 s
+    assert p.steps_per_s is not None and math.isclose(p.steps_per_s, 2.0)
+
+
+def test_the_summary_says_when_it_ended_and_how_long_it_ran() -> None:
+    run, end = finished_run()
+    summary = summarize(run.state, end + LATER)
+    json.dumps(summary, allow_nan=False)
+    assert summary["ended_at"] == end and math.isclose(summary["elapsed_s"], 8.5)
+    assert summary["pace_over"] == "run"
+    text = format_text(summary)
+    assert "13m" not in text and "ran 8 s" in text and "average" in text, text
+
+
+def test_a_running_run_is_up_until_now_at_its_recent_pace() -> None:
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=4242) + b"".join(lines.train(s, 2.0) for s in range(16))
+    snap = build_snapshot(run_of(data).state, lines.ts + 1.0, ViewParams())
+    p = snap.progress
+    assert snap.health.value == "running" and p.ended_at is None and p.pace_over == "recent"
+    assert p.elapsed_s is not None and math.isclose(p.elapsed_s, 9.5)
+
+
+def test_a_dead_trainer_ran_until_its_last_record() -> None:
+    """No end event: heartbeats stopped (dead after 30 s); the run's span ends at the last
+    record it wrote, and its reads are not shown as current."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=4242)
+    for s in range(10):
+        data += lines.train(s, 2.0) + lines.io(3e6) + lines.heartbeat()
+    last = lines.ts - 0.5
+    snap = build_snapshot(run_of(data).state, last + LATER, ViewParams())
+    assert snap.health.value == "dead"
+    assert snap.progress.ended_at == last
+    assert snap.progress.elapsed_s is not None and math.isclose(snap.progress.elapsed_s, last - T0)
+    assert snap.io is not None and snap.io.bytes_per_s is None
+
+
+def observed_run(ended: bool) -> tuple[Run, float]:
+    """A handler-less training watched from outside, reading 164 MiB/s, until it exits
+    (``ended``) at T0 + 30; the time of its last look is returned."""
+    obs = Lines(writer="obs", t0=T0, dt=0.0)
+    parts = []
+    for i in range(20):  # a look each second
+        parts += [obs.at(T0 + i).proc(started=T0 - 10), obs.io(164 * 2**20)]
+    if ended:
+        parts.append(obs.at(T0 + 45).proc(alive=False, started=T0 - 10, ended_at=T0 + 45.0,
+                                           last_alive=T0 + 39.0, exit_status=0))  # fmt: skip
+    return run_of(*parts), obs.ts + 1.0
+
+
+def test_reads_of_a_handlerless_run_stop_when_it_exits() -> None:
+    run, at = observed_run(ended=False)
+    live = build_snapshot(run.state, at, ViewParams())
+    assert live.io is not None and live.io.bytes_per_s is not None
+    assert math.isclose(live.io.bytes_per_s, 164 * 2**20)  # the test's premise
+    run, at = observed_run(ended=True)
+    snap = build_snapshot(run.state, at + LATER, ViewParams())
+    assert snap.observed is not None and not snap.observed.alive
+    assert snap.io is not None and snap.io.bytes_per_s is None and snap.io.files_per_s is None
+    assert all(w.bytes_per_s is None for w in snap.io.workers)
+    # it was last seen alive at T0 + 39 (a look found it gone at T0 + 45): it ran 49 s
+    assert snap.progress.ended_at == T0 + 39.0
+    assert snap.progress.elapsed_s is not None and math.isclose(snap.progress.elapsed_s, 49.0)
