@@ -294,6 +294,40 @@ def arg_value(argv: list[str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+_OPTIONS = ("save_path", "epochs", "logger", "log_dir", "run_name")
+"""What of the library CLI's configuration the agent uses (where its checkpoints and
+metric backends write, how many epochs)."""
+_YAML_OPTION = re.compile(
+    r"^[ \t]*(" + "|".join(_OPTIONS) + r")[ \t]*:[ \t]*"  # key:
+    r"(?:\"([^\"]*)\"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$",  # "value", 'value', value # note
+    re.M,
+)
+
+
+def train_options(argv: list[str], cwd: str | None) -> dict[str, str]:
+    """The library CLI's ``save_path``, ``epochs``, ``logger``, ``log_dir``, ``run_name``
+    as it resolves them, flag over ``--config`` file (``speculators train --config
+    run.yaml``: its keys nested under ``train:`` and their groups, read for these
+    scalar keys only, bounded); absent keys are absent."""
+    out: dict[str, str] = {}
+    config = arg_value(argv, ("--config",))
+    if config:
+        path = config if os.path.isabs(config) or not cwd else os.path.join(cwd, config)
+        try:
+            text = read_bounded(path, 256 << 10).decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        for m in _YAML_OPTION.finditer(text):
+            value = next((g for g in m.groups()[1:] if g is not None), "").strip()
+            if value and value not in ("null", "~"):
+                out.setdefault(m.group(1), value)
+    for key in _OPTIONS:
+        flag = arg_value(argv, ("--" + key.replace("_", "-"),))
+        if flag is not None:
+            out[key] = flag
+    return out
+
+
 def speculators_layout(path: str) -> bool:
     """Whether ``path`` looks like a speculators ``save_path``."""
     try:
@@ -518,7 +552,8 @@ class Training:
         if self.log and _OUTPUT_SIGNS.search(log_tail):
             self.speculators = True
             ev.append("its log shows speculators' output")
-        self.log_dir = arg_value(t.argv, ("--log-dir", "--log_dir"))
+        self.options = train_options(t.argv, self.cwd)
+        self.log_dir = self.options.get("log_dir")
         if self.log_dir is not None and self.cwd and not os.path.isabs(self.log_dir):
             self.log_dir = os.path.join(self.cwd, self.log_dir)
         if run_dir is None:
@@ -545,8 +580,8 @@ class Training:
                     self._find_tracker(since)
         # where checkpoints go, and how many epochs
         argv = t.argv
-        save = arg_value(argv, ("--save-path", "--save_path", "--output-dir", "--output_dir"))
-        epochs = arg_value(argv, ("--epochs", "--num-epochs", "--num_epochs"))
+        save = self.options.get("save_path") or arg_value(argv, ("--output-dir", "--output_dir"))
+        epochs = self.options.get("epochs") or arg_value(argv, ("--num-epochs", "--num_epochs"))
         for text in texts:
             if save is None:
                 m = _SAVE_PATH_LITERAL.search(text)
@@ -587,7 +622,7 @@ class Training:
         """speculators' MLflow or trackio backend's store of this training (by its
         environment and working directory: :func:`trackers.find_tracker`)."""
         t = self.trainer
-        named = set((arg_value(t.argv, ("--logger",)) or "").replace(" ", "").split(","))
+        named = set(self.options.get("logger", "").replace(" ", "").split(","))
         found = trackers.find_tracker(t.env, self.cwd, t.uid, since, named)
         if found is None:
             return

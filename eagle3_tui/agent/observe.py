@@ -39,10 +39,10 @@ from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.discover import (
     _HELPERS,
     _WORKER_MARKS,
-    arg_value,
     find_checkpoint_dir,
     left_behind,
     live_or_ended,
+    train_options,
     user_name,
 )
 from eagle3_tui.agent.frames import client_gone, emit, emit_data
@@ -583,7 +583,7 @@ class Observer:
             return
         command = self.row.get("command")
         argv = [str(a) for a in command] if isinstance(command, list) else []
-        named = set(str(arg_value(argv, ("--logger",)) or "").replace(" ", "").split(","))
+        named = set(train_options(argv, self.cwd).get("logger", "").replace(" ", "").split(","))
         env = procs.environ(self.pid) or {}
         found = trackers.find_tracker(env, self.cwd, uid, since, named)
         if found is None:

@@ -129,14 +129,17 @@ CLI_SCRIPT = textwrap.dedent(
 )
 
 
-def cli_args(work: Path, epochs: int, *extra: str) -> list[str]:
+def cli_args(work: Path, epochs: int, *extra: str, flags: bool = True) -> list[str]:
+    """The library CLI's arguments for the tiny verifier; ``flags`` False: without
+    ``--save-path`` and ``--epochs`` (a ``--config`` file in ``extra`` has them)."""
     from eagle3_tui.train.tiny import TinyConfig, make_tiny_data
 
     verifier, data = make_tiny_data(work / "tiny", TinyConfig(rows=20))
+    where = ("--save-path", "out/checkpoints", "--epochs", str(epochs)) if flags else ()
     return [
         *("--speculator-type", "eagle3", "--verifier-name-or-path", str(verifier)),
-        *("--data-path", str(data), "--save-path", "out/checkpoints"),
-        *("--epochs", str(epochs), "--draft-attn-impl", "sdpa", "--loss-implementation", "eager"),
+        *("--data-path", str(data), *where),
+        *("--draft-attn-impl", "sdpa", "--loss-implementation", "eager"),
         *("--hidden-states-dtype", "float32", "--total-seq-len", "128", "--num-workers", "0"),
         *("--draft-vocab-size", "64", "--target-layer-ids", "0", "1", "2", "--ttt-steps", "3"),
         *("--on-missing", "raise", "--scheduler-type", "none", "--mask-token-id", "0"),
@@ -198,17 +201,21 @@ def their_store_losses(work: Path, logger: str, env: dict[str, str]) -> dict[int
 @pytest.mark.parametrize("logger", ["default", "tensorboard"])
 def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: str) -> None:
     """``--logger ""`` (its default) prints every metric dict to its log through its root
-    logger (rich, three digits): read there, never "no handler". ``--logger
-    tensorboard --log-dir logs --run-name cli_run``: the event files, found from its
-    argv, read with their full precision. (``mlflow``, ``trackio``: test_backends_ssh.py,
-    over SSH.)"""
+    logger (rich, three digits): read there, never "no handler". ``--config run.yaml``
+    whose ``logging`` has ``logger: tensorboard``, ``log_dir``, ``run_name`` (and whose
+    ``trainer`` has the epochs and the save path): the event files, found where the file
+    says, read with their full precision. (``mlflow``, ``trackio``, ``wandb``:
+    test_backends_ssh.py, over SSH.)"""
     work = tmp_path / "work"
     work.mkdir()
-    extra = {
-        "default": (),
-        "tensorboard": ("--logger", "tensorboard", "--log-dir", "logs", "--run-name", "cli_run"),
-    }[logger]
-    args = cli_args(work, 40, *extra)
+    if logger == "tensorboard":
+        (work / "run.yaml").write_text(
+            "train:\n  trainer:\n    epochs: 40\n    save_path: out/checkpoints  # here\n"
+            "  logging:\n    logger: tensorboard\n    log_dir: 'logs'\n    run_name: cli_run\n"
+        )
+        args = cli_args(work, 40, "--config", "run.yaml", flags=False)
+    else:
+        args = cli_args(work, 40)
     env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
     log = work / "train.log"
     logs = work / "logs" / "cli_run"
@@ -236,6 +243,9 @@ def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: st
         _, runs, _ = cli("runs")
         [row] = [r for r in runs["live"] if r["pid"] == proc.pid]
         assert (row["telemetry"], row["handler"]) == (False, out["observed"]["handler"])
+        assert row["epochs"] == 40 and row["checkpoint_dir"] == str(work / "out" / "checkpoints")
+        if logger == "tensorboard":
+            assert row["log_dir"] == str(work / "logs")  # from its --config file
 
 
 @pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
