@@ -42,6 +42,13 @@ EXIT_OK = 0
 EXIT_ERROR = 2  # usage, missing run, unreachable target
 EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
 EXIT_CRASHED = 1  # the monitor stopped on an error (its traceback is printed)
+# 21 and 25 (transport/control.py): a local input this user may not read, or of the wrong
+# kind; every command that reads a run says them in its help, in these words:
+INPUT_EXITS = (
+    "21 no permission (a run directory, its metrics.jsonl or run.json this user may not "
+    "read, or another user's process), 25 not what it should be (a file for a run "
+    "directory; a directory, FIFO, device or dangling link for metrics.jsonl or run.json)"
+)
 
 
 def _version() -> str:
@@ -67,7 +74,14 @@ def build_monitor_parser() -> argparse.ArgumentParser:
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
             "  eagle3-tui summary RUN_DIR [--json] print the run's state (exit status = health)\n"
             "  eagle3-tui compare A B [--json]     this run against a previous one, same step\n"
-            "\nRun 'eagle3-tui COMMAND --help' for a command's options."
+            "\nexit status:\n"
+            "  0 after q; 1 the monitor stopped on an error; 2 a missing run or a bad flag;\n"
+            "  20-23 a process target (see summary); 21 no permission (a run directory, its\n"
+            "  metrics.jsonl or run.json this user may not read); 25 not what it should be\n"
+            "  (a file for a run directory; a directory, FIFO, device or dangling link for\n"
+            "  metrics.jsonl or run.json)\n"
+            "\nRun 'eagle3-tui COMMAND --help' (or 'eagle3-tui help COMMAND') for a command's "
+            "options."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -199,7 +213,8 @@ def build_kill_parser() -> argparse.ArgumentParser:
             "torchrun agent) after checking its PID is still the run's, wait for the save, "
             "then make sure every process of the run is gone (SIGKILL after the grace "
             "period). Exit status: 0 nothing of the run remains, 8 processes remain, "
-            "9 refused (nothing signalled), 2 error; 20-23 for a process target (see summary)."
+            "9 refused (nothing signalled), 2 error (a missing run); 20-23 for a process "
+            f"target (see summary); {INPUT_EXITS}."
         ),
     )
     p.add_argument(
@@ -254,7 +269,7 @@ def build_resume_parser() -> argparse.ArgumentParser:
             "directory and environment, its output appended to its own log. Exit status: 0 "
             "started (its PID is printed), 8 the relaunched run exited at once, 9 refused "
             "(still running, no complete checkpoint, not stopped by eagle3-tui's kill), 2 "
-            "error."
+            f"error; {INPUT_EXITS}."
         ),
     )
     p.add_argument(
@@ -337,8 +352,8 @@ def build_summary_parser() -> argparse.ArgumentParser:
         "from outside for a few seconds). Exit status: 0 running/finished/waiting, "
         "3 silent, 4 stalled, 5 dead, 6 diverged (also after the end), 7 stopped "
         "(interrupted), 10 unreadable (no valid record, only malformed lines), 2 error; "
-        "20 the PID is not a training, 21 another user's process, 22 it exited, "
-        "23 several live trainings (choose with --pid).",
+        "20 the PID is not a training, 22 it exited, 23 several live trainings (choose "
+        f"with --pid); {INPUT_EXITS}.",
     )
     p.add_argument(
         "target",
@@ -567,12 +582,14 @@ def needs_choice(target: Target, pid: int | None) -> bool:
     (its run.json, or eagle3-tui's metrics.jsonl: a user's own handler's file is a work
     directory's, whose training says how it is doing)."""
     from eagle3_tui.agent.discover import eagle3_metrics
+    from eagle3_tui.transport.local import check_local_input
     from eagle3_tui.transport.target import LocalTarget
 
     if pid is not None:
         return True
     if isinstance(target, LocalTarget):
         d = target.run_dir
+        check_local_input(d)  # unreadable or of the wrong kind: one line, its own status
         metrics = d / "metrics.jsonl"
         ours = (d / "run.json").exists() or (metrics.exists() and eagle3_metrics(str(metrics)))
         return d.is_dir() and not ours
@@ -659,7 +676,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
         "compare",
         "Compare run A (this one) with run B (the previous one) at the furthest "
         "point both reached: loss, each TTT step's accuracies, tau, a verdict, validation "
-        "per epoch and the hyperparameters that differ. Exit status: 0, or 2 on error.",
+        "per epoch and the hyperparameters that differ. Exit status: 0, 2 error (a missing "
+        f"run, the same run twice); {INPUT_EXITS}.",
     )
     p.add_argument(
         "a",
@@ -683,14 +701,42 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.target import parse_target
 
     options = ssh_options(ns)
-    run_a, _ = load_any(parse_target(ns.a, options), ns.a)
-    run_b, _ = load_any(parse_target(ns.b, options), ns.b)
+    a, b = parse_target(ns.a, options), parse_target(ns.b, options)
+    same = same_place(a, b)
+    if same is not None:
+        raise TargetError(
+            f"{ns.a} and {ns.b} are the same run ({same}): compare it with another run"
+        )
+    run_a, _ = load_any(a, ns.a)
+    run_b, _ = load_any(b, ns.b)
     result = compare(run_a.state, run_b.state, axis=ns.axis, labels=(ns.a, ns.b))
     if ns.json:
         say_json(json.dumps(comparison_json(result)))
     else:
         say(format_comparison(result))
     return EXIT_OK
+
+
+def same_place(a: Target, b: Target) -> str | None:
+    """Where both targets point, when they are one place however they are spelt
+    (``RUN``, ``RUN/``, ``./RUN``, a link to it; the same host and directory); else
+    None (two copies of a run are two runs)."""
+    import posixpath
+
+    from eagle3_tui.transport.target import LocalTarget
+
+    if isinstance(a, LocalTarget) and isinstance(b, LocalTarget):
+        try:
+            same = os.path.samefile(a.run_dir, b.run_dir)
+        except OSError:  # one is missing: said when it is read
+            return None
+        return str(a.run_dir.resolve()) if same else None
+    if isinstance(a, LocalTarget) or isinstance(b, LocalTarget):
+        return None
+    dirs = [posixpath.normpath(t.run_dir) if t.run_dir else None for t in (a, b)]
+    if a.destination == b.destination and dirs[0] == dirs[1]:  # one set of ssh options
+        return f"{a.destination}:{dirs[0] or '(its live or latest run)'}"
+    return None
 
 
 # ---- monitor ------------------------------------------------------------------

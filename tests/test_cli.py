@@ -33,16 +33,16 @@ def test_version_and_help() -> None:
 
 
 @pytest.mark.parametrize(
-    ("setup", "message"),
+    ("setup", "message", "status"),
     [
-        ("missing", "no such run directory"),
-        ("empty_dir", "no metrics.jsonl here"),
-        ("empty_file", "metrics.jsonl is empty"),
-        ("a_file", "not a directory"),
+        ("missing", "no such run directory", 2),
+        ("empty_dir", "no metrics.jsonl here", 2),
+        ("empty_file", "metrics.jsonl is empty", 2),
+        ("a_file", "not a directory", 25),  # not what it should be: its own status
     ],
 )
 def test_summary_of_a_bad_target_is_one_line_and_non_zero(
-    tmp_path: Path, setup: str, message: str
+    tmp_path: Path, setup: str, message: str, status: int
 ) -> None:
     target = tmp_path / "run"
     if setup == "empty_dir":
@@ -53,7 +53,7 @@ def test_summary_of_a_bad_target_is_one_line_and_non_zero(
     elif setup == "a_file":
         target.write_text("x")
     proc = run_cli("summary", str(target), "--json")
-    assert proc.returncode == 2
+    assert proc.returncode == status
     assert proc.stdout == ""
     assert (
         proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -69,3 +69,15 @@ StreamEvent = Chunk | LinkChanged | FileChanged | DiskSpace
 
 class TargetError(Exception):
     """The target cannot be used: a missing run, a refused host key... (one line)."""
+
+
+class NoPermissionError(TargetError):
+    """This user may not read the target: a run directory, its ``metrics.jsonl`` or
+    ``run.json`` whose mode refuses it (``chmod 000``), or a directory above it that it
+    may not enter. Its own exit status (see ``control.exit_status_of``)."""
+
+
+class WrongKindError(TargetError):
+    """The target is not what it must be: a file where a run directory should be, a
+    directory, FIFO, device or dangling link where ``metrics.jsonl`` or ``run.json``
+    should be a regular file. Its own exit status (see ``control.exit_status_of``)."""

@@ -36,7 +36,7 @@ from eagle3_tui.agent.names import (
 from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.state import SAMPLES_KEPT
 from eagle3_tui.telemetry.procs import describe_exit
-from eagle3_tui.transport.base import TargetError, printable
+from eagle3_tui.transport.base import NoPermissionError, TargetError, WrongKindError, printable
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
     DataFrame,
@@ -93,6 +93,9 @@ EXIT_PERMISSION = 21  # another user's process, unreadable to the SSH user
 EXIT_GONE = 22  # no such process: it exited (meanwhile)
 EXIT_SEVERAL = 23  # several live trainings and no --pid (headless)
 EXIT_NOT_NAMED = 24  # a directory above trainings' own directories: the candidates listed
+# Exit statuses of a local input that cannot be read as it is (every command that reads a
+# run; documented in each command's help): 21 no permission, as for another user's process
+EXIT_WRONG_KIND = 25  # a file where a run directory should be, a FIFO/directory/dangling link
 EXIT_BY_KIND = {
     ErrorKind.NOT_TRAINING: EXIT_NOT_TRAINING,
     ErrorKind.PERMISSION: EXIT_PERMISSION,
@@ -106,6 +109,10 @@ def exit_status_of(error: TargetError) -> int:
     """The exit status an error stands for: by the agent's kind, else the generic one."""
     if isinstance(error, SeveralRunsError):
         return EXIT_SEVERAL
+    if isinstance(error, NoPermissionError):
+        return EXIT_PERMISSION
+    if isinstance(error, WrongKindError):
+        return EXIT_WRONG_KIND
     if isinstance(error, AgentAnswerError):
         return EXIT_BY_KIND.get(error.kind, EXIT_ERROR)
     return EXIT_ERROR

@@ -497,7 +497,7 @@ def test_a_planted_metrics_file_of_a_local_run_is_one_line(
 ) -> None:
     """Item 4 on this machine: ``summary`` and the monitor of a run directory whose
     ``metrics.jsonl`` another user made a FIFO (it hung) or a link to ``/dev/zero``
-    (it read forever): one line, exit 2, at once."""
+    (it read forever): one line, exit 25 (not what it should be), at once."""
     run_dir = shared_dir / "run"
     run_dir.mkdir()
     path = run_dir / "metrics.jsonl"
@@ -510,5 +510,5 @@ def test_a_planted_metrics_file_of_a_local_run_is_one_line(
         t0 = time.monotonic()
         proc = as_root_in(shared_dir, *args, timeout=30)
         assert time.monotonic() - t0 < 15, args
-        assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
+        assert proc.returncode == 25 and "not a regular file" in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1, proc.stderr
