@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.anomalies import Anomaly, LossScan, find_anomalies
 from eagle3_tui.model.derived import (
     average_pace,
     ema,
@@ -238,6 +239,9 @@ class Snapshot:
     """Processes of the run that outlived its trainer (from the host's probe)."""
     observed: ObservedView | None = None
     """Set for a run without telemetry: per-step metrics are not available."""
+    anomalies: tuple[Anomaly, ...] = ()
+    """What happened on the way (non-finite loss, spikes, resumes, steps not logged),
+    in step order: kept visible after the end (``model/anomalies.py``)."""
 
     @property
     def health(self) -> Health:
@@ -607,6 +611,7 @@ def build_snapshot(
         disk=min(state.disk.values(), key=lambda d: d.room, default=None),
         leftovers=state.leftovers,
         observed=_observed(state),
+        anomalies=find_anomalies(state, cache.loss_scan if cache is not None else None),
     )
 
 
@@ -725,6 +730,8 @@ class SnapshotCache:
         self._series: dict[tuple[str, str], _Buckets] = {}
         self._table: tuple[int, int, object] | None = None
         self._gpus: tuple[object, int, tuple[GpuView, ...]] | None = None
+        self.loss_scan = LossScan()
+        """The loss scanned for anomalies so far (only new rows are scanned)."""
         self.reduced_rows = 0
         """Rows reduced so far (tests check a new build reduces only the new ones)."""
 

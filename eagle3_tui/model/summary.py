@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eagle3_tui.model.anomalies import NonFinite, Resume, Spike
 from eagle3_tui.model.derived import epoch_number
 from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.inert import printable
@@ -157,7 +158,64 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         ],
         "telemetry": snap.observed is None,
         "observed": _observed(snap),
+        "anomalies": _anomalies(snap),
     }
+
+
+def _anomalies(snap: Snapshot) -> dict[str, list[dict[str, Any]]]:
+    """What happened on the way, by kind; steps as "step N" shows them (1-based)."""
+    out: dict[str, list[dict[str, Any]]] = {
+        "nonfinite": [],
+        "spikes": [],
+        "resumes": [],
+        "gaps": [],
+    }
+    for a in snap.anomalies:
+        if isinstance(a, NonFinite):
+            out["nonfinite"].append(
+                {
+                    "metric": a.metric,
+                    "first_step": a.first_step,
+                    "last_step": a.last_step,
+                    "logged_steps": a.logged_steps,
+                    "values": list(a.values),
+                    "to_end": a.to_end,
+                    "said": a.said,
+                }
+            )
+        elif isinstance(a, Spike):
+            out["spikes"].append(
+                {
+                    "metric": a.metric,
+                    "first_step": a.first_step,
+                    "last_step": a.last_step,
+                    "peak": _num(a.peak),
+                    "baseline": _num(a.baseline),
+                    "factor": _num(a.factor),
+                    "z": _num(a.z),
+                    "said": a.said,
+                }
+            )
+        elif isinstance(a, Resume):
+            again = a.redone
+            out["resumes"].append(
+                {
+                    "at": a.at,
+                    "first_step": a.first_step,
+                    "redone": {"first_step": again[0], "last_step": again[1]} if again else None,
+                    "said": a.said,
+                }
+            )
+        else:
+            out["gaps"].append(
+                {
+                    "after_step": a.after_step,
+                    "next_step": a.next_step,
+                    "missing": a.missing,
+                    "said": a.said,
+                }
+            )
+    return out
 
 
 def _disk(snap: Snapshot) -> dict[str, Any] | None:
@@ -238,6 +296,25 @@ def _observed_lines(o: dict[str, Any] | None, no_metrics: bool) -> list[str]:
     return lines
 
 
+HISTORY_LINES = 12
+"""Anomalies the text lists at most (the JSON has every one)."""
+
+
+def _history_lines(anomalies: dict[str, list[dict[str, Any]]] | None) -> list[str]:
+    """One line per anomaly of the run's history, non-finite stretches and spikes first."""
+    said = [
+        a["said"]
+        for kind in ("nonfinite", "spikes", "resumes", "gaps")
+        for a in (anomalies or {}).get(kind, [])
+    ]
+    lines = [f"history  {s}" for s in said[:HISTORY_LINES]]
+    if len(said) > HISTORY_LINES:
+        lines.append(
+            f"history  … and {len(said) - HISTORY_LINES} more (summary --json lists them all)"
+        )
+    return lines
+
+
 def format_text(summary: dict[str, Any]) -> str:
     """The summary for a person: a few aligned lines, each one line whatever the run's
     paths, command line or messages hold (control characters shown escaped)."""
@@ -286,6 +363,7 @@ def format_text(summary: dict[str, Any]) -> str:
     )
     lines += [f"file     {n['said']}" for n in summary.get("file_changes", [])]
     lines += [f"gap      {g['said']}" for g in summary.get("write_gaps", [])]
+    lines += _history_lines(summary.get("anomalies"))
     disk = summary.get("disk")
     if disk:
         lines.append(

@@ -521,3 +521,24 @@ async def test_a_run_that_ended_stops_ticking() -> None:
         data_panel = text_of(app.query_one(DataPanel))
         assert "MiB/s" not in data_panel and "the run ended" in data_panel, data_panel
         assert app.query_one(GpuPanel).border_subtitle == "the run ended; sampled 08:00:24"
+
+
+async def test_a_nan_stretch_stays_on_the_screen_after_the_run_recovered() -> None:
+    """Loss NaN for 15 steps mid-run, then finite again, then finished (issue 28): the
+    verdict is FINISHED, and the progress panel keeps the stretch in view."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = [lines.event("start", pid=4242)]
+    for s in range(120):
+        if 40 <= s < 55:
+            nan = {"loss": "NaN", "loss_0": "NaN", "full_acc_0": 0.3, "cond_acc_0": 0.3}
+            data.append(lines.make("train", step=s, global_step=s, epoch=0, train=nan, lr=1e-3))
+        else:
+            data.append(lines.train(s, 2.0 - s / 200))
+    data.append(lines.event("finish", step=120))
+    app, _ = app_with(data, now=[lines.ts + 60])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
+        panel = app.query_one(ProgressPanel)
+        await until(pilot, lambda: "hist" in text_of(panel), what="the history line")
+        shown = text_of(panel, width=panel.content_size.width)  # as wide as on screen
+        assert "hist  loss NaN from step 41 to 55 (15 logged steps)" in shown, shown

@@ -21,6 +21,7 @@ from textual.visual import RenderOptions, Visual, visualize
 from textual.widgets import Static
 
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
+from eagle3_tui.model.anomalies import Anomaly, Gap, NonFinite, Resume, Spike
 from eagle3_tui.model.derived import tau_of
 from eagle3_tui.model.snapshot import EMPTY, GpuView, Line, Snapshot
 from eagle3_tui.model.state import CkptEvent
@@ -456,6 +457,24 @@ def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
     return rows
 
 
+HISTORY_ORDER = (NonFinite, Spike, Resume, Gap)
+"""Which anomaly of a run's history the progress panel names first."""
+
+
+def history_line(anomalies: tuple[Anomaly, ...]) -> Text:
+    """One line of what happened on the way (``model/anomalies.py``): the one that
+    matters most (non-finite loss, then a spike, a resume, steps not logged), and how
+    many more ``summary`` lists."""
+    first = min(anomalies, key=lambda a: HISTORY_ORDER.index(type(a)))
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append("hist  ", style="dim")
+    bad = isinstance(first, NonFinite | Spike)
+    line.append(first.said, style="bold #d7af5f" if bad else "")
+    if len(anomalies) > 1:
+        line.append(f" · {len(anomalies) - 1} more in summary", style="dim")
+    return line
+
+
 class ProgressPanel(Panel):
     """Epoch, step, pace, ETA, and the checkpoints (a save in progress first)."""
 
@@ -467,6 +486,7 @@ class ProgressPanel(Panel):
             (duration(p.eta_epoch_s), duration(p.eta_run_s), duration(p.elapsed_s), p.ended_at),
             snap.saving,
             snap.checkpoints,
+            snap.anomalies,
         )
 
     def draw(self) -> RenderableType:
@@ -503,6 +523,8 @@ class ProgressPanel(Panel):
             eta.append(clock_time(p.ended_at), style="bold")
             eta.append(f" · ran {duration(p.elapsed_s)}", style="dim")
         lines += [pace, eta]
+        if snap.anomalies:
+            lines.append(history_line(snap.anomalies))
         if snap.saving is not None:
             growing = next(
                 (e.bytes for e in reversed(snap.checkpoints) if e.event == "save_progress"), None
@@ -558,7 +580,9 @@ class GpuPanel(Panel):
 
     def watch_snapshot(self, snap: Snapshot) -> None:
         at = snap.gpus_at if snap.gpus and snap.progress.ended_at is not None else None
-        self.border_subtitle = "" if at is None else f"the run ended; sampled {clock_time(at)}"
+        note = "" if at is None else f"the run ended; sampled {clock_time(at)}"
+        if note != (self.border_subtitle or ""):  # a border set repaints, same or not
+            self.border_subtitle = note
         super().watch_snapshot(snap)
 
     def draw(self) -> RenderableType:
