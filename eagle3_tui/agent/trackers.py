@@ -52,6 +52,8 @@ MAX_KEY_FILE = 64 << 20
 """An MLflow file store's metric file is read up to this (64 MiB: 1.5M steps)."""
 SETTLED_S = 2.0
 """A file store's newest dict is whole once its files have not changed for this long."""
+RECENT_ROWS = 50000
+"""A trackio store's newest rows looked at to find the runs written since a trainer began."""
 MLRUNS_WALK = 2000
 """Entries of an MLflow file store looked at per search."""
 
@@ -70,11 +72,27 @@ class StoreError(Exception):
 # ---- opening a SQLite store, leaving nothing behind -------------------------------
 
 
+def _wal_mode(path: str) -> bool:
+    """Whether the database's header says WAL (its read and write versions, bytes 18
+    and 19, are 2; 1 is a rollback journal's)."""
+    try:
+        head = read_bounded(path, 100)
+    except OSError:
+        return False
+    return len(head) >= 20 and head[18] == 2
+
+
 def _connect(path: str) -> Any:
-    """``path`` opened read-only for one look (see the module's note on WAL files)."""
+    """``path`` opened read-only for one look. A rollback-journal database (MLflow's) is
+    read under a shared lock, as any reader; a WAL database (trackio's) whose ``-wal``
+    and ``-shm`` files are there (a writer has it open) through them; one without them
+    as immutable (nothing is writing it, and a read-only connection would make them,
+    see the module's note)."""
     if sqlite3 is None:
         raise StoreError("this Python has no sqlite3 module")
-    immutable = not os.path.exists(path + "-wal")
+    immutable = _wal_mode(path) and not (
+        os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
+    )
     uri = f"file:{quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
     try:
         con = sqlite3.connect(uri, uri=True, timeout=0.2, check_same_thread=False)
@@ -338,15 +356,15 @@ def find_store(
     store, or None and why (in a line: not there yet, ambiguous, not trusted)."""
     if backend == "trackio":
         path = trackio_db(env, home)
-        if path is None or not os.path.exists(path):
-            return None, None
+        if path is None or not _written_since(path, since):
+            return None, None  # (a store nobody wrote since is not this training's)
         problem = trust_problem(path, uid)
         if problem is not None:
             return None, f"trackio's database is not read: {problem}"
         return _one_run(TrackioStore, path, _trackio_runs(path, since))
     db, mlruns = mlflow_store(env, cwd)
     if db is not None:
-        if not os.path.exists(db):
+        if not _written_since(db, since):
             return None, None
         problem = trust_problem(db, uid)
         if problem is not None:
@@ -378,10 +396,15 @@ def _one_run(cls: type[Store], path: str, runs: list[str] | str) -> tuple[Store 
 
 
 def _trackio_runs(path: str, since: float) -> list[str] | str:
+    """Runs with rows since ``since``, among the store's newest rows (a project's
+    years of history are not scanned at every look)."""
     after = datetime.fromtimestamp(since - 2, _UTC).isoformat()
     try:
         rows = _query(
-            path, "SELECT DISTINCT run_id FROM metrics WHERE timestamp >= ? LIMIT 8", (after,)
+            path,
+            "SELECT DISTINCT run_id FROM (SELECT run_id, timestamp FROM metrics"
+            " ORDER BY id DESC LIMIT ?) WHERE timestamp >= ? LIMIT 8",
+            (RECENT_ROWS, after),
         )
     except StoreError as e:
         return f"trackio's database {path} cannot be read: {e}"
@@ -436,6 +459,12 @@ def _mlruns_runs(root: str, since: float) -> list[str]:
             ):  # begun since, or resumed by name (its status rewritten)
                 runs.append(e.path)
     return runs
+
+
+def _written_since(db: str, since: float) -> bool:
+    """Whether the database (or its WAL) changed since ``since``: else no run of it can
+    be one begun since, and it is not opened at all."""
+    return _changed_since(db, since) or _changed_since(db + "-wal", since)
 
 
 def _changed_since(path: str, since: float) -> bool:

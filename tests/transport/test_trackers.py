@@ -265,3 +265,34 @@ def test_another_users_store_is_not_read(other_user: OtherUser, shared_dir: Path
     work.chmod(0o777)
     hit = trackers.find_tracker({}, str(work), os.geteuid(), time.time(), {"mlflow"})
     assert hit is not None and "writable by every user" in str(hit[2])
+
+
+def test_a_live_wal_store_is_read_through_its_wal_and_a_closed_one_leaves_no_file(
+    tmp_path: Path,
+) -> None:
+    """trackio's database is WAL: rows a live writer committed sit in its ``-wal`` until
+    a checkpoint, and are read there; once the writer closed it (no ``-wal``), it is read
+    without making ``-wal``/``-shm`` files (root's, in the user's directory)."""
+    db = tmp_path / "speculators.db"
+    writer = sqlite3.connect(db)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("PRAGMA wal_autocheckpoint=0")  # the rows stay in the WAL
+    writer.execute(
+        "CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT,"
+        " timestamp TEXT, run_name TEXT, step INTEGER, metrics TEXT)"
+    )
+    for step in range(3):
+        row = json.dumps({"train/loss": 1.0 / (step + 1), "epoch": 0})
+        writer.execute(
+            "INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES (?,?,?,?,?)",
+            ("r1", "2026-12-03T10:00:00+00:00", "run", step, row),
+        )
+    writer.commit()
+    assert (tmp_path / "speculators.db-wal").stat().st_size > 0
+    store = trackers.TrackioStore(str(db), "r1")
+    got = read_all(store)
+    assert [d["global_step"] for d, _ in got] == [0, 1, 2]  # from the WAL
+    writer.close()
+    assert files_of(tmp_path) == {"speculators.db"}
+    assert [d["global_step"] for d, _ in read_all(store)] == [0, 1, 2]
+    assert files_of(tmp_path) == {"speculators.db"}  # nothing left behind
