@@ -17,11 +17,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from eagle3_tui import __version__
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
@@ -55,8 +55,29 @@ def _version() -> str:
     return f"eagle3-tui {__version__}"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors on one line: what is wrong and where the
+    help is (argparse's own puts a usage synopsis of up to six lines first)."""
+
+    def error(self, message: str) -> NoReturn:
+        say(f"{self.prog}: {message} (see {self.prog} --help)", err=True)
+        raise SystemExit(EXIT_ERROR)
+
+
+def process_id(text: str) -> int:
+    """A ``--pid``: a whole number from 1 (``-5``, ``0`` or ``abc`` are a usage error,
+    not a process that 'has exited')."""
+    try:
+        pid = int(text)
+    except ValueError:
+        pid = 0
+    if pid < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a process ID is a whole number from 1")
+    return pid
+
+
 def build_monitor_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="eagle3-tui",
         description="Live terminal monitor for EAGLE-3 draft-model training with speculators.",
         epilog=(
@@ -114,7 +135,7 @@ def build_monitor_parser() -> argparse.ArgumentParser:
 
 def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     """The parser of ``eagle3-tui NAME``."""
-    return argparse.ArgumentParser(prog=f"eagle3-tui {name}", description=description)
+    return Parser(prog=f"eagle3-tui {name}", description=description)
 
 
 def add_json_and_ssh_options(p: argparse.ArgumentParser, json_help: str) -> argparse.ArgumentParser:
@@ -134,7 +155,7 @@ def add_seconds_option(
 def add_pid_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pid",
-        type=int,
+        type=process_id,
         metavar="PID",
         help="the training process PID on the target's host (a trainer, its torchrun agent, "
         "a rank or a worker: its training); without TARGET, on this machine",
@@ -281,7 +302,7 @@ def build_resume_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pid",
-        type=int,
+        type=process_id,
         metavar="PID",
         help="a training without telemetry that eagle3-tui's kill stopped (its trainer's or "
         "torchrun agent's PID): restarted with telemetry; without TARGET, on this machine",
@@ -435,6 +456,17 @@ def _command(args: list[str]) -> int:
         if args and args[0] in commands:
             build, run = commands[args[0]]
             return run(build().parse_args(args[1:]))
+        if args and args[0] == "help":  # help, help COMMAND: as --help
+            if len(args) > 1 and args[1] in commands:
+                commands[args[1]][0]().print_help()
+            elif len(args) > 1:
+                raise TargetError(not_a_command(args[1], commands) or f"{args[1]}: no such command")
+            else:
+                build_monitor_parser().print_help()
+            return EXIT_OK
+        mistyped = not_a_command(args[0], commands) if args else None
+        if mistyped is not None:
+            raise TargetError(mistyped)
         return cmd_monitor(build_monitor_parser().parse_args(args))
     except TargetError as e:
         from eagle3_tui.transport.control import exit_status_of
@@ -443,6 +475,26 @@ def _command(args: list[str]) -> int:
         return exit_status_of(e)
     except KeyboardInterrupt:
         return 130
+
+
+def not_a_command(word: str, commands: Collection[str]) -> str | None:
+    """What to say of a first word that is no command, no directory here and no host
+    written as one (``sumary``: 'did you mean eagle3-tui summary?'), where it reads as a
+    command mistyped; None when it is none of those (a host name is a TARGET). A host
+    whose name is that close to a command is written ``HOST:`` or ``USER@HOST``."""
+    import difflib
+
+    if word.startswith("-") or os.path.lexists(word) or any(c in word for c in "/:@.~["):
+        return None
+    if any(c.isdigit() for c in word):  # node0, gpu12: host names, never a command's typo
+        return None
+    meant = difflib.get_close_matches(word, [*commands, "help"], n=1, cutoff=0.75)
+    if not meant:
+        return None
+    return (
+        f"{word!r} is not a command: did you mean 'eagle3-tui {meant[0]}'? "
+        f"(to monitor a host of that name: eagle3-tui {word}:)"
+    )
 
 
 # ---- summary ------------------------------------------------------------------
@@ -1153,7 +1205,9 @@ def build_attach_parser() -> argparse.ArgumentParser:
         "and manifest go (default: the trainer's working directory/eagle3-runs/attached-PID; "
         "no TARGET: this machine)",
     )
-    p.add_argument("--pid", type=int, help="the trainer's PID (default: the host's only training)")
+    p.add_argument(
+        "--pid", type=process_id, help="the trainer's PID (default: the host's only training)"
+    )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     add_seconds_option(
         p,
@@ -1303,7 +1357,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     import asyncio
     import subprocess
 
-    from eagle3_tui.transport.control import kill_run, on_host
+    from eagle3_tui.transport.control import kill_run, on_host, status_line
 
     say("eagle3-tui demo: stopping the run (at a step boundary, saved, then verified)…", err=True)
     try:
@@ -1315,7 +1369,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
                 ),
             )
         )
-        say(f"eagle3-tui demo: {result.status}: {result.message}", err=True)
+        say(f"eagle3-tui demo: {status_line(result.status, result.message)}", err=True)
     except (TargetError, OSError) as e:
         say(f"eagle3-tui demo: could not stop the run cleanly: {e}", err=True)
     if proc.poll() is None:  # the launcher itself, if the agent could not reach it

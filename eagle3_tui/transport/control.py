@@ -603,6 +603,23 @@ def _checkpoint_at(global_step: int | None, epoch: int | None) -> str:
     return f" (step {global_step}" + (f", epoch {epoch + 1})" if epoch is not None else ")")
 
 
+STATUS_WORDS = {
+    "not_running": "nothing to stop",
+    "remaining": "not all gone",
+    "already": "nothing to do",
+}
+"""A result's status in words where the agent's code is not one (the others, ``stopped``,
+``refused``, ``started``, ``attached``, ``queued``, ``failed``, read as they are)."""
+
+
+def status_line(status: str, message: str) -> str:
+    """A report's first line, as the CLI prints it and the app's dialogs show it: the
+    result's status in words, then what the host said (``nothing to stop: the run is
+    not running``, never ``not_running: …``)."""
+    words = STATUS_WORDS.get(status, status.replace("_", " "))
+    return f"{words}: {printable(message)}"
+
+
 def format_kill(result: KillReport) -> str:
     if result.nodes is not None:  # several nodes: each one's report under its name
         said = any(n.save_wait is not None for n in result.nodes)
@@ -610,7 +627,7 @@ def format_kill(result: KillReport) -> str:
         first = [save_wait_line(wait)] if wait is not None else []
         nodes = [f"== {printable(str(n.where))}\n{format_kill(n)}" for n in result.nodes]
         return "\n".join(first + nodes)
-    lines = [f"{result.status}: {printable(result.message)}"]
+    lines = [status_line(result.status, result.message)]
     if result.attached_first is not None:
         lines.append(attached_first_line(result.attached_first))
     if result.save_wait is not None:
@@ -649,7 +666,7 @@ def attached_first_line(first: AttachedFirst) -> str:
             f"attached telemetry first ({first.mechanism}{stopped}, {first.took_s:.1f} s): "
             f"its metrics in {printable(str(first.run_dir))}"
         )
-    return f"not attached first ({first.status}: {printable(first.message)}): SIGTERM as before"
+    return f"not attached first ({status_line(first.status, first.message)}): SIGTERM as before"
 
 
 def stop_lines(stop: StopReport) -> list[str]:
@@ -795,7 +812,7 @@ def format_resume(result: ResumeReport) -> str:
     if result.nodes is not None:
         return "\n".join(f"== {printable(str(n.where))}\n{format_resume(n)}" for n in result.nodes)
     if result.status in ("refused", "error"):  # one node's, in a multi-node report
-        return f"{result.status}: {printable(result.message)}"
+        return status_line(result.status, result.message)
     if result.status != "started":
         lines = [f"failed: {printable(result.message)} (pid {result.pid})"]
         if result.log_tail:
@@ -871,30 +888,46 @@ def format_discovered(result: DiscoverReport) -> str:
     """The host's live trainings (with or without telemetry), the ended ones eagle3-tui
     observed without telemetry, then the registered runs that are not live: one row per
     run."""
-    lines = [f"{'STARTED':<19}  {'HEALTH':<9} {'PID':>8}  {'USER':<10} {'TELEMETRY':<9}  WHERE"]
+    rows: list[tuple[str, ...]] = [("STARTED", "HEALTH", "PID", "USER", "TELEMETRY", "WHERE")]
     for r in [*result.live, *result.ended]:
         where = r.run_dir or r.cwd or "?"
         health = (r.health or "live") if r.alive else "ended"
-        lines.append(
-            f"{_when(r.started):<19}  {health:<9} "
-            f"{r.pid:>8}  {r.user[:10]:<10} "
-            f"{_telemetry(r):<9}  {printable(where + _row_extra(r))}"
+        rows.append(
+            (
+                _when(r.started),
+                health,
+                str(r.pid),
+                r.user[:10],
+                _telemetry(r),
+                printable(where + _row_extra(r)),
+            )
         )
     for e in result.runs:
         if e.live_pid:
             continue  # shown above, as the live process it is
-        lines.append(
-            f"{_when(e.started_at):<19}  {e.state:<9} {e.pid or '-':>8}  "
-            f"{'-':<10} {'yes':<9}  {printable(e.run_dir)}"
+        rows.append(
+            (_when(e.started_at), e.state, str(e.pid or "-"), "-", "yes", printable(e.run_dir))
         )
+    lines = _columns(rows)
     if result.others:
         lines.append(f"({result.others} run(s) of other users not shown: --all)")
     if result.pruned:
         lines.append(f"(forgot {len(result.pruned)} run(s) whose directory is gone:)")
         lines.extend(f"  {printable(d)}" for d in result.pruned)
     elif any(e.state == "gone" for e in result.runs):
-        lines.append("(runs marked gone: their directory is; --prune forgets them)")
+        lines.append("(gone: the run's directory no longer exists; runs --prune forgets them)")
     return "\n".join(lines)
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """The rows of ``runs``, each column as wide as its widest cell (``interrupted``,
+    ``TensorBoard``), the PID right-aligned, the last column (WHERE) as it is."""
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return [
+        f"{started:<{widths[0]}}  {health:<{widths[1]}}  {pid:>{widths[2]}}  "
+        f"{user:<{widths[3]}}  {telemetry:<{widths[4]}}  {where}"
+        for started, health, pid, user, telemetry, where in rows
+    ]
 
 
 def no_runs_error(result: DiscoverReport, label: str) -> TargetError:
@@ -1062,7 +1095,7 @@ def _stopped(result: AttachResult) -> str:
 
 def format_attach(result: AttachResult) -> str:
     status = result.status
-    lines = [f"{status}: {printable(result.message)}"]
+    lines = [status_line(status, result.message)]
     if status == "attached":
         run_dir = printable(str(result.run_dir))
         bounds = ""

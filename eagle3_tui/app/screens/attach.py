@@ -23,7 +23,7 @@ from textual.widgets import Static
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import inert
-from eagle3_tui.transport.control import format_attach, format_attach_plan
+from eagle3_tui.transport.control import format_attach, format_attach_plan, status_line
 from eagle3_tui.transport.replies import AttachCandidate, AttachPlan, AttachResult
 
 MAX_CHOICES = 9
@@ -80,7 +80,7 @@ class AttachDialog(ConfirmDialog):
                 rows.append(inert(f"  {i}  pid {c.pid}  {c.user}  {argv}"[:200]))
             self.query_one("#plan", Static).update(Group(*rows))
             return
-        self.failed(headed(f"{plan.status}: {plan.message}", "bold #d7af5f"))
+        self.failed(headed(status_line(plan.status, plan.message), "bold #d7af5f"))
 
     @work(exclusive=True, group="attach", exit_on_error=False)
     async def execute(self) -> None:
