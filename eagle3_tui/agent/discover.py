@@ -553,6 +553,8 @@ class Training:
             self.speculators = True
             ev.append("its log shows speculators' output")
         self.options = train_options(t.argv, self.cwd)
+        self.backends = trackers.backends_named(self.options.get("logger"), texts)
+        """speculators' metric backends it is seen to use (its --logger, its script)."""
         self.log_dir = self.options.get("log_dir")
         if self.log_dir is not None and self.cwd and not os.path.isabs(self.log_dir):
             self.log_dir = os.path.join(self.cwd, self.log_dir)
@@ -622,8 +624,10 @@ class Training:
         """speculators' MLflow or trackio backend's store of this training (by its
         environment and working directory: :func:`trackers.find_tracker`)."""
         t = self.trainer
-        named = set(self.options.get("logger", "").replace(" ", "").split(","))
-        found = trackers.find_tracker(t.env, self.cwd, t.uid, since, named)
+        held = set(self.fds.values())
+        for m in self.members:
+            held.update((procs.fd_targets(int(m["pid"])) or {}).values())
+        found = trackers.find_tracker(t.env, self.cwd, t.uid, since, self.backends, held)
         if found is None:
             return
         backend, store, why = found
@@ -665,6 +669,7 @@ class Training:
             "metrics_file": self.metrics_file,
             "metrics_run": self.metrics_run,
             "metrics_note": self.metrics_note,
+            "backends": sorted(self.backends),
             "log_dir": self.log_dir,
             "run_dir": self.run_dir,
             "run_id": self.run_id,

@@ -42,7 +42,6 @@ from eagle3_tui.agent.discover import (
     find_checkpoint_dir,
     left_behind,
     live_or_ended,
-    train_options,
     user_name,
 )
 from eagle3_tui.agent.frames import client_gone, emit, emit_data
@@ -581,11 +580,13 @@ class Observer:
             self.metrics = self._wandb(runs[0], {})
             self.parser.key_values = False
             return
-        command = self.row.get("command")
-        argv = [str(a) for a in command] if isinstance(command, list) else []
-        named = set(train_options(argv, self.cwd).get("logger", "").replace(" ", "").split(","))
+        backends = self.row.get("backends")
+        named = {str(b) for b in backends} if isinstance(backends, list) else set()
+        held: set[str] = set()
+        for pid in pids:
+            held.update((procs.fd_targets(pid) or {}).values())
         env = procs.environ(self.pid) or {}
-        found = trackers.find_tracker(env, self.cwd, uid, since, named)
+        found = trackers.find_tracker(env, self.cwd, uid, since, named, held)
         if found is None:
             return
         backend, store, why = found

@@ -474,14 +474,33 @@ def _changed_since(path: str, since: float) -> bool:
         return False
 
 
+_MENTIONS = {b: re.compile(rf"\b{b}\b") for b in ("mlflow", "trackio")}
+
+
+def backends_named(logger: str | None, texts: list[str]) -> set[str]:
+    """The backends a training is seen to use: its ``--logger`` (the library CLI's, or
+    its ``--config`` file's) and the names its script's code mentions
+    (``setup_metric_logger("trackio", …)``)."""
+    named = {b.strip() for b in (logger or "").split(",") if b.strip()}
+    named |= {b for b, word in _MENTIONS.items() if any(word.search(t) for t in texts)}
+    return named
+
+
 def find_tracker(
-    env: dict[str, str], cwd: str | None, uid: int | None, since: float | None, named: set[str]
+    env: dict[str, str],
+    cwd: str | None,
+    uid: int | None,
+    since: float | None,
+    named: set[str],
+    held: set[str],
 ) -> tuple[str, Store | None, str | None] | None:
     """The store of speculators' MLflow or trackio backend that a training of
     environment ``env`` in ``cwd``, user ``uid``, started at ``since``, writes: ``(backend,
     store, None)``; ``(backend, None, why)`` when it cannot be read; None when there is
-    none. Why a store cannot be read is said only of a backend its command line names
-    (``named``, from ``--logger``): of any other, a store nearby may not be its."""
+    none. Only a backend the training is seen to use is looked for: one it names
+    (``named``: :func:`backends_named`) or whose store it holds open (``held``, the paths
+    its processes have open: MLflow keeps its database open); a store nearby that
+    another training in the same directory writes is not its own."""
     if uid is None or since is None:
         return None
     try:
@@ -489,10 +508,13 @@ def find_tracker(
     except KeyError:
         home = None
     for backend in ("mlflow", "trackio"):
+        where = mlflow_store(env, cwd)[0] if backend == "mlflow" else trackio_db(env, home)
+        if backend not in named and (where is None or where not in held):
+            continue
         store, why = find_store(backend, env, cwd, home, uid, since)
         if store is not None:
             return backend, store, None
-        if why is not None and backend in named:
+        if why is not None:
             return backend, None, why
     return None
 

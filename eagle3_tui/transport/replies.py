@@ -459,6 +459,8 @@ class ProcessRow(msgspec.Struct, kw_only=True):
     metrics_run: str | None = None
     metrics_note: str | None = None
     """Why its backend's store cannot be read (ambiguous, not trusted, on a server)."""
+    backends: list[str] = msgspec.field(default_factory=list)
+    """speculators' metric backends it is seen to use (its ``--logger``, its script)."""
     log_dir: str | None = None
     """Its ``--log-dir`` (the library's CLI: where its metric backends write), absolute."""
     run_dir: str | None = None

@@ -122,7 +122,7 @@ def read_all(store: trackers.Store) -> list[tuple[dict[str, Any], float]]:
 
 
 def found(backend: str, env: dict[str, str], cwd: Path, since: float) -> trackers.Store:
-    hit = trackers.find_tracker(env, str(cwd), os.geteuid(), since, {backend})
+    hit = trackers.find_tracker(env, str(cwd), os.geteuid(), since, {backend}, set())
     assert hit is not None and hit[2] is None, hit
     assert hit[0] == backend and hit[1] is not None
     return hit[1]
@@ -152,10 +152,16 @@ def test_a_backends_store_reads_as_its_own_reader_does(tmp_path: Path, backend: 
         assert mine == pytest.approx(theirs(tmp_path, env, backend, where, key), rel=1e-9)
     assert all(abs(ts - time.time()) < 300 for _, ts in dicts)
     assert store.skipped == 0
+    # a training that is not seen to use it (another one in the same directory does)
+    assert trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, set(), set()) is None
+    # MLflow holds its database open: that is enough, named or not
+    if backend == "mlflow":
+        held = {store.path}
+        hit = trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, set(), held)
+        assert hit is not None and hit[1] is not None and hit[1].run == store.run
     # a run begun before the training started is not its own
-    assert (
-        trackers.find_tracker(env, str(tmp_path), os.geteuid(), time.time() + 60, {backend}) is None
-    )
+    later = time.time() + 60
+    assert trackers.find_tracker(env, str(tmp_path), os.geteuid(), later, {backend}, set()) is None
 
 
 def test_an_mlflow_file_store_is_read(tmp_path: Path) -> None:
@@ -220,16 +226,23 @@ def test_a_follower_resumes_where_it_left_and_says_what_it_skipped(tmp_path: Pat
     assert len(other.records) == 6
 
 
+def test_backends_named_by_its_logger_or_its_script() -> None:
+    script = 'setup_metric_logger("trackio", name, "logs")  # my script'
+    assert trackers.backends_named("tensorboard, mlflow", []) == {"tensorboard", "mlflow"}
+    assert trackers.backends_named(None, [script]) == {"trackio"}
+    assert trackers.backends_named("", ["import mlflowish", "# no backend"]) == set()
+
+
 def test_hostile_stores_read_nothing_wrong(tmp_path: Path) -> None:
     since = time.time() - 5
     env = environment(tmp_path)
     # not SQLite at all: no crash, said
     (tmp_path / "mlflow.db").write_bytes(b"SQLite format 3\0" + os.urandom(4000))
-    hit = trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, {"mlflow"})
+    hit = trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, {"mlflow"}, set())
     assert hit is not None and hit[1] is None and "cannot be read" in str(hit[2]), hit
     assert files_of(tmp_path) == {"mlflow.db"}
     # not named on its command line: a store nearby it cannot read is not called its own
-    assert trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, set()) is None
+    assert trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, set(), set()) is None
     # a store that vanished under a follower: its error said, then read again
     (tmp_path / "mlflow.db").unlink()
     follower = StoreFollower(trackers.MlflowStore(str(tmp_path / "mlflow.db"), "r"), None)  # type: ignore[arg-type]
@@ -243,7 +256,7 @@ def test_two_runs_at_once_are_ambiguous(tmp_path: Path) -> None:
     since = time.time()
     env = write(tmp_path, "mlflow", steps=2, name="first")
     write(tmp_path, "mlflow", steps=2, name="second")  # another training, the same store
-    hit = trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, {"mlflow"})
+    hit = trackers.find_tracker(env, str(tmp_path), os.geteuid(), since, {"mlflow"}, set())
     assert hit is not None and hit[1] is None
     assert "2 runs of MLflow's database began since the training started" in str(hit[2])
 
@@ -258,12 +271,12 @@ def test_another_users_store_is_not_read(other_user: OtherUser, shared_dir: Path
     con.execute("CREATE TABLE metrics (key TEXT)")
     con.close()
     os.chown(db, other_user.uid, other_user.gid)
-    hit = trackers.find_tracker({}, str(work), os.geteuid(), time.time(), {"mlflow"})
+    hit = trackers.find_tracker({}, str(work), os.geteuid(), time.time(), {"mlflow"}, set())
     assert hit is not None and hit[1] is None
     assert f"belongs to {other_user.name}" in str(hit[2])
     os.chown(db, 0, 0)
     work.chmod(0o777)
-    hit = trackers.find_tracker({}, str(work), os.geteuid(), time.time(), {"mlflow"})
+    hit = trackers.find_tracker({}, str(work), os.geteuid(), time.time(), {"mlflow"}, set())
     assert hit is not None and "writable by every user" in str(hit[2])
 
 
