@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_tui.telemetry import manifest as mf
+from tests.app.test_tmux import Tmux, tmux  # noqa: F401 - the fixture
 from tests.conftest import need
 from tests.records import Lines
 from tests.transport.fakes import dead_pid, fake_manifest
@@ -125,6 +127,35 @@ def test_a_chmod_000_input_is_one_line_naming_it(
     path.chmod(0)
     err = one_line(cli(*command_line(command, run, other), as_owner=True), EXIT_PERMISSION)
     assert f"{path}: " in err and "permission denied" in err, err
+
+
+@pytest.mark.usefixtures("refused_by_mode")
+def test_the_monitor_says_unreadable_while_it_cannot_read_and_reads_on_after(
+    tmp_path: Path,
+    tmux: Tmux,  # noqa: F811 - the fixture
+) -> None:
+    """The real monitor in tmux, as the user the mode refuses: the run directory made
+    ``chmod 000`` while it is shown says UNREADABLE with the path and why (before: the
+    stream died, 'REFUSED PermissionError: [Errno 13]…' and '✖ refused'); given back
+    its mode, the monitor reads on (a step appended meanwhile is shown)."""
+    run = a_run(tmp_path / "run")
+    monitor = [*NO_DAC, sys.executable, "-m", "eagle3_tui", str(run)]
+    command = "env -u COLUMNS -u LINES TERM=xterm-256color " + shlex.join(monitor)
+    tmux.run("new-session", "-d", "-x", "120", "-y", "30", command)
+    tmux.wait(lambda s: "step 10 " in s and "local file" in s, 60, "the run shown")
+    run.chmod(0)
+    shown = tmux.wait(lambda s: "UNREADABLE" in s, 30, "the UNREADABLE banner")
+    head = " ".join(shown.split())
+    assert f"{run}/metrics.jsonl: permission denied (its directory {run}: mode 000" in head
+    assert "cannot read metrics.jsonl" in head and "refused" not in head, head
+    assert "Error" not in head, head
+    run.chmod(0o755)
+    lines = Lines(t0=1_000_010.0)  # a_run's writer, on from its tenth record
+    lines.seq = 10
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(lines.train(10, 1.5))
+    tmux.wait(lambda s: "step 11 " in s and "local file" in s, 30, "the step written meanwhile")
+    assert "UNREADABLE" not in tmux.screen()
 
 
 def test_exit_statuses_are_documented_in_the_help() -> None:

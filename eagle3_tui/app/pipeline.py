@@ -41,7 +41,7 @@ from eagle3_tui.transport.base import (
 )
 from eagle3_tui.transport.replies import Status, apply_status
 
-LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED})
+LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED, Link.UNREADABLE})
 """Link states in which no data can arrive."""
 
 

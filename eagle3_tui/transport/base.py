@@ -32,6 +32,7 @@ class Link(enum.Enum):
     RECONNECTING = "reconnecting"
     REFUSED = "refused"
     WAITING = "waiting"  # connected, the file does not exist yet
+    UNREADABLE = "unreadable"  # a local file this user may not read (or of the wrong kind) now
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,13 +58,18 @@ def input_error(path: Path, e: OSError) -> TargetError:
 
 
 def _mode(path: Path) -> str:
-    """`` (mode 000, owner alice)``: what refuses the reader (nothing when even that
-    cannot be seen: a directory above it may not be entered)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ""
-    return f" (mode {stat.S_IMODE(st.st_mode):03o}, owner {user_name(st.st_uid)})"
+    """`` (mode 000, owner alice)``: what refuses the reader; its directory's, when the
+    file cannot even be seen (nothing when neither can)."""
+    for where, whose in (
+        (path, ""),
+        (path.parent, f"its directory {printable(str(path.parent))}: "),
+    ):
+        try:
+            st = os.stat(where)
+        except OSError:
+            continue
+        return f" ({whose}mode {stat.S_IMODE(st.st_mode):03o}, owner {user_name(st.st_uid)})"
+    return ""
 
 
 def check_local_input(path: Path) -> None:
@@ -154,6 +159,10 @@ class LocalTransport:
     under it is read to its end, then the file at the path now from 0, and it says
     which happened and when (``FileChanged``; a truncated one too), and the room on the
     run's filesystem (``DiskSpace``, from the agent's :class:`DiskWatch`).
+
+    A file it may not open (``chmod 000`` on it or its directory, a FIFO put there) is
+    said as ``Link.UNREADABLE`` with :func:`input_error`'s line, and looked at again
+    until it can be read: what it holds then is read on from where the stream was.
     """
 
     def __init__(
@@ -175,6 +184,7 @@ class LocalTransport:
         gone = False  # it was there, and the path has none now: deleted
         leaving = False  # the path holds another file: the old one is read to its end first
         waiting = False
+        unreadable = ""  # what the last look that could not open the file said
         wait = self.poll_interval
         try:
             while True:
@@ -194,8 +204,12 @@ class LocalTransport:
                         await asyncio.sleep(self.poll_interval)
                         continue
                     except OSError as e:
-                        yield LinkChanged(Link.REFUSED, printable(f"{self.path}: {e}"))
-                        return
+                        why = str(input_error(self.path, e))
+                        if why != unreadable:
+                            yield LinkChanged(Link.UNREADABLE, why)
+                            unreadable = why
+                        await asyncio.sleep(self.idle_interval)
+                        continue
                     ident = (st.st_dev, st.st_ino)
                     if identity is not None and (gone or ident != identity):
                         change = "deleted" if gone else "replaced"
@@ -204,9 +218,9 @@ class LocalTransport:
                     elif st.st_size < offset:
                         yield FileChanged("truncated", time.time(), offset, st.st_size)
                         offset = 0
-                    if identity is None or waiting:
+                    if identity is None or waiting or unreadable:
                         yield LinkChanged(Link.LOCAL, str(self.run_dir))
-                    identity, gone, waiting = ident, False, False
+                    identity, gone, waiting, unreadable = ident, False, False, ""
                 size = os.fstat(fd).st_size
                 if size < offset:
                     yield FileChanged("truncated", time.time(), offset, size)
@@ -232,10 +246,11 @@ class LocalTransport:
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
-    """The file at ``path`` now (device, inode); None when there is none."""
+    """The file at ``path`` now (device, inode); None when there is none, or none this
+    user may see (its directory made unreadable: the open that follows says why)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:
         return None
     return (st.st_dev, st.st_ino)
 

@@ -31,6 +31,7 @@ from eagle3_tui.transport.base import (
 
 _WORST = (
     Link.REFUSED,
+    Link.UNREADABLE,
     Link.RECONNECTING,
     Link.WAITING,
     Link.CONNECTING,

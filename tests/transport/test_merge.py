@@ -54,8 +54,8 @@ async def test_the_apps_control_acts_on_every_node_and_reports_each(tmp_path: Pa
         ("node1:run/node1", "not_running"),
     ]
     assert killed.status == "not_running"
-    assert "== node0:run\nnot_running" in format_kill(killed)
-    assert "== node1:run/node1\nnot_running" in format_kill(killed)
+    assert "== node0:run\nnothing to stop: the run is not running" in format_kill(killed)
+    assert "== node1:run/node1\nnothing to stop" in format_kill(killed)
     resumed = await control.resume()  # no numbered checkpoint on either: refused on both
     assert [n.status for n in resumed.nodes or []] == ["refused", "refused"]
     text = format_resume(resumed)

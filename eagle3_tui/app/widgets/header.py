@@ -49,6 +49,8 @@ def link_text(link: LinkChanged) -> Text:
         # rounded up: a 0.2 s backoff reads "in 1 s", never "in 0 s"
         retry = f" in {math.ceil(link.retry_in)} s" if link.retry_in is not None else ""
         return Text(f"◌ reconnecting{retry}", style="bold #101010 on #ffd75f")
+    if state == Link.UNREADABLE:
+        return Text("✖ cannot read metrics.jsonl", style="bold #ffffff on #d70000")
     return Text("✖ refused", style="bold #ffffff on #d70000")
 
 
@@ -92,9 +94,10 @@ class RunHeader(KeptLines):
         text.append(" ")
         d = snap.diagnosis
         label = d.label
-        text.append(
-            f" {label} ", style=LINK_DOWN_STYLE if label == "LINK DOWN" else HEALTH_STYLE[d.health]
-        )
+        style = LINK_DOWN_STYLE if label == "LINK DOWN" else HEALTH_STYLE[d.health]
+        if self.link.link == Link.UNREADABLE:  # this machine's file: no link is down
+            label, style = "UNREADABLE", HEALTH_STYLE[Health.UNREADABLE]
+        text.append(f" {label} ", style=style)
         if d.link_down_since is not None:  # the last verdict that reached us
             text.append(f" last {d.health.value}", style="dim")
         if snap.other_file is not None:  # not this run's history: the path's file now
@@ -164,6 +167,8 @@ class HealthBanner(Static):
         """(label, sentence, CSS class) of what the banner says, or None."""
         if self.link.link == Link.REFUSED:
             return "REFUSED", self.link.detail or "the host refused the connection", "-alarm"
+        if self.link.link == Link.UNREADABLE:
+            return "UNREADABLE", self.link.detail or "metrics.jsonl cannot be read", "-alarm"
         snap = self.snapshot
         d = snap.diagnosis
         health = d.health
