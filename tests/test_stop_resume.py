@@ -153,7 +153,7 @@ def test_a_kill_without_a_step_boundary_in_time_falls_back_to_sigterm(tmp_path: 
         # no numbered checkpoint: a restart starts over and redoes the 5 steps logged
         assert stop["redo"]["checkpoint_step"] == 0 and stop["redo"]["steps"] == 5
         shown = cli("kill", str(run_dir), env=env).stdout
-        assert "not_running" in shown
+        assert shown.startswith("nothing to stop: the run is not running"), shown
 
 
 def test_a_telemetry_that_does_not_offer_the_stop_is_never_asked(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ async def test_a_kill_finishes_on_the_host_when_its_connection_drops(
             assert time.monotonic() < deadline, f"left behind: {marker_processes(run_id)}"
             await asyncio.sleep(0.1)
         proc = cli("kill", *sshd.args(), f"{ALIAS}:{run_dir}")
-        assert proc.returncode == 0 and proc.stdout.startswith("not_running"), proc.stdout
+        assert proc.returncode == 0 and proc.stdout.startswith("nothing to stop"), proc.stdout
     finally:
         for pid in (trainer.pid, escaped):
             if alive(pid):
@@ -138,7 +138,7 @@ async def test_a_hostile_run_directory_name_is_data_never_code(sshd: Sshd, tmp_p
     runs = cli("runs", *sshd.args(), ALIAS, "--json")
     assert runs.returncode == 0 and json.loads(runs.stdout)["runs"][0]["run_dir"] == str(run_dir)
     killed = cli("kill", *sshd.args(), target)
-    assert killed.returncode == 0 and killed.stdout.startswith("not_running"), killed.stdout
+    assert killed.returncode == 0 and killed.stdout.startswith("nothing to stop"), killed.stdout
     resumed = cli("resume", *sshd.args(), target, "--json")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     pid = json.loads(resumed.stdout)["pid"]
@@ -153,7 +153,7 @@ async def test_a_hostile_run_directory_name_is_data_never_code(sshd: Sshd, tmp_p
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
     local = cli("kill", str(run_dir))  # the same through the local path
-    assert local.returncode == 0 and local.stdout.startswith("not_running")
+    assert local.returncode == 0 and local.stdout.startswith("nothing to stop")
     assert pwned(tmp_path, *dirs) == before, "a hostile name was executed"
 
 
