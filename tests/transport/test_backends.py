@@ -198,121 +198,15 @@ def their_store_losses(work: Path, logger: str, env: dict[str, str]) -> dict[int
     return {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
-@pytest.mark.parametrize("logger", ["default", "tensorboard"])
-def test_the_librarys_cli_is_read_whatever_its_logger(tmp_path: Path, logger: str) -> None:
-    """``--logger ""`` (its default) prints every metric dict to its log through its root
-    logger (rich, three digits): read there, never "no handler". ``--config run.yaml``
-    whose ``logging`` has ``logger: tensorboard``, ``log_dir``, ``run_name`` (and whose
-    ``trainer`` has the epochs and the save path): the event files, found where the file
-    says, read with their full precision. (``mlflow``, ``trackio``, ``wandb``:
-    test_backends_ssh.py, over SSH.)"""
-    work = tmp_path / "work"
-    work.mkdir()
-    if logger == "tensorboard":
-        (work / "run.yaml").write_text(
-            "train:\n  trainer:\n    epochs: 40\n    save_path: out/checkpoints  # here\n"
-            "  logging:\n    logger: tensorboard\n    log_dir: 'logs'\n    run_name: cli_run\n"
-        )
-        args = cli_args(work, 40, "--config", "run.yaml", flags=False)
-    else:
-        args = cli_args(work, 40)
-    env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
-    log = work / "train.log"
-    logs = work / "logs" / "cli_run"
-    with ending(launch(work, CLI_SCRIPT, *args, env=env)) as proc:
-        wait_until(
-            lambda: len(printed_losses(log)) >= 5,
-            240,
-            lambda: f"five steps printed; log:\n{log.read_text(errors='replace')[-1500:]}",
-            0.3,
-        )
-        rc, out, err = cli("summary", "--pid", str(proc.pid))
-        assert rc == 0 and out["health"] in ("running", "waiting"), (out["reason"], err)
-        assert "no handler" not in out["reason"] + err
-        step = out["global_step"]
-        assert isinstance(step, int) and isinstance(out["loss"], float)
-        if logger == "tensorboard":
-            assert out["observed"]["handler"] == "tensorboard"
-            theirs = their_losses(logs)
-            assert step in theirs and out["loss"] == pytest.approx(theirs[step], rel=1e-6)
-        else:
-            assert out["observed"]["handler"] == "printed"
-            assert not (work / "logs").exists()  # no backend writes
-            printed = printed_losses(log)
-            assert step in printed and out["loss"] == pytest.approx(printed[step], abs=5e-4)
-        _, runs, _ = cli("runs")
-        [row] = [r for r in runs["live"] if r["pid"] == proc.pid]
-        assert (row["telemetry"], row["handler"]) == (False, out["observed"]["handler"])
-        assert row["epochs"] == 40 and row["checkpoint_dir"] == str(work / "out" / "checkpoints")
-        if logger == "tensorboard":
-            assert row["log_dir"] == str(work / "logs")  # from its --config file
-
-
-@pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
-def test_the_librarys_cli_under_torchrun_is_read_from_its_backend(
-    tmp_path: Path, logger: str
-) -> None:
-    """``torchrun --nproc-per-node 2 train.py … --logger L``: rank 0 writes the backend's
-    files (speculators' rank-0 filter); the training is one row, its metrics read from
-    them with the values the backend's own reader gives."""
-    if logger == "mlflow":
-        pytest.importorskip("mlflow")
-    from tests.torchrun import TORCHRUN, free_port
-
-    work = tmp_path / "work"
-    work.mkdir()
-    extra = ("--logger", logger, "--log-dir", "logs", "--run-name", "cli_run")
-    args = cli_args(work, 40, *extra)
-    torchrun = [*TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port())]
-    env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
-    logs = work / "logs" / "cli_run"
-
-    def theirs() -> dict[int, float]:
-        if logger == "tensorboard":
-            return their_losses(logs)
-        return their_store_losses(work, logger, env)
-
-    (work / "train.py").write_text(CLI_SCRIPT)
-    with (
-        open(work / "train.log", "ab") as out,
-        ending(
-            subprocess.Popen(
-                [*torchrun, "train.py", *args],
-                cwd=work,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, **env},
-            )
-        ) as launcher,
-    ):
-        wait_until(
-            lambda: len(theirs()) >= 3,
-            300,
-            lambda: f"three steps in {logger}; log:\n{(work / 'train.log').read_text()[-1500:]}",
-            1.0,
-        )
-        _, runs, _ = cli("runs")
-        [row] = [r for r in runs["live"] if r.get("cwd") == str(work)]
-        assert row["launcher_pid"] == launcher.pid and len(row["ranks"]) == 2
-        assert (row["telemetry"], row["handler"]) == (False, logger), row["evidence"]
-        rc, out_, err = cli("summary", "--pid", str(row["pid"]))
-        assert rc == 0 and "no handler" not in out_["reason"] + err
-        assert out_["observed"]["handler"] == logger
-        step, mine = out_["global_step"], out_["loss"]
-        got = theirs()
-        assert isinstance(step, int) and step in got
-        assert mine == pytest.approx(got[step], rel=1e-6)
-
-
 def test_the_librarys_cli_is_attached_stopped_at_a_step_and_resumed_with_telemetry(
     tmp_path: Path,
 ) -> None:
-    """The library's CLI with its default logger, as a user's own script: ``kill
-    WORKDIR`` attaches telemetry first and stops it at a step boundary (its save the
-    numbered checkpoint), ``resume`` relaunches the same command with telemetry, which
-    continues at the next step."""
+    """The library's CLI with its default logger (``--logger ""``: its root logger prints
+    every metric dict to its log, rich, three digits): read there, never "no handler";
+    then as a user's own script: ``kill WORKDIR`` attaches telemetry first and stops it
+    at a step boundary (its save the numbered checkpoint), ``resume`` relaunches the
+    same command with telemetry, which continues at the next step. (Its backends:
+    test_backends_ssh.py; under torchrun: test_backends_torchrun.py.)"""
     from eagle3_tui.agent import processes
     from tests.conftest import read_jsonl
 
@@ -327,6 +221,17 @@ def test_the_librarys_cli_is_attached_stopped_at_a_step_and_resumed_with_telemet
             lambda: f"three steps printed; log:\n{log.read_text(errors='replace')[-1500:]}",
             0.3,
         )
+        rc, out, err = cli("summary", "--pid", str(proc.pid))
+        assert rc == 0 and out["health"] in ("running", "waiting"), (out["reason"], err)
+        assert "no handler" not in out["reason"] + err
+        assert out["observed"]["handler"] == "printed"
+        assert not (work / "logs").exists()  # no backend writes
+        step, printed = out["global_step"], printed_losses(log)
+        assert step in printed and out["loss"] == pytest.approx(printed[step], abs=5e-4)
+        _, runs, _ = cli("runs")
+        [row] = [r for r in runs["live"] if r["pid"] == proc.pid]
+        assert (row["telemetry"], row["handler"]) == (False, "printed")
+        assert row["epochs"] == 40 and row["checkpoint_dir"] == str(work / "out" / "checkpoints")
         rc, report, err = cli("kill", str(work))
         assert rc == 0, (report, err)
         assert report["status"] == "stopped" and report["attached_first"]["status"] == "attached"

@@ -21,7 +21,13 @@ import pytest
 from tests.conftest import need, need_training, wait_until
 from tests.transport.conftest import cli
 from tests.transport.sshd import ALIAS, Sshd, have_pid_namespaces, have_sshd
-from tests.transport.test_backends import CLI_SCRIPT, cli_args, their_losses, their_store_losses
+from tests.transport.test_backends import (
+    CLI_SCRIPT,
+    cli_args,
+    printed_losses,
+    their_losses,
+    their_store_losses,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +54,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     server.stop()  # ends every process of the host (its PID namespace)
 
 
+@pytest.mark.timeout(600)  # a training, SSH, the backend's own reader, the monitor
 @pytest.mark.parametrize("logger", ["tensorboard", "mlflow", "trackio", "wandb"])
 def test_a_backends_run_over_ssh_is_read_from_its_files(
     host: Sshd, tmp_path: Path, logger: str
@@ -57,7 +64,14 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text(CLI_SCRIPT)
-    args = cli_args(work, 40, "--logger", logger, "--log-dir", "logs", "--run-name", "ssh_run")
+    if logger == "tensorboard":  # where it writes, from its --config file (flag over file)
+        (work / "run.yaml").write_text(
+            "train:\n  trainer:\n    epochs: 40\n    save_path: out/checkpoints  # here\n"
+            "  logging:\n    logger: tensorboard\n    log_dir: 'logs'\n    run_name: ssh_run\n"
+        )
+        args = cli_args(work, 40, "--config", "run.yaml", flags=False)
+    else:
+        args = cli_args(work, 40, "--logger", logger, "--log-dir", "logs", "--run-name", "ssh_run")
     env = {"HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": ""}
     env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(work / "logs")}
     command = shlex.join([sys.executable, "train.py", *args])
@@ -78,10 +92,11 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
         return their_store_losses(work, logger, env)
 
     try:
+        log = work / "train.log"  # its root logger prints each dict too: a cheap wait
         wait_until(
-            lambda: len(theirs()) >= 3,
+            lambda: len(printed_losses(log)) >= 4,
             300,
-            lambda: f"three steps in {logger}:\n{(work / 'train.log').read_text()[-1500:]}",
+            lambda: f"four steps printed:\n{log.read_text(errors='replace')[-1500:]}",
             1.0,
         )
         proc = cli("summary", *host.args(), ALIAS, "--json")
@@ -94,8 +109,12 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
         assert isinstance(step, int) and step in got
         assert out["loss"] == pytest.approx(got[step], rel=1e-6)
         proc = cli("runs", *host.args(), ALIAS)
-        [row] = [line for line in proc.stdout.splitlines() if str(work) in line]
-        assert COLUMN[logger] in row and "metrics by speculators'" in row, proc.stdout
+        [line] = [line for line in proc.stdout.splitlines() if str(work) in line]
+        assert COLUMN[logger] in line and "metrics by speculators'" in line, proc.stdout
+        proc = cli("runs", *host.args(), ALIAS, "--json")
+        [row] = [r for r in json.loads(proc.stdout)["live"] if r.get("cwd") == str(work)]
+        assert row["epochs"] == 40 and row["checkpoint_dir"] == str(work / "out" / "checkpoints")
+        assert row["log_dir"] == str(work / "logs"), row
         if logger == "mlflow":  # the monitor, once: its header names the source
             monitor_shows(host, tmp_path, logger)
     finally:
