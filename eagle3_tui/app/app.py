@@ -316,12 +316,8 @@ class MonitorApp(App[None]):
             return running if observed.alive else None
         if health == Health.FINISHED:
             return "resume: the run finished: nothing to resume"
-        # the last probe's answer (None: none yet); a run its records say stopped is
-        # offered even before the next probe: the dialog asks the host again
         alive = self.pipeline.run.state.process_alive
-        if health not in (*ENDED, Health.DEAD) and (
-            alive or (alive is None and health != Health.WAITING)
-        ):
+        if alive or (alive is None and health not in (*ENDED, Health.DEAD, Health.WAITING)):
             return running
         if not snap.records:
             return "resume: nothing of the run read yet"
