@@ -333,21 +333,15 @@ class MonitorApp(App[None]):
         return False if action in HIDDEN_WHEN_REFUSED else None
 
     def on_key(self, event: events.Key) -> None:
-        """A key of the monitor that cannot act now says why, in one line. Only where
-        the key is the monitor's: not a screen's own (``a`` on the comparison), nor in a
-        dialog (whose chain of bindings ends at itself)."""
-        for namespace, bindings in self.screen._modal_binding_chain:
-            found = bindings.key_to_bindings.get(event.key, ())
-            if not found:
-                continue
-            if namespace is not self:
-                return  # the key of a screen or widget in front of the monitor
-            for binding in found:
-                reason = self.refusal(binding.action)
-                if reason is not None:
-                    self.notify(reason, severity="warning")
-                    event.stop()
-            return
+        """A key of the monitor that cannot act now says why, in one line."""
+        if self.screen.is_modal:
+            return  # a dialog's own keys: the monitor's are not offered there
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            reason = self.refusal(binding.action)
+            if reason is not None:
+                self.notify(reason, severity="warning")
+                event.stop()
+                return
 
     def watch_snapshot(self) -> None:
         """The footer follows what the keys can do (a run that ends, a probe's answer)."""
