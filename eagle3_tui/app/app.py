@@ -45,7 +45,7 @@ from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.log import LogScreen
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.text import clean
-from eagle3_tui.app.view import MIN_WINDOW, ViewState
+from eagle3_tui.app.view import ViewState
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
@@ -57,13 +57,8 @@ from eagle3_tui.transport.replies import ResumeReport
 
 ENDED = (Health.FINISHED, Health.STOPPED)
 """A run its own records say ended: nothing of it left to stop."""
-ACTING = ("kill", "resume", "attach", "compare", "export", "narrower", "wider", "whole_run")
-"""The keys that can act only at times (on the run's host, its steps, the step window):
-each offered only where it can act."""
-HIDDEN_WHEN_REFUSED = ("attach", "export", "wider", "whole_run")
-"""Left out of the footer (not dimmed) while they cannot act: ``a`` for a run that has
-telemetry, ``e`` before any step, ``]`` and ``0`` while the whole run is shown (the
-footer holds every other key at 80 columns)."""
+ACTING = ("kill", "resume", "attach", "compare", "export")
+"""The keys that act on the run (its host, its steps): each offered only where it can act."""
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
@@ -237,9 +232,6 @@ class MonitorApp(App[None]):
             loop = asyncio.get_running_loop()
             for hang_up in (signal.SIGHUP, signal.SIGTERM):
                 loop.remove_signal_handler(hang_up)
-            # the caller stops the run next: a hang-up then (the terminal closing after
-            # q) must not cut that short and leave the training behind
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _start_probing(self) -> None:
         """The host is asked now, then every ``status_interval`` (see :meth:`_probe_tick`)."""
@@ -276,15 +268,9 @@ class MonitorApp(App[None]):
         to resume from (a training without telemetry: once it exited, its kill recorded
         the restart); ``k`` not on a run that ended with nothing of it left; ``a`` only
         for a live training without telemetry (and only that training: see
-        :meth:`RunControl.attach_plan`); ``e`` only once a step is logged; ``]`` and ``0``
-        only while a step window is set, ``[`` until the narrowest."""
+        :meth:`RunControl.attach_plan`); ``e`` only once a step is logged."""
         if action not in ACTING or (action == "compare" and self.compare_pipeline is not None):
             return None
-        window = self.view.window
-        if action in ("wider", "whole_run"):
-            return None if window is not None else "the whole run is shown already"
-        if action == "narrower":
-            return f"the narrowest window: {MIN_WINDOW} steps" if window == MIN_WINDOW else None
         if action == "export":
             if len(self.pipeline.run.state.table):
                 return None
@@ -326,11 +312,11 @@ class MonitorApp(App[None]):
         return None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The footer dims the keys that cannot act now (:data:`HIDDEN_WHEN_REFUSED`:
-        leaves them out); pressed, each says why (:meth:`on_key`)."""
+        """The footer lists ``a`` only where it acts and dims the other keys that cannot
+        act now; pressed, each says why (:meth:`on_key`)."""
         if self.refusal(action) is None:
             return True
-        return False if action in HIDDEN_WHEN_REFUSED else None
+        return False if action == "attach" else None
 
     def on_key(self, event: events.Key) -> None:
         """A key of the monitor that cannot act now says why, in one line."""
@@ -343,14 +329,8 @@ class MonitorApp(App[None]):
                 event.stop()
                 return
 
-    def watch_snapshot(self) -> None:
+    def watch_snapshot(self, snap: Snapshot) -> None:
         """The footer follows what the keys can do (a run that ends, a probe's answer)."""
-        self._refresh_keys()
-
-    def watch_view(self) -> None:
-        self._refresh_keys()  # the window keys: ] and 0 once a window is set
-
-    def _refresh_keys(self) -> None:
         refusals = tuple(self.refusal(action) for action in ACTING)
         if refusals != self._refusals:
             self._refusals = refusals
@@ -658,16 +638,8 @@ class MonitorApp(App[None]):
             yield SystemCommand(
                 f"{binding.description} ({binding.key_display or binding.key})",
                 _HELP.get(binding.action, binding.description),
-                lambda action=binding.action: self._run_or_say(action),
+                lambda action=binding.action: self.run_action(action),
             )
-
-    async def _run_or_say(self, action: str) -> None:
-        """A palette entry: the action, or why it cannot act now (as its key says)."""
-        reason = self.refusal(action)
-        if reason is not None:
-            self.notify(reason, severity="warning")
-            return
-        await self.run_action(action)
 
 
 _HELP = {

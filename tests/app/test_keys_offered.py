@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from textual.widgets import OptionList
@@ -218,91 +217,3 @@ async def test_export_of_a_run_without_steps_writes_nothing_and_says_why(tmp_pat
         await pilot.pause(0.2)
         assert any("no per-step metrics without telemetry" in m for m in said(app)), said(app)
     assert os.listdir(tmp_path) == []  # no folder, no file
-
-
-async def test_the_command_palette_says_why_an_action_cannot_act() -> None:
-    """The palette (ctrl+p) lists every action: one that cannot act now did nothing,
-    silently; now it says why, as its key does."""
-    app, _ = app_with(finished_run(), control=FakeControl(alive=False))
-    async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
-        commands = app.get_system_commands(app.screen)
-        resume = next(c for c in commands if c.title.startswith("Resume"))
-        picked = resume.callback()  # what Enter on the palette's entry runs
-        if picked is not None:
-            await picked
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, ControlDialog)
-        assert any("finished: nothing to resume" in m for m in said(app)), said(app)
-
-
-KEYS = ("k", "r", "a", "c", "l", "s", "left_square_bracket", "right_square_bracket", "0",
-        "p", "e", "m", "question_mark")  # fmt: skip
-"""Every key of the monitor but q."""
-
-
-async def every_key_acts_or_says_why(app: MonitorApp, ready: Callable[[], bool]) -> list[str]:
-    """Each key of the monitor pressed once (a screen it opens closed again): the keys
-    that did nothing visible: no screen, no change of the view, no notice."""
-    silent = []
-    async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, ready, what="the state")
-        await pilot.pause(0.1)
-        for key in KEYS:
-            screen, view, notices = app.screen, app.view, len(app._notifications)
-            await pilot.press(key)
-            for _ in range(100):  # up to ~5 s on a busy machine: an export is a worker
-                if app.screen is not screen or app.view != view:
-                    break
-                if len(app._notifications) != notices:
-                    break
-                await pilot.pause(0.05)
-            else:
-                silent.append(key)
-            if app.screen is not screen:
-                await pilot.press("escape")
-                await until(pilot, lambda: len(app.screen_stack) == 1, what=f"{key} closed")
-    return silent
-
-
-async def test_every_key_on_a_live_run_acts_or_says_why(tmp_path: Path) -> None:
-    lines, data = training(40)
-    app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts], export_dir=tmp_path)
-    ready = lambda: app.snapshot.health == Health.RUNNING  # noqa: E731
-    assert await every_key_acts_or_says_why(app, ready) == []
-
-
-async def test_every_key_on_a_finished_run_acts_or_says_why(tmp_path: Path) -> None:
-    app, _ = app_with(finished_run(), control=FakeControl(alive=False), export_dir=tmp_path)
-    ready = lambda: app.snapshot.health == Health.FINISHED  # noqa: E731
-    assert await every_key_acts_or_says_why(app, ready) == []
-
-
-async def test_every_key_on_a_run_without_telemetry_acts_or_says_why(tmp_path: Path) -> None:
-    data, control = observed_run()
-    app, _ = app_with(data, control=control, export_dir=tmp_path)
-    ready = lambda: app.snapshot.observed is not None  # noqa: E731
-    assert await every_key_acts_or_says_why(app, ready) == []
-
-
-async def test_every_key_without_a_host_acts_or_says_why(tmp_path: Path) -> None:
-    lines, data = training(40)
-    app, _ = app_with(data, now=[lines.ts], export_dir=tmp_path)
-    ready = lambda: app.snapshot.global_step == 39  # noqa: E731
-    assert await every_key_acts_or_says_why(app, ready) == []
-
-
-async def test_window_keys_say_when_they_change_nothing() -> None:
-    """``]`` and ``0`` while the whole run is shown, ``[`` at the narrowest window did
-    nothing, silently: now each says so."""
-    lines, data = training(40)
-    app, _ = app_with(data, now=[lines.ts])
-    async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: app.snapshot.global_step == 39, what="step 40")
-        await pilot.press("right_square_bracket", "0")
-        await pilot.pause(0.1)
-        assert sum("the whole run is shown already" in m for m in said(app)) == 2, said(app)
-        await pilot.press(*["left_square_bracket"] * 4)
-        await pilot.pause(0.1)
-        assert app.view.window == 10
-        assert any("narrowest window: 10 steps" in m for m in said(app)), said(app)
