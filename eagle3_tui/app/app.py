@@ -57,8 +57,8 @@ from eagle3_tui.transport.replies import ResumeReport
 
 ENDED = (Health.FINISHED, Health.STOPPED)
 """A run its own records say ended: nothing of it left to stop."""
-ACTING = ("kill", "resume", "attach", "compare", "export")
-"""The keys that act on the run (its host, its steps): each offered only where it can act."""
+ACTING = ("kill", "resume", "attach", "compare")
+"""The keys that act on the run's host: each offered only where it can act."""
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
@@ -268,15 +268,9 @@ class MonitorApp(App[None]):
         to resume from (a training without telemetry: once it exited, its kill recorded
         the restart); ``k`` not on a run that ended with nothing of it left; ``a`` only
         for a live training without telemetry (and only that training: see
-        :meth:`RunControl.attach_plan`); ``e`` only once a step is logged."""
+        :meth:`RunControl.attach_plan`)."""
         if action not in ACTING or (action == "compare" and self.compare_pipeline is not None):
             return None
-        if action == "export":
-            if len(self.pipeline.run.state.table):
-                return None
-            if self.snapshot.observed is not None:
-                return "export: no per-step metrics without telemetry: nothing to write"
-            return "export: no step logged yet: nothing to write"
         if self.control is None:
             return f"{action}: this view has no run host to act on"
         snap = self.snapshot

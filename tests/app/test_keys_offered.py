@@ -204,16 +204,3 @@ async def test_attach_offers_only_the_observed_training_itself() -> None:
     finally:
         proc.kill()
         await proc.wait()
-
-
-async def test_export_of_a_run_without_steps_writes_nothing_and_says_why(tmp_path: Path) -> None:
-    """``e`` on a training without telemetry wrote an empty CSV ("0 steps written"): its
-    per-step metrics are not available, so nothing is written and it says so."""
-    data, control = observed_run()
-    app, _ = app_with(data, control=control, export_dir=tmp_path)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await until(pilot, lambda: app.snapshot.observed is not None, what="observed")
-        await pilot.press("e")
-        await pilot.pause(0.2)
-        assert any("no per-step metrics without telemetry" in m for m in said(app)), said(app)
-    assert os.listdir(tmp_path) == []  # no folder, no file
