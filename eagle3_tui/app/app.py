@@ -9,17 +9,15 @@ the :class:`ViewState` or open a screen; they never block.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import math
-import signal
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import events, on
+from textual import on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -50,15 +48,9 @@ from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
-from eagle3_tui.model.health import Health
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.replies import ResumeReport
-
-ENDED = (Health.FINISHED, Health.STOPPED)
-"""A run its own records say ended: nothing of it left to stop."""
-ACTING = ("kill", "resume", "attach", "compare")
-"""The keys that act on the run's host: each offered only where it can act."""
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
@@ -102,7 +94,7 @@ class MonitorApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "Kill"),
         Binding("r", "resume", "Resume"),
-        Binding("a", "attach", "Attach"),  # listed only where it can act (check_action)
+        Binding("a", "attach", "Attach", show=False),  # in help and ctrl+p: it is situational
         Binding("c", "compare", "Comp"),
         Binding("l", "log_scale", "Log"),
         Binding("s", "smoothing", "Smooth"),
@@ -147,8 +139,7 @@ class MonitorApp(App[None]):
         ``open_run`` opens one picked on the host by its directory; ``note`` says what was
         chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
         for the header; ``quit_stops_run``:
-        the caller stops the run after ``q`` (the demo), and after SIGHUP (its terminal
-        closed) or SIGTERM, on which the app quits as on ``q``.
+        the caller stops the run after ``q`` (the demo).
         """
         super().__init__()
         self.source = source
@@ -180,8 +171,6 @@ class MonitorApp(App[None]):
         self._tick_step: int | None = None
         self._step_seen_at = -math.inf
         self._probing = False
-        self._refusals: tuple[str | None, ...] = ()
-        """Why each of :data:`ACTING` cannot act, as the footer last showed it."""
         self._loss_plot = LossPlot("loss", id="loss")
         self._plots: tuple[MetricPlot, ...] = (
             self._loss_plot,
@@ -222,16 +211,6 @@ class MonitorApp(App[None]):
             self.notify(self.note, title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self._start_probing()
-        if self.quit_stops_run:  # the terminal closed, or a kill: as on q, the run stops too
-            loop = asyncio.get_running_loop()
-            for hang_up in (signal.SIGHUP, signal.SIGTERM):
-                loop.add_signal_handler(hang_up, self.exit)
-
-    def on_unmount(self) -> None:
-        if self.quit_stops_run:
-            loop = asyncio.get_running_loop()
-            for hang_up in (signal.SIGHUP, signal.SIGTERM):
-                loop.remove_signal_handler(hang_up)
 
     def _start_probing(self) -> None:
         """The host is asked now, then every ``status_interval`` (see :meth:`_probe_tick`)."""
@@ -259,76 +238,6 @@ class MonitorApp(App[None]):
 
     def _link_changed(self, event: LinkChanged) -> None:
         self.link = event
-
-    # ---- which keys can act -----------------------------------------------------
-    def refusal(self, action: str) -> str | None:
-        """Why ``action`` cannot act on the run as shown now, in one line (None: it can).
-
-        ``r`` only where a resume can act: a run that stopped or died with a checkpoint
-        to resume from (a training without telemetry: once it exited, its kill recorded
-        the restart); ``k`` not on a run that ended with nothing of it left; ``a`` only
-        for a live training without telemetry (and only that training: see
-        :meth:`RunControl.attach_plan`)."""
-        if action not in ACTING or (action == "compare" and self.compare_pipeline is not None):
-            return None
-        if self.control is None:
-            return f"{action}: this view has no run host to act on"
-        snap = self.snapshot
-        health, observed = snap.health, snap.observed
-        if action == "kill" and health in ENDED and not snap.leftovers:
-            return f"kill: the run {health.value}: nothing to kill"
-        if action == "resume":
-            return self._resume_refusal(snap)
-        if action == "attach":
-            if observed is not None:
-                return (
-                    None if observed.alive else "attach: the training exited: nothing to attach to"
-                )
-            launched_with = self.pipeline.run.state.manifest  # written by its telemetry
-            if not self.control.observed and (snap.records or launched_with):
-                return "attach: this run already writes telemetry: nothing to attach"
-        return None
-
-    def _resume_refusal(self, snap: Snapshot) -> str | None:
-        health, observed = snap.health, snap.observed
-        running = "resume: the run is running: nothing to resume (k stops it first)"
-        if observed is not None:
-            return running if observed.alive else None
-        if health == Health.FINISHED:
-            return "resume: the run finished: nothing to resume"
-        alive = self.pipeline.run.state.process_alive
-        if alive or (alive is None and health not in (*ENDED, Health.DEAD, Health.WAITING)):
-            return running
-        if not snap.records:
-            return "resume: nothing of the run read yet"
-        if not any(c.event == "save_finished" for c in snap.checkpoints):
-            return "resume: no checkpoint saved: nothing to resume from"
-        return None
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The footer lists ``a`` only where it acts and dims the other keys that cannot
-        act now; pressed, each says why (:meth:`on_key`)."""
-        if self.refusal(action) is None:
-            return True
-        return False if action == "attach" else None
-
-    def on_key(self, event: events.Key) -> None:
-        """A key of the monitor that cannot act now says why, in one line."""
-        if self.screen.is_modal:
-            return  # a dialog's own keys: the monitor's are not offered there
-        for binding in self._bindings.key_to_bindings.get(event.key, ()):
-            reason = self.refusal(binding.action)
-            if reason is not None:
-                self.notify(reason, severity="warning")
-                event.stop()
-                return
-
-    def watch_snapshot(self, snap: Snapshot) -> None:
-        """The footer follows what the keys can do (a run that ends, a probe's answer)."""
-        refusals = tuple(self.refusal(action) for action in ACTING)
-        if refusals != self._refusals:
-            self._refusals = refusals
-            self.refresh_bindings()
 
     # ---- refresh ----------------------------------------------------------------
     def _columns(self) -> int:
@@ -561,32 +470,34 @@ class MonitorApp(App[None]):
     def action_messages(self) -> None:
         self.push_screen(LogScreen())
 
+    def _need_control(self, what: str) -> RunControl | None:
+        if self.control is None:
+            self.notify(f"{what}: this view has no run host to act on", severity="warning")
+        return self.control
+
     def action_kill(self) -> None:
-        if self.control is not None:  # else refused (check_action)
-            self.push_screen(ControlDialog("kill", self.control))
+        control = self._need_control("kill")
+        if control is not None:
+            self.push_screen(ControlDialog("kill", control))
 
     def action_resume(self) -> None:
-        if self.control is not None:
-            self.push_screen(ControlDialog("resume", self.control))
+        control = self._need_control("resume")
+        if control is not None:
+            self.push_screen(ControlDialog("resume", control))
 
     def action_attach(self) -> None:
-        """Telemetry into the live training without it, written into this run directory."""
-        if self.control is not None:
-            self.push_screen(AttachDialog(self.control))
+        """Telemetry into a live training of the host, written into this run directory."""
+        control = self._need_control("attach")
+        if control is not None:
+            self.push_screen(AttachDialog(control))
 
     def action_compare(self) -> None:
         """The comparison with the run given by --compare, or one picked on the host."""
         if self.compare_pipeline is not None:
             self.push_screen(CompareScreen(self.compare_label))
             return
-        self.action_pick_compared()
-
-    def action_pick_compared(self) -> None:
-        """Pick the run to compare with among the host's runs (``o`` on the comparison:
-        another one in its place)."""
-        control = self.control
+        control = self._need_control("compare")
         if control is None:
-            self.notify("compare: this view has no run host to list runs on", severity="warning")
             return
 
         def picked(run_dir: str | None) -> None:
@@ -595,8 +506,6 @@ class MonitorApp(App[None]):
             if self.open_run is None:
                 self.notify("this source cannot open another run", severity="warning")
                 return
-            if isinstance(self.screen, CompareScreen):
-                self.pop_screen()  # the comparison with the run picked before
             self._start_compare(self.open_run(run_dir))
             self.push_screen(CompareScreen(self.compare_label))
 
@@ -638,7 +547,7 @@ class MonitorApp(App[None]):
 
 _HELP = {
     "kill": "Stop the run: confirm, SIGTERM, checkpoint saved, verified",
-    "resume": "Relaunch a stopped or dead run from its latest complete checkpoint",
+    "resume": "Relaunch the run from its latest complete checkpoint",
     "compare": "Compare with a previous run (--compare, or picked on the host)",
     "log_scale": "Toggle a log axis for the loss",
     "smoothing": "Cycle smoothing: off, 0.6, 0.9, 0.99",
@@ -648,7 +557,7 @@ _HELP = {
     "pause": "Freeze the view (data keeps being read)",
     "export": "Write the window's step columns as CSV (the run's exports/ folder)",
     "messages": "Every log message and event, whole lines, scrollable",
-    "attach": "Add telemetry to this training, which has none, without restarting it",
+    "attach": "Add telemetry to the host's live training without restarting it",
     "help": "Keys and panels",
 }
 
