@@ -269,7 +269,7 @@ def test_ctrl_c_during_the_save_wait_leaves_the_kill_to_the_host(tmp_path: Path)
     proc, run_dir = start(tmp_path, save_s=60.0)
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
     cli = subprocess.Popen(
-        [sys.executable, "-m", "eagle3_tui", "kill", str(run_dir), "--save-wait", "3"],
+        [sys.executable, "-m", "eagle3_tui", "kill", str(run_dir), "--save-wait", "10"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -283,7 +283,7 @@ def test_ctrl_c_during_the_save_wait_leaves_the_kill_to_the_host(tmp_path: Path)
         _, err = cli.communicate(timeout=30)
         assert cli.returncode == 130
         assert "the host goes on with the kill" in err
-        proc.wait(30)  # the agent waited out its 3 s, then signalled
+        proc.wait(30)  # the agent waited out its 10 s, then signalled
         assert "SIGTERM" in notes(run_dir) and "save_finished" not in notes(run_dir)
     finally:
         for p in (cli, proc):
