@@ -288,7 +288,10 @@ def judge(state: RunState, now: float) -> Diagnosis:
     pace = run_pace(state)
     limit = quiet_limit(state, pace)
     last_metric = state.last_train_ts
-    if full is not None and (state.last_ts is None or now - state.last_ts > limit):
+    # no metric for a while on a full disk: the writes fail (a small record, a
+    # heartbeat, may still fit in the slack of a file's last block: not a sign of steps)
+    newest = last_metric if last_metric is not None else state.last_ts
+    if full is not None and (newest is None or now - newest > limit):
         return Diagnosis(Health.DISK_FULL, _disk_full_sentence(state, full))
     if state.activity is not None:
         what = state.activity
@@ -422,7 +425,7 @@ def _no_room(state: RunState, now: float) -> DiskSpace | None:
 
 
 def _disk_full_sentence(state: RunState, disk: DiskSpace) -> str:
-    """No record of any kind for a while, and no room: the writes fail (a full disk is
+    """No metric for a while, and no room: the writes fail (a full disk is
     not a hang). How many were lost, where the writers' newest figures say it."""
     lost = _not_written(state)
     counted = (

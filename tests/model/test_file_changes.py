@@ -462,6 +462,25 @@ def test_a_full_disk_counts_what_the_writers_said_they_could_not_write() -> None
     assert diagnose(stale.state, t + 100).health is Health.DEAD
 
 
+def test_a_heartbeat_that_still_fits_on_a_full_disk_does_not_make_it_a_hang() -> None:
+    """A small record may still fit in the slack of the file's last block while no
+    step's record does: the disk is still why no metric comes (it was called hung)."""
+    run = Run()
+    path = RunPath(run)
+    live = Training(path)
+    live.start()
+    live.steps(20)
+    t = live.t
+    path.write(live.sidecar.at(t + 40).make("heartbeat", written=40, dropped=9, bytes=0))
+    run.set_disk(full(t + 45, room=4096))
+    run.state.set_process(True, t + 45)
+    verdict = diagnose(run.state, t + 45)
+    assert verdict.health is Health.DISK_FULL, verdict.reason
+    # with room, the same silence is a hang
+    run.set_disk(full(t + 45, room=2 * GIB))
+    assert diagnose(run.state, t + 45).health is Health.STALLED
+
+
 def test_the_lost_count_is_the_sequence_gaps_once_everywhere() -> None:
     """The writer's ``dropped`` records consumed their sequence numbers: the gaps count
     them; adding the heartbeat's figure counted each twice (1,554 for 777)."""

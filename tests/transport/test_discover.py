@@ -348,8 +348,10 @@ def test_observe_stream_survives_nothing_but_reports_the_end(
             row = decode(ProcessRow, discover._rows(found)[0]) if found else None
             time.sleep(0.2)
         run = Run()
+        # the window only bounds a run that never ends: its end cuts it short (under two
+        # test workers, importing speculators after torch took most of a 30 s window)
         end = asyncio.run(
-            observe_once(LocalHost(), row, lambda f: run.feed(f.offset, f.data), 30.0)
+            observe_once(LocalHost(), row, lambda f: run.feed(f.offset, f.data), 120.0)
         )
         assert end.event == "ended"
         assert run.state.observed is not None and run.state.observed.alive is False
