@@ -345,7 +345,11 @@ def build_demo_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
-        "--headless", action="store_true", help="no UI: train to completion and print a summary"
+        "--headless",
+        action="store_true",
+        help="no UI: train to completion, then print the run's summary (as the summary "
+        "command does, its exit status too) and, on stderr, the run's directory; Ctrl-C "
+        "or a closed terminal stops the training as well",
     )
     p.add_argument(
         "--out", type=Path, help="the run directory to create (default: a new temporary one)"
@@ -399,7 +403,7 @@ def say(text: str, *, err: bool = False) -> None:
     stream = sys.stderr if err else sys.stdout
     try:
         print(printable(text, keep="\n"), file=stream, flush=True)
-    except BrokenPipeError:
+    except OSError:  # a closed pipe (EPIPE), a closed terminal (EIO): nobody reads
         _drop_output(stream)
 
 
@@ -1322,13 +1326,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             env=env,
         )
     if ns.headless:
-        say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
-        rc = proc.wait()
-        if rc != 0:
-            say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
-            return rc
-        say(str(run_dir))
-        return EXIT_OK
+        return demo_headless(run_dir, proc, log_path)
     from eagle3_tui.app.app import make_app
     from eagle3_tui.app.control import RunControl
     from eagle3_tui.transport.local import LocalTransport
@@ -1350,15 +1348,54 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return app_exit_status(app)
 
 
+def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> int:
+    """Train to completion, then print the run's summary (as ``summary`` does; its exit
+    status too) and, on stderr, where the run is. Ctrl-C, a closed terminal (SIGHUP) or
+    SIGTERM stop the training as well (it runs in a session of its own, which they do
+    not reach): exit status 130."""
+    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+    from eagle3_tui.transport.target import LocalTarget
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    target = LocalTarget(run_dir)
+    say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
+    for hang_up in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(hang_up, interrupted)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        stop_demo_run(target, proc)
+        say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+        return 130
+    if rc != 0:
+        say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
+        return rc
+    run, now = load_any(target, str(run_dir))
+    summary = summarize(run.state, now)
+    say(format_text(summary))
+    say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+    return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
+
+
 def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     """The demo owns its run: on quit, stop it as `k` would (whole tree, verified) —
     also when `r` relaunched it as another process. Says what it does meanwhile: the
-    trainer's graceful save and exit take seconds."""
+    trainer's graceful save and exit take seconds. A run that ended (finished, or
+    stopped by `k`) with nothing of it left: nothing to stop, nothing said."""
     import asyncio
     import subprocess
 
-    from eagle3_tui.transport.control import kill_run, on_host, status_line
+    from eagle3_tui.transport.control import kill_run, on_host, run_status, status_line
 
+    if proc.poll() is not None:
+        try:
+            status = asyncio.run(on_host(target, lambda h: run_status(h, str(target.run_dir))))
+        except (TargetError, OSError):
+            status = None  # unknown: stopped as if it ran
+        if status is not None and not status.alive and not status.leftovers:
+            return
     say("eagle3-tui demo: stopping the run (at a step boundary, saved, then verified)…", err=True)
     try:
         result = asyncio.run(

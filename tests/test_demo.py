@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from eagle3_tui.agent import processes
 from eagle3_tui.cli import EXIT_CRASHED, demo_training_command, stop_demo_run
 from eagle3_tui.transport.target import LocalTarget
 from tests.conftest import need_training, read_jsonl, wait_for_a_training_step
+from tests.transport.fakes import dead_pid, fake_manifest
 
 
 def test_headless_demo_trains_to_completion_and_leaves_the_run(tmp_path: Path) -> None:
@@ -37,7 +40,10 @@ def test_headless_demo_trains_to_completion_and_leaves_the_run(tmp_path: Path) -
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == str(out)
+    # what its help says: a summary (the run's verdict, step, loss), the directory on stderr
+    assert proc.stdout.startswith("health   finished: "), proc.stdout
+    assert "\nstep     " in proc.stdout and "\nloss     " in proc.stdout, proc.stdout
+    assert f"the run is in {out}" in proc.stderr, proc.stderr
     records = read_jsonl(out / "metrics.jsonl")
     assert any(r["kind"] == "train" for r in records)
     events = [r["event"] for r in records if r["kind"] == "lifecycle"]
@@ -103,6 +109,101 @@ def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+def test_quitting_a_demo_whose_run_ended_says_nothing_about_stopping(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``q`` on a finished demo said "stopping the run (SIGTERM…)": nothing runs, so
+    nothing is said about stopping (issue 28, item 7)."""
+    run_dir = tmp_path / "run"
+    fake_manifest(run_dir, dead_pid(), f"ended-{os.getpid()}", status="finished")
+    the_demos_child = subprocess.Popen(["true"])
+    the_demos_child.wait()
+    stop_demo_run(LocalTarget(run_dir), the_demos_child)
+    said = capsys.readouterr().err
+    assert "stop" not in said and "SIGTERM" not in said, said
+
+
+def hang_up_after_a_step(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
+    """``argv`` (a demo) on a terminal of its own that is closed once its training logged
+    a step, as a closed terminal window does; its exit status."""
+    import pty
+    import threading
+
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        os.execvpe(argv[0], argv, env)
+    screen = bytearray()
+
+    def drain() -> None:  # the demo draws; a full pty would block it
+        try:
+            while chunk := os.read(master, 65536):
+                screen.extend(chunk)
+        except OSError:
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and b'"kind":"train"' in metrics.read_bytes()):
+        assert time.monotonic() < deadline, bytes(screen[-2000:])
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), bytes(screen[-2000:])
+        time.sleep(0.2)
+    os.close(master)  # the terminal is gone: the kernel hangs up its session
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        assert time.monotonic() < deadline, "the demo outlived its terminal by 120 s"
+        time.sleep(0.2)
+    return done[1]
+
+
+@pytest.mark.slow
+def test_closing_the_demos_terminal_stops_its_training(tmp_path: Path) -> None:
+    """SIGHUP (the terminal closed) ended the demo and orphaned its training, which runs
+    in a session of its own: now the demo stops it as on ``q`` (issue 28, item 8)."""
+    need_training()
+    out = tmp_path / "demo"
+    env = dict(os.environ, TERM="xterm-256color", XDG_STATE_HOME=str(tmp_path / "state"))
+    argv = [sys.executable, "-m", "eagle3_tui", "demo", "--out", str(out), "--step-delay", "0.3"]
+    hang_up_after_a_step(out, argv, env)
+    marker = f"EAGLE3_TUI_RUN_DIR={out.resolve()}".encode()  # in each of its processes
+    left = [p for p in processes.all_procs() if processes.has_marker(p, marker)]
+    for p in left:  # the test leaves nothing behind either way
+        os.kill(p, signal.SIGKILL)
+    assert left == [], "the demo's training outlived the demo's terminal"
+    assert json.loads((out / "run.json").read_text())["status"] in ("interrupted", "finished")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGHUP])
+def test_interrupting_the_headless_demo_stops_its_training(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    """Ctrl-C or a closed terminal ended ``demo --headless`` and left its training
+    running (in a session of its own, which they do not reach): now it stops it."""
+    need_training()
+    out = tmp_path / "demo"
+    argv = [sys.executable, "-m", "eagle3_tui", "demo", "--headless", "--out", str(out)]
+    demo = subprocess.Popen(
+        [*argv, "--step-delay", "0.3", "--epochs", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state")),
+    )
+    try:
+        wait_for_a_training_step(out, demo, 240)
+        demo.send_signal(how)
+        _, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    marker = f"EAGLE3_TUI_RUN_DIR={out.resolve()}".encode()
+    left = [p for p in processes.all_procs() if processes.has_marker(p, marker)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], "the headless demo's training outlived it"
+    assert demo.returncode == 130 and b"stopped: all" in err, err[-2000:]
 
 
 # A monitor with a bug in one panel, run through the real command line: the patch is

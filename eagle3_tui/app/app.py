@@ -9,15 +9,17 @@ the :class:`ViewState` or open a screen; they never block.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
+import signal
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult, ScreenStackError, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -43,14 +45,25 @@ from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.log import LogScreen
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.text import clean
-from eagle3_tui.app.view import ViewState
+from eagle3_tui.app.view import MIN_WINDOW, ViewState
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
+from eagle3_tui.model.health import Health
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.transport.base import Link, LinkChanged
-from eagle3_tui.transport.replies import ResumeReport
+from eagle3_tui.transport.replies import KillReport, ResumeReport
+
+ENDED = (Health.FINISHED, Health.STOPPED)
+"""A run its own records say ended: nothing of it left to stop."""
+ACTING = ("kill", "resume", "attach", "compare", "export", "narrower", "wider", "whole_run")
+"""The keys that can act only at times (on the run's host, its steps, the step window):
+each offered only where it can act."""
+HIDDEN_WHEN_REFUSED = ("attach", "export", "wider", "whole_run")
+"""Left out of the footer (not dimmed) while they cannot act: ``a`` for a run that has
+telemetry, ``e`` before any step, ``]`` and ``0`` while the whole run is shown (the
+footer holds every other key at 80 columns)."""
 
 CLOCK_REFRESH_S = 2.0
 """Rebuild at least this often without new data: silence is judged against the clock."""
@@ -94,7 +107,7 @@ class MonitorApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "Kill"),
         Binding("r", "resume", "Resume"),
-        Binding("a", "attach", "Attach", show=False),  # in help and ctrl+p: it is situational
+        Binding("a", "attach", "Attach"),  # listed only where it can act (check_action)
         Binding("c", "compare", "Comp"),
         Binding("l", "log_scale", "Log"),
         Binding("s", "smoothing", "Smooth"),
@@ -139,7 +152,8 @@ class MonitorApp(App[None]):
         ``open_run`` opens one picked on the host by its directory; ``note`` says what was
         chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
         for the header; ``quit_stops_run``:
-        the caller stops the run after ``q`` (the demo).
+        the caller stops the run after ``q`` (the demo), and after SIGHUP (its terminal
+        closed) or SIGTERM, on which the app quits as on ``q``.
         """
         super().__init__()
         self.source = source
@@ -171,6 +185,11 @@ class MonitorApp(App[None]):
         self._tick_step: int | None = None
         self._step_seen_at = -math.inf
         self._probing = False
+        self._refusals: tuple[str | None, ...] = ()
+        self._stopped_by_kill = False
+        """A kill from this monitor found the run's processes gone: ``r`` is offered at
+        once (the host says whether it can resume), ahead of the stream's word."""
+        """Why each of :data:`ACTING` cannot act, as the footer last showed it."""
         self._loss_plot = LossPlot("loss", id="loss")
         self._plots: tuple[MetricPlot, ...] = (
             self._loss_plot,
@@ -211,6 +230,19 @@ class MonitorApp(App[None]):
             self.notify(self.note, title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self._start_probing()
+        if self.quit_stops_run:  # the terminal closed, or a kill: as on q, the run stops too
+            loop = asyncio.get_running_loop()
+            for hang_up in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(hang_up, self.exit)
+
+    def on_unmount(self) -> None:
+        if self.quit_stops_run:
+            loop = asyncio.get_running_loop()
+            for hang_up in (signal.SIGHUP, signal.SIGTERM):
+                loop.remove_signal_handler(hang_up)
+            # the caller stops the run next: a hang-up then (the terminal closing after
+            # q) must not cut that short and leave the training behind
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _start_probing(self) -> None:
         """The host is asked now, then every ``status_interval`` (see :meth:`_probe_tick`)."""
@@ -238,6 +270,106 @@ class MonitorApp(App[None]):
 
     def _link_changed(self, event: LinkChanged) -> None:
         self.link = event
+
+    # ---- which keys can act -----------------------------------------------------
+    def refusal(self, action: str) -> str | None:
+        """Why ``action`` cannot act on the run as shown now, in one line (None: it can).
+
+        ``r`` only where a resume can act: a run that stopped or died with a checkpoint
+        to resume from (a training without telemetry: once it exited, its kill recorded
+        the restart); ``k`` not on a run that ended with nothing of it left; ``a`` only
+        for a live training without telemetry (and only that training: see
+        :meth:`RunControl.attach_plan`); ``e`` only once a step is logged; ``]`` and ``0``
+        only while a step window is set, ``[`` until the narrowest."""
+        if action not in ACTING or (action == "compare" and self.compare_pipeline is not None):
+            return None
+        window = self.view.window
+        if action in ("wider", "whole_run"):
+            return None if window is not None else "the whole run is shown already"
+        if action == "narrower":
+            return f"the narrowest window: {MIN_WINDOW} steps" if window == MIN_WINDOW else None
+        if action == "export":
+            if len(self.pipeline.run.state.table):
+                return None
+            if self.snapshot.observed is not None:
+                return "export: no per-step metrics without telemetry: nothing to write"
+            return "export: no step logged yet: nothing to write"
+        if self.control is None:
+            return f"{action}: this view has no run host to act on"
+        snap = self.snapshot
+        health, observed = snap.health, snap.observed
+        if action == "kill" and health in ENDED and not snap.leftovers:
+            return f"kill: the run {health.value}: nothing to kill"
+        if action == "resume":
+            return self._resume_refusal(snap)
+        if action == "attach":
+            if observed is not None:
+                return (
+                    None if observed.alive else "attach: the training exited: nothing to attach to"
+                )
+            launched_with = self.pipeline.run.state.manifest  # written by its telemetry
+            if not self.control.observed and (snap.records or launched_with):
+                return "attach: this run already writes telemetry: nothing to attach"
+        return None
+
+    def _resume_refusal(self, snap: Snapshot) -> str | None:
+        health, observed = snap.health, snap.observed
+        running: str | None = "resume: the run is running: nothing to resume (k stops it first)"
+        if self._stopped_by_kill:
+            running = None  # the kill saw it stop; the stream's word may come later
+        if observed is not None:
+            return running if observed.alive else None
+        if health == Health.FINISHED:
+            return "resume: the run finished: nothing to resume"
+        # the last probe's answer (None: none yet); a run its records say stopped is
+        # offered even before the next probe: the dialog asks the host again
+        alive = self.pipeline.run.state.process_alive
+        if health not in (*ENDED, Health.DEAD) and (
+            alive or (alive is None and health != Health.WAITING)
+        ):
+            return running
+        if not snap.records:
+            return "resume: nothing of the run read yet"
+        if not any(c.event == "save_finished" for c in snap.checkpoints):
+            return "resume: no checkpoint saved: nothing to resume from"
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The footer dims the keys that cannot act now (:data:`HIDDEN_WHEN_REFUSED`:
+        leaves them out); pressed, each says why (:meth:`on_key`)."""
+        if self.refusal(action) is None:
+            return True
+        return False if action in HIDDEN_WHEN_REFUSED else None
+
+    def on_key(self, event: events.Key) -> None:
+        """A key of the monitor that cannot act now says why, in one line. Only where
+        the key is the monitor's: not a screen's own (``a`` on the comparison), nor in a
+        dialog (whose chain of bindings ends at itself)."""
+        for namespace, bindings in self.screen._modal_binding_chain:
+            found = bindings.key_to_bindings.get(event.key, ())
+            if not found:
+                continue
+            if namespace is not self:
+                return  # the key of a screen or widget in front of the monitor
+            for binding in found:
+                reason = self.refusal(binding.action)
+                if reason is not None:
+                    self.notify(reason, severity="warning")
+                    event.stop()
+            return
+
+    def watch_snapshot(self) -> None:
+        """The footer follows what the keys can do (a run that ends, a probe's answer)."""
+        self._refresh_keys()
+
+    def watch_view(self) -> None:
+        self._refresh_keys()  # the window keys: ] and 0 once a window is set
+
+    def _refresh_keys(self) -> None:
+        refusals = tuple(self.refusal(action) for action in ACTING)
+        if refusals != self._refusals:
+            self._refusals = refusals
+            self.refresh_bindings()
 
     # ---- refresh ----------------------------------------------------------------
     def _columns(self) -> int:
@@ -396,6 +528,10 @@ class MonitorApp(App[None]):
     def _control_finished(self, event: ControlDialog.Finished | AttachDialog.Finished) -> None:
         if isinstance(event, ControlDialog.Finished) and self._follow_restart(event.result):
             return
+        result = event.result
+        if isinstance(result, KillReport) and result.status in ("stopped", "not_running"):
+            self._stopped_by_kill = True
+            self._refresh_keys()
         self._probe_ok = True
         self.probe()
 
@@ -425,6 +561,7 @@ class MonitorApp(App[None]):
         self.source, self.control, self.chosen = source, control, chosen
         self.pipeline = Pipeline(self.clock)
         self._shown, self._lines_at, self._probe_ok = None, -1, True
+        self._stopped_by_kill = False
         self.query_one(RunHeader).show_target(source.label, chosen)
         self._worker(self.pipeline.pump(source, self._link_changed), "stream")
         self._worker(self.pipeline.ingest(), "ingest")
@@ -470,34 +607,32 @@ class MonitorApp(App[None]):
     def action_messages(self) -> None:
         self.push_screen(LogScreen())
 
-    def _need_control(self, what: str) -> RunControl | None:
-        if self.control is None:
-            self.notify(f"{what}: this view has no run host to act on", severity="warning")
-        return self.control
-
     def action_kill(self) -> None:
-        control = self._need_control("kill")
-        if control is not None:
-            self.push_screen(ControlDialog("kill", control))
+        if self.control is not None:  # else refused (check_action)
+            self.push_screen(ControlDialog("kill", self.control))
 
     def action_resume(self) -> None:
-        control = self._need_control("resume")
-        if control is not None:
-            self.push_screen(ControlDialog("resume", control))
+        if self.control is not None:
+            self.push_screen(ControlDialog("resume", self.control))
 
     def action_attach(self) -> None:
-        """Telemetry into a live training of the host, written into this run directory."""
-        control = self._need_control("attach")
-        if control is not None:
-            self.push_screen(AttachDialog(control))
+        """Telemetry into the live training without it, written into this run directory."""
+        if self.control is not None:
+            self.push_screen(AttachDialog(self.control))
 
     def action_compare(self) -> None:
         """The comparison with the run given by --compare, or one picked on the host."""
         if self.compare_pipeline is not None:
             self.push_screen(CompareScreen(self.compare_label))
             return
-        control = self._need_control("compare")
+        self.action_pick_compared()
+
+    def action_pick_compared(self) -> None:
+        """Pick the run to compare with among the host's runs (``o`` on the comparison:
+        another one in its place)."""
+        control = self.control
         if control is None:
+            self.notify("compare: this view has no run host to list runs on", severity="warning")
             return
 
         def picked(run_dir: str | None) -> None:
@@ -506,6 +641,8 @@ class MonitorApp(App[None]):
             if self.open_run is None:
                 self.notify("this source cannot open another run", severity="warning")
                 return
+            if isinstance(self.screen, CompareScreen):
+                self.pop_screen()  # the comparison with the run picked before
             self._start_compare(self.open_run(run_dir))
             self.push_screen(CompareScreen(self.compare_label))
 
@@ -541,13 +678,21 @@ class MonitorApp(App[None]):
             yield SystemCommand(
                 f"{binding.description} ({binding.key_display or binding.key})",
                 _HELP.get(binding.action, binding.description),
-                lambda action=binding.action: self.run_action(action),
+                lambda action=binding.action: self._run_or_say(action),
             )
+
+    async def _run_or_say(self, action: str) -> None:
+        """A palette entry: the action, or why it cannot act now (as its key says)."""
+        reason = self.refusal(action)
+        if reason is not None:
+            self.notify(reason, severity="warning")
+            return
+        await self.run_action(action)
 
 
 _HELP = {
     "kill": "Stop the run: confirm, SIGTERM, checkpoint saved, verified",
-    "resume": "Relaunch the run from its latest complete checkpoint",
+    "resume": "Relaunch a stopped or dead run from its latest complete checkpoint",
     "compare": "Compare with a previous run (--compare, or picked on the host)",
     "log_scale": "Toggle a log axis for the loss",
     "smoothing": "Cycle smoothing: off, 0.6, 0.9, 0.99",
@@ -557,7 +702,7 @@ _HELP = {
     "pause": "Freeze the view (data keeps being read)",
     "export": "Write the window's step columns as CSV (the run's exports/ folder)",
     "messages": "Every log message and event, whole lines, scrollable",
-    "attach": "Add telemetry to the host's live training without restarting it",
+    "attach": "Add telemetry to this training, which has none, without restarting it",
     "help": "Keys and panels",
 }
 

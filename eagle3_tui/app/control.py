@@ -157,8 +157,12 @@ class RunControl:
         return await control.list_runs(self.host, all_users)
 
     async def attach_plan(self, pid: int | None) -> AttachPlan | AttachResult:
-        """What attaching ``pid`` (None: the host's only training) would do, metrics
-        written into this run directory (see control.attach_plan)."""
+        """What attaching ``pid`` would do, metrics written into this run directory (see
+        control.attach_plan). None: the training without telemetry this control watches,
+        never another process of the host (another user's job, another directory's
+        training); for a run directory, the host's only training."""
+        if pid is None and self.process is not None:
+            pid = self.process.pid
         return await control.attach_plan(self.host, self.run_dir, pid)
 
     async def attach(self, plan: AttachPlan) -> AttachResult:

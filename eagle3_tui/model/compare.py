@@ -37,6 +37,8 @@ from eagle3_tui.model.state import RunState
 F64 = npt.NDArray[np.float64]
 AXES = ("step", "tokens", "time")
 AXIS_LABEL = {"step": "global step", "tokens": "training tokens", "time": "training time (s)"}
+AXIS_COUNTS = {"tokens": "token counts", "time": "timestamps"}
+"""What a run lacks when it cannot be placed on an axis."""
 GAP_MIN_S = 60.0
 GAP_STEPS = 20.0
 WINDOW_MIN_POINTS = 20
@@ -131,6 +133,8 @@ class Comparison:
     val_b: tuple[ValRow, ...]
     hparam_diff: tuple[tuple[str, str, str], ...]
     """(key, this run's value, the previous run's value) for keys that differ."""
+    axis_note: str = ""
+    """Why the runs are aligned on another axis than the one asked for ("" when not)."""
 
     @property
     def axis_label(self) -> str:
@@ -358,8 +362,15 @@ def compare(
     view = view or ViewParams()
     side_a, side_b = _side(a, labels[0]), _side(b, labels[1])
     xa, xb = axis_values(a, axis), axis_values(b, axis)
+    axis_note = ""
     if xa is None or xb is None:
         axis_used = "step"
+        which = (
+            "neither run has"
+            if xa is None and xb is None
+            else ("this run has" if xa is None else "the previous run has")
+        )
+        axis_note = f"{which} no {AXIS_COUNTS[axis]}: aligned by {AXIS_LABEL['step']}"
         xa, xb = axis_values(a, "step"), axis_values(b, "step")
         assert xa is not None and xb is not None
     else:
@@ -418,6 +429,7 @@ def compare(
         tau_lines=tuple(tau_lines),
         val_a=_val_rows(a),
         val_b=_val_rows(b),
+        axis_note=axis_note,
         hparam_diff=hparam_diff(a, b),
     )
 

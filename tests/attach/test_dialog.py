@@ -27,10 +27,12 @@ PLAN = {
 
 
 class AttachHost(FakeControl):
-    """The agent's replies as written here, decoded as the real agent's are."""
+    """The agent's replies as written here, decoded as the real agent's are. Its run
+    directory has no telemetry yet (no manifest: ``a`` is offered only there, or on a live
+    training without telemetry; never into a run that writes its own)."""
 
     def __init__(self, plans: list[dict[str, Any]], result: dict[str, Any]) -> None:
-        super().__init__()
+        super().__init__(fail="/runs/exp7: no run.json here")
         self.plans = plans
         self.result = result
         self.asked: list[int | None] = []

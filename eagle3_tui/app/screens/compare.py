@@ -139,6 +139,7 @@ class CompareScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,c", "app.pop_screen", "Back"),
         Binding("a", "axis", "Axis"),
+        Binding("o", "app.pick_compared", "Other"),  # another run to compare with
         Binding("q", "app.quit", "Quit"),
     ]
 
@@ -150,6 +151,8 @@ class CompareScreen(Screen[None]):
     def __init__(self, label_b: str) -> None:
         super().__init__()
         self.label_b = label_b
+        self._told: str | None = None
+        """The axis asked for whose fallback to steps was said (once per ``a``)."""
 
     def compose(self) -> ComposeResult:
         yield Static(Text("Reading the previous run…", style="dim"), id="verdict")
@@ -181,6 +184,9 @@ class CompareScreen(Screen[None]):
         verdict.append_text(inert(c.verdict))
         self.query_one("#verdict", Static).update(verdict)
         self.query_one("#cmp-rows").border_subtitle = f"aligned by {c.axis_label} (a: axis)"
+        if c.axis_note and c.axis != self.axis and self._told != self.axis:
+            self._told = self.axis  # asked for tokens, aligned by step: say why
+            self.notify(c.axis_note, title="axis", severity="warning")
         width = self.query_one("#cmp-rows").size.width or self.app.size.width // 2
         rows = rows_table(c, width) if c.rows else Text("no common range yet", style="dim")
         self.query_one("#cmp-rows-text", Static).update(rows)
@@ -188,3 +194,4 @@ class CompareScreen(Screen[None]):
 
     def action_axis(self) -> None:
         self.axis = AXES[(AXES.index(self.axis) + 1) % len(AXES)]
+        self._told = None

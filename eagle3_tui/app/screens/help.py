@@ -14,10 +14,11 @@ from textual.widgets import Static
 
 KEYS = (
     ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
-    ("r", "resume the run from its latest complete checkpoint; shows the new PID"),
-    ("a", "attach telemetry to the host's live training, metrics into this directory"),
+    ("r", "resume a stopped or dead run from its latest complete checkpoint; new PID"),
+    ("a", "attach telemetry to this training when it has none (metrics into its dir)"),
+    ("", "a key that cannot act now is dimmed (a: hidden); pressed, it says why"),
     ("c", "compare with a previous run on the same host; there: a changes the axis"),
-    ("", "(step, tokens, time), c or Esc goes back"),
+    ("", "(step, tokens, time), o picks another run, c or Esc goes back"),
     ("l", "log scale for the loss (points ≤ 0 are left out and counted)"),
     ("s", "smoothing: off / 0.6 / 0.9 / 0.99 (EMA weight per step, as TensorBoard)"),
     ("[ ]", "halve / double the step window (the last N steps)"),

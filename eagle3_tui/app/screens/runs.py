@@ -38,8 +38,8 @@ def run_row(r: RunEntry) -> Text:
 
 
 class RunPicker(ModalScreen[str | None]):
-    """Lists the host's runs of the login user (newest first; ``a``: every user's); Enter
-    picks one, Escape cancels."""
+    """Lists the host's runs of the login user (newest first; ``a``: every user's), not
+    those whose directory is gone; Enter picks one, Escape cancels."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel"),
@@ -76,9 +76,13 @@ class RunPicker(ModalScreen[str | None]):
         if not self.is_attached:
             return  # closed meanwhile
         status = self.query_one("#picker-status", Static)
-        runs = [r for r in result.runs if r.run_dir != self.current]
-        others = result.others
-        hidden = f"; {others} of other users hidden (a: show)" if others else ""
+        others = [r for r in result.runs if r.run_dir != self.current]
+        # a run whose directory was removed has nothing left to compare with
+        runs = [r for r in others if r.state != "gone"]
+        gone = len(others) - len(runs)
+        hidden = f"; {gone} gone (its directory removed) hidden" if gone else ""
+        if result.others:
+            hidden += f"; {result.others} of other users hidden (a: show)"
         options = self.query_one(OptionList)
         options.clear_options()
         if not runs:

@@ -1,0 +1,335 @@
+"""Keys only where they can act (issue 28, item 6): every key pressed in each state (a
+live run with telemetry, a finished one, a stopped one, one without telemetry) either
+acts or says in one line why not; the footer dims or hides what cannot act."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.widgets import OptionList
+from textual.widgets._footer import FooterKey
+
+from eagle3_tui.app.app import MonitorApp
+from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.screens.attach import AttachDialog
+from eagle3_tui.app.screens.compare import CompareScreen
+from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.app.screens.runs import RunPicker
+from eagle3_tui.model.health import Health
+from eagle3_tui.transport.channel import LocalHost
+from eagle3_tui.transport.replay import ReplayTransport
+from eagle3_tui.transport.replies import KillReport, ProcessRow, decode
+from eagle3_tui.transport.target import LocalTarget
+from tests.app.conftest import T0, FakeControl, training
+from tests.app.test_pilot import NOW, app_with
+from tests.conftest import until
+from tests.records import Lines
+from tests.transport.fakes import dead_pid, fake_manifest, register
+
+
+def said(app: MonitorApp) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+def footer_keys(app: MonitorApp) -> dict[str, bool]:
+    """The footer's keys, each with whether it is shown enabled."""
+    return {k.key: not k.has_class("-disabled") for k in app.screen.query(FooterKey)}
+
+
+def finished_run() -> list[bytes]:
+    lines, data = training(40)
+    return [data, lines.event("finish", step=40)]
+
+
+async def test_resume_on_a_finished_run_says_why_not_and_is_dimmed() -> None:
+    """``r`` on a finished run relaunched it (it exited at once): now refused, dimmed."""
+    app, _ = app_with(finished_run(), control=FakeControl(alive=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
+        await pilot.pause(0.1)
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ControlDialog)
+        assert any("finished: nothing to resume" in m for m in said(app)), said(app)
+        assert footer_keys(app).get("r") is False  # listed, dimmed
+
+
+async def test_resume_on_a_running_run_says_it_runs() -> None:
+    lines, data = training(40)
+    app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ControlDialog)
+        assert any("is running: nothing to resume" in m for m in said(app)), said(app)
+
+
+async def test_resume_on_a_stopped_run_with_a_checkpoint_acts() -> None:
+    lines, data = training(250)  # a checkpoint at step 199
+    app, _ = app_with([data, lines.event("interrupt", step=250)], control=FakeControl(alive=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.STOPPED, what="stopped")
+        await pilot.pause(0.1)
+        assert footer_keys(app).get("r") is True
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+
+
+async def test_kill_on_a_finished_run_says_it_ended() -> None:
+    app, _ = app_with(finished_run(), control=FakeControl(alive=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
+        await pilot.press("k")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ControlDialog)
+        assert any("finished: nothing to kill" in m for m in said(app)), said(app)
+
+
+async def test_attach_on_a_run_with_telemetry_offers_nothing() -> None:
+    """``a`` on a run that writes telemetry offered the host's other processes (another
+    user's job) to attach into its directory: now it says there is nothing to attach."""
+    lines, data = training(40)
+    app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        await pilot.pause(0.1)
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, AttachDialog)
+        assert any("already writes telemetry" in m for m in said(app)), said(app)
+        assert "a" not in footer_keys(app)
+
+
+def observed_run() -> tuple[list[bytes], RunControl]:
+    """A live training without telemetry, as the agent describes it."""
+    started = NOW - 600
+    obs = Lines(writer="obs", t0=started, dt=0.0)
+    data = [obs.at(NOW - 10 + i).proc(started=started) for i in range(10)]
+    row = ProcessRow(pid=4242, started=started, command=["python", "train.py"], mine=True)
+    return data, RunControl(LocalHost(), None, "pid 4242", process=row)
+
+
+async def test_the_footer_lists_attach_on_a_run_without_telemetry() -> None:
+    data, control = observed_run()
+    app, _ = app_with(data, control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.observed is not None, what="observed")
+        await pilot.pause(0.1)
+        assert footer_keys(app).get("a") is True, footer_keys(app)
+
+
+async def test_the_picker_hides_gone_runs_and_a_comparison_can_be_picked_again(
+    tmp_path: Path,
+) -> None:
+    """The ``c`` picker listed runs whose directory is gone; once one was picked, ``c``
+    reopened it for good: now ``o`` on the comparison picks another."""
+    state_home = Path(os.environ["XDG_STATE_HOME"])
+    current, gone, one, two = (tmp_path / n for n in ("cur", "gone", "one", "two"))
+    fake_manifest(current, dead_pid(), f"cur-{os.getpid()}")
+    for d in (gone, one, two):
+        fake_manifest(d, dead_pid(), f"{d.name}-{os.getpid()}", status="finished")
+        register(state_home, f"{d.name}-{os.getpid()}", d)
+    (gone / "run.json").unlink()
+    gone.rmdir()
+    _, previous = training(100)
+    app, _ = app_with(training(300)[1], control=RunControl.for_target(LocalTarget(current)))
+    app.open_run = lambda run_dir: ReplayTransport([previous], label=run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), what="the picker")
+        picker = app.screen
+        assert isinstance(picker, RunPicker)
+        runs = picker.query_one("#runs", OptionList)
+        await until(pilot, lambda: runs.option_count > 0, what="runs")
+        listed = [r.run_dir for r in picker._runs]
+        assert str(gone) not in listed and str(one) in listed, listed
+        assert "1 gone (its directory removed) hidden" in str(
+            picker.query_one("#picker-status").render()
+        )
+        runs.highlighted = listed.index(str(one))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compared")
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), what="picked again")
+        picker = app.screen
+        assert isinstance(picker, RunPicker)
+        runs = picker.query_one("#runs", OptionList)
+        await until(pilot, lambda: runs.option_count > 0, what="runs again")
+        listed = [r.run_dir for r in picker._runs]
+        runs.highlighted = listed.index(str(two))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="the other")
+        assert app.compare_label == str(two)
+
+
+async def test_the_token_axis_says_why_it_stays_on_steps() -> None:
+    """``a`` on the comparison silently stayed on the step axis when the previous run
+    had no token counts: now it says so."""
+    _, data = training(100)
+    lines = Lines(t0=T0)
+    previous = b"".join(
+        lines.make("train", step=s, global_step=s, epoch=0, train={"loss": 2.0}) for s in range(80)
+    )
+    app, _ = app_with(data)
+    app._start_compare(ReplayTransport([previous], label="/runs/exp6"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compared")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await until(pilot, lambda: screen.comparison is not None, what="a comparison")
+        await pilot.press("a")
+        await until(
+            pilot,
+            lambda: any("the previous run has no token counts" in m for m in said(app)),
+            what="why it stays on steps",
+        )
+        assert any("aligned by global step" in m for m in said(app)), said(app)
+        assert not any("attach" in m for m in said(app)), said(app)  # a is the screen's here
+
+
+async def test_resume_is_offered_as_soon_as_a_kill_saw_the_run_stop() -> None:
+    """``r`` right after ``k`` stopped a training without telemetry said "the run is
+    running": the stream's word that the trainer exited comes a round later than the
+    kill's. A kill that found the processes gone offers ``r`` at once (the host decides)."""
+    data, control = observed_run()
+    app, _ = app_with(data, control=control)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.observed is not None, what="observed")
+        await pilot.pause(0.1)
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert any("is running: nothing to resume" in m for m in said(app)), said(app)
+        stopped = decode(KillReport, {"op": "kill", "status": "stopped", "message": "stopped"})
+        app.post_message(ControlDialog.Finished("kill", stopped))
+        await pilot.pause(0.1)
+        assert app.snapshot.observed is not None and app.snapshot.observed.alive  # not yet said
+        assert footer_keys(app).get("r") is True
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ControlDialog), what="the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, ControlDialog)
+        # the host's answer (no restart recorded for this made-up process), then closed
+        await until(pilot, lambda: dialog.state != "asking", what="the host's answer", timeout=60)
+        await pilot.press("escape")
+
+
+async def test_attach_offers_only_the_observed_training_itself() -> None:
+    """``a`` on a run without telemetry asked the host for *any* training (another
+    user's job, a training of another directory) to attach into this directory: now it
+    asks about the observed process alone (here a process that is no training)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    try:
+        row = ProcessRow(pid=proc.pid, command=[sys.executable], mine=True)
+        control = RunControl(LocalHost(), None, f"pid {proc.pid}", process=row)
+        plan = await control.attach_plan(None)
+        assert plan.pid == proc.pid, plan
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_export_of_a_run_without_steps_writes_nothing_and_says_why(tmp_path: Path) -> None:
+    """``e`` on a training without telemetry wrote an empty CSV ("0 steps written"): its
+    per-step metrics are not available, so nothing is written and it says so."""
+    data, control = observed_run()
+    app, _ = app_with(data, control=control, export_dir=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.observed is not None, what="observed")
+        await pilot.press("e")
+        await pilot.pause(0.2)
+        assert any("no per-step metrics without telemetry" in m for m in said(app)), said(app)
+    assert os.listdir(tmp_path) == []  # no folder, no file
+
+
+async def test_the_command_palette_says_why_an_action_cannot_act() -> None:
+    """The palette (ctrl+p) lists every action: one that cannot act now did nothing,
+    silently; now it says why, as its key does."""
+    app, _ = app_with(finished_run(), control=FakeControl(alive=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
+        commands = app.get_system_commands(app.screen)
+        resume = next(c for c in commands if c.title.startswith("Resume"))
+        picked = resume.callback()  # what Enter on the palette's entry runs
+        if picked is not None:
+            await picked
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ControlDialog)
+        assert any("finished: nothing to resume" in m for m in said(app)), said(app)
+
+
+KEYS = ("k", "r", "a", "c", "l", "s", "left_square_bracket", "right_square_bracket", "0",
+        "p", "e", "m", "question_mark")  # fmt: skip
+"""Every key of the monitor but q."""
+
+
+async def every_key_acts_or_says_why(app: MonitorApp, ready: Callable[[], bool]) -> list[str]:
+    """Each key of the monitor pressed once (a screen it opens closed again): the keys
+    that did nothing visible: no screen, no change of the view, no notice."""
+    silent = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, ready, what="the state")
+        await pilot.pause(0.1)
+        for key in KEYS:
+            screen, view, notices = app.screen, app.view, len(app._notifications)
+            await pilot.press(key)
+            for _ in range(100):  # up to ~5 s on a busy machine: an export is a worker
+                if app.screen is not screen or app.view != view:
+                    break
+                if len(app._notifications) != notices:
+                    break
+                await pilot.pause(0.05)
+            else:
+                silent.append(key)
+            if app.screen is not screen:
+                await pilot.press("escape")
+                await until(pilot, lambda: len(app.screen_stack) == 1, what=f"{key} closed")
+    return silent
+
+
+async def test_every_key_on_a_live_run_acts_or_says_why(tmp_path: Path) -> None:
+    lines, data = training(40)
+    app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts], export_dir=tmp_path)
+    ready = lambda: app.snapshot.health == Health.RUNNING  # noqa: E731
+    assert await every_key_acts_or_says_why(app, ready) == []
+
+
+async def test_every_key_on_a_finished_run_acts_or_says_why(tmp_path: Path) -> None:
+    app, _ = app_with(finished_run(), control=FakeControl(alive=False), export_dir=tmp_path)
+    ready = lambda: app.snapshot.health == Health.FINISHED  # noqa: E731
+    assert await every_key_acts_or_says_why(app, ready) == []
+
+
+async def test_every_key_on_a_run_without_telemetry_acts_or_says_why(tmp_path: Path) -> None:
+    data, control = observed_run()
+    app, _ = app_with(data, control=control, export_dir=tmp_path)
+    ready = lambda: app.snapshot.observed is not None  # noqa: E731
+    assert await every_key_acts_or_says_why(app, ready) == []
+
+
+async def test_every_key_without_a_host_acts_or_says_why(tmp_path: Path) -> None:
+    lines, data = training(40)
+    app, _ = app_with(data, now=[lines.ts], export_dir=tmp_path)
+    ready = lambda: app.snapshot.global_step == 39  # noqa: E731
+    assert await every_key_acts_or_says_why(app, ready) == []
+
+
+async def test_window_keys_say_when_they_change_nothing() -> None:
+    """``]`` and ``0`` while the whole run is shown, ``[`` at the narrowest window did
+    nothing, silently: now each says so."""
+    lines, data = training(40)
+    app, _ = app_with(data, now=[lines.ts])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 39, what="step 40")
+        await pilot.press("right_square_bracket", "0")
+        await pilot.pause(0.1)
+        assert sum("the whole run is shown already" in m for m in said(app)) == 2, said(app)
+        await pilot.press(*["left_square_bracket"] * 4)
+        await pilot.pause(0.1)
+        assert app.view.window == 10
+        assert any("narrowest window: 10 steps" in m for m in said(app)), said(app)
