@@ -57,8 +57,18 @@ def test_a_live_run_against_a_finished_one(tiny_run: Path, tmp_path: Path) -> No
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout)
         assert proc.poll() is None, "the comparison must have been made while the run was live"
-        live_step = result["a"]["last_step"]
-        assert live_step >= 7 and result["b"]["last_step"] == 71
+        live_step = result["a"]["last_step"]  # 1-based, as summary says it
+        assert live_step >= 8 and result["b"]["last_step"] == 72
+        assert result["b"]["last_global_step"] == 71  # speculators' counter
+        said = subprocess.run(
+            [sys.executable, "-m", "eagle3_tui", "summary", str(tiny_run), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        summary = json.loads(said.stdout)  # one numbering: compare and summary agree
+        assert (summary["step"], summary["global_step"]) == (72, 71), said.stdout[:300]
         assert result["at_step"] == {"a": live_step, "b": live_step}  # same step
         metrics = {r["metric"] for r in result["rows"]}
         assert {"loss", "full_acc_0", "cond_acc_2", "τ"} <= metrics

@@ -236,9 +236,11 @@ def write_csv(
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(["step", "ts", *names])
+        # step: as every view shows it (1-based); global_step: speculators' counter
+        out.writerow(["step", "global_step", "ts", *names])
         for r in range(len(steps)):
-            out.writerow([int(steps[r]), f"{ts[r]:.3f}", *(f"{float(c[r]):.7g}" for c in cols)])
+            g = int(steps[r])
+            out.writerow([g + 1, g, f"{ts[r]:.3f}", *(f"{float(c[r]):.7g}" for c in cols)])
     return path.absolute()
 
 
@@ -258,11 +260,12 @@ def short_label(label: str) -> str:
 
 
 def export_name(label: str, first: int | None, last: int | None) -> str:
-    """A file name for an export of ``label``'s steps ``first``..``last``: the run's
-    name (its directory's), then the steps."""
+    """A file name for an export of ``label``'s steps ``first``..``last`` (speculators'
+    ``global_step``): the run's name (its directory's), then the steps as shown (1-based:
+    ``exp7-steps1-144.csv`` holds global steps 0 to 143)."""
     base = label.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "run"
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "run"
-    span = f"-steps{first}-{last}" if first is not None and last is not None else ""
+    span = f"-steps{first + 1}-{last + 1}" if first is not None and last is not None else ""
     return f"{base}{span}.csv"
 
 

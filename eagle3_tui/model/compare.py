@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from eagle3_tui.model.derived import epoch_number, smoothed, tau_of, tau_series
+from eagle3_tui.model.derived import epoch_number, smoothed, step_number, tau_of, tau_series
 from eagle3_tui.model.downsample import m4
 from eagle3_tui.model.snapshot import Line, ValRow, ViewParams
 from eagle3_tui.model.state import RunState
@@ -322,7 +322,7 @@ def _side(state: RunState, label: str) -> Side:
 
 def _fmt_x(axis: str, x: float) -> str:
     if axis == "step":
-        return f"step {x:,.0f}"
+        return f"step {x + 1:,.0f}"  # as every view shows a step (x: global_step)
     if axis == "tokens":
         return f"{x / 1e6:,.1f}M tokens" if x < 1e9 else f"{x / 1e9:,.2f}B tokens"
     return f"{x / 3600:.1f} h of training" if x >= 5400 else f"{x / 60:.0f} min of training"
@@ -450,10 +450,14 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
             return x
         return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
+    def shown(x: float | None) -> float | None:
+        return x + 1 if x is not None and c.axis == "step" else x
+
     def side(s: Side) -> dict[str, Any]:
         return {
             "label": s.label,
-            "last_step": s.last_step,
+            "last_step": step_number(s.last_step),  # 1-based, as shown
+            "last_global_step": s.last_step,  # speculators' counter (0-based)
             "ttt_steps": s.ttt_steps,
             "tau_end": num(s.tau_end),
             "loss_end": num(s.loss_end),
@@ -474,9 +478,10 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "axis": c.axis,
         "a": side(c.a),
         "b": side(c.b),
-        "at": num(c.at),
-        "at_step": {"a": c.at_step_a, "b": c.at_step_b},
-        "window": list(c.window) if c.window else None,
+        # on the step axis, steps as shown (1-based); tokens and seconds as they are
+        "at": num(shown(c.at)),
+        "at_step": {"a": step_number(c.at_step_a), "b": step_number(c.at_step_b)},
+        "window": [shown(x) for x in c.window] if c.window else None,
         "rows": [
             {
                 "metric": r.metric,
@@ -508,8 +513,8 @@ def format_comparison(c: Comparison) -> str:
         lo, hi = c.window
         out.append(
             f"compared at {_fmt_x(c.axis, c.at)}: mean over {_fmt_x(c.axis, lo)} – "
-            f"{_fmt_x(c.axis, hi)} (this run's step {c.at_step_a}, previous run's step "
-            f"{c.at_step_b})"
+            f"{_fmt_x(c.axis, hi)} (this run's step {step_number(c.at_step_a)}, previous "
+            f"run's step {step_number(c.at_step_b)})"
         )
         width = max(len(r.metric) for r in c.rows) if c.rows else 6
         out.append(f"  {'metric':<{width}}  {'this run':>10}  {'previous':>10}  {'Δ':>9}")
@@ -520,7 +525,9 @@ def format_comparison(c: Comparison) -> str:
     out.append("")
     for side, rows in ((c.a, c.val_a), (c.b, c.val_b)):
         end = (
-            f"step {side.last_step}, τ {_f(side.tau_end, 3)}" if side.last_step is not None else "–"
+            f"step {step_number(side.last_step)}, τ {_f(side.tau_end, 3)}"
+            if side.last_step is not None
+            else "–"
         )
         out.append(f"{side.label}: reached {end}; {side.ttt_steps} TTT steps")
         for vr in rows:

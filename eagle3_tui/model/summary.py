@@ -94,7 +94,10 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "validation": [
             {
                 "epoch": epoch_number(r.epoch),
-                "global_step": r.step,
+                # the steps done when it ran, as shown (1-based); global_step: the
+                # last of them in speculators' counter, as the top-level one
+                "step": r.step,
+                "global_step": None if r.step is None else r.step - 1,
                 **{k: _num(v) for k, v in r.values.items()},
             }
             for r in snap.val_rows

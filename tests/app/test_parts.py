@@ -96,10 +96,10 @@ def test_a_backlog_coalesces_into_contiguous_chunks() -> None:
 
 
 def test_file_names_from_labels() -> None:
-    assert export_name("gpu-box:/runs/exp 7;rm", 10, 20) == "exp_7_rm-steps10-20.csv"
+    assert export_name("gpu-box:/runs/exp 7;rm", 10, 20) == "exp_7_rm-steps11-21.csv"
     assert export_name("/", None, None) == "run.csv"
     # the run's own name once: the demo's run directory already starts with eagle3-tui
-    assert export_name("/tmp/eagle3-tui-demo-x1", 0, 50) == "eagle3-tui-demo-x1-steps0-50.csv"
+    assert export_name("/tmp/eagle3-tui-demo-x1", 0, 50) == "eagle3-tui-demo-x1-steps1-51.csv"
     assert short_label("gpu-box:/runs/exp7/") == "exp7" and short_label("exp7") == "exp7"
 
 

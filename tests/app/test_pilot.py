@@ -310,12 +310,12 @@ async def test_export_writes_the_window_as_csv(tmp_path: Path) -> None:
         await until(pilot, lambda: app.view.window == 25, what="the window")
         await until(pilot, lambda: app.snapshot.loss_lines[0].x[0] == 75, what="redrawn")
         await pilot.press("e")
-        path = tmp_path / "exp7-steps75-99.csv"
+        path = tmp_path / "exp7-steps76-100.csv"  # steps as shown (global steps 75..99)
         await until(pilot, path.exists, what="the CSV")
         await until(pilot, lambda: len(path.read_text().splitlines()) == 26, what="26 lines")
         rows = list(csv.reader(path.open()))
-        assert rows[0][:2] == ["step", "ts"] and "train/loss" in rows[0]
-        assert rows[1][0] == "75" and rows[-1][0] == "99"
+        assert rows[0][:3] == ["step", "global_step", "ts"] and "train/loss" in rows[0]
+        assert rows[1][:2] == ["76", "75"] and rows[-1][:2] == ["100", "99"]
 
 
 async def test_help_compare_picker_and_quit(tmp_path: Path) -> None:

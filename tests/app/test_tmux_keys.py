@@ -128,7 +128,7 @@ def test_every_key_on_a_live_demo(
     # export, messages, help, command palette
     s.press("e")
     s.wait(lambda sc: "steps written to" in sc, "the export")  # the full path: Pilot tests
-    assert list((demo_dir / "exports").glob("demo-steps0-*.csv"))
+    assert list((demo_dir / "exports").glob("demo-steps1-*.csv"))
     s.press("m")
     s.hold(lambda sc: "messages and events" in sc and "Training epoch" in sc, "the messages")
     s.close("messages and events")

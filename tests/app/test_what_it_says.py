@@ -265,7 +265,7 @@ async def test_export_is_named_after_the_run_and_never_lands_in_the_cwd(
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     _, data = training(100)
     (tmp_path / "a-file").write_text("")
-    path = tmp_path / "data" / "eagle3-tui" / "exports" / "exp7-steps0-99.csv"
+    path = tmp_path / "data" / "eagle3-tui" / "exports" / "exp7-steps1-100.csv"
     said = await export_notice(data, None, path)
     assert f"100 steps written to {path}" in said
     path.unlink()

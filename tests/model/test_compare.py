@@ -72,7 +72,9 @@ def test_unequal_lengths_compare_at_the_furthest_common_step() -> None:
     assert c.at == 999 and c.at_step_a == 999 and c.at_step_b == 999
     tau = row(c, "τ")
     assert tau.delta is not None and tau.delta > 0.1 and tau.better == "a"
-    assert c.verdict.startswith(f"This run is ahead by {tau.delta:+.2f} τ at step 999 (same step)")
+    # shown 1-based, as everywhere (c.at and at_step_*: speculators' global_step)
+    ahead = f"This run is ahead by {tau.delta:+.2f} τ at step 1,000 (same step)"
+    assert c.verdict.startswith(ahead), c.verdict
     loss = row(c, "loss")
     assert loss.delta == pytest.approx(0.0, abs=1e-3)  # same loss curve by construction
     assert c.b.last_step == 4999 and c.a.tau_end is not None and c.b.tau_end is not None

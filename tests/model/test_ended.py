@@ -103,3 +103,19 @@ def test_reads_of_a_handlerless_run_stop_when_it_exits() -> None:
     # it was last seen alive at T0 + 39 (a look found it gone at T0 + 45): it ran 49 s
     assert snap.progress.ended_at == T0 + 39.0
     assert snap.progress.elapsed_s is not None and math.isclose(snap.progress.elapsed_s, 49.0)
+
+
+def test_one_step_numbering_in_the_summary_and_its_json() -> None:
+    """Issue 28, item 4: ``summary --json``'s top-level ``global_step`` was 0-based and
+    its validation's 1-based (speculators logs a validation with the steps done). Each
+    now has ``step`` as shown (1-based) and ``global_step`` (speculators' counter of the
+    last step done), the same numbers at the same point."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=4242)
+    data += b"".join(lines.train(s, 2.0 - s / 100) for s in range(72))
+    data += lines.val(72, 0, 1.5)  # after the epoch: 72 steps done
+    data += lines.event("finish", step=72)
+    summary = summarize(run_of(data).state, lines.ts + 1)
+    assert (summary["step"], summary["global_step"]) == (72, 71)
+    (val,) = summary["validation"]
+    assert (val["epoch"], val["step"], val["global_step"]) == (1, 72, 71)

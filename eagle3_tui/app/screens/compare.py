@@ -23,8 +23,17 @@ from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from eagle3_tui.app.text import inert, num
-from eagle3_tui.app.widgets.plots import TTT, dim, finite_points, hex_of, nice_ticks, step_label
+from eagle3_tui.app.widgets.plots import (
+    TTT,
+    dim,
+    finite_points,
+    hex_of,
+    nice_ticks,
+    step_label,
+    step_ticks,
+)
 from eagle3_tui.model.compare import AXES, DELTA_DIGITS, Comparison
+from eagle3_tui.model.derived import step_number
 from eagle3_tui.model.snapshot import Line
 
 A_COLOR = (95, 215, 255)
@@ -72,8 +81,12 @@ class ComparePlot(PlotextPlot):
                 side = "right" if line.label.startswith("τ") else "left"
                 plt.plot(xs, ys, marker="braille", color=color, yside=side)
         if xs_all:
-            ticks = nice_ticks(min(xs_all), max(xs_all), 4)
-            plt.xticks(ticks, [step_label(t) for t in ticks])
+            lo, hi = min(xs_all), max(xs_all)
+            if c.axis == "step":
+                plt.xticks(*step_ticks(lo, hi, 4))
+            else:
+                ticks = nice_ticks(lo, hi, 4)
+                plt.xticks(ticks, [step_label(t) for t in ticks])
         if c.at is not None:
             plt.vline(c.at, color=(255, 255, 0))
         self.refresh()
@@ -109,7 +122,8 @@ def side_text(c: Comparison) -> RenderableType:
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append("━ ", style=hex_of(color))
         head.append_text(inert(side.label, style="bold"))
-        end = f" step {side.last_step:,}" if side.last_step is not None else " no step"
+        shown = step_number(side.last_step)
+        end = f" step {shown:,}" if shown is not None else " no step"
         head.append(f"{end} · τ {num(side.tau_end, 3)} · {side.ttt_steps} TTT steps", style="dim")
         parts.append(head)
         for v in rows[-4:]:

@@ -100,6 +100,14 @@ def step_label(x: float) -> str:
     return f"{x:.0f}"
 
 
+def step_ticks(lo: float, hi: float, n: int) -> tuple[list[float], list[str]]:
+    """Ticks for an axis of speculators' ``global_step`` (0-based) labelled as every view
+    shows a step (1-based: "step 100" is the 100th, at ``global_step`` 99), at round
+    shown steps."""
+    shown = nice_ticks(lo + 1, hi + 1, n)
+    return [t - 1 for t in shown], [step_label(t) for t in shown]
+
+
 def nice_ticks(lo: float, hi: float, n: int) -> list[float]:
     """About ``n`` round values between ``lo`` and ``hi`` (1, 2, 5 times a power of ten)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo or n < 2:
@@ -445,8 +453,7 @@ class MetricPlot(PlotextPlot):
         self.draw()
         xs = [x for line in self._lines() for x in (line.x[:1] + line.x[-1:])]
         if xs:
-            ticks = nice_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5)
-            self.set_xticks(ticks, [step_label(t) for t in ticks])
+            self.set_xticks(*step_ticks(min(xs), max(xs), 3 if self.size.width < 50 else 5))
 
     def render_line(self, y: int) -> Strip:
         frame = self.frame()
