@@ -177,6 +177,8 @@ class BarProgress:
     epoch: int
     steps_per_epoch: int
     steps_per_s: float | None
+    at: float = 0.0
+    """When the bar it is read from was seen (the host's clock)."""
 
 
 def bar_progress(state: RunState) -> BarProgress | None:
@@ -190,4 +192,6 @@ def bar_progress(state: RunState) -> BarProgress | None:
     epoch = b.epoch + 1 if b.done else b.epoch
     if state.epochs_total:  # its last epoch done: that epoch, not one after the last
         epoch = min(epoch, state.epochs_total - 1)
-    return BarProgress(b.epoch * b.total + b.n - 1, epoch, b.total, 1.0 / st if st else None)
+    return BarProgress(
+        b.epoch * b.total + b.n - 1, epoch, b.total, 1.0 / st if st else None, seen.ts
+    )

@@ -132,6 +132,8 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     error: str | None = None
     path: str | None = None
     duration_s: Number = None
+    written_at: Number = None
+    """A save seen by polling (``inferred``): its files' newest time on the host."""
     complete: bool | None = None
     # gpu
     status: str | None = None

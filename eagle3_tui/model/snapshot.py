@@ -432,6 +432,13 @@ def _progress(state: RunState, now: float, ended: float | None) -> Progress:
         shown = step_number(step)
         pace_over = "epoch"
     eta_epoch, eta_run = eta(step, epoch, spe, total, steps_per_s)
+    # counted down from the evidence it rests on (the last step's record, the last epoch
+    # bar): it froze at its last value through a hang; past its end with no newer
+    # evidence it is not known
+    evidence = bars.at if bars is not None else state.last_train_ts
+    if ended is None and evidence is not None:
+        late = max(0.0, now - evidence)
+        eta_epoch, eta_run = _count_down(eta_epoch, late), _count_down(eta_run, late)
     started = manifest.get("started_at")
     if not isinstance(started, float | int) and state.observed is not None:
         started = state.observed.info.started
@@ -452,6 +459,13 @@ def _progress(state: RunState, now: float, ended: float | None) -> Progress:
         ended_at=ended,
         pace_over=pace_over,
     )
+
+
+def _count_down(eta_s: float | None, late: float) -> float | None:
+    """``eta_s`` as of ``late`` seconds after its evidence; None once that is past it."""
+    if eta_s is None or (late > 0 and eta_s <= late):
+        return None
+    return eta_s - late
 
 
 def _spark(values: list[float], n: int) -> tuple[float, ...]:
@@ -568,6 +582,8 @@ def build_snapshot(
     cond = [latest.get(f"train/cond_acc_{k}") for k in range(state.ttt_steps)]
 
     saving = state.activity.detail if state.activity and state.activity.what == "saving" else None
+    if ended is not None:
+        saving = None  # a save seen under way when the run ended is not going on now
     last_bad = state.malformed[-1] if state.malformed else None
     return Snapshot(
         now=now,

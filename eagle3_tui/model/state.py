@@ -119,6 +119,13 @@ class CkptEvent:
     bytes: float | None
     duration_s: float | None
     complete: bool | None
+    at: float | None = None
+    """When the save was written, where a save seen by polling says it (its files'
+    newest time; ``ts`` is when it was seen): None to use ``ts``."""
+
+    @property
+    def when(self) -> float:
+        return self.at if self.at is not None else self.ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -833,6 +840,7 @@ class RunState:
             rec.bytes,
             rec.duration_s,
             rec.complete,
+            _written_at(rec),
         )
         self.ckpt_events.append(ev)
         if ev.event in ("save_started", "save_progress"):
@@ -1179,3 +1187,15 @@ def _record_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64
     elif bool(versions.any()):  # a mix of plain dicts and enveloped lines
         return None
     return cols
+
+
+WRITTEN_AT_WINDOW_S = 3600.0
+"""How far before its record a polled save's file time is believed (a file's time is
+the host's to set: an older one, or one after the record, is not the save's)."""
+
+
+def _written_at(rec: Record) -> float | None:
+    at = rec.written_at
+    if not isinstance(at, float | int) or not math.isfinite(at) or rec.ts is None:
+        return None
+    return float(at) if rec.ts - WRITTEN_AT_WINDOW_S <= at <= rec.ts else None

@@ -119,3 +119,34 @@ def test_one_step_numbering_in_the_summary_and_its_json() -> None:
     assert (summary["step"], summary["global_step"]) == (72, 71)
     (val,) = summary["validation"]
     assert (val["epoch"], val["step"], val["global_step"]) == (1, 72, 71)
+
+
+def test_a_save_seen_by_polling_is_timed_by_its_files_and_not_under_way_after_the_end() -> None:
+    """A training without telemetry: a save seen by polling read "in 2.0 s" (two looks)
+    for a 15 ms save, at the look's time; and a save seen starting just before the run
+    ended stayed "⟳ saving" on the ended run's screen."""
+    from eagle3_tui.app.text import clock_time
+    from eagle3_tui.app.widgets.panels import checkpoint_rows
+
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=4242)
+    data += b"".join(lines.train(s, 2.0 - s / 100) for s in range(16))
+    written = lines.ts - 2.5  # its files' time: before the looks that saw it
+    data += lines.ckpt("save_started", "/r/checkpoints/0", inferred=True)
+    data += lines.ckpt(
+        "save_finished", "/r/checkpoints/0", bytes=1000, duration_s=None, complete=True,
+        inferred=True, written_at=written,
+    )  # fmt: skip
+    data += lines.ckpt("save_started", "/r/checkpoints/1", inferred=True)
+    live = run_of(data)
+    assert build_snapshot(live.state, lines.ts, ViewParams()).saving == "/r/checkpoints/1"
+    data += lines.event("finish", step=16)
+    ended = build_snapshot(run_of(data).state, lines.ts + LATER, ViewParams())
+    assert ended.saving is None
+    (row,) = [r.plain for r in checkpoint_rows(ended.checkpoints)]
+    assert row.startswith(clock_time(written)) and " in " not in row, row
+    # a file time after its record, or from long before, is not the save's
+    late = lines.ckpt("save_finished", "/r/checkpoints/2", bytes=1, written_at=lines.ts + 60)
+    old = lines.ckpt("save_finished", "/r/checkpoints/3", bytes=1, written_at=T0 - 86_400)
+    state = run_of(data + late + old).state
+    assert [e.when == e.ts for e in list(state.ckpt_events)[-2:]] == [True, True]

@@ -151,10 +151,16 @@ def test_saves_without_the_trainers_messages_are_inferred(tmp_path: Path) -> Non
     cw = CheckpointWatcher(w, str(root))
     cw.sample(time.time())  # what is already there
     _save(root / "1", size=50_000)
-    for _ in range(4):
-        cw.sample(time.time())
+    written = max(f.stat().st_mtime for f in (root / "1").iterdir())
+    looks = [time.time() + k for k in (1.0, 2.0, 3.0, 4.0)]  # one look a second
+    for at in looks:
+        cw.sample(at)
     w.close()
     inventory, started, progress, finished = records(tmp_path / "m.jsonl", "ckpt")
+    # the looks say when it was seen, not how long it took (it read "in 2.0 s"): no
+    # duration; its files' newest time is when it was written
+    assert finished["duration_s"] is None
+    assert finished["written_at"] == round(written, 3) < looks[0]
     assert inventory["event"] == "inventory" and inventory["best"] == "0"
     assert inventory["checkpoints"] == [
         {"name": "0", "epoch": 0, "bytes": 900_031, "complete": True}

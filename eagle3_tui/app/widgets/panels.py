@@ -442,7 +442,7 @@ def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
             if prior is not None:
                 e = replace(prior, event="interrupted")
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(clock_time(e.ts) + " ", style="dim")
+        t.append(clock_time(e.when) + " ", style="dim")
         t.append_text(inert(_ckpt_name(e.path)))
         t.append(f"  {size(e.bytes)}")
         if e.duration_s is not None:
