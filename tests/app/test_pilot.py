@@ -466,7 +466,7 @@ async def test_a_run_without_telemetry_says_silent_and_what_is_not_available() -
     app, _ = app_with(data, now=[NOW])
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.snapshot.health == Health.SILENT, what="SILENT")
-        banner = text_of(app.query_one(HealthBanner))
+        banner = " ".join(text_of(app.query_one(HealthBanner)).split())  # unwrapped
         assert "speculators.metrics logger has no handler" in banner and "pid 4242" in banner
         table = text_of(app.query_one(AcceptanceTable))
         assert "not available without telemetry" in table and "val loss" in table

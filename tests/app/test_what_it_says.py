@@ -6,6 +6,7 @@ that matches what ``q`` does, and exports named after the run in a folder one fi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from rich.console import Console
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker, run_row
+from eagle3_tui.app.widgets.header import HealthBanner
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
@@ -135,6 +137,59 @@ async def test_after_a_resume_the_data_panel_shows_the_live_processes_only() -> 
         shown = text_of(panel)
         assert "5160" in shown and "5161" in shown
         assert "4242" not in shown and "4250" not in shown
+
+
+async def test_a_training_without_telemetry_shows_its_process_tree() -> None:
+    """Issue 28, item 5: the README promised the observed run's process tree with CPU
+    and memory; no panel showed it (the data panel listed only processes that read)."""
+    obs = Lines(writer="obs", t0=T0, dt=1.0)
+    members = [
+        {"pid": 4242, "role": "trainer", "comm": "python", "state": "R", "cpu_pct": 97.0,
+         "rss": 3 * 2**30},
+        {"pid": 4250, "role": "worker", "comm": "pt_data_worker", "state": "D", "cpu_pct": 4.0,
+         "rss": 200 * 2**20},
+        {"pid": 4251, "role": "worker", "comm": "pt_data_worker", "state": "S"},
+    ]  # fmt: skip
+    proc = json.loads(obs.proc(started=T0 - 60))
+    data = [(json.dumps(proc | {"processes": members}) + "\n").encode()]
+    reads = [{"pid": 4250, "role": "worker", "read_bytes": 5 * 2**20}]
+    data.append(obs.make("io", interval_s=1.0, workers=reads, bytes=5 * 2**20))
+    app, _ = app_with(data, now=[T0 + 1])
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(DataPanel)
+        await until(pilot, lambda: "4251" in text_of(panel), what="the tree")
+        rows = {r.split()[0]: r for r in text_of(panel).splitlines()[2:] if r.strip()}
+        assert "trainer" in rows["4242"] and "97%" in rows["4242"] and "3.0 GiB" in rows["4242"]
+        assert "worker" in rows["4250"] and "in I/O wait" in rows["4250"]
+        assert "5.0 MiB/s" in rows["4250"]  # its reads, on its row
+        assert "–%" in rows["4251"]
+        assert panel.border_title == "data · processes"
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_silent_banner_keeps_its_cause_and_remedy(size: tuple[int, int]) -> None:
+    """Issue 28, item 5: at 120x40 the banner of a training without telemetry ended
+    "Attach live (a, or": three lines cut the remedy. Its middle is cut instead."""
+    obs = Lines(writer="obs", t0=T0, dt=1.0)
+    data = [obs.at(T0 + k).proc(started=T0 - 120, log_grew=100.0) for k in range(0, 60, 2)]
+    for k in range(10, 60, 10):  # every piece of evidence the reason can name: its longest
+        data.append(obs.at(T0 + k).bar(k // 10, 24, 24, 6.0))
+        data.append(obs.at(T0 + k).ckpt("save_finished", f"/w/checkpoints/{k // 10}", bytes=9))
+    data.sort(key=lambda line: json.loads(line)["ts"])
+    app, _ = app_with(data, now=[T0 + 60])
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.snapshot.health.value == "silent", what="silent")
+        banner = app.query_one(HealthBanner)
+        await until(pilot, lambda: "telemetry." in text_of(banner), what="the remedy")
+        shown = " ".join(text_of(banner).split())
+        reason = app.snapshot.diagnosis.reason
+        assert shown.endswith("restart it with telemetry."), shown
+        wrapped = banner.render().wrap(app.console, banner.content_size.width)
+        assert len(wrapped) <= banner.content_size.height <= 3  # all of it is seen
+        if size[0] >= 120:  # the cause, whole, with the remedy
+            assert "Attach live (a, or eagle3-tui attach)" in shown
+            assert "the speculators.metrics logger has no handler" in shown, (shown, reason)
+        assert len(reason) > 300, reason  # more than three lines hold
 
 
 async def test_a_trend_over_one_step_says_step() -> None:

@@ -148,6 +148,25 @@ def _source(snap: Snapshot) -> str | None:
     return SOURCE_WORDS.get(obs.handler, "metrics from its own handler")
 
 
+WRAP_SLACK = 12
+"""Columns a wrapped line of the banner may leave empty (the word that did not fit)."""
+
+
+def keep_the_remedy(sentence: str, room: int) -> str:
+    """``sentence`` cut to about ``room`` characters in its middle: its end (the cause
+    and what to do: "…: the speculators.metrics logger has no handler … Attach live (a,
+    …) …") is always shown, with its beginning (what is seen); the banner has at most
+    three lines, and it cut the remedy ("Attach live (a, or")."""
+    if len(sentence) <= room or room < 30:
+        return sentence
+    head_room = room // 3
+    head = sentence[:head_room]
+    head = head[: head.rfind(" ")] if " " in head else head
+    tail = sentence[len(sentence) - (room - len(head) - 2) :]
+    tail = tail[tail.find(" ") + 1 :] if " " in tail else tail
+    return f"{head.rstrip(' ,:;')} … {tail}"
+
+
 class HealthBanner(Static):
     """A full-width bar with the diagnosis whenever the run is not simply running or
     finished, and when the host refuses us: the silent run cannot be missed. Also what
@@ -207,6 +226,12 @@ class HealthBanner(Static):
         if problem is None:
             return Text()
         label, sentence, _ = problem
+        width = self.content_size.width
+        if width > 0:
+            lines = 2 if self.screen.has_class("-short") else 3
+            # what a word wrap can fit, roughly: a line loses up to a word at its end
+            room = lines * max(20, width - WRAP_SLACK) - len(label) - 3
+            sentence = keep_the_remedy(sentence, room)
         text = Text()
         text.append(f" {label} ", style="bold reverse")
         text.append(" ")

@@ -23,7 +23,8 @@ from textual.widgets import Static
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
 from eagle3_tui.model.anomalies import Anomaly, Gap, NonFinite, Resume, Spike
 from eagle3_tui.model.derived import tau_of
-from eagle3_tui.model.snapshot import EMPTY, GpuView, Line, Snapshot
+from eagle3_tui.model.observed import Member
+from eagle3_tui.model.snapshot import EMPTY, GpuView, IoView, Line, Snapshot
 from eagle3_tui.model.state import CkptEvent
 
 STARVED = 0.3
@@ -619,13 +620,45 @@ class GpuPanel(Panel):
         return Group(*rows)
 
 
+PROC_STATE = {"D": "in I/O wait", "T": "stopped", "t": "traced", "Z": "exited"}
+"""A process state worth a word in the tree (R and S are a working process's)."""
+
+
 class DataPanel(Panel):
     """Bytes and files read per second, per worker, the latest files, data starvation."""
 
     def inputs(self, snap: Snapshot) -> object:
         wait = snap.progress.fetch_frac
         shown = None if wait is None else (f"{wait:.0%}", wait >= STARVED)
-        return (snap.io, shown, snap.progress.ended_at is None)
+        tree = snap.observed.members if snap.observed is not None else None
+        return (snap.io, shown, snap.progress.ended_at is None, tree)
+
+    def watch_snapshot(self, snap: Snapshot) -> None:
+        """A training without telemetry: its process tree is listed here (CPU, memory and
+        reads of each process), and the border says so."""
+        title = "data · processes" if snap.observed is not None else "data"
+        if title != self.border_title:
+            self.border_title = title
+        super().watch_snapshot(snap)
+
+    def _tree_rows(self, members: tuple[Member, ...], io: IoView | None) -> list[Text]:
+        """One row per process of the observed run: PID, role, CPU, memory, reads/s."""
+        reads = {w.pid: w for w in io.workers} if io is not None else {}
+        ended = self.snapshot.progress.ended_at is not None
+        rows = []
+        for m in members:
+            row = Text(no_wrap=True, overflow="ellipsis")
+            row.append(f"  {m.pid:>7} ", style="bold")
+            row.append_text(inert((m.role or m.comm)[:8].ljust(8), style="dim"))
+            row.append(f" {m.cpu_pct:>4.0f}%" if m.cpu_pct is not None else "    –%")
+            row.append(f" {size(m.rss):>9}" if m.rss is not None else "         –", style="dim")
+            w = reads.get(m.pid)
+            if w is not None and w.bytes_per_s is not None and not ended:
+                row.append(f"  {size(w.bytes_per_s)}/s")
+            if m.state in ("D", "T", "t", "Z"):
+                row.append(f"  {PROC_STATE[m.state]}", style="bold #d7af5f")
+            rows.append(row)
+        return rows
 
     def draw(self) -> RenderableType:
         snap = self.snapshot
@@ -641,8 +674,11 @@ class DataPanel(Panel):
             starve.append(f"{wait:.0%} of step time waiting for data", style=style)
             if wait >= STARVED:
                 starve.append(" (starved)", style="bold #ff8700")
+        members = snap.observed.members if snap.observed is not None else ()
         if io is None:
-            return Group(one_line("no read samples yet", style="dim"), starve)
+            tree = self._tree_rows(members, None)
+            lines = [one_line("no read samples yet", style="dim"), starve, *tree]
+            return Group(*lines[: self.rows])
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append("read  ", style="dim")
         if snap.progress.ended_at is not None:  # its reads are over: no current rate
@@ -654,7 +690,9 @@ class DataPanel(Panel):
         if room > 3:
             head.append(sparkline(io.spark, room), style="#5fafff")
         lines += [head, starve]
-        for w in io.workers:
+        if members:  # the process tree, each with its reads: every process, not readers only
+            lines += self._tree_rows(members, io)
+        for w in io.workers if not members else ():
             row = Text(no_wrap=True, overflow="ellipsis")
             if io.ranks > 1:  # torchrun: whose reads
                 row.append(f"  r{w.rank}", style="dim")
@@ -666,7 +704,7 @@ class DataPanel(Panel):
                 row.append(f"  total {size(w.read_total)}", style="dim")
             lines.append(row)
         room_rows = self.rows - len(lines)
-        if io.workers and room_rows < 1:
+        if (io.workers or members) and room_rows < 1:
             lines = lines[: self.rows]
         for f in reversed(io.recent_files[-max(0, room_rows) :] if room_rows > 0 else ()):
             row = Text("  ↳ ", style="dim", no_wrap=True, overflow="ellipsis")
