@@ -66,6 +66,7 @@ from eagle3_tui.telemetry.samplers import (
     dir_contents,
     epoch_of,
     is_complete,
+    training_state,
 )
 from eagle3_tui.telemetry.schema import SCHEMA_VERSION, Kind, to_jsonable
 
@@ -736,6 +737,9 @@ class Observer:
                 "files": files,
                 "inferred": True,
             }
+            state = training_state(path) if path.name.isdigit() else None
+            if state is not None:
+                payload["training_state"] = state  # where the run was: progress
             if path.name == "interrupted":
                 payload["label"] = "interrupted"
             self.sink.write(Kind.CKPT, payload, ts=ts)

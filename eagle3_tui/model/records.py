@@ -134,6 +134,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     duration_s: Number = None
     written_at: Number = None
     """A save seen by polling (``inferred``): its files' newest time on the host."""
+    training_state: dict[str, Any] | None = None
+    """A numbered checkpoint's ``training_state.json`` (``epoch``, ``local_step``,
+    ``global_step``: the steps done), with its ``save_finished`` and ``completed``."""
     complete: bool | None = None
     # gpu
     status: str | None = None

@@ -431,11 +431,20 @@ def _progress(state: RunState, now: float, ended: float | None) -> Progress:
         total = spe * state.epochs_total if state.epochs_total else None
         shown = step_number(step)
         pace_over = "epoch"
+    evidence = bars.at if bars is not None else state.last_train_ts
+    saved = state.saved_progress if state.global_step is None and state.observed else None
+    if saved is not None and (step is None or saved.steps_done - 1 > step):
+        # a checkpoint saved since the last epoch bar (a mid-epoch save) is further on
+        step, epoch, evidence = saved.steps_done - 1, saved.epoch, saved.ts
+        if total:
+            step = min(step, total - 1)  # never beyond the run's own totals
+        if state.epochs_total:
+            epoch = min(epoch, state.epochs_total - 1)
+        shown = step_number(step)
     eta_epoch, eta_run = eta(step, epoch, spe, total, steps_per_s)
     # counted down from the evidence it rests on (the last step's record, the last epoch
     # bar): it froze at its last value through a hang; past its end with no newer
     # evidence it is not known
-    evidence = bars.at if bars is not None else state.last_train_ts
     if ended is None and evidence is not None:
         late = max(0.0, now - evidence)
         eta_epoch, eta_run = _count_down(eta_epoch, late), _count_down(eta_run, late)

@@ -129,6 +129,16 @@ class CkptEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedProgress:
+    """Where a checkpoint says the run was: ``steps_done`` (its ``global_step``), the
+    0-based epoch under way after it, when it was saved."""
+
+    ts: float
+    steps_done: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class IoPoint:
     ts: float
     bytes: float
@@ -213,6 +223,9 @@ class RunState:
     )
     last_io_ts: float | None = None
     ckpt_events: deque[CkptEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    saved_progress: SavedProgress | None = None
+    """The furthest point a checkpoint saved since the trainer started says the run
+    reached (its ``training_state.json``): progress between epoch bars without telemetry."""
     heartbeat: Record | None = None
     last_heartbeat_ts: float | None = None
     rank_heartbeats: dict[int, Record] = field(default_factory=dict)
@@ -843,6 +856,13 @@ class RunState:
             _written_at(rec),
         )
         self.ckpt_events.append(ev)
+        saved = _saved_progress(rec)
+        if saved is not None and (
+            self.saved_progress is None or saved.steps_done > self.saved_progress.steps_done
+        ):
+            started = self.observed.info.started if self.observed is not None else None
+            if started is None or saved.ts >= started:  # not an earlier run's checkpoint
+                self.saved_progress = saved
         if ev.event in ("save_started", "save_progress"):
             since = (
                 self.activity.since if self.activity and self.activity.what == "saving" else rec.ts
@@ -1199,3 +1219,17 @@ def _written_at(rec: Record) -> float | None:
     if not isinstance(at, float | int) or not math.isfinite(at) or rec.ts is None:
         return None
     return float(at) if rec.ts - WRITTEN_AT_WINDOW_S <= at <= rec.ts else None
+
+
+def _saved_progress(rec: Record) -> SavedProgress | None:
+    """A saved checkpoint's ``training_state`` as progress: speculators' ``local_step`` is
+    the steps done in ``epoch``; 0 (an epoch's end) means the next epoch comes."""
+    st = rec.training_state
+    if rec.event not in ("save_finished", "completed") or not isinstance(st, dict):
+        return None
+    steps, epoch, local = st.get("global_step"), st.get("epoch"), st.get("local_step")
+    if not all(type(v) is int and 0 <= v < 1 << 40 for v in (steps, epoch, local)):
+        return None
+    assert isinstance(steps, int) and isinstance(epoch, int) and isinstance(local, int)
+    at = _written_at(rec) or rec.ts
+    return SavedProgress(at, steps, epoch if local > 0 else epoch + 1) if at else None

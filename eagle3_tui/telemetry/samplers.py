@@ -12,6 +12,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import DeviceReading, Nvml, NvmlUnavailable
 from eagle3_tui.telemetry.reads import ReadsReceiver
+from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE, Kind
 
 if TYPE_CHECKING:  # (the agent imports the samplers: standard library only at run time)
@@ -414,6 +416,23 @@ def is_complete(name: str, files: list[str]) -> bool:
     return all(f in files for f in need)
 
 
+def training_state(path: Path) -> dict[str, int] | None:
+    """``epoch``, ``local_step`` and ``global_step`` (the steps done) of a numbered
+    checkpoint's ``training_state.json``, read bounded, never through a link nor from a
+    FIFO (another user may have made the directory); None when not there or not that."""
+    try:
+        raw = read_bounded(path / "training_state.json", 4096, follow=False)
+        state = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    out = {k: state.get(k) for k in ("epoch", "local_step", "global_step")}
+    if not all(type(v) is int and 0 <= v < 1 << 40 for v in out.values()):
+        return None
+    return out  # type: ignore[return-value]
+
+
 def epoch_of(name: str) -> int | None:
     return int(name) if name.isdigit() else None
 
@@ -486,6 +505,9 @@ class CheckpointWatcher:
             "complete": is_complete(path.name, files),
             "files": files,
         }
+        state = training_state(path) if path.name.isdigit() else None
+        if state is not None:
+            fields["training_state"] = state
         if inferred:
             # seen by polling: its start and end are the looks', not the save's (a 15 ms
             # save read "in 2.0 s"); its files' newest time is when it was written
@@ -556,6 +578,10 @@ class CheckpointWatcher:
                 m = _LINK.match(name)
                 if m:
                     nbytes, files = dir_contents(target_path)
+                    extra: dict[str, Any] = {}
+                    state = training_state(target_path) if target_path.name.isdigit() else None
+                    if state is not None:
+                        extra["training_state"] = state
                     self._write(
                         "completed",
                         target_path,
@@ -564,6 +590,7 @@ class CheckpointWatcher:
                         local_step=int(m.group(3)) if m.group(3) else None,
                         bytes=nbytes,
                         complete=is_complete(target_path.name, files),
+                        **extra,
                     )
         self._links = links
 

@@ -159,6 +159,39 @@ def test_progress_and_summary_of_an_observed_run() -> None:
     json.dumps(s)  # JSON-ready
 
 
+def test_a_mid_epoch_checkpoint_moves_the_progress_between_epoch_bars() -> None:
+    """Without telemetry, progress moved only at epoch ends ("step 20/80" for 33 s while
+    the trainer did steps 21-40); a checkpoint saved mid-epoch says where the run is (its
+    training_state.json), never beyond the run's own totals, and an earlier run's
+    checkpoint in the same directory says nothing."""
+    o = Observed()
+    o.feed(o.obs.at(o.t).proc(started=o.started, epochs=5))
+    o.bar(0, 24, 24, elapsed_s=6.0)
+    o.t += 5
+
+    def saved(at: float, epoch: int, local: int, done: int) -> bytes:
+        state = {"epoch": epoch, "local_step": local, "global_step": done}
+        path = f"/work/exp7/checkpoints/{done}"
+        return o.obs.at(at).ckpt("save_finished", path, bytes=9, training_state=state)
+
+    o.feed(saved(o.started - 3600, 3, 10, 82))  # the directory's earlier run: before it began
+    p = build_snapshot(o.run.state, o.t).progress
+    assert (p.step, p.epoch) == (24, 2)  # the bar's: its end, the second epoch under way
+    o.feed(saved(o.t, 1, 12, 36))  # 12 steps into the second epoch
+    p = build_snapshot(o.run.state, o.t + 1).progress
+    assert (p.step, p.global_step, p.epoch, p.total_steps) == (36, 35, 2, 120)
+    assert p.eta_run_s == pytest.approx((120 - 36) / 4.0 - 1)  # from the save's time
+    o.feed(saved(o.t + 2, 1, 0, 48))  # the second epoch's end: the third is under way
+    assert build_snapshot(o.run.state, o.t + 3).progress.epoch == 3
+    o.feed(saved(o.t + 3, 9, 3, 999))  # more than its totals: shown at its end, no further
+    p = build_snapshot(o.run.state, o.t + 4).progress
+    assert (p.step, p.epoch) == (120, 5)
+    bad = {"epoch": "1", "local_step": -1, "global_step": 2**50}
+    o.feed(o.obs.at(o.t + 5).ckpt("save_finished", "/c/7", training_state=bad))
+    assert o.run.state.saved_progress is not None
+    assert o.run.state.saved_progress.steps_done == 999
+
+
 def test_malformed_observed_records_are_counted_and_move_nothing() -> None:
     o = Observed()
     bad = [

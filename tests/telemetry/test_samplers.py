@@ -302,3 +302,39 @@ def test_the_sidecar_reports_a_killed_trainer(tmp_path: Path) -> None:
     if not Path("/proc/driver/nvidia/version").exists():
         assert len(gpu) == 1 and gpu[0]["status"] == "no_driver"  # once, then it stopped
     assert json.loads((run_dir / "run.json").read_text())["sampler_pid"] > 0
+
+
+def test_a_checkpoints_training_state_is_read_safely(tmp_path: Path) -> None:
+    """A save's ``training_state.json`` (where the run was: progress without telemetry)
+    comes with its ``save_finished``; one that is a FIFO, a link or not that JSON is left
+    out, never waited on."""
+    from eagle3_tui.telemetry.samplers import training_state
+
+    good = tmp_path / "3"
+    _save(good)
+    (good / "training_state.json").write_text('{"epoch": 1, "local_step": 12, "global_step": 36}')
+    assert training_state(good) == {"epoch": 1, "local_step": 12, "global_step": 36}
+    fifo = tmp_path / "4"
+    _save(fifo, state=False)
+    os.mkfifo(fifo / "training_state.json")
+    linked = tmp_path / "5"
+    _save(linked, state=False)
+    (linked / "training_state.json").symlink_to(good / "training_state.json")
+    wrong = tmp_path / "6"
+    _save(wrong)  # no global_step
+    started = time.monotonic()
+    assert [training_state(p) for p in (fifo, linked, wrong)] == [None, None, None]
+    assert time.monotonic() - started < 5
+    root = tmp_path / "ckpt"
+    w = JsonlWriter(tmp_path / "m.jsonl", background=False)
+    cw = CheckpointWatcher(w, str(root))
+    cw.sample(time.time())
+    cw.on_message(f"Saving checkpoint to {root / '7'}", time.time())
+    _save(root / "7")
+    (root / "7" / "training_state.json").write_text(
+        '{"epoch": 0, "local_step": 6, "global_step": 6}'
+    )
+    cw.on_message(f"Checkpoint saved to {root / '7'}", time.time())
+    w.close()
+    finished = [r for r in records(tmp_path / "m.jsonl", "ckpt") if r["event"] == "save_finished"]
+    assert finished[0]["training_state"] == {"epoch": 0, "local_step": 6, "global_step": 6}
