@@ -150,3 +150,18 @@ def test_a_save_seen_by_polling_is_timed_by_its_files_and_not_under_way_after_th
     old = lines.ckpt("save_finished", "/r/checkpoints/3", bytes=1, written_at=T0 - 86_400)
     state = run_of(data + late + old).state
     assert [e.when == e.ts for e in list(state.ckpt_events)[-2:]] == [True, True]
+
+
+def test_only_the_checkpoint_best_points_at_is_marked_best() -> None:
+    """Issue 28, item 7: ★ best was on every checkpoint that had ever been the best."""
+    from eagle3_tui.app.widgets.panels import checkpoint_rows
+
+    lines = Lines(t0=T0, dt=1.0)
+    data = b"".join(lines.train(s, 2.0) for s in range(4))
+    for e in range(3):
+        data += lines.ckpt("save_finished", f"/r/checkpoints/{e}", bytes=9, complete=True)
+        if e < 2:  # the third epoch did not beat the second
+            data += lines.ckpt("best", f"/r/checkpoints/{e}")
+    snap = build_snapshot(run_of(data).state, lines.ts, ViewParams())
+    rows = {r.plain.split()[1]: r.plain for r in checkpoint_rows(snap.checkpoints)}
+    assert ["★ best" in rows[f"checkpoints/{e}"] for e in range(3)] == [False, True, False]

@@ -429,7 +429,8 @@ def checkpoint_rows(events: tuple[CkptEvent, ...]) -> list[Text]:
     A save on a signal is told twice (``save_finished``, then ``interrupted`` for the
     same directory): one line, with the save's duration. A directory saved again
     later (``interrupted/`` at each stop) is listed at its latest save."""
-    best = {e.path for e in events if e.event == "best"}
+    # checkpoint_best points at one checkpoint: the one its latest move named
+    best = {next((e.path for e in reversed(events) if e.event == "best"), None)} - {None}
     rows: list[Text] = []
     shown: set[str] = set()
     for i in range(len(events) - 1, -1, -1):
