@@ -317,10 +317,10 @@ class MonitorApp(App[None]):
         running: str | None = "resume: the run is running: nothing to resume (k stops it first)"
         if self._stopped_by_kill:
             running = None  # the kill saw it stop; the stream's word may come later
+        if health == Health.FINISHED:  # with telemetry or without: it ran to its end
+            return "resume: the run finished: nothing to resume"
         if observed is not None:
             return running if observed.alive else None
-        if health == Health.FINISHED:
-            return "resume: the run finished: nothing to resume"
         # the last probe's answer (None: none yet); a run its records say stopped is
         # offered even before the next probe: the dialog asks the host again
         alive = self.pipeline.run.state.process_alive
