@@ -950,6 +950,12 @@ def left_behind_of(tl: Timeline) -> list[dict[str, Any]]:
 # ---- one PID ---------------------------------------------------------------------------
 
 
+STILL_STARTING_S = 120.0
+"""A Python process younger than this may still be importing torch and speculators."""
+WAIT_FOR_START_S = 20.0
+"""How long :func:`describe` looks again at such a process before it says what it is."""
+
+
 def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
     """The training ``pid`` belongs to (a worker or rank names its training), or an
     :class:`AgentError`: ``gone``, ``permission`` or ``not_training``."""
@@ -972,18 +978,39 @@ def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
             f"pid {pid} ({cmd}) belongs to user {who}: eagle3-tui runs as "
             f"{user_name(me)} and cannot read it (connect as {connect})",
         )
-    trainings, seen = scan()
-    for t in trainings:
-        if pid in t.pids:
-            row = _rows([t])[0]
-            note_rows([row])
-            role = next(m["role"] for m in t.members if m["pid"] == pid)
-            if pid != t.trainer.pid:
-                row["named_pid"] = {"pid": pid, "role": role}
-            return row
-    if not argv or not is_python(argv, st.comm):
+    python = bool(argv) and is_python(argv, st.comm)
+    up = procs.uptime()
+    age = None if up is None else up - st.start_ticks / procs.CLK_TCK
+    # a Python process in its first seconds may not have imported speculators yet (the
+    # user opened the monitor right after launching it): looked at again for a while
+    began = time.monotonic()
+    until = began + (
+        min(WAIT_FOR_START_S, STILL_STARTING_S - age)
+        if python and age is not None and age < STILL_STARTING_S
+        else 0.0
+    )
+    while True:
+        trainings, seen = scan()
+        for t in trainings:
+            if pid in t.pids:
+                row = _rows([t])[0]
+                note_rows([row])
+                role = next(m["role"] for m in t.members if m["pid"] == pid)
+                if pid != t.trainer.pid:
+                    row["named_pid"] = {"pid": pid, "role": role}
+                return row
+        if time.monotonic() >= until or not procs.alive(pid, st.start_ticks):
+            break
+        time.sleep(1.0)
+    if not python:
         raise AgentError(
             ERR_NOT_TRAINING, f"pid {pid} ({st.comm}) is not a Python process, not a training"
+        )
+    young = ""
+    if age is not None and age < STILL_STARTING_S:
+        young = (
+            f" (it started {age + time.monotonic() - began:.0f} s ago: a training still "
+            "importing its libraries is not known as one yet; try again shortly)"
         )
     s = seen.get(pid)
     if s is not None and s.torch is False:
@@ -995,7 +1022,7 @@ def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
         )
     raise AgentError(
         ERR_NOT_TRAINING,
-        f"pid {pid} ({' '.join(argv)[:80]}) is not a speculators training: {why}",
+        f"pid {pid} ({' '.join(argv)[:80]}) is not a speculators training: {why}{young}",
     )
 
 

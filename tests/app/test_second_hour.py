@@ -74,8 +74,9 @@ def test_a_silent_run_then_every_key_on_its_end(
     tmux: Tmux,  # noqa: F811
 ) -> None:
     proc = silent_run
-    # opened once it can be told a speculators training (in its first seconds, before it
-    # imported the library, it is refused: a note on the issue)
+    # opened once it can be told a speculators training (in its first seconds the host
+    # looks again for up to 20 s: test_discover; importing under two test workers can
+    # take longer)
     wait_until(lambda: any(t.trainer.pid == proc.pid for t in discover.scan()[0]), 120, "found")
     monitor = [sys.executable, "-m", "eagle3_tui", *sshd.args(), ALIAS, "--pid", str(proc.pid)]
     command = "env -u COLUMNS -u LINES TZ=UTC TERM=xterm-256color " + shlex.join(monitor)

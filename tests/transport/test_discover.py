@@ -501,3 +501,34 @@ async def test_resume_of_a_host_means_its_latest_stopped_run(
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_training_still_importing_is_waited_for_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened right after ``nohup python train.py &`` (issue 28, the second-hour script):
+    the training had not imported speculators yet and was refused, exit 20, "not a
+    speculators training". A young Python process is looked at again until it is known;
+    one that never becomes a training is refused saying how young it is."""
+    need_training()
+    monkeypatch.setattr(discover, "WAIT_FOR_START_S", 90.0)  # returns once it is known
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time\ntime.sleep(3)\nimport torch\nimport speculators.version\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        row = discover.describe(proc.pid)
+        assert row["pid"] == proc.pid, row
+        monkeypatch.setattr(discover, "WAIT_FOR_START_S", 2.0)
+        started = time.monotonic()
+        with pytest.raises(AgentError) as e:
+            discover.describe(other.pid)
+        assert time.monotonic() - started >= 2.0
+        assert "not a speculators training" in str(e.value)
+        assert "s ago: a training still importing its libraries" in str(e.value), e.value
+    finally:
+        for p in (proc, other):
+            p.kill()
+            p.wait()

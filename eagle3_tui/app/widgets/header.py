@@ -148,8 +148,14 @@ def _source(snap: Snapshot) -> str | None:
     return SOURCE_WORDS.get(obs.handler, "metrics from its own handler")
 
 
-WRAP_SLACK = 12
-"""Columns a wrapped line of the banner may leave empty (the word that did not fit)."""
+def banner_text(label: str, sentence: str) -> Text:
+    text = Text()
+    text.append(f" {label} ", style="bold reverse")
+    text.append(" ")
+    text.append_text(inert(sentence))
+    text.no_wrap = False
+    text.overflow = "fold"
+    return text
 
 
 def keep_the_remedy(sentence: str, room: int) -> str:
@@ -227,15 +233,21 @@ class HealthBanner(Static):
             return Text()
         label, sentence, _ = problem
         width = self.content_size.width
-        if width > 0:
-            lines = 2 if self.screen.has_class("-short") else 3
-            # what a word wrap can fit, roughly: a line loses up to a word at its end
-            room = lines * max(20, width - WRAP_SLACK) - len(label) - 3
-            sentence = keep_the_remedy(sentence, room)
-        text = Text()
-        text.append(f" {label} ", style="bold reverse")
-        text.append(" ")
-        text.append_text(inert(sentence))
-        text.no_wrap = False
-        text.overflow = "fold"
-        return text
+        text = banner_text(label, sentence)
+        if width <= 0:
+            return text
+        lines = 2 if self.screen.has_class("-short") else 3
+
+        def fits(t: Text) -> bool:
+            return len(t.wrap(self.app.console, width)) <= lines
+
+        if fits(text) or ". " not in sentence.rstrip():
+            return text  # one sentence (a path, an error): its beginning matters most
+        lo, hi = 30, len(sentence)  # the longest middle cut that fits: its end kept
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(banner_text(label, keep_the_remedy(sentence, mid))):
+                lo = mid
+            else:
+                hi = mid - 1
+        return banner_text(label, keep_the_remedy(sentence, lo))
