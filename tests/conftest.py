@@ -291,6 +291,13 @@ async def wait_until_async(
     return got
 
 
+def interruptible() -> None:
+    """``preexec_fn`` for a child the test will Ctrl-C: SIGINT as a terminal's foreground job
+    has it. A test run started in the background (``… &`` in a script, as CI may be) inherits
+    SIGINT ignored, and so would every child: the SIGINT the test sends would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_a_training_step(run_dir: Path, proc: subprocess.Popen[Any], timeout: float) -> None:
     """Until ``run_dir``'s metrics.jsonl holds a training step; fails at once if
     ``proc`` (the training) ends first."""

@@ -15,7 +15,7 @@ import pytest
 from eagle3_tui.agent import processes
 from eagle3_tui.cli import EXIT_CRASHED, demo_training_command, stop_demo_run
 from eagle3_tui.transport.target import LocalTarget
-from tests.conftest import need_training, read_jsonl, wait_for_a_training_step
+from tests.conftest import interruptible, need_training, read_jsonl, wait_for_a_training_step
 from tests.transport.fakes import dead_pid, fake_manifest
 
 
@@ -190,6 +190,7 @@ def test_interrupting_the_headless_demo_stops_its_training(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state")),
+        preexec_fn=interruptible,
     )
     try:
         wait_for_a_training_step(out, demo, 240)

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from textual.widgets import OptionList
 from textual.widgets._footer import FooterKey
 
@@ -124,11 +125,12 @@ async def test_the_footer_lists_attach_on_a_run_without_telemetry() -> None:
 
 
 async def test_the_picker_hides_gone_runs_and_a_comparison_can_be_picked_again(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ``c`` picker listed runs whose directory is gone; once one was picked, ``c``
     reopened it for good: now ``o`` on the comparison picks another."""
-    state_home = Path(os.environ["XDG_STATE_HOME"])
+    state_home = tmp_path / "state"  # an index of its own: other tests' gone runs are not counted
+    monkeypatch.setenv("XDG_STATE_HOME", str(state_home))
     current, gone, one, two = (tmp_path / n for n in ("cur", "gone", "one", "two"))
     fake_manifest(current, dead_pid(), f"cur-{os.getpid()}")
     for d in (gone, one, two):

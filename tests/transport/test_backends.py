@@ -104,8 +104,9 @@ def test_tensorboard_backend_is_read_and_never_called_silent(
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["a"]["last_step"] == 15 and result["b"]["last_step"] == 71
-    assert result["at_step"] == {"a": 15, "b": 15}
+    assert result["a"]["last_step"] == 16 and result["b"]["last_step"] == 72  # 1-based, as shown
+    assert result["a"]["last_global_step"] == 15 and result["b"]["last_global_step"] == 71
+    assert result["at_step"] == {"a": 16, "b": 16}
     rows = {r["metric"]: r for r in result["rows"]}
     assert {"loss", "full_acc_0", "cond_acc_2", "τ"} <= set(rows)
 

@@ -24,6 +24,7 @@ import pytest
 from eagle3_tui.agent import saving
 from eagle3_tui.transport.channel import Event, LocalHost
 from eagle3_tui.transport.control import format_kill, kill_run
+from tests.conftest import interruptible
 from tests.records import Lines
 from tests.transport.fakes import alive
 
@@ -274,6 +275,7 @@ def test_ctrl_c_during_the_save_wait_leaves_the_kill_to_the_host(tmp_path: Path)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert cli.stderr is not None
