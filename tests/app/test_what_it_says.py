@@ -21,7 +21,7 @@ from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.header import HealthBanner
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
-from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
+from eagle3_tui.app.widgets.plots import TAU_MIN_HEIGHT, AcceptancePlot, LossPlot
 from eagle3_tui.telemetry import nvml
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.replies import RunEntry, RunsReport
@@ -280,6 +280,18 @@ async def test_the_acceptance_chart_scales_accuracies_and_tau_apart_with_a_legen
         assert tau and all(1.3 < t < 1.6 for t in tau)
         legend = str(plot.border_subtitle)
         assert "k=0" in legend and "k=1" in legend and "k=2" in legend and "τ" in legend
+        rows = [m.group() for row in shown.splitlines() if (m := re.match(r"\d+\.\d+", row))]
+        assert rows.index("0.40") < rows.index(max(rows, key=float))  # τ underneath, as help says
+    small = app_with(data)[0]
+    async with small.run_test(size=(80, 24)) as pilot:  # no room for τ's strip: in the table
+        plot, table = small.query_one(AcceptancePlot), small.query_one(AcceptanceTable)
+        await until(pilot, lambda: small.snapshot.global_step == 59, what="step 59")
+        await until(pilot, lambda: small.lines_current and plot.is_current, what="drawn")
+        assert plot.size.height < TAU_MIN_HEIGHT and "τ" not in str(plot.border_subtitle)
+        assert "τ" in "".join(on_screen(small, table)), on_screen(small, table)
+    help_shown_text = await help_shown(False)
+    assert "τ on the right" not in help_shown_text and "τ in a strip" in help_shown_text
+    assert f"underneath where the panel has {TAU_MIN_HEIGHT} rows" in help_shown_text
 
 
 class CountingControl(RunControl):

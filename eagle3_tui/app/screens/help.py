@@ -12,6 +12,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from eagle3_tui.app.widgets.plots import TAU_MIN_HEIGHT
+
 KEYS = (
     ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
     ("r", "resume a stopped or dead run from its latest complete checkpoint; new PID"),
@@ -37,11 +39,13 @@ QUIT_STOPS_RUN = ("q", "quit and stop the demo's run (checkpoint saved; takes a 
 PANELS = (
     ("loss", "train loss per step, raw (grey) and smoothed; per TTT step k (dim, coloured"),
     ("", "as in acceptance); ◆ validation loss per epoch"),
-    ("acceptance", "full accuracy per TTT step (bright), conditional (dim); τ on the right"),
+    ("acceptance", "full accuracy per TTT step (bright), conditional (dim); τ in a strip"),
+    ("", f"underneath where the panel has {TAU_MIN_HEIGHT} rows (always in the TTT table)"),
     ("TTT table", "latest loss, full and conditional accuracy per TTT step; τ and its trend"),
     ("progress", "epoch, step, steps/s, tokens/s, ETA, checkpoints (a save in progress)"),
     ("GPUs", "utilisation and memory bars, power, temperature, utilisation sparkline"),
-    ("data", "bytes and files read per second, per worker, latest files, data starvation"),
+    ("data", "bytes and files read per second, per worker, latest files, data starvation;"),
+    ("", "without telemetry, the training's processes: CPU, memory, reads, stuck states"),
     ("log", "the trainer's messages and lifecycle events; malformed / lost record counts"),
 )
 
