@@ -31,6 +31,7 @@ from typing import Any
 
 from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.inputs import check_input
 from eagle3_tui.agent.logparse import KeyValueBlock, clean, metric_dict
 from eagle3_tui.agent.names import (
     CHOICE_PROCESS,
@@ -1278,8 +1279,7 @@ def op_choose(req: dict[str, Any]) -> int:
         path = os.path.expanduser(str(run_dir))
         if not os.path.exists(path):
             raise AgentError(ERR_MISSING, f"{path}: no such run directory")
-        if not os.path.isdir(path):
-            raise AgentError(ERR_MISSING, f"{path}: not a directory")
+        check_input(path)
         if _is_run_directory(path):
             emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
             return 0

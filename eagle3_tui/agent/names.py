@@ -66,10 +66,11 @@ ERR_MISSING = "missing"  # no such run, file or manifest
 ERR_REFUSED = "refused"  # understood, and refused (resume a running run...)
 # A process named as a target (--pid, a work directory, a host's live run):
 ERR_NOT_TRAINING = "not_training"  # it exists, but is not a speculators training
-ERR_PERMISSION = "permission"  # another user's process, unreadable to this one
+ERR_PERMISSION = "permission"  # another user's process, or an input this user may not read
 ERR_GONE = "gone"  # no such process (it exited, or its PID is another process now)
 ERR_NO_MANIFEST = "no_manifest"  # the run directory exists but has no run manifest
 ERR_NOT_NAMED = "not_named"  # a directory above trainings' own directories: not one of them
+ERR_WRONG_KIND = "wrong_kind"  # a file where a run directory should be, a FIFO as metrics...
 ERROR_KINDS = (
     ERR_INVALID,
     ERR_MISSING,
@@ -79,5 +80,6 @@ ERROR_KINDS = (
     ERR_GONE,
     ERR_NO_MANIFEST,
     ERR_NOT_NAMED,
+    ERR_WRONG_KIND,
 )
 """Every kind an error event may carry (the client's ``replies.ErrorKind`` mirrors it)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.frames import AgentError, emit
+from eagle3_tui.agent.inputs import check_input
 from eagle3_tui.agent.names import (
     ERR_MISSING,
     ERR_NO_MANIFEST,
@@ -104,8 +105,7 @@ def resolve_run_dir(run_dir: str | None) -> Path:
 def check_run_dir(run_dir: Path) -> None:
     if not run_dir.exists():
         raise AgentError(ERR_MISSING, f"{run_dir}: no such run directory")
-    if not run_dir.is_dir():
-        raise AgentError(ERR_MISSING, f"{run_dir}: not a directory")
+    check_input(str(run_dir))
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:

@@ -102,6 +102,7 @@ EXIT_BY_KIND = {
     ErrorKind.GONE: EXIT_GONE,
     ErrorKind.NOT_NAMED: EXIT_NOT_NAMED,
     ErrorKind.REFUSED: EXIT_REFUSED,
+    ErrorKind.WRONG_KIND: EXIT_WRONG_KIND,
 }
 
 

@@ -6,23 +6,19 @@ No textual here.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
-import stat
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from eagle3_tui.agent.diskspace import DiskWatch
+from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
+from eagle3_tui.agent.names import ERR_PERMISSION, ERR_WRONG_KIND
 from eagle3_tui.telemetry.safefs import (
-    O_DIRECTORY,
-    UnsafeFileError,
-    kind_of,
     open_file,
     open_regular,
-    user_name,
 )
-from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE
+from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import (
     Chunk,
     DiskSpace,
@@ -41,73 +37,32 @@ READ_SIZE = 1024 * 1024
 read gets fresh pages from the kernel each time (35 MB read in 5 ms, not 25 ms)."""
 
 
+def _error(problem: BadInputError) -> TargetError:
+    message = printable(str(problem))
+    if problem.kind == ERR_PERMISSION:
+        return NoPermissionError(message)
+    if problem.kind == ERR_WRONG_KIND:
+        return WrongKindError(message)
+    return TargetError(message)
+
+
 def input_error(path: Path, e: OSError) -> TargetError:
     """The one-line error for a local input the system refused with ``e``: no
     permission (:class:`NoPermissionError`, with the mode and owner that refuse it),
     not what it must be (:class:`WrongKindError`: a FIFO, a directory, a link), or
     missing (:class:`TargetError`)."""
-    if isinstance(e, UnsafeFileError):
-        return WrongKindError(printable(str(e)))
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return NoPermissionError(f"{printable(str(path))}: permission denied{_mode(path)}")
-    if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENXIO):
-        return WrongKindError(f"{printable(str(path))}: {e.strerror}")
-    if e.errno == errno.ENOENT:
-        return TargetError(f"{printable(str(path))}: no such file or directory")
-    return TargetError(f"{printable(str(path))}: {e.strerror or e}")
-
-
-def _mode(path: Path) -> str:
-    """`` (mode 000, owner alice)``: what refuses the reader; its directory's, when the
-    file cannot even be seen (nothing when neither can)."""
-    for where, whose in (
-        (path, ""),
-        (path.parent, f"its directory {printable(str(path.parent))}: "),
-    ):
-        try:
-            st = os.stat(where)
-        except OSError:
-            continue
-        return f" ({whose}mode {stat.S_IMODE(st.st_mode):03o}, owner {user_name(st.st_uid)})"
-    return ""
+    return _error(input_problem(str(path), e))
 
 
 def check_local_input(path: Path) -> None:
-    """A local TARGET as this user can read it, before anything is read: the directory
-    may be listed and entered, and its ``run.json`` and ``metrics.jsonl``, where there
-    are any, are regular files this user may open. Raises the one-line error of
-    :func:`input_error` (a ``chmod 000`` anywhere there: no permission, not a
-    traceback); a path that does not exist is left to the reader, which says what it
-    missed."""
+    """A local TARGET as this user can read it, before anything is read (the agent's
+    :func:`~eagle3_tui.agent.inputs.check_input`, which a host's agent does there): a
+    ``chmod 000`` anywhere there is no permission, not a traceback; a path that does not
+    exist is left to the reader, which says what it missed."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise input_error(path, e) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise WrongKindError(f"{printable(str(path))}: is {kind_of(st.st_mode)}, not a directory")
-    try:
-        os.close(os.open(path, os.O_RDONLY | O_DIRECTORY))
-    except OSError as e:
-        raise input_error(path, e) from None
-    for name in (MANIFEST_FILE, METRICS_FILE):
-        file = path / name
-        try:
-            os.lstat(file)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise input_error(path, e) from None  # the directory may not be entered
-        try:
-            os.close(open_regular(file)[0])
-        except FileNotFoundError:
-            raise WrongKindError(
-                f"{printable(str(file))}: is a symbolic link to {printable(os.readlink(file))}, "
-                "which does not exist"
-            ) from None
-        except OSError as e:
-            raise input_error(file, e) from None
+        check_input(str(path))
+    except BadInputError as problem:
+        raise _error(problem) from None
 
 
 def check_run_dir(run_dir: Path) -> Path:

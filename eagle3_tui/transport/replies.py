@@ -37,6 +37,7 @@ class ErrorKind(enum.StrEnum):
     GONE = names.ERR_GONE
     NO_MANIFEST = names.ERR_NO_MANIFEST
     NOT_NAMED = names.ERR_NOT_NAMED
+    WRONG_KIND = names.ERR_WRONG_KIND
     UNKNOWN = "unknown"
 
     @classmethod
