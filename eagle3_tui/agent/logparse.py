@@ -339,25 +339,39 @@ class LineParser:
         metrics = metric_dict(line)
         if metrics is not None:
             return [*out, self._metrics(metrics, line)]
-        figures = bar(line)
+        figures = self._epoch_bar(line)
         if figures is not None:
-            m = _EPOCH_DESC.match(figures["desc"])
-            if m is not None:
-                epoch = m.group(1)
-                seen = self.bars.get(epoch, 0)
-                done = figures["n"] >= figures["total"] > 0
-                # the first bar of an epoch is its training loop, the next its validation
-                phase = "train" if seen == 0 else "val"
-                if done:
-                    self.bars[epoch] = seen + 1
-                    if len(self.bars) > 64:
-                        self.bars.pop(min(self.bars, key=int))
-                figures.pop("desc")
-                figures.update(epoch=int(epoch), phase=phase, done=done)
-                out.append(("progress", {"bar": figures}, None))
+            if figures["done"]:
+                epoch = str(figures["epoch"])
+                self.bars[epoch] = self.bars.get(epoch, 0) + 1
+                if len(self.bars) > 64:
+                    self.bars.pop(min(self.bars, key=int))
+            out.append(("progress", {"bar": figures}, None))
         level, logger, msg, ts = level_of(line)
         out.append(("log", {"level": level, "logger": logger, "msg": msg[:2000]}, ts))
         return out
+
+    def redrawn(self, raw: str) -> dict[str, Any] | None:
+        """The figures of an epoch bar not yet done, from a line being redrawn (a bar a
+        terminal shows, or rich told it is one: ``TTY_COMPATIBLE``/``FORCE_COLOR``, and
+        tqdm always, redraw it after a ``\\r`` at every step, the line ending only with the
+        bar); nothing is counted (the line's end is parsed as any line)."""
+        figures = self._epoch_bar(clean(raw))
+        return figures if figures is not None and not figures["done"] else None
+
+    def _epoch_bar(self, line: str) -> dict[str, Any] | None:
+        """An ``Epoch N`` bar's figures with ``epoch``, ``phase`` (the first bar of an
+        epoch is its training loop, the next its validation) and ``done``."""
+        figures = bar(line)
+        m = _EPOCH_DESC.match(figures["desc"]) if figures is not None else None
+        if figures is None or m is None:
+            return None
+        epoch = m.group(1)
+        figures.pop("desc")
+        done = figures["n"] >= figures["total"] > 0
+        phase = "train" if self.bars.get(epoch, 0) == 0 else "val"
+        figures.update(epoch=int(epoch), phase=phase, done=done)
+        return figures
 
     @staticmethod
     def _metrics(d: dict[str, Any], line: str) -> Parsed:

@@ -78,6 +78,9 @@ CATCH_UP_BYTES = 4 << 20
 """A log's first read starts at most this far from its end (its last lines matter)."""
 READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
+REDRAWN_BYTES = 8192
+"""How much of a line being written is looked at for a bar's last drawing (a drawing is
+~100-300 bytes with its colours; a line of an epoch's drawings may be megabytes)."""
 MAX_ROUND_ROWS = 200_000
 """Rows of a tracker's store read per round (a long history is read over rounds)."""
 """Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
@@ -201,6 +204,8 @@ class LogFollower(_Followed):
         """When the log last changed (a one-shot look sees growth from before it)."""
         self._catch_up_to = -1
         self._catch_up_ts = 0.0
+        self._drawn: tuple[int, str, int, int] | None = None
+        """The redrawn bar last sent (each is sent once)."""
 
     def poll(self, now: float) -> None:
         fresh = self.identity is None
@@ -231,8 +236,35 @@ class LogFollower(_Followed):
                     self._lines(data[: cut + 1], now)
                     self.offset += cut + 1
                     read += cut + 1
+                if self.offset < st.st_size and read < MAX_ROUND_BYTES:
+                    self._redrawn(f, st, now)
         except OSError:
             return
+
+    def _redrawn(self, f: Any, st: os.stat_result, now: float) -> None:
+        """The line being written, when it is a bar redrawn after each ``\\r``: its
+        latest drawing, once per change (per-step progress between the epoch ends; read
+        from its last :data:`REDRAWN_BYTES`). A drawing being written does not parse (a
+        bar's figures end it): the one before it is taken."""
+        start = max(self.offset, st.st_size - REDRAWN_BYTES)
+        f.seek(start)
+        drawings = f.read(st.st_size - start).split(b"\r")
+        if len(drawings) < 2:
+            return  # no redrawing: a line being written
+        if start > self.offset:
+            drawings = drawings[1:]  # the first may be cut by the window
+        figures = None
+        for drawing in [d for d in drawings if d.strip()][-3:][::-1]:
+            figures = self.parser.redrawn(drawing.decode("utf-8", "replace"))
+            if figures is not None:
+                break
+        if figures is None:
+            return
+        key = (figures["epoch"], figures["phase"], figures["n"], figures["total"])
+        if key != self._drawn:
+            self._drawn = key
+            stamp = self._catch_up_ts if st.st_size <= self._catch_up_to else now
+            self.sink.write(Kind.PROGRESS, {"bar": figures}, ts=stamp)
 
     def _line_start(self, at: int) -> int:
         try:

@@ -967,6 +967,13 @@ class RunState:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             self._bad_payload(rec, f"progress: {e}")
             return
+        last = self.bars[-1].bar if self.bars else None
+        if (
+            last is not None
+            and not last.done
+            and (last.epoch, last.phase) == (bar.epoch, bar.phase)
+        ):
+            self.bars.pop()  # a bar redrawn at each step: its latest drawing stands for it
         self.bars.append(BarSeen(rec.ts, bar))
 
     # ---- queries ------------------------------------------------------------

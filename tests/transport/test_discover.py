@@ -183,6 +183,66 @@ def test_the_log_resumes_at_the_cursor_without_loss_or_duplicates(tmp_path: Path
     assert [b.bar.epoch for b in state.bars] == [i for i in range(60) if i % 7 == 0]
 
 
+def test_a_bar_redrawn_on_its_line_moves_the_progress_at_every_step(tmp_path: Path) -> None:
+    """A bar the library draws as on a terminal (rich told it is one: ``TTY_COMPATIBLE``,
+    ``FORCE_COLOR``; under ``script``/tmux with ``tee``): each step redraws it after a
+    ``\\r`` and the line ends only with the epoch. Progress moved only then; now each
+    drawing is a progress record as it comes, once, and the model's step follows it."""
+    import warnings
+
+    from rich.console import Console
+    from tqdm.rich import tqdm  # type: ignore[import-untyped]  # speculators' bar
+
+    from eagle3_tui.model.observed import bar_progress
+
+    log = tmp_path / "train.log"
+    out: list[bytes] = []
+    follower = observe.LogFollower(
+        str(log), observe.FrameSink("log-1-2", out, 0), logparse.LineParser()
+    )
+    run = Run()
+    fed = 0
+    steps: list[int | None] = []
+    sent: list[int] = []  # bars sent per look
+
+    def look() -> None:
+        nonlocal fed
+        follower.poll(time.time())
+        data = b"".join(out)
+        out.clear()
+        sent.append(data.count(b'"bar":'))
+        run.feed(fed, data)
+        fed += len(data)
+
+    with open(log, "w") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tqdm.rich is "experimental"
+        console = Console(file=f, force_terminal=True, width=120)
+        for epoch in (0, 1):
+            options = {"console": console, "auto_refresh": False}
+            bar = tqdm(total=5, desc=f"Epoch {epoch}", options=options)
+            for _ in range(5):
+                bar.update(1)
+                bar.refresh()
+                bar._prog.refresh()  # the drawing rich's thread makes ten times a second
+                f.flush()
+                look()
+                look()  # a second look at the same drawing sends nothing
+                progress = bar_progress(run.state)
+                steps.append(None if progress is None else progress.step)
+            bar.close()  # the line ends: the epoch's bar, done
+            f.write("a log line\n")
+            f.flush()
+            look()
+    # each step seen as it is drawn (the fifth is the done bar, whole when the line ends)
+    assert steps == [0, 1, 2, 3, 3, 5, 6, 7, 8, 8], steps
+    # once per drawing; the second look at it, nothing; the line's end, the done bar
+    assert sent == ([1, 0] * 4 + [0, 0, 1]) * 2, sent
+    drawn = [(b.bar.epoch, b.bar.n, b.bar.done) for b in run.state.bars]
+    assert drawn == [(0, 5, True), (1, 5, True)], drawn  # the drawings of a bar, its last
+    final = bar_progress(run.state)
+    assert final is not None and final.step == 9
+
+
 def test_agent_modules_parse_as_python_3_8() -> None:
     """The agent runs on whatever python3 the host has (3.8 and later)."""
     root = Path(eagle3_tui.__file__).parent
