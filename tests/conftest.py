@@ -59,6 +59,15 @@ MYPY_TEST = "tests/test_lint.py::test_mypy_strict"
 _mypy: dict[str, Any] = {}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with real trainings (a ``slow`` test) first, each file's tests in their
+    order: with ``-n 2 --dist loadfile`` a file is handed to a worker as a whole, in this
+    order, and a two-minute file handed out last kept one worker busy minutes after the
+    other had finished (the suite's wall time is what CI is allowed)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the rest keeps its order
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """mypy (strict) takes about a minute of one core; most of the suite waits on real
     trainings with a core to spare, so mypy starts once the tests are collected, at the

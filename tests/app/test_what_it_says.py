@@ -180,7 +180,8 @@ async def test_the_silent_banner_keeps_its_cause_and_remedy(size: tuple[int, int
     async with app.run_test(size=size) as pilot:
         await until(pilot, lambda: app.snapshot.health.value == "silent", what="silent")
         banner = app.query_one(HealthBanner)
-        await until(pilot, lambda: "telemetry." in text_of(banner), what="the remedy")
+        # on the screen, not a fresh render: the banner laid out for what it says now
+        await until(pilot, lambda: "telemetry." in "".join(on_screen(app, banner)), what="remedy")
         shown = " ".join(text_of(banner).split())
         reason = app.snapshot.diagnosis.reason
         assert shown.endswith("restart it with telemetry."), shown
