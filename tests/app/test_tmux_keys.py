@@ -175,6 +175,23 @@ def test_every_key_on_a_live_demo(
     s.close("started: pid")
     s.hold(lambda sc: main(sc) and new_pid.group(1) in sc, "the resumed run", refreshes=4)
 
+    # the same live run at 80x24 (issue 28): the header's words, a chart, keys that act
+    s.tmux.run("resize-window", "-x", "80", "-y", "24")
+    small = s.wait(lambda sc: max(map(len, sc.splitlines())) <= 80 and main(sc), "80x24")
+    steps_before = step_of(small)
+    assert steps_before is not None, small
+    assert "loss ·" in small and "Traceback" not in small, small
+    s.press("l")
+    s.hold(lambda sc: main(sc) and "· log" in sc, "the log scale at 80x24")
+    s.press("l")
+    s.hold(lambda sc: main(sc) and "· log" not in sc, "the linear scale at 80x24")
+    s.press("?")
+    s.hold(lambda sc: "keys and panels" in sc, "the help at 80x24")
+    s.close("keys and panels")
+    later = s.hold(main, "the main screen at 80x24")
+    moved = s.wait(lambda sc: (step_of(sc) or 0) > steps_before, "steps going on at 80x24")
+    assert len(later.splitlines()) <= 24 and "RUNNING" in moved
+
     # quit: the demo says what it does while it stops its run, then exits 0
     s.press("q")
     bye = s.wait(lambda sc: "EXIT=" in sc, "the demo to exit", 120)
