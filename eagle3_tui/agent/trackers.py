@@ -112,11 +112,28 @@ def _query(path: str, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def _finite(value: Any) -> float | None:
+_NOT_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""How trackio keeps a non-finite value (JSON has none)."""
+MLFLOW_MAX = 1.7976931348623157e308
+"""What MLflow's database keeps for ±inf (a NaN is ``is_nan`` with 0)."""
+
+
+def _number(value: Any) -> float | None:
+    """A metric's value, non-finite ones too (a diverged loss is what is to be seen)."""
+    if isinstance(value, str):
+        return _NOT_FINITE.get(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    v = float(value)
-    return v if math.isfinite(v) else None
+    return float(value)
+
+
+def _mlflow_value(value: Any, is_nan: Any) -> float | None:
+    if is_nan:
+        return math.nan
+    v = _number(value) if not isinstance(value, str) else None
+    if v is not None and abs(v) == MLFLOW_MAX:
+        return math.copysign(math.inf, v)
+    return v
 
 
 def _iso_seconds(text: Any) -> float | None:
@@ -187,7 +204,7 @@ class TrackioStore(Store):
             return None
         if not isinstance(flat, dict):
             return None
-        pairs = [(str(k), v) for k, v in flat.items() if _finite(v) is not None]
+        pairs = [(str(k), n) for k, v in flat.items() if (n := _number(v)) is not None]
         return tracked_dict(pairs, step if isinstance(step, int) else None)
 
 
@@ -217,8 +234,9 @@ class MlflowStore(Store):
                 group = []
             at = (stamp, step)
             last = int(rid)
-            if not is_nan and _finite(value) is not None and isinstance(key, str):
-                group.append((key, float(value)))
+            number = _mlflow_value(value, is_nan)
+            if number is not None and isinstance(key, str):
+                group.append((key, number))
         if at is not None and len(rows) < ROWS_PER_READ:  # a log_metrics commits whole
             self._emit(group, at, out)
             done = last
@@ -261,7 +279,7 @@ class MlrunsStore(Store):
                 except (ValueError, IndexError):
                     self.skipped += 1
                     continue
-                if math.isfinite(value) and 0 <= step < 10**7:
+                if 0 <= step < 10**7:  # nan and inf too: MLflow writes them as such
                     groups.setdefault((stamp, step), []).append((key, value))
         out: list[Metric] = []
         newest = max(groups, default=None) if time.time() - changed < SETTLED_S else None
