@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.widgets import OptionList
@@ -52,11 +53,16 @@ async def test_resume_on_a_finished_run_says_why_not_and_is_dimmed() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
         await pilot.pause(0.1)
-        await pilot.press("r")
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, ControlDialog)
-        assert any("finished: nothing to resume" in m for m in said(app)), said(app)
+        await says_why(app, pilot, "r", "finished: nothing to resume")
         assert footer_keys(app).get("r") is False  # listed, dimmed
+
+
+async def says_why(app: MonitorApp, pilot: Any, key: str, words: str) -> None:
+    """``key`` opens no dialog and says ``words`` in a notice."""
+    await pilot.press(key)
+    await pilot.pause(0.1)
+    assert not isinstance(app.screen, ControlDialog)
+    assert any(words in m for m in said(app)), said(app)
 
 
 async def test_resume_on_a_running_run_says_it_runs() -> None:
@@ -64,10 +70,7 @@ async def test_resume_on_a_running_run_says_it_runs() -> None:
     app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts])
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
-        await pilot.press("r")
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, ControlDialog)
-        assert any("is running: nothing to resume" in m for m in said(app)), said(app)
+        await says_why(app, pilot, "r", "is running: nothing to resume")
 
 
 async def test_resume_on_a_stopped_run_with_a_checkpoint_acts() -> None:
@@ -85,10 +88,7 @@ async def test_kill_on_a_finished_run_says_it_ended() -> None:
     app, _ = app_with(finished_run(), control=FakeControl(alive=False))
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.snapshot.health == Health.FINISHED, what="finished")
-        await pilot.press("k")
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, ControlDialog)
-        assert any("finished: nothing to kill" in m for m in said(app)), said(app)
+        await says_why(app, pilot, "k", "finished: nothing to kill")
 
 
 async def test_attach_on_a_run_with_telemetry_offers_nothing() -> None:

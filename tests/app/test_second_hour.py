@@ -119,9 +119,6 @@ def test_a_silent_run_then_every_key_on_its_end(
         "a": "attach: the training",
         "e": "export: no per-step",
     }
-    for key, why in words.items():
-        tmux.keys(key)
-        tmux.wait(shows(why), 20, f"{key}: {why}")
     views = {  # the plot keys: the titles say what they set
         "l": "· log",
         "s": "smoothing 0.9",
@@ -129,9 +126,9 @@ def test_a_silent_run_then_every_key_on_its_end(
         "]": "all steps",
         "p": "PAUSED",
     }
-    for key, title in views.items():
+    for key, shown in {**words, **views}.items():
         tmux.keys(key)
-        tmux.wait(shows(title), 20, f"{key}: {title!r}")
+        tmux.wait(shows(shown), 20, f"{key}: {shown!r}")
     tmux.keys("p")
     tmux.wait(lambda s: "PAUSED" not in s, 20, "running again")
     screens = {
