@@ -78,12 +78,12 @@ CATCH_UP_BYTES = 4 << 20
 """A log's first read starts at most this far from its end (its last lines matter)."""
 READ_BYTES = 1 << 20
 MAX_ROUND_BYTES = 8 << 20
+"""Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 REDRAWN_BYTES = 8192
 """How much of a line being written is looked at for a bar's last drawing (a drawing is
 ~100-300 bytes with its colours; a line of an epoch's drawings may be megabytes)."""
 MAX_ROUND_ROWS = 200_000
 """Rows of a tracker's store read per round (a long history is read over rounds)."""
-"""Log bytes parsed per round at most: a huge backlog does not stall the samplers."""
 FIND_CKPT_EVERY = 5
 """Rounds between looks for a checkpoint directory while none is known."""
 FIND_EVENTS_EVERY = 5
