@@ -21,7 +21,6 @@ from eagle3_tui.telemetry.safefs import (
     O_DIRECTORY,
     UnsafeFileError,
     kind_of,
-    open_regular,
     user_name,
 )
 from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE
@@ -62,7 +61,9 @@ def input_problem(path: str, e: OSError) -> BadInputError:
 
 def check_input(path: str) -> None:
     """``path`` as this user can read it, or :class:`BadInputError`. Nothing is read but
-    the directory's entry and two files' modes; no file is left open."""
+        the directory's entry and two files' modes and permissions; no file is opened (a link
+    another user planted in a shared directory may name a device whose open does
+    something, and the agent may be root)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -84,7 +85,7 @@ def check_input(path: str) -> None:
         except OSError as e:
             raise input_problem(path, e) from None  # the directory may not be entered
         try:
-            os.close(open_regular(file)[0])
+            st = os.stat(file)  # never opened: a link another user planted may name a device
         except FileNotFoundError:
             raise BadInputError(
                 ERR_WRONG_KIND,
@@ -92,6 +93,12 @@ def check_input(path: str) -> None:
             ) from None
         except OSError as e:
             raise input_problem(file, e) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInputError(
+                ERR_WRONG_KIND, f"{file}: is {kind_of(st.st_mode)}, not a regular file"
+            )
+        if not os.access(file, os.R_OK):
+            raise input_problem(file, PermissionError(errno.EACCES, "permission denied"))
 
 
 def _link(path: str) -> str | None:

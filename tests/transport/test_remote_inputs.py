@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import need
 from tests.test_second_hour_cli import (
     EXIT_MISSING,
@@ -109,3 +111,33 @@ def test_a_chmod_000_input_on_a_host_is_one_line_and_21(sshd: Sshd, tmp_path: Pa
             assert f"{ALIAS}:{path}: permission denied (mode 000, owner root)" in err, err
     finally:
         closed.chmod(0o755)
+
+
+def test_the_check_opens_no_file_a_link_names(tmp_path: Path) -> None:
+    """The check runs in the agent, maybe as root in another user's directory: a
+    metrics.jsonl planted as a link to a device must not be opened (a device's open may act).
+    A FIFO stands for it here: a writer waiting for a reader is released by any open."""
+    import threading
+
+    from eagle3_tui.agent.inputs import BadInputError, check_input
+
+    fifo = tmp_path / "device"
+    os.mkfifo(fifo)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").symlink_to(fifo)
+    opened = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb"):  # blocks until a reader opens the FIFO
+            opened.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(BadInputError, match="is a FIFO, not a regular file"):
+            check_input(str(run_dir))
+        assert not opened.wait(0.5), "the check opened what the link names"
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the writer
+        thread.join(5)
