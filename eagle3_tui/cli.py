@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from eagle3_tui import __version__
+from eagle3_tui import __version__, exits
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
 from eagle3_tui.model.inert import json_ascii, printable
 from eagle3_tui.transport.base import TargetError
@@ -37,12 +37,7 @@ if TYPE_CHECKING:
     from eagle3_tui.transport.replies import SaveWait, SaveWaitReport, Status
     from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target
 
-# Exit statuses (documented in the README).
-EXIT_OK = 0
-EXIT_ERROR = 2  # usage, missing run, unreachable target
-EXIT_REFUSED = 9  # kill/resume refused: nothing done (see transport/control.py)
-EXIT_CRASHED = 1  # the monitor stopped on an error (its traceback is printed)
-# 21 and 25 (transport/control.py): a local input this user may not read, or of the wrong
+# 21 and 25 (eagle3_tui/exits.py): a local input this user may not read, or of the wrong
 # kind; every command that reads a run says them in its help, in these words:
 INPUT_EXITS = (
     "21 no permission (a run directory, its metrics.jsonl or run.json this user may not "
@@ -61,7 +56,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         say(f"{self.prog}: {message} (see {self.prog} --help)", err=True)
-        raise SystemExit(EXIT_ERROR)
+        raise SystemExit(exits.ERROR)
 
 
 def process_id(text: str) -> int:
@@ -433,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _command(args)
     except BrokenPipeError:  # argparse's own writes (--help, usage) into a closed pipe
         _drop_output(sys.stdout)
-        return EXIT_OK
+        return exits.OK
     finally:
         for stream in (sys.stdout, sys.stderr):  # argparse's help is printed unflushed
             try:
@@ -467,7 +462,7 @@ def _command(args: list[str]) -> int:
                 raise TargetError(not_a_command(args[1], commands) or f"{args[1]}: no such command")
             else:
                 build_monitor_parser().print_help()
-            return EXIT_OK
+            return exits.OK
         mistyped = not_a_command(args[0], commands) if args else None
         if mistyped is not None:
             raise TargetError(mistyped)
@@ -478,7 +473,7 @@ def _command(args: list[str]) -> int:
         say(f"eagle3-tui: {printable(str(e))}", err=True)
         return exit_status_of(e)
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 def not_a_command(word: str, commands: Collection[str]) -> str | None:
@@ -712,7 +707,7 @@ def load_any(target: Target, label: str, pid: int | None = None) -> tuple[Run, f
 
 
 def cmd_summary(ns: argparse.Namespace) -> int:
-    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+    from eagle3_tui.model.summary import format_text, summarize
 
     target = cli_target(ns)
     run, now = load_any(target, ns.target or f"pid {ns.pid}", ns.pid)
@@ -721,7 +716,7 @@ def cmd_summary(ns: argparse.Namespace) -> int:
         say_json(json.dumps(summary, indent=None, sort_keys=False))
     else:
         say(format_text(summary))
-    return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
+    return exits.BY_HEALTH.get(summary["health"], exits.OK)
 
 
 # ---- compare ------------------------------------------------------------------
@@ -770,7 +765,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         say_json(json.dumps(comparison_json(result)))
     else:
         say(format_comparison(result))
-    return EXIT_OK
+    return exits.OK
 
 
 def same_place(a: Target, b: Target) -> str | None:
@@ -871,7 +866,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
 
             row = await choose_live(chosen)
             if row is None:
-                return EXIT_OK
+                return exits.OK
             note = f"picked among {note}"
         export_dir: Path | None = None
         if row is not None and not row.run_dir:  # a training without telemetry
@@ -993,12 +988,12 @@ def local_export_dir(run_dir: Path) -> Path:
 
 
 def app_exit_status(app: Any) -> int:
-    """0 after a quit; EXIT_CRASHED when the monitor stopped on an error (Textual has
+    """0 after a quit; exits.CRASHED when the monitor stopped on an error (Textual has
     printed the traceback), with one line saying so: a crash never exits 0."""
     if app.return_code:
         say("eagle3-tui: the monitor stopped on an error (traceback above)", err=True)
-        return EXIT_CRASHED
-    return EXIT_OK
+        return exits.CRASHED
+    return exits.OK
 
 
 # ---- kill, resume, runs -------------------------------------------------------
@@ -1180,7 +1175,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
         say_json(to_json(result))
     else:
         say(control.format_discovered(result))
-    return EXIT_OK
+    return exits.OK
 
 
 # ---- attach -------------------------------------------------------------------
@@ -1194,11 +1189,11 @@ def build_attach_parser() -> argparse.ArgumentParser:
             "without restarting it: shows what will be done, asks, then has the trainer's "
             "own interpreter attach it at a safe point of its main thread (CPython 3.8-3.13: "
             "eagle3-tui's own injector on x86-64 Linux with glibc, else gdb; 3.14+: "
-            "sys.remote_exec). Exit status: 0 attached, 1 not confirmed, 10 attached "
-            "already, 11 queued (the main thread is in C code), 12 no such process, 13 no "
-            "permission (or another tracer holds it), 14 not a CPython speculators training, "
-            "15 no way in (the injector cannot go there and no usable gdb; remote debugging "
-            "disabled on 3.14+), 16 failed, 17 which process (give --pid), 2 error."
+            "sys.remote_exec). Exit status: 0 attached, 2 error, 21 no permission (or "
+            "another tracer holds it), 22 no such process, 30 not confirmed, 31 attached "
+            "already, 32 queued (the main thread is in C code), 33 not a CPython speculators "
+            "training, 34 no way in (the injector cannot go there and no usable gdb; remote "
+            "debugging disabled on 3.14+), 35 failed, 36 which process (give --pid)."
         ),
     )
     p.add_argument(
@@ -1257,7 +1252,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     result = asyncio.run(control.on_host(target, attach))
     if result is None:
         say("eagle3-tui: not confirmed: nothing done", err=True)
-        return control.EXIT_DECLINED
+        return exits.DECLINED
     if ns.json:
         say_json(to_json(result))
     else:
@@ -1353,7 +1348,7 @@ def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) 
     status too) and, on stderr, where the run is. Ctrl-C, a closed terminal (SIGHUP) or
     SIGTERM stop the training as well (it runs in a session of its own, which they do
     not reach): exit status 130."""
-    from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+    from eagle3_tui.model.summary import format_text, summarize
     from eagle3_tui.transport.target import LocalTarget
 
     def interrupted(signum: int, frame: object) -> None:
@@ -1368,7 +1363,7 @@ def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) 
     except KeyboardInterrupt:
         stop_demo_run(target, proc)
         say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
-        return 130
+        return exits.INTERRUPTED
     if rc != 0:
         say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
         return rc
@@ -1376,7 +1371,7 @@ def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) 
     summary = summarize(run.state, now)
     say(format_text(summary))
     say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
-    return EXIT_BY_HEALTH.get(summary["health"], EXIT_OK)
+    return exits.BY_HEALTH.get(summary["health"], exits.OK)
 
 
 def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:

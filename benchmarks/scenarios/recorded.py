@@ -15,8 +15,9 @@ from typing import Any
 
 from benchmarks.scenarios.timeline import Timeline
 from eagle3_tui.app.pipeline import Pipeline
+from eagle3_tui.exits import BY_HEALTH as EXIT_BY_HEALTH
 from eagle3_tui.model.snapshot import ViewParams
-from eagle3_tui.model.summary import EXIT_BY_HEALTH, summarize
+from eagle3_tui.model.summary import summarize
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.replay import ReplayTransport
 

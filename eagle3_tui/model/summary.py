@@ -19,20 +19,6 @@ from eagle3_tui.model.stack import stuck_json
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import clock, duration, size
 
-# Exit statuses of `eagle3-tui summary` by health (README documents them).
-EXIT_BY_HEALTH = {
-    "waiting": 0,
-    "running": 0,
-    "finished": 0,
-    "silent": 3,
-    "stalled": 4,
-    "dead": 5,
-    "diverged": 6,  # also a run that finished or was stopped after its loss diverged
-    "stopped": 7,
-    "unreadable": 10,  # no valid record in the file, only malformed lines
-    "disk_full": 11,  # no record for a while, and no room on the run's filesystem
-}
-
 
 def _num(x: float | None) -> float | str | None:
     if x is None:

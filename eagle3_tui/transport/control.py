@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from eagle3_tui import exits
 from eagle3_tui.agent.names import (
     COLUMNS_WANTED,
     COMPRESS_ZLIB,
@@ -73,50 +74,34 @@ from eagle3_tui.transport.target import LocalTarget, SshTarget, Target
 
 T = TypeVar("T")
 
-# Exit statuses of kill and resume (documented in the README).
-EXIT_OK = 0
-EXIT_ERROR = 2
-EXIT_INCOMPLETE = 8  # done, but processes of the run remain / the resumed run died at once
-EXIT_REFUSED = 9  # nothing done: the PID is another process now, no complete checkpoint...
-
 KILL_EXIT = {
-    "stopped": EXIT_OK,
-    "not_running": EXIT_OK,
-    "refused": EXIT_REFUSED,
-    "error": EXIT_ERROR,
+    "stopped": exits.OK,
+    "not_running": exits.OK,
+    "refused": exits.REFUSED,
+    "error": exits.ERROR,
 }
 
-# Exit statuses when a target names a process (--pid, a work directory, a host's live
-# training), for every command (documented in the README).
-EXIT_NOT_TRAINING = 20  # the PID is not a speculators training
-EXIT_PERMISSION = 21  # another user's process, unreadable to the SSH user
-EXIT_GONE = 22  # no such process: it exited (meanwhile)
-EXIT_SEVERAL = 23  # several live trainings and no --pid (headless)
-EXIT_NOT_NAMED = 24  # a directory above trainings' own directories: the candidates listed
-# Exit statuses of a local input that cannot be read as it is (every command that reads a
-# run; documented in each command's help): 21 no permission, as for another user's process
-EXIT_WRONG_KIND = 25  # a file where a run directory should be, a FIFO/directory/dangling link
 EXIT_BY_KIND = {
-    ErrorKind.NOT_TRAINING: EXIT_NOT_TRAINING,
-    ErrorKind.PERMISSION: EXIT_PERMISSION,
-    ErrorKind.GONE: EXIT_GONE,
-    ErrorKind.NOT_NAMED: EXIT_NOT_NAMED,
-    ErrorKind.REFUSED: EXIT_REFUSED,
-    ErrorKind.WRONG_KIND: EXIT_WRONG_KIND,
+    ErrorKind.NOT_TRAINING: exits.NOT_TRAINING,
+    ErrorKind.PERMISSION: exits.PERMISSION,
+    ErrorKind.GONE: exits.GONE,
+    ErrorKind.NOT_NAMED: exits.NOT_NAMED,
+    ErrorKind.REFUSED: exits.REFUSED,
+    ErrorKind.WRONG_KIND: exits.WRONG_KIND,
 }
 
 
 def exit_status_of(error: TargetError) -> int:
     """The exit status an error stands for: by the agent's kind, else the generic one."""
     if isinstance(error, SeveralRunsError):
-        return EXIT_SEVERAL
+        return exits.SEVERAL
     if isinstance(error, NoPermissionError):
-        return EXIT_PERMISSION
+        return exits.PERMISSION
     if isinstance(error, WrongKindError):
-        return EXIT_WRONG_KIND
+        return exits.WRONG_KIND
     if isinstance(error, AgentAnswerError):
-        return EXIT_BY_KIND.get(error.kind, EXIT_ERROR)
-    return EXIT_ERROR
+        return EXIT_BY_KIND.get(error.kind, exits.ERROR)
+    return exits.ERROR
 
 
 class SeveralRunsError(TargetError):
@@ -526,13 +511,13 @@ def merge_results(op: str, results: list[tuple[str, Report]]) -> Report:
 
 
 def kill_exit_status(result: KillReport) -> int:
-    return KILL_EXIT.get(result.status, EXIT_INCOMPLETE)
+    return KILL_EXIT.get(result.status, exits.INCOMPLETE)
 
 
 def resume_exit_status(result: ResumeReport) -> int:
     if result.status == "started":
-        return EXIT_OK
-    return {"refused": EXIT_REFUSED, "error": EXIT_ERROR}.get(result.status, EXIT_INCOMPLETE)
+        return exits.OK
+    return {"refused": exits.REFUSED, "error": exits.ERROR}.get(result.status, exits.INCOMPLETE)
 
 
 def format_progress(ev: Event) -> str | None:
@@ -943,34 +928,23 @@ def no_runs_error(result: DiscoverReport, label: str) -> TargetError:
 
 # ---- attach -----------------------------------------------------------------------
 
-# Exit statuses of `attach` (documented in the README), by the agent's status or reason.
-EXIT_DECLINED = 1  # the person answered no: nothing done
-EXIT_ALREADY = 10  # telemetry is attached already: nothing changed
-EXIT_QUEUED = 11  # injected; runs when the trainer's main thread next runs Python
-EXIT_NO_PROCESS = 12  # no such process (exited), or the PID is another process now
-EXIT_NO_PERMISSION = 13  # another user, ptrace_scope, no CAP_SYS_PTRACE, another tracer
-EXIT_NOT_ATTACHABLE = 14  # not CPython 3.8+, not a training, no Trainer found inside
-EXIT_MISSING_TOOL = 15  # no way in: the injector cannot go there and gdb is missing or
-# unusable here (3.8-3.13); remote debugging disabled (3.14+)
-EXIT_ATTACH_FAILED = 16  # the injection or the attach inside failed (traceback shown)
-EXIT_CHOOSE = 17  # no --pid, and not exactly one training on the host
-
+# Exit statuses of `attach` by the agent's status or reason (eagle3_tui/exits.py).
 ATTACH_EXIT = {
-    "gone": EXIT_NO_PROCESS,
-    "reused": EXIT_NO_PROCESS,
-    "permission": EXIT_NO_PERMISSION,
-    "traced": EXIT_NO_PERMISSION,
-    "not_python": EXIT_NOT_ATTACHABLE,
-    "unsupported": EXIT_NOT_ATTACHABLE,
-    "not_trainer": EXIT_NOT_ATTACHABLE,
-    "no_gdb": EXIT_MISSING_TOOL,
-    "gdb_unusable": EXIT_MISSING_TOOL,
-    "remote_debug_off": EXIT_MISSING_TOOL,
-    "already": EXIT_ALREADY,
-    "queued": EXIT_QUEUED,
-    "run_dir": EXIT_ERROR,
-    "choose": EXIT_CHOOSE,
-    "failed": EXIT_ATTACH_FAILED,
+    "gone": exits.GONE,
+    "reused": exits.GONE,
+    "permission": exits.PERMISSION,
+    "traced": exits.PERMISSION,
+    "not_python": exits.NOT_ATTACHABLE,
+    "unsupported": exits.NOT_ATTACHABLE,
+    "not_trainer": exits.NOT_ATTACHABLE,
+    "no_gdb": exits.NO_WAY_IN,
+    "gdb_unusable": exits.NO_WAY_IN,
+    "remote_debug_off": exits.NO_WAY_IN,
+    "already": exits.ALREADY,
+    "queued": exits.QUEUED,
+    "run_dir": exits.ERROR,
+    "choose": exits.WHICH_PROCESS,
+    "failed": exits.ATTACH_FAILED,
 }
 
 
@@ -1030,11 +1004,11 @@ async def attach_run(
 def attach_exit_status(result: AttachPlan | AttachResult) -> int:
     status = result.status
     if status in ("attached", "plan"):
-        return EXIT_OK
+        return exits.OK
     if status in ("already", "queued"):
         return ATTACH_EXIT[status]
     reason = result.reason if isinstance(result, AttachResult) else None
-    return ATTACH_EXIT.get(str(reason), EXIT_ATTACH_FAILED)
+    return ATTACH_EXIT.get(str(reason), exits.ATTACH_FAILED)
 
 
 def _ms(value: Any) -> str:

@@ -284,7 +284,7 @@ def test_refused_for_a_process_that_is_not_python(
     procs.append(proc)
     wait_until(lambda: "sleep" in (pyprocess.exe_path(proc.pid) or ""), 10, "sleep")
     rc, out = attach_cli("--pid", str(proc.pid))
-    assert rc == 14 and out["reason"] == "not_python" and "sleep" in out["message"]
+    assert rc == 33 and out["reason"] == "not_python" and "sleep" in out["message"]
 
 
 def test_refused_for_a_python_older_than_3_8(
@@ -295,14 +295,14 @@ def test_refused_for_a_python_older_than_3_8(
         pytest.skip("no CPython 3.6 or 3.7 here")
     proc = python_loop(tmp_path, procs, old[-1])
     rc, out = attach_cli("--pid", str(proc.pid))
-    assert rc == 14 and out["reason"] == "unsupported" and "3.8 or later" in out["message"]
+    assert rc == 33 and out["reason"] == "unsupported" and "3.8 or later" in out["message"]
 
 
 def test_refused_for_an_exited_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
     rc, out = attach_cli("--pid", str(proc.pid))
-    assert rc == 12 and out["reason"] == "gone" and "exited" in out["message"]
+    assert rc == 22 and out["reason"] == "gone" and "exited" in out["message"]
 
 
 def test_refused_for_python_without_pytorch(
@@ -310,7 +310,7 @@ def test_refused_for_python_without_pytorch(
 ) -> None:
     proc = python_loop(tmp_path, procs)
     rc, out = attach_cli("--pid", str(proc.pid))
-    assert rc == 14 and out["reason"] == "not_trainer" and "no PyTorch" in out["message"]
+    assert rc == 33 and out["reason"] == "not_trainer" and "no PyTorch" in out["message"]
 
 
 def test_the_gdb_check_agrees_with_a_call_into_a_live_interpreter(
@@ -362,7 +362,7 @@ def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
     gdb.chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
     rc, out = attach_cli(str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
-    assert rc == 15 and out["reason"] == "gdb_unusable", out
+    assert rc == 34 and out["reason"] == "gdb_unusable", out
     assert "gdb 13.1" in out["message"] and "newer gdb" in out["message"]
     assert "does not export Py_AddPendingCall" in out["message"]
     assert f"attach {proc.pid}" not in calls.read_text()
@@ -375,7 +375,7 @@ def test_no_way_in_without_the_injector_and_gdb(
     proc = python_loop(tmp_path, procs, python_without_the_call)
     env = dict(os.environ, PATH=str(tmp_path / "empty"))
     rc, out = attach_cli("--pid", str(proc.pid), env=env)
-    assert rc == 15 and out["reason"] == "no_gdb", out
+    assert rc == 34 and out["reason"] == "no_gdb", out
     assert "does not export Py_AddPendingCall" in out["message"]
     assert "apt-get install gdb" in out["message"]
 
@@ -389,7 +389,7 @@ async def test_the_injector_needs_no_gdb_and_the_plan_says_so(
     assert proc_plan.returncode == 2  # not confirmed (no terminal, no --yes): nothing done
     assert "eagle3-tui's injector (ptrace)" in proc_plan.stderr.replace("\n", " ")
     rc, out = attach_cli(str(tmp_path / "run"), "--pid", str(proc.pid), env=env)
-    assert rc == 14 and out["status"] == "no_trainer", out  # injected; no Trainer inside
+    assert rc == 33 and out["status"] == "no_trainer", out  # injected; no Trainer inside
     assert out["plan"]["mechanism"] == "ptrace" and out["registers"] == "verified"
     assert 0 < out["stopped_ms"] < 1000
 
@@ -414,17 +414,17 @@ def test_torch_without_speculators_is_queued_then_not_a_trainer(
     proc = torch_process(tmp_path, procs, f"time.sleep(6)\n{LOOP}")
     run_dir = tmp_path / "run"
     rc, out = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "0.5")
-    assert rc == 11 and out["status"] == "queued", out
+    assert rc == 32 and out["status"] == "queued", out
     assert "main thread next runs Python" in out["message"]
     rc, again = attach_cli(str(run_dir), "--pid", str(proc.pid))
-    assert rc == 11 and again["reason"] == "queued"  # asking again: still queued, not re-injected
+    assert rc == 32 and again["reason"] == "queued"  # asking again: still queued, not re-injected
     result = Path(out["result_file"])
     wait_until(result.exists, 30, "the queued attach to run")
     inside = json.loads(result.read_text())
     assert inside["status"] == "no_trainer" and "nothing was changed" in inside["message"]
     assert not run_dir.exists()  # nothing written
     rc, third = attach_cli(str(run_dir), "--pid", str(proc.pid), "--wait", "10")
-    assert rc == 14 and third["status"] == "no_trainer"  # a new try, answered at once
+    assert rc == 33 and third["status"] == "no_trainer"  # a new try, answered at once
     assert third["pause_ms"] < 5000 and third["stopped_ms"] > 0
 
 

@@ -283,17 +283,17 @@ def test_the_package_is_written_once_privately_and_imports(tmp_path: Path) -> No
 def test_each_refusal_has_its_exit_status() -> None:
     assert attach_exit_status(AttachResult(status="attached")) == 0
     assert attach_exit_status(AttachPlan(pid=1)) == 0
-    assert attach_exit_status(AttachResult(status="already", reason="already")) == 10
-    assert attach_exit_status(AttachResult(status="queued")) == 11
+    assert attach_exit_status(AttachResult(status="already", reason="already")) == 31
+    assert attach_exit_status(AttachResult(status="queued")) == 32
     for reason in (at.GONE, at.REUSED, at.PERMISSION, at.NOT_PYTHON, at.UNSUPPORTED):
         refused = AttachResult(status="refused", reason=reason)
         assert attach_exit_status(refused) == ATTACH_EXIT[reason]
-    assert attach_exit_status(AttachResult(status="no_trainer", reason=at.NOT_TRAINER)) == 14
-    assert attach_exit_status(AttachResult(status="failed", reason=at.FAILED)) == 16
+    assert attach_exit_status(AttachResult(status="no_trainer", reason=at.NOT_TRAINER)) == 33
+    assert attach_exit_status(AttachResult(status="failed", reason=at.FAILED)) == 35
     codes = {ATTACH_EXIT[r] for r in (at.GONE, at.PERMISSION, at.NOT_TRAINER, at.NO_GDB)}
     assert len(codes) == 4
-    assert ATTACH_EXIT[at.TRACED] == ATTACH_EXIT[at.PERMISSION] == 13
-    assert ATTACH_EXIT[at.GDB_UNUSABLE] == ATTACH_EXIT[at.NO_GDB] == 15
+    assert ATTACH_EXIT[at.TRACED] == ATTACH_EXIT[at.PERMISSION] == 21
+    assert ATTACH_EXIT[at.GDB_UNUSABLE] == ATTACH_EXIT[at.NO_GDB] == 34
 
 
 @pytest.mark.parametrize(

@@ -343,7 +343,7 @@ def test_refusals_say_why(tmp_path: Path, python_without_the_call: str) -> None:
             assert f"traced by pid {os.getpid()}" in out["problem"]
             proc = cli("attach", "--pid", str(plain.pid), "--yes", "--json")
             refused = json.loads(proc.stdout)
-            assert proc.returncode == 13 and refused["reason"] == "traced", refused
+            assert proc.returncode == 21 and refused["reason"] == "traced", refused
             assert f"traced by pid {os.getpid()}" in refused["message"]
         finally:
             traced.detach()

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle3_tui.exits import BY_HEALTH as EXIT_BY_HEALTH
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import ViewParams, build_snapshot
-from eagle3_tui.model.summary import EXIT_BY_HEALTH, format_text, summarize
+from eagle3_tui.model.summary import format_text, summarize
 from tests.records import Lines
 
 T0 = 1_800_000_000.0

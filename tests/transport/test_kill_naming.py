@@ -22,9 +22,9 @@ from textual.containers import VerticalScroll
 
 from eagle3_tui.agent import discover
 from eagle3_tui.app.control import RunControl
+from eagle3_tui.exits import NOT_NAMED as EXIT_NOT_NAMED
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import EXIT_NOT_NAMED
 from eagle3_tui.transport.replies import ProcessRow, decode
 from tests.app.conftest import open_dialog, text_of
 from tests.app.test_pilot import app_with

@@ -257,7 +257,7 @@ def test_attach_over_ssh_then_the_run_ends_as_an_undisturbed_one(
     assert silent.train_steps()[0] in (at_step, at_step + 1)
 
     rc, again = attach(sshd, silent)
-    assert rc == 10 and again["status"] == "already", again
+    assert rc == 31 and again["status"] == "already", again
     assert str(silent.run_dir) in again["message"]
 
     for run in (silent, undisturbed):
