@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_tui.agent import processes
-from eagle3_tui.cli import demo_training_command, stop_demo_run
+from eagle3_tui.cli.demo import demo_training_command, stop_demo_run
 from eagle3_tui.exits import CRASHED as EXIT_CRASHED
 from eagle3_tui.transport.target import LocalTarget
 from tests.conftest import interruptible, need_training, read_jsonl, wait_for_a_training_step

@@ -27,6 +27,8 @@ print(','.join(bad))
         ("eagle3_tui.agent.attach", {"textual", "asyncssh", "rich", "msgspec", "numpy", "torch"}),
         ("eagle3_tui.transport.local", {"textual", "rich", "textual_plotext"}),
         ("eagle3_tui.cli", {"textual", "asyncssh", "torch", "numpy"}),
+        # a notebook's import: no UI, no SSH library until a host is reached
+        ("eagle3_tui.api", {"textual", "asyncssh", "torch", "rich"}),
     ],
 )
 def test_module_does_not_pull_in(module: str, banned: set[str]) -> None:

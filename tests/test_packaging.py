@@ -81,7 +81,10 @@ def test_the_wheel_carries_the_stylesheet_the_agent_and_the_launchers(tmp_path: 
         "eagle3_tui/agent/main.py",
         "eagle3_tui/train/tiny.py",
         "eagle3_tui/train/launch.py",
-        "eagle3_tui/cli.py",
+        "eagle3_tui/cli/__init__.py",
+        "eagle3_tui/cli/summary.py",
+        "eagle3_tui/api.py",
+        "eagle3_tui/exits.py",
     ):
         assert needed in names, needed
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)

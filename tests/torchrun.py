@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eagle3_tui.agent import processes
-from eagle3_tui.cli import load_local
+from eagle3_tui.api import load_local
 from eagle3_tui.model.health import HEARTBEAT_DEAD_S, quiet_limit
 from eagle3_tui.model.state import RunState
 from tests import conftest

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_tui.api import load_target
 from eagle3_tui.app.app import make_app
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.compare import CompareScreen
-from eagle3_tui.cli import load_target
 from eagle3_tui.model.compare import compare
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.target import LocalTarget

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.cli import load_remote
+from eagle3_tui.api import load_remote
 from eagle3_tui.model.health import HEARTBEAT_DEAD_S, Health, diagnose
 from eagle3_tui.model.state import RunState
 from eagle3_tui.transport.target import SshOptions, SshTarget

@@ -1,0 +1,207 @@
+"""``eagle3-tui demo``: train a tiny EAGLE-3 draft with the real speculators Trainer on
+the CPU, in the background, and monitor it (or, ``--headless``, summarize it at the end)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eagle3_tui import exits
+from eagle3_tui.cli.common import command_parser, print_progress, say
+from eagle3_tui.transport.base import TargetError
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from eagle3_tui.transport.target import LocalTarget
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser(
+        "demo",
+        (
+            "Train a tiny EAGLE-3 draft with the real speculators Trainer on the CPU, "
+            "in the background, and monitor it."
+        ),
+    )
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no UI: train to completion, then print the run's summary (as the summary "
+        "command does, its exit status too) and, on stderr, the run's directory; Ctrl-C "
+        "or a closed terminal stops the training as well",
+    )
+    p.add_argument(
+        "--out", type=Path, help="the run directory to create (default: a new temporary one)"
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs to train (default: 3 headless, 6 with the UI)",
+    )
+    p.add_argument(
+        "--step-delay",
+        type=float,
+        default=None,
+        help="seconds added to each step so the curves can be watched (default: 0 headless, 0.15)",
+    )
+    p.add_argument("--workers", type=int, default=0, help="dataloader worker processes")
+    return p
+
+
+def run(ns: argparse.Namespace) -> int:
+    import subprocess
+    import tempfile
+
+    if ns.out is not None and ns.out.exists() and any(ns.out.iterdir()):
+        raise TargetError(
+            f"{ns.out}: exists and is not empty; the demo needs a fresh run directory"
+        )
+    _check_training_installed()  # after the arguments: a bad --out is said on any machine
+    if ns.out is not None:
+        run_dir = ns.out
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = Path(tempfile.mkdtemp(prefix="eagle3-tui-demo-"))
+    epochs = ns.epochs if ns.epochs is not None else (3 if ns.headless else 6)
+    delay = ns.step_delay if ns.step_delay is not None else (0.0 if ns.headless else 0.15)
+    cmd = demo_training_command(run_dir, epochs=epochs, step_delay=delay, workers=ns.workers)
+    log_path = run_dir / "train.log"
+    from eagle3_tui.telemetry.manifest import launch_env
+
+    # The run marker is in the trainer's own /proc/PID/environ, not only its children's.
+    env = dict(os.environ, **launch_env(run_dir))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=run_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    if ns.headless:
+        return demo_headless(run_dir, proc, log_path)
+    from eagle3_tui.app.app import make_app
+    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.cli.monitor import app_exit_status, local_export_dir, open_run_for
+    from eagle3_tui.transport.local import LocalTransport
+    from eagle3_tui.transport.target import LocalTarget
+
+    demo_target = LocalTarget(run_dir)
+    app = make_app(
+        LocalTransport(run_dir),
+        control=RunControl.for_target(demo_target),
+        open_run=open_run_for(demo_target),
+        export_dir=local_export_dir(run_dir),
+        quit_stops_run=True,
+    )
+    try:
+        app.run()
+    finally:
+        stop_demo_run(demo_target, proc)
+    say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+    return app_exit_status(app)
+
+
+def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> int:
+    """Train to completion, then print the run's summary (as ``summary`` does; its exit
+    status too) and, on stderr, where the run is. Ctrl-C, a closed terminal (SIGHUP) or
+    SIGTERM stop the training as well (it runs in a session of its own, which they do
+    not reach): exit status 130."""
+    from eagle3_tui import api
+    from eagle3_tui.model.summary import format_text
+    from eagle3_tui.transport.target import LocalTarget
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    target = LocalTarget(run_dir)
+    say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
+    for hang_up in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(hang_up, interrupted)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        stop_demo_run(target, proc)
+        say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+        return exits.INTERRUPTED
+    if rc != 0:
+        say(f"eagle3-tui demo: training exited with status {rc}; see {log_path}", err=True)
+        return rc
+    opened = api.open_run(target, label=str(run_dir))
+    say(format_text(opened.summary()))
+    say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+    return opened.exit_status
+
+
+def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
+    """The demo owns its run: on quit, stop it as `k` would (whole tree, verified) —
+    also when `r` relaunched it as another process. Says what it does meanwhile: the
+    trainer's graceful save and exit take seconds. A run that ended (finished, or
+    stopped by `k`) with nothing of it left: nothing to stop, nothing said."""
+    import asyncio
+    import subprocess
+
+    from eagle3_tui.transport.control import kill_run, on_host, run_status, status_line
+
+    if proc.poll() is not None:
+        try:
+            status = asyncio.run(on_host(target, lambda h: run_status(h, str(target.run_dir))))
+        except (TargetError, OSError):
+            status = None  # unknown: stopped as if it ran
+        if status is not None and not status.alive and not status.leftovers:
+            return
+    say("eagle3-tui demo: stopping the run (at a step boundary, saved, then verified)…", err=True)
+    try:
+        result = asyncio.run(
+            on_host(
+                target,
+                lambda h: kill_run(
+                    h, str(target.run_dir), grace_s=60.0, on_progress=_demo_progress
+                ),
+            )
+        )
+        say(f"eagle3-tui demo: {status_line(result.status, result.message)}", err=True)
+    except (TargetError, OSError) as e:
+        say(f"eagle3-tui demo: could not stop the run cleanly: {e}", err=True)
+    if proc.poll() is None:  # the launcher itself, if the agent could not reach it
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def demo_training_command(
+    run_dir: Path, *, epochs: int, step_delay: float, workers: int
+) -> list[str]:
+    """The demo's trainer: the tiny launcher writing into ``run_dir``, isolated from the
+    directory the demo was started in (``python -I``: see telemetry/isolation.py)."""
+    from eagle3_tui.telemetry.isolation import module_argv
+
+    return module_argv(
+        "eagle3_tui.train.tiny",
+        *("--run-dir", str(run_dir.resolve()), "--epochs", str(epochs)),
+        *("--step-delay", str(step_delay), "--workers", str(workers)),
+    )
+
+
+def _check_training_installed() -> None:
+    import importlib.util
+
+    missing = [m for m in ("torch", "speculators") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TargetError(
+            f"the demo trains for real and needs {' and '.join(missing)} "
+            "(on a CPU machine: ./scripts/install.sh)"
+        )
+
+
+def _demo_progress(event: Any) -> None:
+    print_progress(event, "eagle3-tui demo: ")
