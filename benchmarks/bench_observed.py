@@ -36,9 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle3_tui.agent import discover
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.observed_health import quiet_limit
 from eagle3_tui.model.run import Run
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import Chunk
 from eagle3_tui.transport.channel import LocalHost

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 CHECK = """
 import sys
+from pathlib import Path
 import {module}
 bad = sorted(m for m in sys.modules if m.split('.')[0] in {banned!r})
 print(','.join(bad))
@@ -40,3 +43,82 @@ def test_module_does_not_pull_in(module: str, banned: set[str]) -> None:
         check=True,
     )
     assert proc.stdout.strip() == "", f"{module} imports {proc.stdout.strip()}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Which eagle3_tui module imports which, read from the sources: every import
+    counts, at the top, inside a function (lazy) or under ``TYPE_CHECKING``. A module's
+    import of its own package (Python imports it first anyway) is no edge."""
+    root = Path(__file__).resolve().parents[1]
+    paths = {}
+    for path in (root / "eagle3_tui").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[1] == "train":  # train/ (linked): the launchers, checked by their own rules
+            continue
+        if parts[-1] == "__init__":
+            parts.pop()
+        paths[".".join(parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            found: list[str] = []
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                found = [base, *(f"{base}.{a.name}" for a in node.names)]
+            graph[name] |= {
+                f for f in found if f in graph and f != name and not name.startswith(f + ".")
+            }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_itself_round_about() -> None:
+    graph = import_graph()
+    assert len(graph) > 100 and "eagle3_tui.model.state" in graph  # the sources were read
+    found = cycles(graph)
+    assert found == [], "\n".join(
+        " <-> ".join(c) + ": " + "; ".join(f"{a} -> {b}" for a in c for b in graph[a] & set(c))
+        for c in found
+    )
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]

@@ -83,7 +83,7 @@ def test_the_wheel_carries_the_stylesheet_the_agent_and_the_launchers(tmp_path: 
         "eagle3_tui/train/launch.py",
         "eagle3_tui/cli/__init__.py",
         "eagle3_tui/cli/summary.py",
-        "eagle3_tui/api.py",
+        "eagle3_tui/api/__init__.py",
         "eagle3_tui/exits.py",
     ):
         assert needed in names, needed

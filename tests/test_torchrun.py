@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
+from eagle3_tui.model.verdict import Health
 from tests.conftest import need_training
 from tests.torchrun import (
     FIXTURE,

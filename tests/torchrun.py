@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eagle3_tui.agent import processes
-from eagle3_tui.api import load_local
-from eagle3_tui.model.health import HEARTBEAT_DEAD_S, quiet_limit
+from eagle3_tui.api.reading import load_local
 from eagle3_tui.model.state import RunState
+from eagle3_tui.model.verdict import HEARTBEAT_DEAD_S, quiet_limit
 from tests import conftest
 
 FIXTURE = str(Path(__file__).parent / "telemetry" / "fixtures" / "nvml_8x_h200.json")

@@ -61,6 +61,7 @@ from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
 from eagle3_tui.telemetry.procs import describe_exit
 from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
+from eagle3_tui.telemetry.thresholds import BUSY_CPU_PCT, SILENT_FROM_START_S
 
 RUN_DIR_ENV = "EAGLE3_TUI_RUN_DIR"
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -92,11 +93,8 @@ SCRIPT_BYTES = 256 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 START_GRACE_S = 30.0
 """A training younger than this is still starting (imports, data, workers)."""
-WEAK_SIGNS_S = 90.0
-"""CPU or a growing log alone say "silent" only past this age (start-up looks alike):
-the model's ``SILENT_FROM_START_S``, so ``runs`` and ``summary`` say one thing."""
-BUSY_CPU_PCT = 10.0
-"""As the model's observed health: above this (% of a core, the whole tree) it works."""
+WEAK_SIGNS_S = SILENT_FROM_START_S
+"""CPU or a growing log alone say "silent" only past this age (start-up looks alike)."""
 
 
 # ---- one process ---------------------------------------------------------------------

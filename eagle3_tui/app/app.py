@@ -50,8 +50,8 @@ from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
-from eagle3_tui.model.health import Health
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.replies import KillReport, ResumeReport
 

@@ -108,7 +108,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     A multi-node run: ``nodes`` are its other hosts (given on the command line), or, when
     none are given, the nodes its manifest names; every node's file is streamed into one
     view, and kill/resume act on every node."""
-    from eagle3_tui.api import needs_choice
+    from eagle3_tui.api.reading import needs_choice
     from eagle3_tui.transport import control
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
     from eagle3_tui.transport.replies import Choice

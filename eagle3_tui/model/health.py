@@ -35,9 +35,8 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
-import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -47,121 +46,21 @@ from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import Event, RunState
 from eagle3_tui.model.units import clock, size
-
-MIN_QUIET_S = 30.0
-QUIET_STEPS = 5.0
-"""A run is quiet after ``max(MIN_QUIET_S, QUIET_STEPS × mean time between logged steps)``."""
-SILENT_FROM_START_S = 90.0
-"""A process start's least start-up allowance: with no metric yet, a working process is
-called silent only after this long (or after what the run's earlier starts learned)."""
-STARTUP_FACTOR = 3.0
-"""A start-up may take this many times the run's longest earlier start-up."""
-HEARTBEAT_DEAD_S = 30.0
-"""No heartbeat for this long, and no probe: the writer's process is taken as gone."""
-GPU_BUSY_UTIL = 10.0
-AFTER_LAST_STEP_S = 2.0
-"""Samples this close after the last metric still show its step's work (a sample covers
-the interval before it): a quiet run is judged on the samples after them."""
-DIVERGE_FACTOR = 4.0
-"""Diverged when the last losses sit this many times above their smoothed history."""
-
-
-class Health(enum.Enum):
-    """What a run is doing. The value is what ``summary`` prints."""
-
-    UNREADABLE = "unreadable"
-    """Not a metrics file: no valid record, only malformed lines."""
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    STOPPED = "stopped"
-    SILENT = "silent"
-    STALLED = "stalled"
-    DEAD = "dead"
-    DIVERGED = "diverged"
-    DISK_FULL = "disk_full"
-    """Quiet, and the host says the run's filesystem has no room: the writes fail."""
-
-
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    health: Health
-    reason: str
-    link_down_since: float | None = None
-    """Client time since which no data can arrive: ``health`` is then the last known
-    one, judged on what reached the client before."""
-
-    @property
-    def label(self) -> str:
-        """What the header and banner call it: the health, or ``LINK DOWN`` while the
-        link is down and the last verdict was no alarm (running, waiting)."""
-        if self.link_down_since is not None and self.health in (Health.RUNNING, Health.WAITING):
-            return "LINK DOWN"
-        return self.health.value.upper().replace("_", " ")
-
-
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def quiet_limit(state: RunState, pace: Pace | None = None) -> float:
-    """How long the current process may log nothing before it is quiet."""
-    record_s = (pace or run_pace(state)).record_s
-    return max(MIN_QUIET_S, QUIET_STEPS * record_s) if record_s else MIN_QUIET_S
-
-
-def startup_allowance(state: RunState) -> float:
-    """How long a process start may take to its first step: learned from the run's
-    earlier starts (a resume also loads a checkpoint and spawns its workers again)."""
-    learned = max(state.startups, default=0.0)
-    return max(SILENT_FROM_START_S, STARTUP_FACTOR * learned)
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """What the samplers say about the last ``window`` seconds."""
-
-    gpu_known: bool
-    gpu_busy: bool
-    gpu_util: float | None
-    reads_known: bool
-    reading: bool
-    read_bytes: float
-    window: float
-    saving: bool
-
-
-def evidence(state: RunState, now: float, window: float) -> Evidence:
-    since = now - window
-    utils = [
-        dev.util
-        for ts, devs in state.gpu_samples
-        if ts >= since
-        for dev in devs
-        if dev.util is not None
-    ]
-    gpu_known = bool(utils) or (state.last_gpu_ts is not None and state.gpu_status == "ok")
-    peak = max(utils) if utils else None
-    io = [p for p in state.io_history if p.ts >= since]
-    read_bytes = sum(p.bytes for p in io)
-    ckpt_recent = any(e.ts >= since for e in state.ckpt_events)
-    return Evidence(
-        gpu_known=gpu_known,
-        gpu_busy=peak is not None and peak >= GPU_BUSY_UTIL,
-        gpu_util=peak,
-        reads_known=bool(io),
-        reading=read_bytes > 0,
-        read_bytes=read_bytes,
-        window=window,
-        saving=ckpt_recent,
-    )
+from eagle3_tui.model.verdict import (
+    AFTER_LAST_STEP_S,
+    DIVERGE_FACTOR,
+    HEARTBEAT_DEAD_S,
+    MIN_QUIET_S,
+    Diagnosis,
+    Evidence,
+    Health,
+    ago,
+    evidence,
+    exit_text,
+    leftovers_sentence,
+    quiet_limit,
+    startup_allowance,
+)
 
 
 def _diverged(state: RunState) -> str | None:
@@ -233,7 +132,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
         err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
         at_step = f"after step {count}" if step is not None else "before its first step"
         return Diagnosis(
-            Health.DEAD, f"The trainer crashed {at_step}{err}.{_leftovers_sentence(state)}"
+            Health.DEAD, f"The trainer crashed {at_step}{err}.{leftovers_sentence(state)}"
         )
     if last is not None and last.event == "interrupt":
         after = f"after step {count:,}" if count else "before its first step"
@@ -278,11 +177,11 @@ def judge(state: RunState, now: float) -> Diagnosis:
         ):
             how = "is gone"
         else:
-            how = f"stopped writing heartbeats {_ago(now - (state.last_heartbeat_ts or now))} ago"
+            how = f"stopped writing heartbeats {ago(now - (state.last_heartbeat_ts or now))} ago"
         return Diagnosis(
             Health.DEAD,
             f"{who} {how} without a finish event, {at}: it crashed or was killed (see "
-            f"train.log).{_leftovers_sentence(state)}",
+            f"train.log).{leftovers_sentence(state)}",
         )
 
     pace = run_pace(state)
@@ -298,7 +197,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
         label = "Saving a checkpoint" if what.what == "saving" else "Validating"
         return Diagnosis(
             Health.RUNNING,
-            f"{label} ({what.detail}) for {_ago(now - what.since)}; metrics resume after it.",
+            f"{label} ({what.detail}) for {ago(now - what.since)}; metrics resume after it.",
         )
     starting = state.starting
     if starting is not None and starting.ts:
@@ -332,15 +231,15 @@ def judge(state: RunState, now: float) -> Diagnosis:
         if ev.reads_known:
             parts.append("no data read")
         idle = ", ".join(parts) if parts else "no activity reported"
-        usual = f" (a step usually takes {_ago(pace.step_s)})" if pace.step_s else ""
+        usual = f" (a step usually takes {ago(pace.step_s)})" if pace.step_s else ""
         return Diagnosis(
             Health.STALLED,
-            f"No metric for {_ago(quiet_for)}{usual}, {idle}{_stuck_clause(state)}: "
+            f"No metric for {ago(quiet_for)}{usual}, {idle}{_stuck_clause(state)}: "
             f"{_stall_hint(state)}",
         )
     return Diagnosis(
         Health.STALLED,
-        f"No record of any kind for {_ago(quiet_for)} and no process evidence: "
+        f"No record of any kind for {ago(quiet_for)} and no process evidence: "
         "the run may have stopped or the file is no longer written.",
     )
 
@@ -362,11 +261,11 @@ def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:
         )
     what = {"resume": "since the resume", "start": "since start"}.get(how, f"since {how}")
     learned = (
-        f"; its earlier starts took up to {_ago(max(state.startups))}" if state.startups else ""
+        f"; its earlier starts took up to {ago(max(state.startups))}" if state.startups else ""
     )
     return Diagnosis(
         Health.WAITING,
-        f"No training step logged yet ({_ago(quiet_for)} {what}{learned}).",
+        f"No training step logged yet ({ago(quiet_for)} {what}{learned}).",
     )
 
 
@@ -380,25 +279,6 @@ def _unreadable(state: RunState) -> Diagnosis:
     )
 
 
-def _leftovers_sentence(
-    state: RunState, lead: str = "Left behind, still alive", hint: str = " (k ends them)"
-) -> str:
-    """The run's processes that outlived its trainer (dataloader workers...), by name."""
-    if not state.leftovers:
-        return ""
-    shown = []
-    for left in state.leftovers[:6]:
-        parts = [f"pid {left.pid} {left.comm}"]
-        if left.rss_bytes is not None:
-            parts.append(f"{size(left.rss_bytes)} RAM")
-        if left.gpu_bytes:
-            gpus = ",".join(str(g) for g in left.gpus)
-            parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
-        shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
-    more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
-    return f" {lead}: {'; '.join(shown)}{more}{hint}."
-
-
 def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: float) -> Diagnosis:
     """The verdict as of the link's drop, said to be that: nothing newer can arrive."""
     if verdict.health in (Health.FINISHED, Health.STOPPED, Health.UNREADABLE):
@@ -409,7 +289,7 @@ def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: floa
     return replace(
         verdict,
         reason=(
-            f"No data since {clock(down)} ({_ago(now - down)}): the link to the host is "
+            f"No data since {clock(down)} ({ago(now - down)}): the link to the host is "
             f"down{detail}. Last known: {verdict.health.value}{at}. {verdict.reason}"
         ),
         link_down_since=down,
@@ -499,7 +379,7 @@ def _silent_sentence(
         signs.append(f"data files are being read ({size(ev.read_bytes / ev.window)}/s)")
     if ev.saving:
         signs.append("checkpoints are being written")
-    lead = "No metric has ever been logged" if never else f"No metric for {_ago(quiet_for)}"
+    lead = "No metric has ever been logged" if never else f"No metric for {ago(quiet_for)}"
     if own and problem:
         return (
             f"{lead} although {' and '.join(signs)}: what {own} wrote cannot all be "
@@ -521,7 +401,7 @@ def _stall_hint(state: RunState) -> str:
     age = hb.stats_age_s if hb is not None else None
     if age is not None and math.isfinite(age) and age > MIN_QUIET_S:
         return (
-            f"the trainer's Python has not run for {_ago(age)} (its writer thread is silent "
+            f"the trainer's Python has not run for {ago(age)} (its writer thread is silent "
             "too): it is stuck in a C call, a collective, or holding the GIL."
         )
     frac = state.latest("profile/fetch_frac")
@@ -600,7 +480,7 @@ def _rank_death(first: Event) -> Diagnosis:
     who = f"Rank {first.rank}" + (f" ({where})" if where else "")
     at = f"after step {first.step}" if first.step is not None else "before its first step"
     if first.exit_status is not None or (first.error or "").startswith("the trainer process"):
-        how = _exit_text(first.exit_status)  # seen from outside by its sidecar
+        how = exit_text(first.exit_status)  # seen from outside by its sidecar
     else:
         how = (first.error or "an exception").splitlines()[0][:160]
     return Diagnosis(
@@ -620,19 +500,6 @@ def _peer_error(error: str | None) -> bool:
     """An error a rank raises when another rank is gone (gloo, NCCL)."""
     low = (error or "").lower()
     return any(s in low for s in _PEER_ERRORS)
-
-
-def _exit_text(status: int | None) -> str:
-    if status is None:
-        return "killed, or exited without a word (exit status unknown)"
-    if status < 0:
-        import signal
-
-        try:
-            return f"killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"killed by signal {-status}"
-    return f"exit status {status}"
 
 
 def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | None:
@@ -659,7 +526,7 @@ def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | No
         where = live[r].where or {}
         frame = str(where.get("frame") or "?")[:80]
         held = where.get("for_s")
-        since = f" for {_ago(float(held))}" if isinstance(held, int | float) else ""
+        since = f" for {ago(float(held))}" if isinstance(held, int | float) else ""
         on = f" on {live[r].host}" if len({hb.host for hb in live.values()}) > 1 else ""
         parts.append(f"rank {r}{on} stopped at {step_of(r)} (in {frame}{since})")
     collectives = sorted({str((live[r].where or {}).get("collective")) for r in waiting})
@@ -667,7 +534,7 @@ def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | No
     ranks = "rank" if len(waiting) == 1 else "ranks"
     verb = "waits" if len(waiting) == 1 else "wait"
     text = (
-        f"No metric for {_ago(quiet_for)}: {'; '.join(parts)}; {ranks} {names} {verb} for it "
+        f"No metric for {ago(quiet_for)}: {'; '.join(parts)}; {ranks} {names} {verb} for it "
         f"in a collective ({', '.join(collectives)[:80]}) at {step_of(waiting[0])}."
     )
     return Diagnosis(Health.STALLED, text[0].upper() + text[1:])

@@ -12,13 +12,10 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:
-    from eagle3_tui.model.state import RunState
 
 HISTORY = 600
 """``proc`` samples kept (10 min at 1 s)."""
@@ -151,16 +148,17 @@ class BarSeen:
 # ---- progress ---------------------------------------------------------------------------
 
 
-def last_train_bar(state: RunState) -> BarSeen | None:
-    for seen in reversed(state.bars):
+def last_train_bar(bars: Sequence[BarSeen]) -> BarSeen | None:
+    """The latest training epoch bar that counted a step (``RunState.bars``)."""
+    for seen in reversed(bars):
         if seen.bar.phase == "train" and seen.bar.n > 0:
             return seen
     return None
 
 
-def step_time(state: RunState) -> float | None:
+def step_time(bars: Sequence[BarSeen]) -> float | None:
     """Seconds per training step from the latest epoch bar that says (elapsed / steps)."""
-    seen = last_train_bar(state)
+    seen = last_train_bar(bars)
     if seen is None:
         return None
     b = seen.bar
@@ -181,17 +179,18 @@ class BarProgress:
     """When the bar it is read from was seen (the host's clock)."""
 
 
-def bar_progress(state: RunState) -> BarProgress | None:
+def bar_progress(bars: Sequence[BarSeen], epochs_total: int | None) -> BarProgress | None:
     """Step (0-based, the last one done), epoch (the one under way), steps per epoch and
-    pace from the bars: a training without telemetry prints them as epochs end."""
-    seen = last_train_bar(state)
+    pace from the bars (``RunState.bars``): a training without telemetry prints them as
+    epochs end; never an epoch past ``epochs_total``."""
+    seen = last_train_bar(bars)
     if seen is None:
         return None
     b = seen.bar
-    st = step_time(state)
+    st = step_time(bars)
     epoch = b.epoch + 1 if b.done else b.epoch
-    if state.epochs_total:  # its last epoch done: that epoch, not one after the last
-        epoch = min(epoch, state.epochs_total - 1)
+    if epochs_total:  # its last epoch done: that epoch, not one after the last
+        epoch = min(epoch, epochs_total - 1)
     return BarProgress(
         b.epoch * b.total + b.n - 1, epoch, b.total, 1.0 / st if st else None, seen.ts
     )

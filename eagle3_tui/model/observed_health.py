@@ -21,18 +21,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from eagle3_tui.model.health import (
-    GPU_BUSY_UTIL,
-    MIN_QUIET_S,
-    QUIET_STEPS,
-    SILENT_FROM_START_S,
-    Diagnosis,
-    Health,
-    _ago,
-    _exit_text,
-    _leftovers_sentence,
-    evidence,
-)
 from eagle3_tui.model.observed import (
     ProcessInfo,
     bar_progress,
@@ -43,9 +31,20 @@ from eagle3_tui.model.observed import (
 from eagle3_tui.model.stack import StackSample, describe
 from eagle3_tui.model.state import LogLine, RunState
 from eagle3_tui.model.units import clock, size
+from eagle3_tui.model.verdict import (
+    GPU_BUSY_UTIL,
+    MIN_QUIET_S,
+    QUIET_STEPS,
+    SILENT_FROM_START_S,
+    Diagnosis,
+    Health,
+    ago,
+    evidence,
+    exit_text,
+    leftovers_sentence,
+)
+from eagle3_tui.telemetry.thresholds import BUSY_CPU_PCT
 
-BUSY_CPU_PCT = 10.0
-"""Above this (% of one core, the whole tree) the trainer is working."""
 _CKPT_WRITES = frozenset({"save_started", "save_progress", "save_finished", "completed"})
 REMEDY = (
     "Attach live (a, or eagle3-tui attach), or kill it with a checkpoint (k) and restart "
@@ -106,7 +105,7 @@ def _log_changed_since(state: RunState, since: float) -> bool:
 
 
 def quiet_limit(state: RunState) -> float:
-    st = step_time(state)
+    st = step_time(state.bars)
     return max(MIN_QUIET_S, QUIET_STEPS * st) if st else MIN_QUIET_S
 
 
@@ -169,9 +168,9 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     age = now - started
     ev = observed_evidence(state, now, limit)
     pace = ""
-    st = step_time(state)
+    st = step_time(state.bars)
     if st:
-        pace = f" (a step takes {_ago(st)})"
+        pace = f" (a step takes {ago(st)})"
     if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
         if info.handler and info.metrics_stuck and info.metrics_problem:
             source = metrics_source(info.handler)
@@ -186,12 +185,11 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "
-            f"{_ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. " + REMEDY,
+            f"{ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. " + REMEDY,
         )
     if ev.sampled and not ev.strong and not ev.weak and age >= limit:
         idle = (
-            f"for {_ago(limit)}{pace} no CPU, no data read, nothing on a GPU, nothing new in "
-            "its log"
+            f"for {ago(limit)}{pace} no CPU, no data read, nothing on a GPU, nothing new in its log"
         )
         stuck = stuck_observed(state)
         if stuck is not None:  # where it is: the guess at why is not needed
@@ -206,7 +204,7 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         )
     return Diagnosis(
         Health.WAITING,
-        f"The trainer (pid {info.pid}) started {_ago(age)} ago and has logged no metric yet; "
+        f"The trainer (pid {info.pid}) started {ago(age)} ago and has logged no metric yet; "
         "it runs without telemetry, watched from outside.",
     )
 
@@ -219,7 +217,7 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     who = f"The trainer (pid {info.pid})"
     when = _end_time(info)
     status = info.exit_status
-    how = f" ({_exit_text(status)})" if status is not None else ""
+    how = f" ({exit_text(status)})" if status is not None else ""
     started = info.started or 0.0
     interrupted = [
         e
@@ -232,7 +230,7 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
             f"{who} stopped {when}{how} after saving {interrupted[-1].path} (a SIGTERM or "
             "Ctrl+C); a restart resumes from the last numbered checkpoint.",
         )
-    seen = last_train_bar(state)
+    seen = last_train_bar(state.bars)
     epochs = info.epochs or state.epochs_total
     last_epoch = seen is not None and epochs and seen.bar.done and seen.bar.epoch + 1 >= epochs
     progress = _progress(state, epochs)
@@ -241,7 +239,7 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
             Health.FINISHED,
             f"{who} finished {when}{how}{progress}.",
         )
-    left = _leftovers_sentence(state, "Still alive when it ended", "")
+    left = leftovers_sentence(state, "Still alive when it ended", "")
     errors = _errors(state)
     if errors:
         last = errors[-1].msg.strip().splitlines()[0][:160]
@@ -272,7 +270,7 @@ def _errors(state: RunState) -> list[LogLine]:
 
 def _progress(state: RunState, epochs: int | None) -> str:
     """``, after step 75 (epoch 3/3)``: how far it got, from its metrics or its bars."""
-    bars = bar_progress(state)
+    bars = bar_progress(state.bars, state.epochs_total)
     step = state.global_step if state.global_step is not None else (bars.step if bars else None)
     if step is None:
         return ""

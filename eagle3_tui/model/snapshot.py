@@ -37,9 +37,10 @@ from eagle3_tui.model.derived import (
 )
 from eagle3_tui.model.downsample import m4, m4_indices
 from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
-from eagle3_tui.model.health import Diagnosis, Health, diagnose, ended_at
+from eagle3_tui.model.health import diagnose, ended_at
 from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.state import CkptEvent, Event, IoPoint, Leftover, LogLine, Redo, RunState
+from eagle3_tui.model.verdict import Diagnosis, Health
 
 F64 = npt.NDArray[np.float64]
 
@@ -420,7 +421,11 @@ def _progress(state: RunState, now: float, ended: float | None) -> Progress:
     epoch = state.epoch
     steps_per_s = pace.steps_per_s
     shown = steps_done(state)
-    bars = bar_progress(state) if step is None and state.observed is not None else None
+    bars = (
+        bar_progress(state.bars, state.epochs_total)
+        if step is None and state.observed is not None
+        else None
+    )
     if bars is not None:  # no metric: the output's epoch bars say how far it is
         step, epoch, spe, steps_per_s = (
             bars.step,

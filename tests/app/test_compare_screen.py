@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.api import load_target
+from eagle3_tui.api.reading import load_target
 from eagle3_tui.app.app import make_app
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.compare import CompareScreen

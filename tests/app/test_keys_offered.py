@@ -21,7 +21,7 @@ from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.runs import RunPicker
-from eagle3_tui.model.health import Health
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.replay import ReplayTransport
 from eagle3_tui.transport.replies import KillReport, ProcessRow, decode

@@ -4,7 +4,7 @@ and step, and no alarm comes from the client's clock alone (issue 13, item 1).""
 from __future__ import annotations
 
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
-from eagle3_tui.model.health import Health
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
 from tests.app.conftest import text_of, training
 from tests.app.test_pilot import app_with

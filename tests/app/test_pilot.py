@@ -23,7 +23,7 @@ from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot
-from eagle3_tui.model.health import Health
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.replay import ReplayTransport
 from eagle3_tui.transport.target import LocalTarget

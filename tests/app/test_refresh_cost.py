@@ -33,7 +33,7 @@ from eagle3_tui.app.widgets.panels import (
     ProgressPanel,
 )
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
-from eagle3_tui.model.health import Health
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.app.conftest import T0, FakeControl, text_of, training
 from tests.app.test_pilot import NOW, app_with

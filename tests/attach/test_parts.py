@@ -18,9 +18,10 @@ import pytest
 
 from eagle3_tui.agent import attach as at
 from eagle3_tui.agent import debugger, processes, pyprocess, userfiles
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.telemetry import rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
 from eagle3_tui.transport.control import (

@@ -16,11 +16,12 @@ from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.app.widgets.log import counts
 from eagle3_tui.exits import BY_HEALTH as EXIT_BY_HEALTH
 from eagle3_tui.model.files import DiskSpace, FileChanged
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import HOLD_ITEMS, Run
 from eagle3_tui.model.snapshot import build_snapshot
 from eagle3_tui.model.summary import format_text, summarize
 from eagle3_tui.model.units import clock
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.replay import ReplayTransport
 from eagle3_tui.transport.replies import Status
 from tests.records import Lines

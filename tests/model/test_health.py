@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.state import RunState
+from eagle3_tui.model.verdict import Health
 from tests.records import Lines
 
 T0 = 1_800_000_000.0

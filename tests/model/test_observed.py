@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import build_snapshot
 from eagle3_tui.model.summary import format_text, summarize
+from eagle3_tui.model.verdict import Health
 from tests.records import Lines
 
 T0 = 1_800_000_000.0

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3_tui.app.pipeline import coalesce
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import build_snapshot
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Chunk
 from tests.records import Lines
 

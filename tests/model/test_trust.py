@@ -16,11 +16,12 @@ import pytest
 
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.exits import BY_HEALTH as EXIT_BY_HEALTH
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.reader import MAX_LINE
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import ViewParams, build_snapshot
 from eagle3_tui.model.summary import format_text, summarize
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.model.test_health import T0, Scenario, state_of

@@ -227,7 +227,7 @@ def test_a_bar_redrawn_on_its_line_moves_the_progress_at_every_step(tmp_path: Pa
                 f.flush()
                 look()
                 look()  # a second look at the same drawing sends nothing
-                progress = bar_progress(run.state)
+                progress = bar_progress(run.state.bars, run.state.epochs_total)
                 steps.append(None if progress is None else progress.step)
             bar.close()  # the line ends: the epoch's bar, done
             f.write("a log line\n")
@@ -239,7 +239,7 @@ def test_a_bar_redrawn_on_its_line_moves_the_progress_at_every_step(tmp_path: Pa
     assert sent == ([1, 0] * 4 + [0, 0, 1]) * 2, sent
     drawn = [(b.bar.epoch, b.bar.n, b.bar.done) for b in run.state.bars]
     assert drawn == [(0, 5, True), (1, 5, True)], drawn  # the drawings of a bar, its last
-    final = bar_progress(run.state)
+    final = bar_progress(run.state.bars, run.state.epochs_total)
     assert final is not None and final.step == 9
 
 

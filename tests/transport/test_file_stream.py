@@ -21,9 +21,10 @@ import pytest
 from eagle3_tui.app.pipeline import Pipeline, Source
 from eagle3_tui.app.widgets.log import counts
 from eagle3_tui.model.files import MIN_ROOM
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import build_snapshot
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost, SshTransport

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_tui.api import load_remote
-from eagle3_tui.model.health import HEARTBEAT_DEAD_S, Health, diagnose
+from eagle3_tui.api.reading import load_remote
+from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.state import RunState
+from eagle3_tui.model.verdict import HEARTBEAT_DEAD_S, Health
 from eagle3_tui.transport.target import SshOptions, SshTarget
 from tests.conftest import need, need_training
 from tests.torchrun import (

@@ -20,7 +20,8 @@ import pytest
 
 import eagle3_tui.agent
 from eagle3_tui.agent import names
-from eagle3_tui.model.health import Health, diagnose
+from eagle3_tui.model.health import diagnose
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.transport import control
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost, call_agent

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent.stuck import PY_SPY_ENV
-from eagle3_tui.model.health import MIN_QUIET_S
+from eagle3_tui.model.verdict import MIN_QUIET_S
 from eagle3_tui.telemetry import procs
 from tests.app.test_tmux import Tmux
 from tests.conftest import need, need_training, wait_until

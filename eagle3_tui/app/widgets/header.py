@@ -11,8 +11,8 @@ from textual.widgets import Static
 from eagle3_tui.app.text import inert
 from eagle3_tui.app.view import ViewState
 from eagle3_tui.app.widgets.panels import KeptLines
-from eagle3_tui.model.health import Health
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
+from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
 
 HEALTH_STYLE = {

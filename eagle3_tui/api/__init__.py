@@ -21,30 +21,41 @@ notebook), they do their I/O in a thread of their own, so they work there as wel
 from __future__ import annotations
 
 import asyncio
-import os
-import posixpath
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from eagle3_tui import exits
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
+from eagle3_tui.api.reading import (
+    OBSERVE_S,
+    Note,
+    label_of,
+    load_chosen,
+    load_target,
+    local_status,
+    needs_choice,
+    on_every_node,
+    pinned_to,
+    run_sync,
+    same_place,
+    target,
+    target_or_here,
+    tell,
+)
 from eagle3_tui.model.compare import Comparison
 from eagle3_tui.model.compare import compare as compare_states
-from eagle3_tui.model.files import DiskSpace
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
-from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Event, Host
-from eagle3_tui.transport.control import Report
-from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_chunks
+from eagle3_tui.transport.channel import Event, Host
+from eagle3_tui.transport.local import check_run_dir, iter_chunks
 from eagle3_tui.transport.replies import (
     AttachPlan,
     AttachResult,
@@ -54,19 +65,17 @@ from eagle3_tui.transport.replies import (
     ResumeReport,
     SaveWait,
     SaveWaitReport,
-    Status,
-    apply_status,
 )
 from eagle3_tui.transport.target import (
     LocalTarget,
     SshOptions,
-    SshTarget,
     Target,
     parse_host,
     parse_target,
 )
 
 __all__ = [
+    "OBSERVE_S",
     "OpenedRun",
     "SshOptions",
     "TargetError",
@@ -80,23 +89,6 @@ __all__ = [
     "runs",
     "target",
 ]
-
-T = TypeVar("T")
-Note = Callable[[str], object]
-"""Told what a target turned out to mean (a process, a work directory's run)."""
-
-OBSERVE_S = 2.5
-"""How long a training without telemetry is watched when opened (CPU and reads need two
-samples; the log and checkpoints are read back at once)."""
-
-
-def target(where: str | Path | Target, ssh: SshOptions | None = None) -> Target:
-    """A target as the command line reads it (``Path``: always this machine)."""
-    if isinstance(where, LocalTarget | SshTarget):
-        return where
-    if isinstance(where, Path):
-        return LocalTarget(where)
-    return parse_target(where, ssh)
 
 
 @dataclass(frozen=True)
@@ -154,11 +146,11 @@ def open_run(
     """Any run a target names, read once: a run directory's records (and manifest), or
     what the host says the target means (a process, a work directory, the host's live
     training: with telemetry or without, its metrics from its log, its own handler's
-    file or its metric backend's files, watched for :data:`OBSERVE_S`). No target and
+    file or its metric backend's files, watched for ``OBSERVE_S`` seconds). No target and
     a ``pid``: that process on this machine. ``on_note`` is told what the host chose
     as soon as it has (also kept as ``note``)."""
-    t = _target_or_here(where, pid, ssh)
-    label = label or _label(where, pid)
+    t = target_or_here(where, pid, ssh)
+    label = label or label_of(where, pid)
     notes: list[str] = []
 
     def noted(note: str) -> None:
@@ -208,7 +200,7 @@ def follow(
             run.feed(chunk.offset, chunk.data)
             offset = chunk.end
         now = time.time()
-        _local_status(run, t.run_dir, now)
+        local_status(run, t.run_dir, now)
         yield _taken(OpenedRun(label, t, run, now))
 
 
@@ -260,7 +252,7 @@ def kill(
     """Stop a run as ``eagle3-tui kill`` does (at a step boundary where it can, its
     checkpoint saved, then every process of it verified gone; on every node of a
     multi-node run) and return the report. ``on_progress`` gets each step as it happens."""
-    t = _target_or_here(where, pid, ssh)
+    t = target_or_here(where, pid, ssh)
     save_wait = max(0.0, save_wait)
 
     async def one(host: Host, at: Target) -> KillReport:
@@ -287,8 +279,8 @@ def kill(
             return await on_every_node(t, "kill", one, KillReport, first=saves_done)
         chosen = await control.on_host(t, lambda h: control.choose(h, control.run_dir_of(t), pid))
         if chosen.choice is Choice.SEVERAL:
-            raise control.several_error(chosen, _label(where, pid))
-        _tell(on_note, chosen.note)
+            raise control.several_error(chosen, label_of(where, pid))
+        tell(on_note, chosen.note)
         if chosen.choice is Choice.PROCESS:
             row = chosen.chosen_row()
             return await control.on_host(
@@ -321,7 +313,7 @@ def resume(
     """Relaunch a stopped run from its last complete checkpoint, as ``eagle3-tui
     resume`` does (``pid``: a training without telemetry that eagle3-tui's kill
     stopped, restarted with telemetry); returns the report (the new PID in it)."""
-    t = _target_or_here(where, pid, ssh)
+    t = target_or_here(where, pid, ssh)
 
     async def one(host: Host, at: Target) -> ResumeReport:
         return await control.resume_run(host, control.run_dir_of(at), wait)
@@ -338,7 +330,7 @@ def resume(
         )
         if chosen.choice is Choice.SEVERAL:
             raise control.several_error(chosen, str(where) if where else "this machine")
-        _tell(on_note, chosen.note)
+        tell(on_note, chosen.note)
         if chosen.choice is Choice.PROCESS:
             raise TargetError(
                 f"{chosen.short} is running without telemetry: nothing to resume (kill it "
@@ -400,243 +392,3 @@ def exit_status(error: TargetError) -> int:
     """The exit status the CLI gives an error (``eagle3_tui/exits.py``: 21 no
     permission, 22 no such process, 25 not a regular file, 2 otherwise...)."""
     return control.exit_status_of(error)
-
-
-# ---- how a run is read --------------------------------------------------------------
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end: in this thread, or, where an event loop runs here
-    already (a notebook), in a thread of its own."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-api") as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def _target_or_here(
-    where: str | Path | Target | None, pid: int | None, ssh: SshOptions | None
-) -> Target:
-    """The target; with a pid and no target, this machine."""
-    if where is None:
-        if pid is None:
-            raise TargetError(
-                "a TARGET is needed (a run directory, or [USER@]HOST[:DIR]), or --pid PID"
-            )
-        return LocalTarget(Path("."))  # the pid decides: see choose()
-    return target(where, ssh)
-
-
-def _label(where: object, pid: int | None) -> str:
-    return str(where) if where is not None else f"pid {pid}"
-
-
-def _tell(on_note: Note | None, note: object) -> None:
-    if note and on_note is not None:
-        on_note(str(note))
-
-
-def load_local(run_dir: Path) -> Run:
-    path = check_run_dir(run_dir)
-    run = Run()
-    for chunk in iter_chunks(path):
-        run.feed(chunk.offset, chunk.data)
-    return run
-
-
-async def load_remote(where: SshTarget) -> tuple[Run, float]:
-    """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
-    lives (one connection), and the host's clock. A multi-node run's other nodes (its
-    manifest names them) are read too, each over its own connection."""
-    run = Run()
-
-    async def read(host: Host) -> tuple[float, Status | None]:
-        with Feeder(run) as feed:
-            eof = await control.read_file(host, where.run_dir, feed)
-        note_disk(run, eof.get("disk"))
-        return float(eof.get("now") or time.time()), await host_status(host, where.run_dir)
-
-    now, status = await control.on_host(where, read)
-    if status is not None:
-        nodes = control.other_nodes(status.manifest, str(status.host), str(status.run_dir))
-        for i, node in enumerate(nodes, start=1):
-            other = control.node_target(where, node)
-
-            async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
-                with Feeder(run, i) as feed:
-                    await control.read_file(host, other.run_dir, feed)
-
-            await control.on_host(other, read_node)
-        apply_status(run.state, status, now)
-    return run, now
-
-
-def note_disk(run: Run, report: object) -> None:
-    """The room on the run's filesystem (the agent's report), for the verdict."""
-    disk = DiskSpace.of(report if isinstance(report, dict) else None)
-    if disk is not None:
-        run.set_disk(disk)
-
-
-class Feeder:
-    """Frames fed to a run in a thread of their own as they arrive, so that the ingest
-    overlaps the transfer (fed in the event loop, it would hold the next frames up);
-    leaving the ``with`` waits until all are in (and raises what feeding raised)."""
-
-    def __init__(self, run: Run, stream: int = 0) -> None:
-        self.run, self.stream = run, stream
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-feed")
-        self._error: BaseException | None = None
-
-    def _feed(self, frame: DataFrame) -> None:
-        if self._error is None:  # after a failure, nothing more: it is raised
-            try:
-                self.run.feed_frame(frame, self.stream)
-            except BaseException as e:
-                self._error = e
-
-    def __call__(self, frame: DataFrame) -> None:
-        if self._error is not None:
-            raise self._error
-        self._pool.submit(self._feed, frame)
-
-    def __enter__(self) -> Feeder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True)
-        if self._error is not None and exc[0] is None:
-            raise self._error
-
-
-async def host_status(host: Host, run_dir: str | None) -> Status | None:
-    """The run's status on its host (through its agent, as the app probes it), or None
-    when there is none to have: no manifest (a user's own writer), an unreadable one."""
-    try:
-        return await control.run_status(host, run_dir)
-    except TargetError:
-        return None  # judged from the records alone
-
-
-def _local_status(run: Run, run_dir: Path, now: float) -> None:
-    """A run on this machine: the room on its filesystem and the agent's own ``status``
-    code, run in this process (no agent process to start); nothing without a manifest."""
-    from eagle3_tui.agent.diskspace import disk_space
-
-    note_disk(run, disk_space(str(run_dir), str(run_dir / "metrics.jsonl")))
-    try:
-        status = control.local_status(str(run_dir))
-    except AgentAnswerError:
-        return  # no manifest (a user's own writer), an unreadable one: the records
-    apply_status(run.state, status, now)
-
-
-def load_target(where: Target, label: str) -> tuple[Run, float]:
-    """A run's records, manifest and whether its trainer lives (the agent's ``status``
-    on the run's host; in this process for a local run)."""
-    if isinstance(where, LocalTarget):
-        run = load_local(where.run_dir)
-        now = time.time()
-        _local_status(run, where.run_dir, now)
-    else:
-        run, now = run_sync(load_remote(where))
-    if run.state.records == 0 and run.state.malformed_count == 0:
-        raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
-    return run, now
-
-
-def needs_choice(where: Target, pid: int | None) -> bool:
-    """Whether the host's agent must say what the target means (a process, a work
-    directory, a host's live training) before it is read: all but a local run directory
-    (its run.json, or eagle3-tui's metrics.jsonl: a user's own handler's file is a work
-    directory's, whose training says how it is doing)."""
-    from eagle3_tui.agent.discover import eagle3_metrics
-
-    if pid is not None:
-        return True
-    if isinstance(where, LocalTarget):
-        d = where.run_dir
-        check_local_input(d)  # unreadable or of the wrong kind: one line, its own status
-        metrics = d / "metrics.jsonl"
-        ours = (d / "run.json").exists() or (metrics.exists() and eagle3_metrics(str(metrics)))
-        return d.is_dir() and not ours
-    return True
-
-
-async def load_chosen(
-    where: Target, pid: int | None, label: str, on_note: Note | None = None
-) -> tuple[Run, float]:
-    """What the target means, read on its host over one connection: a run's
-    metrics.jsonl (and manifest), or a few seconds' observation of a training without
-    telemetry."""
-
-    async def go(host: Host) -> tuple[Run, float]:
-        chosen = await control.choose(host, control.run_dir_of(where), pid)
-        if chosen.choice is Choice.SEVERAL:
-            raise control.several_error(chosen, label)
-        _tell(on_note, chosen.note)
-        run = Run()
-        if chosen.choice is Choice.RUN:
-            run_dir = chosen.chosen_run_dir()
-            with Feeder(run) as feed:
-                eof = await control.read_file(host, run_dir, feed)
-            note_disk(run, eof.get("disk"))
-            now = float(eof.get("now") or time.time())
-            status = await host_status(host, run_dir)
-            if status is not None:
-                apply_status(run.state, status, now)
-            return run, now
-        end = await control.observe_once(
-            host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S
-        )
-        return run, float(end.get("now") or time.time())
-
-    return await control.on_host(where, go)
-
-
-def same_place(a: Target, b: Target) -> str | None:
-    """Where both targets point, when they are one place however they are spelt
-    (``RUN``, ``RUN/``, ``./RUN``, a link to it; the same host and directory); else
-    None (two copies of a run are two runs)."""
-    if isinstance(a, LocalTarget) and isinstance(b, LocalTarget):
-        try:
-            same = os.path.samefile(a.run_dir, b.run_dir)
-        except OSError:  # one is missing: said when it is read
-            return None
-        return str(a.run_dir.resolve()) if same else None
-    if isinstance(a, LocalTarget) or isinstance(b, LocalTarget):
-        return None
-    dirs = [posixpath.normpath(t.run_dir) if t.run_dir else None for t in (a, b)]
-    if a.destination == b.destination and dirs[0] == dirs[1]:  # one set of ssh options
-        return f"{a.destination}:{dirs[0] or '(its live or latest run)'}"
-    return None
-
-
-def pinned_to(where: Target, run_dir: str) -> Target:
-    """The target with the run directory a choice gave (a newer run does not take over)."""
-    if isinstance(where, LocalTarget):
-        return LocalTarget(Path(run_dir))
-    return where.with_run_dir(run_dir)
-
-
-async def on_every_node(
-    where: Target,
-    op: str,
-    call: Callable[[Host, Target], Awaitable[Report]],
-    kind: type[Report],
-    first: Callable[[list[Target]], Awaitable[SaveWait | None]] | None = None,
-) -> Report:
-    """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
-    names its nodes, on every node at once; one (merged) report. ``first``: a step on
-    every node before the calls on any (a kill's wait for a checkpoint save), what it
-    waited for kept in the report."""
-    others: list[Target] = list(await control.node_targets(where))
-    if not others:
-        return await control.on_host(where, lambda h: call(h, where))
-    waited = await first([where, *others]) if first is not None else None
-    report = control.merge_results(op, await control.on_nodes([where, *others], call, kind))
-    if isinstance(report, KillReport):
-        report = control.with_save_wait(report, waited)
-    return report

@@ -1,0 +1,279 @@
+"""How the API reads a run: a local file fed to the model, a remote one over SSH (each
+node of a multi-node run), what a host says a target means, and the call that runs it
+all from synchronous code (:func:`run_sync`). The CLI's monitor uses the same pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eagle3_tui.model.files import DiskSpace
+from eagle3_tui.model.run import Run
+from eagle3_tui.transport import control
+from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
+from eagle3_tui.transport.control import Report
+from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_chunks
+from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, apply_status
+from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
+
+T = TypeVar("T")
+Note = Callable[[str], object]
+"""Told what a target turned out to mean (a process, a work directory's run)."""
+
+OBSERVE_S = 2.5
+"""How long a training without telemetry is watched when opened (CPU and reads need two
+samples; the log and checkpoints are read back at once)."""
+
+
+def target(where: str | Path | Target, ssh: SshOptions | None = None) -> Target:
+    """A target as the command line reads it (``Path``: always this machine)."""
+    if isinstance(where, LocalTarget | SshTarget):
+        return where
+    if isinstance(where, Path):
+        return LocalTarget(where)
+    return parse_target(where, ssh)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end: in this thread, or, where an event loop runs here
+    already (a notebook), in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-api") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def target_or_here(
+    where: str | Path | Target | None, pid: int | None, ssh: SshOptions | None
+) -> Target:
+    """The target; with a pid and no target, this machine."""
+    if where is None:
+        if pid is None:
+            raise TargetError(
+                "a TARGET is needed (a run directory, or [USER@]HOST[:DIR]), or --pid PID"
+            )
+        return LocalTarget(Path("."))  # the pid decides: see choose()
+    return target(where, ssh)
+
+
+def label_of(where: object, pid: int | None) -> str:
+    return str(where) if where is not None else f"pid {pid}"
+
+
+def tell(on_note: Note | None, note: object) -> None:
+    if note and on_note is not None:
+        on_note(str(note))
+
+
+def load_local(run_dir: Path) -> Run:
+    path = check_run_dir(run_dir)
+    run = Run()
+    for chunk in iter_chunks(path):
+        run.feed(chunk.offset, chunk.data)
+    return run
+
+
+async def load_remote(where: SshTarget) -> tuple[Run, float]:
+    """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
+    lives (one connection), and the host's clock. A multi-node run's other nodes (its
+    manifest names them) are read too, each over its own connection."""
+    run = Run()
+
+    async def read(host: Host) -> tuple[float, Status | None]:
+        with Feeder(run) as feed:
+            eof = await control.read_file(host, where.run_dir, feed)
+        note_disk(run, eof.get("disk"))
+        return float(eof.get("now") or time.time()), await host_status(host, where.run_dir)
+
+    now, status = await control.on_host(where, read)
+    if status is not None:
+        nodes = control.other_nodes(status.manifest, str(status.host), str(status.run_dir))
+        for i, node in enumerate(nodes, start=1):
+            other = control.node_target(where, node)
+
+            async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
+                with Feeder(run, i) as feed:
+                    await control.read_file(host, other.run_dir, feed)
+
+            await control.on_host(other, read_node)
+        apply_status(run.state, status, now)
+    return run, now
+
+
+def note_disk(run: Run, report: object) -> None:
+    """The room on the run's filesystem (the agent's report), for the verdict."""
+    disk = DiskSpace.of(report if isinstance(report, dict) else None)
+    if disk is not None:
+        run.set_disk(disk)
+
+
+class Feeder:
+    """Frames fed to a run in a thread of their own as they arrive, so that the ingest
+    overlaps the transfer (fed in the event loop, it would hold the next frames up);
+    leaving the ``with`` waits until all are in (and raises what feeding raised)."""
+
+    def __init__(self, run: Run, stream: int = 0) -> None:
+        self.run, self.stream = run, stream
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-feed")
+        self._error: BaseException | None = None
+
+    def _feed(self, frame: DataFrame) -> None:
+        if self._error is None:  # after a failure, nothing more: it is raised
+            try:
+                self.run.feed_frame(frame, self.stream)
+            except BaseException as e:
+                self._error = e
+
+    def __call__(self, frame: DataFrame) -> None:
+        if self._error is not None:
+            raise self._error
+        self._pool.submit(self._feed, frame)
+
+    def __enter__(self) -> Feeder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+
+async def host_status(host: Host, run_dir: str | None) -> Status | None:
+    """The run's status on its host (through its agent, as the app probes it), or None
+    when there is none to have: no manifest (a user's own writer), an unreadable one."""
+    try:
+        return await control.run_status(host, run_dir)
+    except TargetError:
+        return None  # judged from the records alone
+
+
+def local_status(run: Run, run_dir: Path, now: float) -> None:
+    """A run on this machine: the room on its filesystem and the agent's own ``status``
+    code, run in this process (no agent process to start); nothing without a manifest."""
+    from eagle3_tui.agent.diskspace import disk_space
+
+    note_disk(run, disk_space(str(run_dir), str(run_dir / "metrics.jsonl")))
+    try:
+        status = control.local_status(str(run_dir))
+    except AgentAnswerError:
+        return  # no manifest (a user's own writer), an unreadable one: the records
+    apply_status(run.state, status, now)
+
+
+def load_target(where: Target, label: str) -> tuple[Run, float]:
+    """A run's records, manifest and whether its trainer lives (the agent's ``status``
+    on the run's host; in this process for a local run)."""
+    if isinstance(where, LocalTarget):
+        run = load_local(where.run_dir)
+        now = time.time()
+        local_status(run, where.run_dir, now)
+    else:
+        run, now = run_sync(load_remote(where))
+    if run.state.records == 0 and run.state.malformed_count == 0:
+        raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
+    return run, now
+
+
+def needs_choice(where: Target, pid: int | None) -> bool:
+    """Whether the host's agent must say what the target means (a process, a work
+    directory, a host's live training) before it is read: all but a local run directory
+    (its run.json, or eagle3-tui's metrics.jsonl: a user's own handler's file is a work
+    directory's, whose training says how it is doing)."""
+    from eagle3_tui.agent.discover import eagle3_metrics
+
+    if pid is not None:
+        return True
+    if isinstance(where, LocalTarget):
+        d = where.run_dir
+        check_local_input(d)  # unreadable or of the wrong kind: one line, its own status
+        metrics = d / "metrics.jsonl"
+        ours = (d / "run.json").exists() or (metrics.exists() and eagle3_metrics(str(metrics)))
+        return d.is_dir() and not ours
+    return True
+
+
+async def load_chosen(
+    where: Target, pid: int | None, label: str, on_note: Note | None = None
+) -> tuple[Run, float]:
+    """What the target means, read on its host over one connection: a run's
+    metrics.jsonl (and manifest), or a few seconds' observation of a training without
+    telemetry."""
+
+    async def go(host: Host) -> tuple[Run, float]:
+        chosen = await control.choose(host, control.run_dir_of(where), pid)
+        if chosen.choice is Choice.SEVERAL:
+            raise control.several_error(chosen, label)
+        tell(on_note, chosen.note)
+        run = Run()
+        if chosen.choice is Choice.RUN:
+            run_dir = chosen.chosen_run_dir()
+            with Feeder(run) as feed:
+                eof = await control.read_file(host, run_dir, feed)
+            note_disk(run, eof.get("disk"))
+            now = float(eof.get("now") or time.time())
+            status = await host_status(host, run_dir)
+            if status is not None:
+                apply_status(run.state, status, now)
+            return run, now
+        end = await control.observe_once(
+            host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S
+        )
+        return run, float(end.get("now") or time.time())
+
+    return await control.on_host(where, go)
+
+
+def same_place(a: Target, b: Target) -> str | None:
+    """Where both targets point, when they are one place however they are spelt
+    (``RUN``, ``RUN/``, ``./RUN``, a link to it; the same host and directory); else
+    None (two copies of a run are two runs)."""
+    if isinstance(a, LocalTarget) and isinstance(b, LocalTarget):
+        try:
+            same = os.path.samefile(a.run_dir, b.run_dir)
+        except OSError:  # one is missing: said when it is read
+            return None
+        return str(a.run_dir.resolve()) if same else None
+    if isinstance(a, LocalTarget) or isinstance(b, LocalTarget):
+        return None
+    dirs = [posixpath.normpath(t.run_dir) if t.run_dir else None for t in (a, b)]
+    if a.destination == b.destination and dirs[0] == dirs[1]:  # one set of ssh options
+        return f"{a.destination}:{dirs[0] or '(its live or latest run)'}"
+    return None
+
+
+def pinned_to(where: Target, run_dir: str) -> Target:
+    """The target with the run directory a choice gave (a newer run does not take over)."""
+    if isinstance(where, LocalTarget):
+        return LocalTarget(Path(run_dir))
+    return where.with_run_dir(run_dir)
+
+
+async def on_every_node(
+    where: Target,
+    op: str,
+    call: Callable[[Host, Target], Awaitable[Report]],
+    kind: type[Report],
+    first: Callable[[list[Target]], Awaitable[SaveWait | None]] | None = None,
+) -> Report:
+    """``call(host, target)`` on the target's host, or, for a multi-node run whose manifest
+    names its nodes, on every node at once; one (merged) report. ``first``: a step on
+    every node before the calls on any (a kill's wait for a checkpoint save), what it
+    waited for kept in the report."""
+    others: list[Target] = list(await control.node_targets(where))
+    if not others:
+        return await control.on_host(where, lambda h: call(h, where))
+    waited = await first([where, *others]) if first is not None else None
+    report = control.merge_results(op, await control.on_nodes([where, *others], call, kind))
+    if isinstance(report, KillReport):
+        report = control.with_save_wait(report, waited)
+    return report

@@ -1,0 +1,162 @@
+"""The words of a verdict: a run's :class:`Health`, its :class:`Diagnosis`, the
+thresholds both judges use, what the samplers say (:func:`evidence`) and the sentences
+they share. ``health.py`` judges a run from its records (with telemetry, or a user's
+own handler); ``observed_health.py`` judges a training watched from outside; both
+build on this module and neither on the other's internals.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from eagle3_tui.model.derived import Pace, run_pace
+from eagle3_tui.model.state import RunState
+from eagle3_tui.model.units import size
+from eagle3_tui.telemetry.thresholds import SILENT_FROM_START_S as SILENT_FROM_START_S
+
+MIN_QUIET_S = 30.0
+QUIET_STEPS = 5.0
+"""A run is quiet after ``max(MIN_QUIET_S, QUIET_STEPS × mean time between logged steps)``."""
+STARTUP_FACTOR = 3.0
+"""A start-up may take this many times the run's longest earlier start-up."""
+HEARTBEAT_DEAD_S = 30.0
+"""No heartbeat for this long, and no probe: the writer's process is taken as gone."""
+GPU_BUSY_UTIL = 10.0
+AFTER_LAST_STEP_S = 2.0
+"""Samples this close after the last metric still show its step's work (a sample covers
+the interval before it): a quiet run is judged on the samples after them."""
+DIVERGE_FACTOR = 4.0
+"""Diverged when the last losses sit this many times above their smoothed history."""
+
+
+class Health(enum.Enum):
+    """What a run is doing. The value is what ``summary`` prints."""
+
+    UNREADABLE = "unreadable"
+    """Not a metrics file: no valid record, only malformed lines."""
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    SILENT = "silent"
+    STALLED = "stalled"
+    DEAD = "dead"
+    DIVERGED = "diverged"
+    DISK_FULL = "disk_full"
+    """Quiet, and the host says the run's filesystem has no room: the writes fail."""
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    health: Health
+    reason: str
+    link_down_since: float | None = None
+    """Client time since which no data can arrive: ``health`` is then the last known
+    one, judged on what reached the client before."""
+
+    @property
+    def label(self) -> str:
+        """What the header and banner call it: the health, or ``LINK DOWN`` while the
+        link is down and the last verdict was no alarm (running, waiting)."""
+        if self.link_down_since is not None and self.health in (Health.RUNNING, Health.WAITING):
+            return "LINK DOWN"
+        return self.health.value.upper().replace("_", " ")
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def quiet_limit(state: RunState, pace: Pace | None = None) -> float:
+    """How long the current process may log nothing before it is quiet."""
+    record_s = (pace or run_pace(state)).record_s
+    return max(MIN_QUIET_S, QUIET_STEPS * record_s) if record_s else MIN_QUIET_S
+
+
+def startup_allowance(state: RunState) -> float:
+    """How long a process start may take to its first step: learned from the run's
+    earlier starts (a resume also loads a checkpoint and spawns its workers again)."""
+    learned = max(state.startups, default=0.0)
+    return max(SILENT_FROM_START_S, STARTUP_FACTOR * learned)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the samplers say about the last ``window`` seconds."""
+
+    gpu_known: bool
+    gpu_busy: bool
+    gpu_util: float | None
+    reads_known: bool
+    reading: bool
+    read_bytes: float
+    window: float
+    saving: bool
+
+
+def evidence(state: RunState, now: float, window: float) -> Evidence:
+    since = now - window
+    utils = [
+        dev.util
+        for ts, devs in state.gpu_samples
+        if ts >= since
+        for dev in devs
+        if dev.util is not None
+    ]
+    gpu_known = bool(utils) or (state.last_gpu_ts is not None and state.gpu_status == "ok")
+    peak = max(utils) if utils else None
+    io = [p for p in state.io_history if p.ts >= since]
+    read_bytes = sum(p.bytes for p in io)
+    ckpt_recent = any(e.ts >= since for e in state.ckpt_events)
+    return Evidence(
+        gpu_known=gpu_known,
+        gpu_busy=peak is not None and peak >= GPU_BUSY_UTIL,
+        gpu_util=peak,
+        reads_known=bool(io),
+        reading=read_bytes > 0,
+        read_bytes=read_bytes,
+        window=window,
+        saving=ckpt_recent,
+    )
+
+
+def leftovers_sentence(
+    state: RunState, lead: str = "Left behind, still alive", hint: str = " (k ends them)"
+) -> str:
+    """The run's processes that outlived its trainer (dataloader workers...), by name."""
+    if not state.leftovers:
+        return ""
+    shown = []
+    for left in state.leftovers[:6]:
+        parts = [f"pid {left.pid} {left.comm}"]
+        if left.rss_bytes is not None:
+            parts.append(f"{size(left.rss_bytes)} RAM")
+        if left.gpu_bytes:
+            gpus = ",".join(str(g) for g in left.gpus)
+            parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
+        shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
+    more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
+    return f" {lead}: {'; '.join(shown)}{more}{hint}."
+
+
+def exit_text(status: int | None) -> str:
+    if status is None:
+        return "killed, or exited without a word (exit status unknown)"
+    if status < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
