@@ -11,7 +11,7 @@ import pytest
 
 from eagle3_tui import exits
 from eagle3_tui.cli import main
-from eagle3_tui.transport.control import ATTACH_EXIT, EXIT_BY_KIND, KILL_EXIT
+from eagle3_tui.reports import ATTACH_EXIT, EXIT_BY_KIND, KILL_EXIT
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

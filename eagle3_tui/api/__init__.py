@@ -28,7 +28,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui import exits
+from eagle3_tui import exits, reports
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
 from eagle3_tui.api.reading import (
     OBSERVE_S,
@@ -391,4 +391,4 @@ def attach(
 def exit_status(error: TargetError) -> int:
     """The exit status the CLI gives an error (``eagle3_tui/exits.py``: 21 no
     permission, 22 no such process, 25 not a regular file, 2 otherwise...)."""
-    return control.exit_status_of(error)
+    return reports.exit_status_of(error)

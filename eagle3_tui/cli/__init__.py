@@ -75,7 +75,7 @@ def _command(args: list[str]) -> int:
         status = monitor.run(monitor.build_parser().parse_args(args))
         return status
     except TargetError as e:
-        from eagle3_tui.transport.control import exit_status_of
+        from eagle3_tui.reports import exit_status_of
 
         say(f"eagle3-tui: {printable(str(e))}", err=True)
         return exit_status_of(e)

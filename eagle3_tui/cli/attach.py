@@ -67,12 +67,11 @@ def _confirm(question: str) -> bool:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from eagle3_tui import api
-    from eagle3_tui.transport import control
+    from eagle3_tui import api, reports
     from eagle3_tui.transport.replies import AttachPlan, to_json
 
     def confirm(plan: AttachPlan) -> bool:
-        say(control.format_attach_plan(plan), err=True)
+        say(reports.format_attach_plan(plan), err=True)
         return bool(ns.yes) or _confirm("attach? [y/N] ")
 
     result = api.attach(ns.target, pid=ns.pid, confirm=confirm, wait=ns.wait, ssh=ssh_options(ns))
@@ -82,5 +81,5 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         say_json(to_json(result))
     else:
-        say(control.format_attach(result))
-    return control.attach_exit_status(result)
+        say(reports.format_attach(result))
+    return reports.attach_exit_status(result)

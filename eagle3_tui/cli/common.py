@@ -187,7 +187,7 @@ def say_chosen(note: object) -> None:
 
 
 def print_progress(event: Any, prefix: str = "") -> None:
-    from eagle3_tui.transport.control import format_progress
+    from eagle3_tui.reports import format_progress
 
     line = format_progress(event)
     if line is not None:

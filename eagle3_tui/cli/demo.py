@@ -148,7 +148,8 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     import asyncio
     import subprocess
 
-    from eagle3_tui.transport.control import kill_run, on_host, run_status, status_line
+    from eagle3_tui.reports import status_line
+    from eagle3_tui.transport.control import kill_run, on_host, run_status
 
     if proc.poll() is not None:
         try:

@@ -74,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from eagle3_tui import api
-    from eagle3_tui.transport import control
+    from eagle3_tui import api, reports
     from eagle3_tui.transport.replies import to_json
 
     try:
@@ -100,5 +99,5 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         say_json(to_json(result))
     else:
-        say(control.format_kill(result))
-    return control.kill_exit_status(result)
+        say(reports.format_kill(result))
+    return reports.kill_exit_status(result)

@@ -56,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from eagle3_tui import api
-    from eagle3_tui.transport import control
+    from eagle3_tui import api, reports
     from eagle3_tui.transport.replies import to_json
 
     result = api.resume(
@@ -66,5 +65,5 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         say_json(to_json(result))
     else:
-        say(control.format_resume(result))
-    return control.resume_exit_status(result)
+        say(reports.format_resume(result))
+    return reports.resume_exit_status(result)

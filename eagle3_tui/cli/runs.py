@@ -36,13 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from eagle3_tui import api
-    from eagle3_tui.transport import control
+    from eagle3_tui import api, reports
     from eagle3_tui.transport.replies import to_json
 
     result = api.runs(ns.target, all_users=ns.all, prune=ns.prune, ssh=ssh_options(ns))
     if ns.json:
         say_json(to_json(result))
     else:
-        say(control.format_discovered(result))
+        say(reports.format_discovered(result))
     return exits.OK

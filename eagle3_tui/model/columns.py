@@ -33,7 +33,8 @@ from eagle3_tui.model.records import (
     TrainMetrics,
     train_metrics_type,
 )
-from eagle3_tui.model.state import SAMPLES_KEPT, RunState, StepColumns
+from eagle3_tui.model.samples import SAMPLES_KEPT
+from eagle3_tui.model.state import RunState, StepColumns
 
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}

@@ -65,11 +65,6 @@ def _scalar(series: F64 | None) -> float | None:
     return float(series[0])
 
 
-def tau_from_full(full_acc: Sequence[float | None]) -> float | None:
-    """τ from one point's full accuracies; None if any is missing or non-finite."""
-    return _scalar(tau_series([_point(a) for a in full_acc]))
-
-
 def tau_from_cond(cond_acc: Sequence[float | None]) -> float | None:
     """τ from one point's conditional accuracies; None if any is missing or non-finite."""
     return _scalar(tau_series((), [_point(a) for a in cond_acc]))

@@ -241,11 +241,6 @@ class Run:
     def link_down_since(self) -> float | None:
         return self._state.link_down_since
 
-    @property
-    def resume_offset(self) -> int:
-        """Offset just past the last complete line: where a broken stream resumes."""
-        return self.reader.complete_offset
-
 
 def _restarted(items: list[Item]) -> bool:
     """Whether the file started over: the reader's restart to an earlier offset (a feed's

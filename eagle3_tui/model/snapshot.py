@@ -69,6 +69,16 @@ class Line:
     kind: str = "raw"
     """raw, smoothed, val or derived: lets a panel style lines."""
 
+    def trend(self) -> tuple[float, int] | None:
+        """The change of the last value against the point a quarter of the line's finite
+        points back, and the steps between them; None with fewer than four points."""
+        pts = [(x, y) for x, y in zip(self.x, self.y, strict=True) if math.isfinite(y)]
+        if len(pts) < 4:
+            return None
+        x1, y1 = pts[-1]
+        x0, y0 = pts[max(0, len(pts) - 1 - len(pts) // 4)]
+        return y1 - y0, int(x1 - x0)
+
 
 @dataclass(frozen=True, slots=True)
 class ValRow:

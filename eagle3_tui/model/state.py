@@ -52,6 +52,7 @@ from eagle3_tui.model.records import (
     struct_columns,
     train_items,
 )
+from eagle3_tui.model.samples import GPU_HISTORY, IO_HISTORY, SAMPLES_KEPT
 from eagle3_tui.model.stack import StackSample, stack_sample
 from eagle3_tui.model.table import StepTable
 from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE
@@ -61,14 +62,7 @@ BATCH_MIN = 16
 MAX_LOG = 2000
 MAX_MALFORMED = 200
 MAX_EVENTS = 1000
-GPU_HISTORY = 600  # samples (10 min at 1 s)
-IO_HISTORY = 600
 RECENT_FILES = 50
-_KEEP_LAST = {"gpu": GPU_HISTORY, "io": IO_HISTORY, "heartbeat": 256}
-SAMPLES_KEPT = dict(_KEEP_LAST)
-"""How many of the newest sampler records of each kind the state keeps (a columns
-catch-up may send the older ones as envelopes only: agent/columns.py)."""
-"""Sampler kinds and how many of their newest records the state keeps."""
 _ACTIVITIES = ("saving", "validating")
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
@@ -234,7 +228,7 @@ class RunState:
     stack: StackSample | None = None
     """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
     _pending: dict[str, deque[Record | Deferred]] = field(
-        default_factory=lambda: {k: deque(maxlen=n) for k, n in _KEEP_LAST.items()}, repr=False
+        default_factory=lambda: {k: deque(maxlen=n) for k, n in SAMPLES_KEPT.items()}, repr=False
     )
     _unsettled: bool = False
     # evidence from outside the file (a probe of the process)

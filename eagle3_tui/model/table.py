@@ -113,23 +113,6 @@ class StepTable:
                     col.extend(pad)
                     self.latest[key] = None
 
-    def append_table(self, later: StepTable) -> None:
-        """Append ``later``'s rows (its first step must be above our last one)."""
-        if not len(later):
-            return
-        n, m = len(self.steps), len(later.steps)
-        self.steps.extend(later.steps)
-        self.ts.extend(later.ts)
-        for key, col in later.columns.items():
-            self._column(key, n).extend(col)
-            self.latest[key] = later.latest.get(key)
-        pad = array("f", [NAN]) * m
-        for key, col in self.columns.items():
-            if len(col) == n:
-                col.extend(pad)
-                self.latest[key] = None
-        self._nonfinite |= later._nonfinite
-
     # ---- reading: numpy views of the columns ------------------------------------------
     # A view shares the column's memory: read it under the model's lock, and let it go
     # before the next append (an array exporting its buffer cannot grow).

@@ -75,10 +75,15 @@ class TargetError(Exception):
 class NoPermissionError(TargetError):
     """This user may not read the target: a run directory, its ``metrics.jsonl`` or
     ``run.json`` whose mode refuses it (``chmod 000``), or a directory above it that it
-    may not enter. Its own exit status (see ``control.exit_status_of``)."""
+    may not enter. Its own exit status (see ``reports.exit_status_of``)."""
 
 
 class WrongKindError(TargetError):
     """The target is not what it must be: a file where a run directory should be, a
     directory, FIFO, device or dangling link where ``metrics.jsonl`` or ``run.json``
-    should be a regular file. Its own exit status (see ``control.exit_status_of``)."""
+    should be a regular file. Its own exit status (see ``reports.exit_status_of``)."""
+
+
+class SeveralRunsError(TargetError):
+    """A headless command met several live trainings and was not told which (--pid).
+    Its own exit status (see ``reports.exit_status_of``)."""

@@ -34,7 +34,7 @@ import asyncssh
 
 from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
-from eagle3_tui.model.state import SAMPLES_KEPT
+from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.telemetry.schema import METRICS_FILE
 from eagle3_tui.transport.base import (
     Chunk,

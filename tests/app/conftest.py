@@ -15,7 +15,7 @@ from eagle3_tui.app.control import RunControl
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, LocalHost, ProgressCallback
 from eagle3_tui.transport.replies import KillReport, Status, decode
-from tests.conftest import LiveRun, live_training
+from tests.conftest import LiveRun, live_training, wait_until_async
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -176,12 +176,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
 
 async def wait_until(predicate: Any, timeout: float, what: str, run: LiveRun) -> None:
     """Outside an app: poll until ``predicate()`` holds (the training's log on failure)."""
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.log()}"
-        await asyncio.sleep(0.2)
+    await wait_until_async(predicate, timeout, lambda: f"{what}:\n{run.log()}", interval=0.2)
 
 
 async def open_dialog(app: Any, pilot: Any, key: str, state: str = "ready") -> Any:

@@ -344,7 +344,7 @@ def test_a_gdb_that_cannot_call_is_refused_before_it_touches_the_trainer(
 ) -> None:
     """Where the injector cannot go (an interpreter that does not export the function),
     a gdb that fails the check (here a script in gdb's place that answers as Debian's
-    gdb 13.1 does on a CPU with AMX) refuses the attach, exit 15, with both reasons,
+    gdb 13.1 does on a CPU with AMX) refuses the attach, exit 34, with both reasons,
     and gdb is never pointed at the process: only at the throwaway one."""
     proc = torch_process(tmp_path, procs, LOOP, python_without_the_call)
     bindir = tmp_path / "bin"

@@ -22,14 +22,9 @@ from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.model.verdict import Health
+from eagle3_tui.reports import ATTACH_EXIT, attach_exit_status, format_attach, format_attach_plan
 from eagle3_tui.telemetry import rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
-from eagle3_tui.transport.control import (
-    ATTACH_EXIT,
-    attach_exit_status,
-    format_attach,
-    format_attach_plan,
-)
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import wait_until
 from tests.records import Lines

@@ -18,21 +18,24 @@ from eagle3_tui.model.derived import (
     smoothed,
     steps_per_epoch,
     tau_from_cond,
-    tau_from_full,
     tau_of,
 )
 from eagle3_tui.model.downsample import m4, m4_indices
 
 
+def full(*acc: float) -> dict[str, float | None]:
+    return {f"train/full_acc_{k}": a for k, a in enumerate(acc)}
+
+
 def test_tau_is_one_plus_the_sum_of_full_accuracies() -> None:
-    assert tau_from_full([0.8, 0.56, 0.336]) == pytest.approx(1 + 0.8 + 0.56 + 0.336)
-    assert tau_from_full([]) is None
-    assert tau_from_full([0.5, math.nan]) is None
+    assert tau_of(full(0.8, 0.56, 0.336)) == pytest.approx(1 + 0.8 + 0.56 + 0.336)
+    assert tau_of({}) is None
+    assert tau_of(full(0.5, math.nan)) is None
 
 
 def test_tau_from_conditional_accuracies_is_their_running_product() -> None:
     # cond 0.8, 0.7, 0.6 -> full 0.8, 0.56, 0.336
-    assert tau_from_cond([0.8, 0.7, 0.6]) == pytest.approx(tau_from_full([0.8, 0.56, 0.336]))
+    assert tau_from_cond([0.8, 0.7, 0.6]) == pytest.approx(1 + 0.8 + 0.56 + 0.336)
 
 
 def test_tau_prefers_logged_full_accuracies_over_the_product() -> None:

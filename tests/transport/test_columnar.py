@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.run import Run
-from eagle3_tui.model.state import SAMPLES_KEPT
+from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry.columns import COLUMNS_FILE, index_file, read_blocks
 from eagle3_tui.telemetry.writer import JsonlWriter

@@ -22,9 +22,10 @@ import eagle3_tui
 from eagle3_tui.agent import discover, logparse, observe
 from eagle3_tui.agent.frames import AgentError
 from eagle3_tui.model.run import Run
+from eagle3_tui.reports import EXIT_BY_KIND
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
-from eagle3_tui.transport.control import EXIT_BY_KIND, choose, describe, observe_once
+from eagle3_tui.transport.control import choose, describe, observe_once
 from eagle3_tui.transport.replies import Choice, ErrorKind, ProcessRow, decode
 from tests.conftest import need_training
 

@@ -28,7 +28,7 @@ from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost, SshTransport
-from tests.conftest import need
+from tests.conftest import need, wait_until_async
 from tests.records import Lines
 from tests.transport.conftest import cli, ssh_target
 from tests.transport.sshd import ALIAS, Sshd
@@ -71,11 +71,7 @@ async def resumed(run_dir: Path) -> None:
 
 
 async def wait_for(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await wait_until_async(done, timeout, what, interval=0.02)
 
 
 class Monitor:

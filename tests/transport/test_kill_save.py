@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import saving
+from eagle3_tui.reports import format_kill
 from eagle3_tui.transport.channel import Event, LocalHost
-from eagle3_tui.transport.control import format_kill, kill_run
+from eagle3_tui.transport.control import kill_run
 from tests.conftest import interruptible
 from tests.records import Lines
 from tests.transport.fakes import alive

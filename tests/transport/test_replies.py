@@ -19,13 +19,15 @@ import msgspec
 import pytest
 
 import eagle3_tui.agent
+from eagle3_tui import reports
 from eagle3_tui.agent import names
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.verdict import Health
+from eagle3_tui.reports import exit_status_of
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.transport import control
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost, call_agent
-from eagle3_tui.transport.control import exit_status_of, run_status
+from eagle3_tui.transport.control import run_status
 from eagle3_tui.transport.replies import (
     AgentProtocolError,
     AttachPlan,
@@ -256,7 +258,7 @@ async def test_discover_choose_and_describe_decode_what_the_agent_sends(
     # the same through the client's own call, and what it shows
     report = await control.discover(LocalHost())
     assert any(r.pid == pid for r in report.live)
-    shown = control.format_discovered(report)
+    shown = reports.format_discovered(report)
     assert str(work) in shown and "silent_train.py" in shown and finished["run_dir"] in shown
     out = json.loads(to_json(report))  # runs --json: what the agent said, every key
     shown_row = next(r for r in out["live"] if r["pid"] == pid)
@@ -298,8 +300,8 @@ async def test_attach_replies_decode_what_the_agent_sends(
         assert plan.pid == pid and plan.cwd == str(work) and plan.mechanism == "ptrace"
         assert plan.python.version is not None and plan.python.label.startswith("CPython")
         assert plan.run_dir == str(tmp_path / "run") and plan.argv[1:2] == ["silent_train.py"]
-        assert control.attach_exit_status(plan) == 0
-        assert f"attach telemetry to pid {pid}" in control.format_attach_plan(plan)
+        assert reports.attach_exit_status(plan) == 0
+        assert f"attach telemetry to pid {pid}" in reports.format_attach_plan(plan)
         confirmed = msgspec.structs.replace(plan, start_ticks=(plan.start_ticks or 0) + 1)
     else:  # ptrace is not allowed here: the refusal, typed too
         assert unread(fields, AttachResult) == set()
@@ -310,7 +312,7 @@ async def test_attach_replies_decode_what_the_agent_sends(
     result = decode(AttachResult, fields)
     assert unread(fields, AttachResult) == set()
     assert result.status == "refused" and result.reason in ("reused", "permission"), result
-    assert control.attach_exit_status(result) in (12, 13)
+    assert reports.attach_exit_status(result) in (21, 22)  # no such process / no permission
     assert not (tmp_path / "run").exists()
 
 
@@ -339,7 +341,7 @@ def test_replies_of_the_wrong_shape_name_the_field() -> None:
         assert message.startswith(f"gpu-box: the agent's {fields['op']} reply is not understood")
     assert isinstance(decode_plan({"op": "attach", "status": "plan", "pid": 5}), AttachPlan)
     refused = decode_plan({"op": "attach", "status": "refused", "reason": "no_gdb"})
-    assert isinstance(refused, AttachResult) and control.attach_exit_status(refused) == 15
+    assert isinstance(refused, AttachResult) and reports.attach_exit_status(refused) == 34
 
 
 def test_a_manifests_nodes_are_read_as_node_places() -> None:

@@ -6,8 +6,7 @@ the tests run in order, and each prepares what it needs if run alone."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from eagle3_tui.transport.control import kill_run
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost
 from eagle3_tui.transport.target import SshTarget
-from tests.conftest import LiveRun, live_training, read_jsonl
+from tests.conftest import LiveRun, live_training, read_jsonl, wait_until
 from tests.transport.conftest import cli, remote_env, ssh_target
 from tests.transport.fakes import marker_processes
 from tests.transport.sshd import ALIAS, Sshd
@@ -29,11 +28,8 @@ pytestmark = pytest.mark.slow
 TRAINING = ("--epochs", "40", "--workers", "2", "--step-delay", "0.05")  # stopped, never done
 
 
-def wait_for(predicate: object, timeout: float, what: str, run: LiveRun) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{run.log()}"
-        time.sleep(0.2)
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, run: LiveRun) -> None:
+    wait_until(predicate, timeout, lambda: f"{what}:\n{run.log()}", interval=0.2)
 
 
 @pytest.fixture(scope="module")

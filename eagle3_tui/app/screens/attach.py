@@ -23,7 +23,7 @@ from textual.widgets import Static
 from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import inert
-from eagle3_tui.transport.control import format_attach, format_attach_plan, status_line
+from eagle3_tui.reports import format_attach, format_attach_plan, status_line
 from eagle3_tui.transport.replies import AttachCandidate, AttachPlan, AttachResult
 
 MAX_CHOICES = 9

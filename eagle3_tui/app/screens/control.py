@@ -20,13 +20,8 @@ from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.model.snapshot import EMPTY
+from eagle3_tui.reports import format_kill, format_progress, format_resume, format_resume_plan
 from eagle3_tui.transport.channel import Event
-from eagle3_tui.transport.control import (
-    format_kill,
-    format_progress,
-    format_resume,
-    format_resume_plan,
-)
 from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
 
 

@@ -24,7 +24,7 @@ from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, siz
 from eagle3_tui.model.anomalies import Anomaly, Gap, NonFinite, Resume, Spike
 from eagle3_tui.model.derived import tau_of
 from eagle3_tui.model.observed import Member
-from eagle3_tui.model.snapshot import EMPTY, GpuView, IoView, Line, Snapshot
+from eagle3_tui.model.snapshot import EMPTY, GpuView, IoView, Snapshot
 from eagle3_tui.model.state import CkptEvent
 
 STARVED = 0.3
@@ -261,19 +261,6 @@ class Panel(KeptLines):
         return max(10, self.content_size.width)
 
 
-def trend(line: Line | None) -> tuple[float, int] | None:
-    """Change of a line's last value against the point a quarter of its span back,
-    and the steps between them."""
-    if line is None or len(line.y) < 4:
-        return None
-    pts = [(x, y) for x, y in zip(line.x, line.y, strict=True) if math.isfinite(y)]
-    if len(pts) < 4:
-        return None
-    x1, y1 = pts[-1]
-    x0, y0 = pts[max(0, len(pts) - 1 - len(pts) // 4)]
-    return y1 - y0, int(x1 - x0)
-
-
 def spread(total: int, weights: list[int]) -> list[int]:
     """``total`` cells shared out in proportion to ``weights``, rounding up in turn (as
     Rich shares an expanding table's spare width among its columns)."""
@@ -360,7 +347,7 @@ class AcceptanceTable(Panel):
         tau = Text(no_wrap=True, overflow="ellipsis")
         tau.append("τ ", style="bold")
         tau.append(num(snap.tau, 3), style="bold #ffffff")
-        change = trend(snap.tau_line)
+        change = snap.tau_line.trend() if snap.tau_line is not None else None
         if change is not None:
             delta, steps = change
             arrow, style = ("→", "dim")
