@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.scenarios.timeline import Timeline
+from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.reports import format_kill
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run, resume_run, run_status
-from eagle3_tui.transport.replies import KillReport, Status, apply_status
+from eagle3_tui.transport.replies import KillReport, Status
 
 TICK_S = 1.0
 

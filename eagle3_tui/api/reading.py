@@ -16,12 +16,13 @@ from typing import Any, TypeVar
 
 from eagle3_tui.model.files import DiskSpace
 from eagle3_tui.model.run import Run
+from eagle3_tui.model.state import RunState
 from eagle3_tui.transport import control
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
 from eagle3_tui.transport.control import Report
 from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_chunks
-from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, apply_status
+from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
 from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
 
 T = TypeVar("T")
@@ -73,6 +74,18 @@ def label_of(where: object, pid: int | None) -> str:
 def tell(on_note: Note | None, note: object) -> None:
     if note and on_note is not None:
         on_note(str(note))
+
+
+def apply_status(state: RunState, status: Status, now: float) -> None:
+    """The host's evidence into the run state (asked at ``now``, the client's clock): the
+    manifest, the host's clock, whether the trainer lives and what outlived it. The one
+    place a status moves the model (the app's probe, the API and the commands)."""
+    if status.manifest:
+        state.set_manifest(status.manifest)
+    if status.now is not None:
+        state.set_host_clock(status.now, now)
+    left = () if status.alive else tuple(leftover_of(x) for x in status.leftovers)
+    state.set_process(status.alive, now, left)
 
 
 def load_local(run_dir: Path) -> Run:

@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
@@ -39,7 +40,7 @@ from eagle3_tui.transport.base import (
     LinkChanged,
     StreamEvent,
 )
-from eagle3_tui.transport.replies import Status, apply_status
+from eagle3_tui.transport.replies import Status
 
 LINK_DOWN = frozenset({Link.RECONNECTING, Link.REFUSED, Link.UNREADABLE})
 """Link states in which no data can arrive."""

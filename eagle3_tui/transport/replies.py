@@ -8,7 +8,9 @@ events and error kinds in :mod:`eagle3_tui.agent.names`; here each operation's
 :class:`AttachResult`), and an error event's kind an
 :class:`ErrorKind`. A reply that does not have the shape its operation promises is
 an :class:`AgentProtocolError` (one line, naming the field), never a ``KeyError``
-further up. The run state takes a status in one place: :func:`apply_status`.
+further up.
+Nothing here changes the model: the API's ``apply_status`` (``api/reading.py``) is
+where a status moves a run's state.
 
 No textual, no asyncssh here.
 """
@@ -21,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from eagle3_tui.agent import names
-from eagle3_tui.model.state import Leftover, RunState
+from eagle3_tui.model.state import Leftover
 from eagle3_tui.transport.base import TargetError
 
 
@@ -115,18 +117,6 @@ class Status(Reply, kw_only=True):
     run_dir: str | None = None
     row: ProcessRow | None = None
     """``describe`` only: the discovered training's row."""
-
-
-def apply_status(state: RunState, status: Status, now: float) -> None:
-    """The host's evidence into the run state (asked at ``now``, the client's clock): the
-    manifest, the host's clock, whether the trainer lives and what outlived it. The one
-    place a status moves the model (the app's probe, the headless commands)."""
-    if status.manifest:
-        state.set_manifest(status.manifest)
-    if status.now is not None:
-        state.set_host_clock(status.now, now)
-    left = () if status.alive else tuple(leftover_of(x) for x in status.leftovers)
-    state.set_process(status.alive, now, left)
 
 
 def leftover_of(x: LeftoverProcess) -> Leftover:

@@ -21,6 +21,7 @@ import pytest
 import eagle3_tui.agent
 from eagle3_tui import reports
 from eagle3_tui.agent import names
+from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.reports import exit_status_of
@@ -41,7 +42,6 @@ from eagle3_tui.transport.replies import (
     RunEntry,
     RunsReport,
     Status,
-    apply_status,
     decode,
     decode_plan,
     to_json,

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from eagle3_tui.agent.names import NVML_FIXTURE_ENV, RUN_ID_ENV
+from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.reports import format_kill
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.control import kill_run, run_status
-from eagle3_tui.transport.replies import apply_status
 from tests.conftest import wait_until
 from tests.model.test_health import T0, state_of
 from tests.records import Lines
