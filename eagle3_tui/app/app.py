@@ -289,7 +289,7 @@ class MonitorApp(App[None]):
         if action == "narrower":
             return f"the narrowest window: {MIN_WINDOW} steps" if window == MIN_WINDOW else None
         if action == "export":
-            if len(self.pipeline.run.state.table):
+            if len(self.pipeline.run.unsettled.table):
                 return None
             if self.snapshot.observed is not None:
                 return "export: no per-step metrics without telemetry: nothing to write"
@@ -307,7 +307,7 @@ class MonitorApp(App[None]):
                 return (
                     None if observed.alive else "attach: the training exited: nothing to attach to"
                 )
-            launched_with = self.pipeline.run.state.manifest  # written by its telemetry
+            launched_with = self.pipeline.run.unsettled.manifest  # written by its telemetry
             if not self.control.observed and (snap.records or launched_with):
                 return "attach: this run already writes telemetry: nothing to attach"
         return None
@@ -323,7 +323,7 @@ class MonitorApp(App[None]):
             return running if observed.alive else None
         # the last probe's answer (None: none yet); a run its records say stopped is
         # offered even before the next probe: the dialog asks the host again
-        alive = self.pipeline.run.state.process_alive
+        alive = self.pipeline.run.unsettled.process_alive
         if health not in (*ENDED, Health.DEAD) and (
             alive or (alive is None and health != Health.WAITING)
         ):

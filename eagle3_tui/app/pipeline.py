@@ -179,8 +179,9 @@ class Pipeline:
 
     @property
     def global_step(self) -> int | None:
-        """The latest step read (an int read: safe while a feed runs)."""
-        return self.run.state.global_step
+        """The latest step read (an int read, without settling: safe while a feed runs
+        and outside the lock)."""
+        return self.run.unsettled.global_step
 
     async def snapshot(
         self, now: float, view: ViewParams, lines: bool = True

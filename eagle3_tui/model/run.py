@@ -77,8 +77,16 @@ class Run:
 
     @property
     def state(self) -> RunState:
-        """The run state shown, its queued sampler records applied."""
+        """The run state shown, its queued sampler records applied: settling changes it,
+        so whoever shares the run across threads reads this under its lock (the app's
+        pipeline does). :attr:`unsettled` reads without settling."""
         self._state.settle()
+        return self._state
+
+    @property
+    def unsettled(self) -> RunState:
+        """The run state shown, as it is (sampler records may wait in its queues): for a
+        reader outside the lock that needs no sampler history, e.g. the latest step."""
         return self._state
 
     def feed(self, offset: int, data: bytes, stream: int = 0, span: int = -1) -> int:
