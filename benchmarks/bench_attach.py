@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle3_tui.agent import debugger, pyprocess
+from eagle3_tui.transport.calls import attach_plan, attach_run
 from eagle3_tui.transport.channel import Host, LocalHost
-from eagle3_tui.transport.control import attach_plan, attach_run
 from eagle3_tui.transport.replies import AttachPlan
 from tests.transport.sshd import ALIAS, Sshd
 

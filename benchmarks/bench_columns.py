@@ -51,7 +51,7 @@ def one(steps: int, columns: bool) -> tuple[float, int, int]:
             if i % 64 == 0:
                 time.sleep(0.001)  # let the writer thread drain as it does between steps
         w.close()
-        cpu = float(w.snapshot()["writer_cpu_s"])
+        cpu = float(w.figures()["writer_cpu_s"])
         comp = path.with_name(COLUMNS_FILE)
         return cpu, path.stat().st_size, comp.stat().st_size if comp.exists() else 0
 

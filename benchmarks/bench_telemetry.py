@@ -331,9 +331,9 @@ def sampler_cpu(tmp: Path, seconds: float) -> None:
     # the trainer's writer thread with nothing to write: its polling cost
     with Ours(tmp / "idle") as o:
         assert o.t is not None
-        c0 = o.t.writer.snapshot()["writer_cpu_s"]
+        c0 = o.t.writer.figures()["writer_cpu_s"]
         time.sleep(5)
-        c1 = o.t.writer.snapshot()["writer_cpu_s"]
+        c1 = o.t.writer.figures()["writer_cpu_s"]
     print(f"   idle writer thread in the trainer: {100 * (c1 - c0) / 5:.3f} %")
 
 
@@ -418,13 +418,13 @@ def node_samplers(tmp: Path, seconds: float, ranks: int = 8) -> None:
             gpus = [h.sset.get("gpu") for h in hosts if h.sset.get("gpu") is not None]
             for g in gpus:  # NVML start-up and device lookup: once, not per second
                 g.sample(time.time())
-            size0, rounds = writer.snapshot()["bytes"], 200
+            size0, rounds = writer.figures()["bytes"], 200
             c0 = time.process_time()
             for _ in range(rounds):
                 for g in gpus:
                     g.sample(time.time())
             cpu_ms = 1000 * (time.process_time() - c0) / rounds
-            nbytes = (writer.snapshot()["bytes"] - size0) / rounds
+            nbytes = (writer.figures()["bytes"] - size0) / rounds
             reads = sum(len(g._indices or []) for g in gpus)
             cost[mode] = cpu_ms
             print(

@@ -33,13 +33,13 @@ from textual.widgets import OptionList, Static
 
 from eagle3_tui.app.app import make_app
 from eagle3_tui.app.chooser import LiveChooser
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.model.inert import json_ascii, printable
-from eagle3_tui.transport import control
+from eagle3_tui.transport import calls
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.observed import ObservedTransport
 from eagle3_tui.transport.replies import Choice
@@ -249,7 +249,7 @@ async def test_every_part_of_the_monitor_shows_a_planted_process_inert(
     fake_manifest(old, dead_pid(), f"inert-{os.getpid()}", status="finished")
     register(Path(os.environ["XDG_STATE_HOME"]), f"inert-{os.getpid()}", old)
     host = LocalHost()
-    chosen = await control.choose(host, None, planted.pid)  # what `eagle3-tui --pid` does
+    chosen = await calls.choose(host, None, planted.pid)  # what `eagle3-tui --pid` does
     assert chosen.choice is Choice.PROCESS
     row = chosen.chosen_row()
     app = make_app(

@@ -26,8 +26,8 @@ from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.run import Run
 from eagle3_tui.reports import format_kill
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.calls import kill_run, resume_run, run_status
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import kill_run, resume_run, run_status
 from eagle3_tui.transport.replies import KillReport, Status
 
 TICK_S = 1.0

@@ -8,16 +8,26 @@ the host: see ``transport/bundle.py``), then one JSON request line. Paths
 and names from the user reach the host only inside that JSON, so a run
 directory called ``run $(touch x); `y` 'q"`` is data, never code.
 
-The agent answers on stdout with frames, each a header line then a payload:
+The agent answers on stdout with frames, each a header line then a payload (the
+four kinds are in :mod:`eagle3_tui.agent.frames`): ``D`` bytes of the file at an
+offset, ``Z`` the same zlib-compressed, ``C`` those bytes as columns (their training
+steps) and the other lines, ``J <json>`` an event (``resolved``, ``waiting``,
+``opened``, ``restarted``, ``progress``, ``result``, ``error``...: :mod:`.names`).
 
-``D <offset> <length>\\n`` followed by ``length`` bytes of the file at ``offset``;
-``J <json>\\n`` an event (``resolved``, ``waiting``, ``opened``, ``restarted``,
-``progress``, ``result``, ``error``).
+Operations (``main.py`` maps each to its module and function):
 
-Operations: ``follow`` (tail a run file with inotify, from an offset, noticing
-truncation and replacement), ``read`` (a file to its end), ``runs`` (the
-per-user index), ``kill`` and ``resume`` (process control built on the run's
-manifest ``run.json``), ``status`` (whether the trainer is alive, and its manifest).
+- ``follow`` and ``read`` (``follow.py``): tail a run's file with inotify from an
+  offset, noticing truncation and replacement; or read it to its end;
+- ``resolve``, ``runs``, ``status`` (``runs.py``): which run a directory means, the
+  per-user index, whether the trainer lives (and its manifest);
+- ``kill``, ``save_wait``, ``resume`` (``kill_resume.py``): stop a run at a step boundary
+  and verify its whole process tree gone; wait for a checkpoint save; relaunch it;
+- ``discover``, ``choose``, ``describe`` (``discover.py``): the host's live trainings
+  with or without telemetry, what a target means, one process;
+- ``observe`` (``observe.py``): records made from outside a training without
+  telemetry (its process tree, its log, its checkpoints, its metric backend's files);
+- ``attach`` (``attach.py``): add telemetry to a live training (the plan, then the
+  injection: ``ptrace.py``, or gdb).
 
 Standard library only, Python 3.8+ and Linux ``/proc``: the remote interpreter
 may be any ``python3``. Nothing is installed on the host. Run locally with

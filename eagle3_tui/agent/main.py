@@ -33,15 +33,15 @@ OPS: dict[str, tuple[str, str]] = {
     OP_RESOLVE: ("runs", "op_resolve"),
     OP_READ: ("follow", "op_read"),
     OP_RUNS: ("runs", "op_runs"),
-    OP_KILL: ("control", "op_kill"),
-    OP_RESUME: ("control", "op_resume"),
+    OP_KILL: ("kill_resume", "op_kill"),
+    OP_RESUME: ("kill_resume", "op_resume"),
     OP_STATUS: ("runs", "op_status"),
     OP_DISCOVER: ("discover", "op_discover"),
     OP_CHOOSE: ("discover", "op_choose"),
     OP_DESCRIBE: ("discover", "op_describe"),
     OP_OBSERVE: ("observe", "op_observe"),
     OP_ATTACH: ("attach", "op_attach"),
-    OP_SAVE_WAIT: ("control", "op_save_wait"),
+    OP_SAVE_WAIT: ("kill_resume", "op_save_wait"),
 }
 """Operation -> (module of ``eagle3_tui.agent``, function). The module is imported when
 its operation is asked for: every call is a fresh process, and the 60 s status probe

@@ -52,7 +52,7 @@ from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.summary import summarize
-from eagle3_tui.transport import control
+from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, Host
 from eagle3_tui.transport.local import check_run_dir, iter_chunks
@@ -256,9 +256,9 @@ def kill(
     save_wait = max(0.0, save_wait)
 
     async def one(host: Host, at: Target) -> KillReport:
-        return await control.kill_run(
+        return await calls.kill_run(
             host,
-            control.run_dir_of(at),
+            calls.run_dir_of(at),
             grace,
             on_progress=on_progress,
             save_wait_s=save_wait,
@@ -267,25 +267,25 @@ def kill(
 
     async def saves_done(targets: list[Target]) -> SaveWait | None:
         def call(at: Target) -> Callable[[], Awaitable[SaveWaitReport]]:
-            return lambda: control.on_host(
+            return lambda: calls.on_host(
                 at,
-                lambda h: control.wait_for_save(h, control.run_dir_of(at), save_wait, on_progress),
+                lambda h: calls.wait_for_save(h, calls.run_dir_of(at), save_wait, on_progress),
             )
 
-        return await control.saves_done([call(at) for at in targets])
+        return await calls.saves_done([call(at) for at in targets])
 
     async def go() -> KillReport:
         if not needs_choice(t, pid):
             return await on_every_node(t, "kill", one, KillReport, first=saves_done)
-        chosen = await control.on_host(t, lambda h: control.choose(h, control.run_dir_of(t), pid))
+        chosen = await calls.on_host(t, lambda h: calls.choose(h, calls.run_dir_of(t), pid))
         if chosen.choice is Choice.SEVERAL:
-            raise control.several_error(chosen, label_of(where, pid))
+            raise calls.several_error(chosen, label_of(where, pid))
         tell(on_note, chosen.note)
         if chosen.choice is Choice.PROCESS:
             row = chosen.chosen_row()
-            return await control.on_host(
+            return await calls.on_host(
                 t,
-                lambda h: control.kill_run(
+                lambda h: calls.kill_run(
                     h,
                     None,
                     grace,
@@ -316,20 +316,20 @@ def resume(
     t = target_or_here(where, pid, ssh)
 
     async def one(host: Host, at: Target) -> ResumeReport:
-        return await control.resume_run(host, control.run_dir_of(at), wait)
+        return await calls.resume_run(host, calls.run_dir_of(at), wait)
 
     async def go() -> ResumeReport:
         if pid is not None:  # a training without telemetry: the restart its kill recorded
-            return await control.on_host(t, lambda h: control.resume_run(h, None, wait, pid=pid))
+            return await calls.on_host(t, lambda h: calls.resume_run(h, None, wait, pid=pid))
         if not needs_choice(t, None):
             return await on_every_node(t, "resume", one, ResumeReport)
         # a work directory or a host alone: the run it means (a live one is refused
         # by the agent, as for a run directory: kill it first)
-        chosen = await control.on_host(
-            t, lambda h: control.choose(h, control.run_dir_of(t), purpose=PURPOSE_RESUME)
+        chosen = await calls.on_host(
+            t, lambda h: calls.choose(h, calls.run_dir_of(t), purpose=PURPOSE_RESUME)
         )
         if chosen.choice is Choice.SEVERAL:
-            raise control.several_error(chosen, str(where) if where else "this machine")
+            raise calls.several_error(chosen, str(where) if where else "this machine")
         tell(on_note, chosen.note)
         if chosen.choice is Choice.PROCESS:
             raise TargetError(
@@ -357,9 +357,9 @@ def runs(
         t = parse_target(host, ssh)
         if isinstance(t, LocalTarget):
             t = parse_host(host, ssh)
-    result = run_sync(control.on_host(t, lambda h: control.discover(h, all_users, prune)))
+    result = run_sync(calls.on_host(t, lambda h: calls.discover(h, all_users, prune)))
     if not result.runs and not result.live and not result.ended and not result.pruned:
-        raise control.no_runs_error(result, host or "this machine")
+        raise calls.no_runs_error(result, host or "this machine")
     return result
 
 
@@ -375,17 +375,17 @@ def attach(
     to ``confirm`` first (False: nothing done, None returned). Returns the result; a
     plan the host refused comes back as its refusal (``status``, ``reason``)."""
     t = target(where, ssh) if where is not None else LocalTarget(Path("."))
-    run_dir = control.run_dir_of(t) if where is not None else None
+    run_dir = calls.run_dir_of(t) if where is not None else None
 
     async def go(host: Host) -> AttachResult | None:
-        plan = await control.attach_plan(host, run_dir, pid)
+        plan = await calls.attach_plan(host, run_dir, pid)
         if not isinstance(plan, AttachPlan):
             return plan  # refused: which check, and why
         if not await asyncio.to_thread(confirm, plan):
             return None
-        return await control.attach_run(host, plan, wait_s=wait)
+        return await calls.attach_run(host, plan, wait_s=wait)
 
-    return run_sync(control.on_host(t, go))
+    return run_sync(calls.on_host(t, go))
 
 
 def exit_status(error: TargetError) -> int:

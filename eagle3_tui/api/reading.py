@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 from eagle3_tui.model.files import DiskSpace
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.state import RunState
-from eagle3_tui.transport import control
+from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.calls import Report
 from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
-from eagle3_tui.transport.control import Report
 from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_chunks
 from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
 from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
@@ -104,21 +104,21 @@ async def load_remote(where: SshTarget) -> tuple[Run, float]:
 
     async def read(host: Host) -> tuple[float, Status | None]:
         with Feeder(run) as feed:
-            eof = await control.read_file(host, where.run_dir, feed)
+            eof = await calls.read_file(host, where.run_dir, feed)
         note_disk(run, eof.get("disk"))
         return float(eof.get("now") or time.time()), await host_status(host, where.run_dir)
 
-    now, status = await control.on_host(where, read)
+    now, status = await calls.on_host(where, read)
     if status is not None:
-        nodes = control.other_nodes(status.manifest, str(status.host), str(status.run_dir))
+        nodes = calls.other_nodes(status.manifest, str(status.host), str(status.run_dir))
         for i, node in enumerate(nodes, start=1):
-            other = control.node_target(where, node)
+            other = calls.node_target(where, node)
 
             async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
                 with Feeder(run, i) as feed:
-                    await control.read_file(host, other.run_dir, feed)
+                    await calls.read_file(host, other.run_dir, feed)
 
-            await control.on_host(other, read_node)
+            await calls.on_host(other, read_node)
         apply_status(run.state, status, now)
     return run, now
 
@@ -165,7 +165,7 @@ async def host_status(host: Host, run_dir: str | None) -> Status | None:
     """The run's status on its host (through its agent, as the app probes it), or None
     when there is none to have: no manifest (a user's own writer), an unreadable one."""
     try:
-        return await control.run_status(host, run_dir)
+        return await calls.run_status(host, run_dir)
     except TargetError:
         return None  # judged from the records alone
 
@@ -177,7 +177,7 @@ def local_status(run: Run, run_dir: Path, now: float) -> None:
 
     note_disk(run, disk_space(str(run_dir), str(run_dir / "metrics.jsonl")))
     try:
-        status = control.local_status(str(run_dir))
+        status = calls.local_status(str(run_dir))
     except AgentAnswerError:
         return  # no manifest (a user's own writer), an unreadable one: the records
     apply_status(run.state, status, now)
@@ -223,27 +223,27 @@ async def load_chosen(
     telemetry."""
 
     async def go(host: Host) -> tuple[Run, float]:
-        chosen = await control.choose(host, control.run_dir_of(where), pid)
+        chosen = await calls.choose(host, calls.run_dir_of(where), pid)
         if chosen.choice is Choice.SEVERAL:
-            raise control.several_error(chosen, label)
+            raise calls.several_error(chosen, label)
         tell(on_note, chosen.note)
         run = Run()
         if chosen.choice is Choice.RUN:
             run_dir = chosen.chosen_run_dir()
             with Feeder(run) as feed:
-                eof = await control.read_file(host, run_dir, feed)
+                eof = await calls.read_file(host, run_dir, feed)
             note_disk(run, eof.get("disk"))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
             if status is not None:
                 apply_status(run.state, status, now)
             return run, now
-        end = await control.observe_once(
+        end = await calls.observe_once(
             host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S
         )
         return run, float(end.get("now") or time.time())
 
-    return await control.on_host(where, go)
+    return await calls.on_host(where, go)
 
 
 def same_place(a: Target, b: Target) -> str | None:
@@ -282,11 +282,11 @@ async def on_every_node(
     names its nodes, on every node at once; one (merged) report. ``first``: a step on
     every node before the calls on any (a kill's wait for a checkpoint save), what it
     waited for kept in the report."""
-    others: list[Target] = list(await control.node_targets(where))
+    others: list[Target] = list(await calls.node_targets(where))
     if not others:
-        return await control.on_host(where, lambda h: call(h, where))
+        return await calls.on_host(where, lambda h: call(h, where))
     waited = await first([where, *others]) if first is not None else None
-    report = control.merge_results(op, await control.on_nodes([where, *others], call, kind))
+    report = calls.merge_results(op, await calls.on_nodes([where, *others], call, kind))
     if isinstance(report, KillReport):
-        report = control.with_save_wait(report, waited)
+        report = calls.with_save_wait(report, waited)
     return report

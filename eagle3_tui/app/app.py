@@ -29,7 +29,6 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from eagle3_tui.app.control import RunControl
 from eagle3_tui.app.pipeline import (
     Pipeline,
     Source,
@@ -38,10 +37,11 @@ from eagle3_tui.app.pipeline import (
     export_name,
     short_label,
 )
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
-from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
+from eagle3_tui.app.screens.kill_resume import ControlDialog
 from eagle3_tui.app.screens.log import LogScreen
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.app.text import clean

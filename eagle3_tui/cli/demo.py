@@ -88,7 +88,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.headless:
         return demo_headless(run_dir, proc, log_path)
     from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.app.run_control import RunControl
     from eagle3_tui.cli.monitor import app_exit_status, local_export_dir, open_run_for
     from eagle3_tui.transport.local import LocalTransport
     from eagle3_tui.transport.target import LocalTarget
@@ -149,7 +149,7 @@ def stop_demo_run(target: LocalTarget, proc: subprocess.Popen[bytes]) -> None:
     import subprocess
 
     from eagle3_tui.reports import status_line
-    from eagle3_tui.transport.control import kill_run, on_host, run_status
+    from eagle3_tui.transport.calls import kill_run, on_host, run_status
 
     if proc.poll() is not None:
         try:

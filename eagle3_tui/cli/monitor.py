@@ -109,17 +109,17 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     none are given, the nodes its manifest names; every node's file is streamed into one
     view, and kill/resume act on every node."""
     from eagle3_tui.api.reading import needs_choice
-    from eagle3_tui.transport import control
+    from eagle3_tui.transport import calls
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
     from eagle3_tui.transport.replies import Choice
     from eagle3_tui.transport.target import LocalTarget
 
     pid = getattr(ns, "pid", None)
-    host = control.open_host(target)
+    host = calls.open_host(target)
     hosts: list[Any] = [host]
     try:
         from eagle3_tui.app.app import make_app
-        from eagle3_tui.app.control import RunControl
+        from eagle3_tui.app.run_control import RunControl
 
         if isinstance(target, LocalTarget) and not needs_choice(target, pid):
             check_run_dir(target.run_dir)
@@ -133,7 +133,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             app.owns_process = True
             await app.run_async()
             return app_exit_status(app)
-        chosen = await control.choose(host, control.run_dir_of(target), pid)
+        chosen = await calls.choose(host, calls.run_dir_of(target), pid)
         note, short = chosen.note, chosen.short
         row = chosen.row
         if chosen.choice is Choice.SEVERAL:
@@ -195,19 +195,19 @@ async def with_nodes(
 ) -> Any:
     """A multi-node run's view: every node's stream merged (``transport.merge``), its
     control on each node (``RunControl.nodes``); the source unchanged for one node."""
-    from eagle3_tui.app.control import RunControl
-    from eagle3_tui.transport import control
+    from eagle3_tui.app.run_control import RunControl
+    from eagle3_tui.transport import calls
     from eagle3_tui.transport.merge import MergedSource
     from eagle3_tui.transport.ssh import SshTransport
 
-    others = list(nodes) or await control.node_targets(pinned)
+    others = list(nodes) or await calls.node_targets(pinned)
     if not others:
         return source
     sources = [source]
     for node in others:
-        host = control.open_host(node)
+        host = calls.open_host(node)
         hosts.append(host)
-        run_dir = (await control.resolve(host, node.run_dir)).run_dir
+        run_dir = (await calls.resolve(host, node.run_dir)).run_dir
         node_pinned = node.with_run_dir(run_dir)
         sources.append(SshTransport(stream_host(node_pinned, host, ns), run_dir))
         app_control.nodes.append(RunControl.for_target(node_pinned, host))

@@ -685,7 +685,7 @@ class Heartbeat:
             "cpu_s": round(st.cpu_s, 2) if st else None,
         }
         if self.source == "sidecar":
-            own = self.writer.snapshot()
+            own = self.writer.figures()
             payload["sidecar"] = {
                 k: own[k] for k in ("written", "dropped", "bytes", "errors", "queued")
             }

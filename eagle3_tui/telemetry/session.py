@@ -216,7 +216,7 @@ class Telemetry:
 
     def stats(self) -> dict[str, Any]:
         """The writer's figures and the session's (what a heartbeat reports)."""
-        s = self.writer.snapshot()
+        s = self.writer.figures()
         s["reattached"] = self.reattached
         s["last_step"] = self.last_step
         s["interrupted"] = self.interrupted or self.step_stop.stopped is not None
@@ -416,7 +416,7 @@ class Telemetry:
             self.samplers = None
             host.close(timeout)
         self.writer.flush(timeout)
-        stats = self.writer.snapshot()
+        stats = self.writer.figures()
         self.update_manifest(
             telemetry={k: stats[k] for k in ("written", "dropped", "bytes", "errors", "last_error")}
         )

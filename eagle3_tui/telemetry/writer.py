@@ -613,7 +613,7 @@ class JsonlWriter:
             "n": self._overhead_n,
         }
 
-    def snapshot(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         """The figures a heartbeat reports (a plain, JSON-ready dict)."""
         s = self.stats
         return {

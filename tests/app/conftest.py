@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, LocalHost, ProgressCallback
 from eagle3_tui.transport.replies import KillReport, Status, decode
@@ -182,7 +182,7 @@ async def wait_until(predicate: Any, timeout: float, what: str, run: LiveRun) ->
 async def open_dialog(app: Any, pilot: Any, key: str, state: str = "ready") -> Any:
     """``key`` (``k``, ``r``) pressed: the kill/resume dialog once it is in ``state``
     (its plan shown, or ``failed``)."""
-    from eagle3_tui.app.screens.control import ControlDialog
+    from eagle3_tui.app.screens.kill_resume import ControlDialog
     from tests.conftest import until
 
     await pilot.press(key)

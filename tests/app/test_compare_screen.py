@@ -9,7 +9,7 @@ import pytest
 
 from eagle3_tui.api.reading import load_target
 from eagle3_tui.app.app import make_app
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.model.compare import compare
 from eagle3_tui.transport.local import LocalTransport

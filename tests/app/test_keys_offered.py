@@ -16,10 +16,10 @@ from textual.widgets import OptionList
 from textual.widgets._footer import FooterKey
 
 from eagle3_tui.app.app import MonitorApp
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
-from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.app.screens.kill_resume import ControlDialog
 from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.channel import LocalHost

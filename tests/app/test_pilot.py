@@ -14,10 +14,10 @@ from pathlib import Path
 from textual.widgets import OptionList
 
 from eagle3_tui.app.app import MonitorApp, make_app
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.compare import CompareScreen
-from eagle3_tui.app.screens.control import ControlDialog
 from eagle3_tui.app.screens.help import HelpScreen
+from eagle3_tui.app.screens.kill_resume import ControlDialog
 from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel

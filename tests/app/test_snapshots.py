@@ -11,7 +11,7 @@ from typing import Any
 
 from eagle3_tui.app.app import MonitorApp, make_app
 from eagle3_tui.app.screens.compare import CompareScreen
-from eagle3_tui.app.screens.control import ControlDialog
+from eagle3_tui.app.screens.kill_resume import ControlDialog
 from eagle3_tui.app.widgets.plots import MetricPlot
 from eagle3_tui.transport.replay import ReplayTransport
 from tests.app.conftest import T0, FakeControl, training

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.help import HelpScreen
 from eagle3_tui.app.screens.runs import RunPicker, run_row
 from eagle3_tui.app.widgets.header import HealthBanner

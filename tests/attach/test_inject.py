@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import BOOTSTRAP, debugger, ptrace, pyprocess, userfiles
+from eagle3_tui.transport.calls import attach_plan, attach_run
 from eagle3_tui.transport.channel import AGENT_TAG, LocalHost, agent_payload
-from eagle3_tui.transport.control import attach_plan, attach_run
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import gdb_call_problem_here, interpreters, need, need_gdb, useradd, wait_until
 from tests.transport.conftest import cli

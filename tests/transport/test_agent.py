@@ -27,6 +27,7 @@ from eagle3_tui.agent import checkpoints, names, processes, runs
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.calls import kill_run, resume_run
 from eagle3_tui.transport.channel import (
     AgentAnswerError,
     DataFrame,
@@ -36,7 +37,6 @@ from eagle3_tui.transport.channel import (
     LocalHost,
     call_agent,
 )
-from eagle3_tui.transport.control import kill_run, resume_run
 from eagle3_tui.transport.replies import ErrorKind
 from tests.transport.conftest import cli
 from tests.transport.fakes import (
@@ -244,7 +244,7 @@ async def test_follow_resumes_at_an_offset_only_for_the_same_file(tmp_path: Path
 
 
 async def test_read_errors_are_one_line(tmp_path: Path) -> None:
-    from eagle3_tui.transport.control import read_file
+    from eagle3_tui.transport.calls import read_file
 
     with pytest.raises(TargetError, match="no such run directory"):
         await read_file(LocalHost(), str(tmp_path / "nope"), lambda f: None)

@@ -11,8 +11,8 @@ import pytest
 
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.calls import run_status
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import run_status
 from tests.transport.fakes import dead_pid, fake_manifest
 
 

@@ -24,8 +24,8 @@ from eagle3_tui.agent.frames import AgentError
 from eagle3_tui.model.run import Run
 from eagle3_tui.reports import EXIT_BY_KIND
 from eagle3_tui.telemetry import procs
+from eagle3_tui.transport.calls import choose, describe, observe_once
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
-from eagle3_tui.transport.control import choose, describe, observe_once
 from eagle3_tui.transport.replies import Choice, ErrorKind, ProcessRow, decode
 from tests.conftest import need_training
 
@@ -474,7 +474,7 @@ def test_a_torchrun_agent_and_its_ranks_are_one_training_killed_through_the_agen
         assert roles.count("rank") == 1
         assert any("torchrun agent" in e for e in row["evidence"])
         assert discover.describe(row["ranks"][1]["pid"])["pid"] == row["pid"]  # a rank: its run
-        from eagle3_tui.transport.control import kill_run
+        from eagle3_tui.transport.calls import kill_run
 
         process = decode(ProcessRow, row)  # as discover sends it
         report = asyncio.run(kill_run(LocalHost(), None, 30.0, process=process))

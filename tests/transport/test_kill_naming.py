@@ -21,7 +21,7 @@ import pytest
 from textual.containers import VerticalScroll
 
 from eagle3_tui.agent import discover
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.exits import NOT_NAMED as EXIT_NOT_NAMED
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.channel import LocalHost

@@ -23,8 +23,8 @@ import pytest
 
 from eagle3_tui.agent import saving
 from eagle3_tui.reports import format_kill
+from eagle3_tui.transport.calls import kill_run
 from eagle3_tui.transport.channel import Event, LocalHost
-from eagle3_tui.transport.control import kill_run
 from tests.conftest import interruptible
 from tests.records import Lines
 from tests.transport.fakes import alive
@@ -302,7 +302,7 @@ async def test_the_kill_dialog_closes_while_it_waits_and_the_result_is_said(
     """In the monitor: ``k``, ``y`` while the run saves; the dialog shows the wait and
     Esc closes it (a wait may take minutes); the kill goes on, and its result comes as a
     notification once the save is whole and the trainer signalled."""
-    from eagle3_tui.app.screens.control import ControlDialog
+    from eagle3_tui.app.screens.kill_resume import ControlDialog
     from tests.app.conftest import local_app, open_dialog, text_of
     from tests.conftest import until
 

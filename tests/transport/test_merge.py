@@ -38,7 +38,7 @@ async def test_chunks_keep_their_node_and_the_worst_link_is_named() -> None:
 
 
 async def test_the_apps_control_acts_on_every_node_and_reports_each(tmp_path: Path) -> None:
-    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.app.run_control import RunControl
     from eagle3_tui.reports import format_kill, format_resume, resume_exit_status
     from eagle3_tui.transport.channel import LocalHost
     from tests.transport.fakes import dead_pid, fake_manifest

@@ -30,8 +30,8 @@ from eagle3_tui.agent import discover
 from eagle3_tui.agent.timeline import records_root
 from eagle3_tui.model.run import Run
 from eagle3_tui.telemetry import procs
+from eagle3_tui.transport.calls import observe_once
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import observe_once
 from eagle3_tui.transport.replies import ProcessRow, decode
 from tests.conftest import need_training, wait_until
 

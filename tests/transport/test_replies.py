@@ -26,9 +26,9 @@ from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.reports import exit_status_of
 from eagle3_tui.telemetry import manifest as mf
-from eagle3_tui.transport import control
+from eagle3_tui.transport import calls
+from eagle3_tui.transport.calls import run_status
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost, call_agent
-from eagle3_tui.transport.control import run_status
 from eagle3_tui.transport.replies import (
     AgentProtocolError,
     AttachPlan,
@@ -256,7 +256,7 @@ async def test_discover_choose_and_describe_decode_what_the_agent_sends(
     entry = next(e for e in report.runs if e.run_dir == finished["run_dir"])
     assert entry.state == "dead"  # its manifest says running; its trainer is gone
     # the same through the client's own call, and what it shows
-    report = await control.discover(LocalHost())
+    report = await calls.discover(LocalHost())
     assert any(r.pid == pid for r in report.live)
     shown = reports.format_discovered(report)
     assert str(work) in shown and "silent_train.py" in shown and finished["run_dir"] in shown
@@ -271,19 +271,19 @@ async def test_discover_choose_and_describe_decode_what_the_agent_sends(
     fields = await raw({"op": names.OP_CHOOSE, "run_dir": str(work)})
     assert unread(fields, ChooseReply) == set()
     assert fields["row"] is not None and unread(fields["row"], ProcessRow) == set()
-    chosen = await control.choose(LocalHost(), str(work))
+    chosen = await calls.choose(LocalHost(), str(work))
     assert chosen.choice is Choice.PROCESS and chosen.chosen_row().pid == pid
     assert chosen.host == os.uname().nodename and f"pid {pid}" in chosen.note
     # a run directory means that run
-    chosen = await control.choose(LocalHost(), finished["run_dir"])
+    chosen = await calls.choose(LocalHost(), finished["run_dir"])
     assert chosen.choice is Choice.RUN and chosen.chosen_run_dir() == finished["run_dir"]
 
     # describe: the process now, with its row
     fields = await raw({"op": names.OP_DESCRIBE, "pid": pid, "start_ticks": row.start_ticks})
     assert unread(fields, Status) == set() and unread(fields["row"], ProcessRow) == set()
-    status = await control.describe(LocalHost(), row)
+    status = await calls.describe(LocalHost(), row)
     assert status.alive is True and status.row is not None and status.row.pid == pid
-    assert control.describe_process(row) == f"pid {pid} silent_train.py in {work}"
+    assert calls.describe_process(row) == f"pid {pid} silent_train.py in {work}"
 
 
 async def test_attach_replies_decode_what_the_agent_sends(
@@ -292,7 +292,7 @@ async def test_attach_replies_decode_what_the_agent_sends(
     """The plan (every check passed) or the refusal that stands in for it, and a refusal
     of the inject step, each with every key read."""
     work, pid = silent
-    request = control.attach_request("plan", str(tmp_path / "run"), pid)
+    request = calls.attach_request("plan", str(tmp_path / "run"), pid)
     fields = await raw(request)
     plan = decode_plan(fields)
     if isinstance(plan, AttachPlan):
@@ -308,7 +308,7 @@ async def test_attach_replies_decode_what_the_agent_sends(
         assert plan.reason == "permission", plan
         confirmed = AttachPlan(pid=pid, start_ticks=1, run_dir=str(tmp_path / "run"))
     # the inject step of a process that is not the one confirmed: refused, nothing done
-    fields = await raw(control.attach_request("inject", None, None, confirmed))
+    fields = await raw(calls.attach_request("inject", None, None, confirmed))
     result = decode(AttachResult, fields)
     assert unread(fields, AttachResult) == set()
     assert result.status == "refused" and result.reason in ("reused", "permission"), result
@@ -359,11 +359,11 @@ def test_a_manifests_nodes_are_read_as_node_places() -> None:
             "not a node",
         ],
     }
-    nodes = control.other_nodes(manifest, "n0", "/r0")
+    nodes = calls.other_nodes(manifest, "n0", "/r0")
     assert [(n.host, n.run_dir, n.node_rank, n.launcher_pid) for n in nodes] == [
         ("n1", "/r1", 1, 9)
     ]
     target = SshTarget("n0", user="alice", run_dir="/r0", options=SshOptions())
-    other = control.node_target(target, nodes[0])
+    other = calls.node_target(target, nodes[0])
     assert (other.host, other.run_dir, other.user) == ("n1", "/r1", "alice")
-    assert control.other_nodes({"nodes": "?"}, "n0", "/r0") == []
+    assert calls.other_nodes({"nodes": "?"}, "n0", "/r0") == []

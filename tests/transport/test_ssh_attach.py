@@ -384,7 +384,7 @@ async def test_the_a_key_attaches_and_the_waiting_view_comes_alive(sshd: Sshd, l
     """The monitor opened over SSH on a directory with no metrics yet (waiting); ``a``,
     the host's training picked, ``y``: the metrics arrive in the same view."""
     from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.control import RunControl
+    from eagle3_tui.app.run_control import RunControl
     from eagle3_tui.app.screens.attach import AttachDialog
     from eagle3_tui.transport.base import Link
     from eagle3_tui.transport.ssh import SshHost, SshTransport

@@ -17,8 +17,8 @@ import pytest
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import Chunk, TargetError
+from eagle3_tui.transport.calls import kill_run
 from eagle3_tui.transport.channel import Event
-from eagle3_tui.transport.control import kill_run
 from eagle3_tui.transport.ssh import SshHost, SshTransport
 from tests.records import Lines
 from tests.transport.conftest import cli, remote_env, ssh_target

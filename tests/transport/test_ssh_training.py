@@ -13,8 +13,8 @@ import pytest
 
 from eagle3_tui.agent import checkpoints, processes
 from eagle3_tui.transport.base import Link
+from eagle3_tui.transport.calls import kill_run
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import kill_run
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost
 from eagle3_tui.transport.target import SshTarget

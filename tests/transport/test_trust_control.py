@@ -16,8 +16,8 @@ from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.health import diagnose
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.reports import format_kill
+from eagle3_tui.transport.calls import kill_run, run_status
 from eagle3_tui.transport.channel import LocalHost
-from eagle3_tui.transport.control import kill_run, run_status
 from tests.conftest import wait_until
 from tests.model.test_health import T0, state_of
 from tests.records import Lines

@@ -20,7 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Static
 
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import inert
 from eagle3_tui.reports import format_attach, format_attach_plan, status_line

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.text import inert
 from eagle3_tui.transport.replies import RunEntry
 

@@ -16,7 +16,7 @@ from textual import work
 from textual.message import Message
 from textual.widgets import Static
 
-from eagle3_tui.app.control import RunControl
+from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.dialog import ConfirmDialog, headed
 from eagle3_tui.app.text import duration, inert, size
 from eagle3_tui.model.snapshot import EMPTY

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from eagle3_tui.agent.names import KILL_GRACE_S, SAVE_WAIT_S
-from eagle3_tui.transport import control
+from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
 from eagle3_tui.transport.replies import (
@@ -48,10 +48,10 @@ class RunControl:
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
-        run_dir = control.run_dir_of(target)
+        run_dir = calls.run_dir_of(target)
         if host is None:
-            host = LocalHost() if isinstance(target, LocalTarget) else control.open_host(target)
-        return cls(host, run_dir, control.where(target, run_dir))
+            host = LocalHost() if isinstance(target, LocalTarget) else calls.open_host(target)
+        return cls(host, run_dir, calls.where(target, run_dir))
 
     @classmethod
     def for_process(cls, target: Target, host: Host, row: ProcessRow) -> RunControl:
@@ -81,15 +81,15 @@ class RunControl:
 
     async def status(self, plan: bool = False) -> Status:
         """Whether the trainer lives, the manifest, the host and its clock (see
-        control.run_status; for a process, control.describe); ``plan``: with what a kill
+        calls.run_status; for a process, calls.describe); ``plan``: with what a kill
         would act on now (a process's description always has it)."""
         if self.process is not None:
-            return await control.describe(self.host, self.process)
-        return await control.run_status(self.host, self.run_dir, plan)
+            return await calls.describe(self.host, self.process)
+        return await calls.run_status(self.host, self.run_dir, plan)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:
-            return await control.kill_run(
+            return await calls.kill_run(
                 self.host,
                 self.run_dir,
                 self.kill_grace_s,
@@ -99,21 +99,21 @@ class RunControl:
             )
 
         async def kill(c: RunControl) -> KillReport:
-            return await control.kill_run(
+            return await calls.kill_run(
                 c.host, c.run_dir, c.kill_grace_s, on_progress, save_wait_s=c.save_wait_s
             )
 
         def save_wait(c: RunControl) -> Callable[[], Awaitable[SaveWaitReport]]:
-            return lambda: control.wait_for_save(c.host, c.run_dir, c.save_wait_s, on_progress)
+            return lambda: calls.wait_for_save(c.host, c.run_dir, c.save_wait_s, on_progress)
 
         # no node is signalled while any node's records show a checkpoint save
-        waited = await control.saves_done([save_wait(c) for c in [self, *self.nodes]])
-        return control.with_save_wait(await self._every_node("kill", kill, KillReport), waited)
+        waited = await calls.saves_done([save_wait(c) for c in [self, *self.nodes]])
+        return calls.with_save_wait(await self._every_node("kill", kill, KillReport), waited)
 
     async def resume_plan(self) -> ResumeReport:
         """What ``resume`` would launch, every check done on the host and nothing started
         (for a training without telemetry: the restart its kill recorded)."""
-        return await control.resume_run(
+        return await calls.resume_run(
             self.host, self.run_dir, self.resume_wait_s, process=self.process, plan=True
         )
 
@@ -127,43 +127,43 @@ class RunControl:
 
     async def resume(self) -> ResumeReport:
         if not self.nodes:
-            return await control.resume_run(
+            return await calls.resume_run(
                 self.host, self.run_dir, self.resume_wait_s, process=self.process
             )
 
         async def resume(c: RunControl) -> ResumeReport:
-            return await control.resume_run(c.host, c.run_dir, c.resume_wait_s)
+            return await calls.resume_run(c.host, c.run_dir, c.resume_wait_s)
 
         return await self._every_node("resume", resume, ResumeReport)
 
     async def _every_node(
         self,
         op: str,
-        call: Callable[[RunControl], Awaitable[control.Report]],
-        kind: type[control.Report],
-    ) -> control.Report:
-        """At once on every node (see control.on_nodes); one merged report."""
+        call: Callable[[RunControl], Awaitable[calls.Report]],
+        kind: type[calls.Report],
+    ) -> calls.Report:
+        """At once on every node (see calls.on_nodes); one merged report."""
         every = [self, *self.nodes]
 
-        async def one(c: RunControl) -> tuple[str, control.Report]:
+        async def one(c: RunControl) -> tuple[str, calls.Report]:
             try:
                 return c.where, await call(c)
             except TargetError as e:
-                return c.where, control.failure(e, kind)
+                return c.where, calls.failure(e, kind)
 
-        return control.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
+        return calls.merge_results(op, list(await asyncio.gather(*(one(c) for c in every))))
 
     async def runs(self, all_users: bool = False) -> RunsReport:
-        return await control.list_runs(self.host, all_users)
+        return await calls.list_runs(self.host, all_users)
 
     async def attach_plan(self, pid: int | None) -> AttachPlan | AttachResult:
         """What attaching ``pid`` would do, metrics written into this run directory (see
-        control.attach_plan). None: the training without telemetry this control watches,
+        calls.attach_plan). None: the training without telemetry this control watches,
         never another process of the host (another user's job, another directory's
         training); for a run directory, the host's only training."""
         if pid is None and self.process is not None:
             pid = self.process.pid
-        return await control.attach_plan(self.host, self.run_dir, pid)
+        return await calls.attach_plan(self.host, self.run_dir, pid)
 
     async def attach(self, plan: AttachPlan) -> AttachResult:
-        return await control.attach_run(self.host, plan)
+        return await calls.attach_run(self.host, plan)
