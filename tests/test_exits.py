@@ -45,7 +45,7 @@ def test_the_readme_has_one_row_per_number() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["summary", "kill", "resume", "runs", "attach", "compare", "demo"]
+    "command", ["summary", "kill", "resume", "runs", "attach", "compare", "demo", "watch"]
 )
 def test_a_commands_help_says_only_known_numbers(
     command: str, capsys: pytest.CaptureFixture[str]

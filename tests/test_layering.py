@@ -32,6 +32,8 @@ print(','.join(bad))
         ("eagle3_tui.cli", {"textual", "asyncssh", "torch", "numpy"}),
         # a notebook's import: no UI, no SSH library until a host is reached
         ("eagle3_tui.api", {"textual", "asyncssh", "torch", "rich"}),
+        # a watcher on a host or a bastion: no UI library loaded
+        ("eagle3_tui.watch", {"textual", "torch", "rich"}),
     ],
 )
 def test_module_does_not_pull_in(module: str, banned: set[str]) -> None:

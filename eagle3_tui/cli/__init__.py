@@ -27,7 +27,7 @@ from eagle3_tui.cli.common import drop_output, say
 from eagle3_tui.model.inert import printable
 from eagle3_tui.transport.base import TargetError
 
-COMMANDS = ("demo", "summary", "kill", "resume", "runs", "attach", "compare")
+COMMANDS = ("demo", "summary", "kill", "resume", "runs", "attach", "compare", "watch")
 """Each is the module ``eagle3_tui.cli.<name>``, with ``build_parser()`` and ``run(ns)``;
 anything else on the command line is the monitor's TARGET (``cli/monitor.py``)."""
 

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  eagle3-tui demo [--headless]        train a tiny model on the CPU and monitor it\n"
             "  eagle3-tui summary RUN_DIR [--json] print the run's state (exit status = health)\n"
             "  eagle3-tui compare A B [--json]     this run against a previous one, same step\n"
+            "  eagle3-tui watch TARGET... --notify URL  alert when a run needs you, headless\n"
             "\nexit status:\n"
             "  0 after q; 1 the monitor stopped on an error; 2 a missing run or a bad flag;\n"
             "  20-23 a process target (see summary); 21 no permission (a run directory, its\n"

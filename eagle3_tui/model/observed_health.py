@@ -171,7 +171,13 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     st = step_time(state.bars)
     if st:
         pace = f" (a step takes {ago(st)})"
-    if (ev.strong and age >= limit) or (ev.weak and age >= max(limit, SILENT_FROM_START_S)):
+    # once its loop was seen running (an epoch done, a checkpoint written), start-up is
+    # over: CPU or a growing log then say it works, as at any later time
+    looped = bool(state.bars) or any(
+        e.ts >= started and e.event in _CKPT_WRITES for e in state.ckpt_events
+    )
+    weak_from = limit if looped else max(limit, SILENT_FROM_START_S)
+    if (ev.strong and age >= limit) or (ev.weak and age >= weak_from):
         if info.handler and info.metrics_stuck and info.metrics_problem:
             source = metrics_source(info.handler)
             why = f"what {source} writes cannot be read: {info.metrics_problem}"

@@ -97,6 +97,30 @@ def test_a_busy_cpu_alone_is_silent_only_after_the_start_up_allowance() -> None:
     assert "its CPU is busy" in diagnose(o.run.state, o.t).reason
 
 
+def test_silent_then_hung_early_goes_to_stalled_never_back_to_waiting() -> None:
+    """Seen by ``watch`` (issue 30): a run called silent 48 s in (an epoch done, reads),
+    that then hangs while still inside the 90 s start-up allowance, was called WAITING
+    ("has logged no metric yet") for ~20 s — a verdict that said it recovered. Once its
+    loop was seen running, start-up is over: the verdict goes silent, then stalled."""
+    o = Observed()
+    for _ in range(20):
+        o.second(cpu=100.0)
+    o.bar(0, 10, 10, elapsed_s=10.0)
+    for _ in range(30):
+        o.second(cpu=100.0, reads=4096.0, log_grew=80.0)
+    assert o.health() == Health.SILENT
+    o.second(cpu=5.0, log_grew=60.0)  # "blocks forever now": its last words, then nothing
+    verdicts = []
+    while o.t < T0 + 140:
+        o.second(cpu=0.0)
+        verdicts.append(o.health())
+    assert Health.WAITING not in verdicts, verdicts
+    assert verdicts[-1] == Health.STALLED
+    first_stalled = verdicts.index(Health.STALLED)
+    assert set(verdicts[:first_stalled]) <= {Health.SILENT}
+    assert set(verdicts[first_stalled:]) == {Health.STALLED}
+
+
 def test_nothing_moving_is_stalled_and_a_gone_trainer_is_dead() -> None:
     o = Observed(started=T0 - 600)
     for _ in range(40):

@@ -1,0 +1,361 @@
+"""Where ``watch``'s alerts go: a command, a webhook (generic JSON, Slack, Discord), the
+desktop; each alert delivered with retries and backoff in a thread of its own, so a
+slow or failing destination never holds the watching up.
+
+``--notify`` specs:
+
+- ``exec:CMD`` — ``CMD`` run by ``/bin/sh -c`` with the alert as JSON on stdin and in
+  ``EAGLE3_TUI_ALERT_*`` environment variables (``_KIND``, ``_RUN``, ``_HOST``,
+  ``_PID``, ``_HEALTH``, ``_REASON``, ``_COMMAND``, ``_JSON``); exit status 0 is delivered;
+- ``http://…``/``https://…`` — a POST: Slack's ``{"text"}`` for a Slack incoming
+  webhook (``hooks.slack.com``), Discord's ``{"content"}`` for a Discord one
+  (``…/api/webhooks/…``), the alert's JSON otherwise; ``slack:URL``, ``discord:URL``
+  and ``json:URL`` choose the payload whatever the URL; a 2xx answer is delivered;
+- ``desktop`` — ``notify-send`` where there is one, else the terminal's bell and a line
+  on stderr.
+
+What an alert quotes of a run (its reason, its directory) came from the run: it is
+passed as data (JSON, environment variables), never as shell code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from eagle3_tui.model.inert import printable
+
+EXEC_TIMEOUT_S = 30.0
+HTTP_TIMEOUT_S = 10.0
+RETRY_FIRST_S = 5.0
+"""The first retry's wait; each next one doubles, up to :data:`RETRY_MAX_S`."""
+RETRY_MAX_S = 300.0
+ATTEMPTS = 8
+"""Tries of one delivery before it is given up (and said so): ~17 min of backoff."""
+
+ALARMS = ("silent", "stalled", "dead", "diverged", "disk_full", "unreadable", "link_down")
+"""Alert kinds that need a human; the others are good news (finished, stopped, recovered)."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One change of a watched run's verdict, as it is sent."""
+
+    kind: str
+    """The new verdict (``silent``, ``stalled``, ``dead``, ``diverged``, ``disk_full``,
+    ``unreadable``, ``finished``, ``stopped``), ``link_down``, or ``recovered``."""
+    run: str
+    """The run as a target names it (``HOST:DIR``, a local directory, ``HOST pid N``)."""
+    host: str
+    pid: int | None
+    health: str
+    previous: str | None
+    reason: str
+    """The diagnosis sentence, as the monitor and ``summary`` say it."""
+    step: int | None
+    total_steps: int | None
+    epoch: int | None
+    epochs: int | None
+    command: str | None
+    """The command that acts on it (attach, kill, resume), or None."""
+    at: float
+    id: str = ""
+    """Unique per alert (deliveries are retried under it)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": "eagle3-tui.alert", **asdict(self)}
+
+    def headline(self) -> str:
+        """One line: what happened to which run."""
+        word = self.kind.replace("_", " ").upper()
+        where = f" (pid {self.pid})" if self.pid and f"pid {self.pid}" not in self.run else ""
+        at = ""
+        if self.step is not None:
+            of = f"/{self.total_steps:,}" if self.total_steps else ""
+            at = f" at step {self.step:,}{of}"
+        return f"eagle3-tui: {word}: {self.run}{where}{at}"
+
+    def text(self) -> str:
+        """The headline, the reason and the command: a chat message, a desktop note."""
+        lines = [self.headline(), self.reason]
+        if self.command:
+            lines.append(f"→ {self.command}")
+        return "\n".join(printable(line) for line in lines if line)
+
+
+class Notifier(Protocol):
+    """A destination: ``send`` delivers one alert or raises :class:`DeliveryError`."""
+
+    spec: str
+
+    def send(self, alert: Alert) -> None: ...
+
+
+class DeliveryError(Exception):
+    """One failed try, with what the destination said (one line)."""
+
+
+@dataclass
+class ExecNotifier:
+    spec: str
+    command: str
+
+    def send(self, alert: Alert) -> None:
+        payload = json.dumps(alert.to_json())
+        env = dict(os.environ)
+        for key in ("kind", "run", "host", "pid", "health", "reason", "command"):
+            value = getattr(alert, key)
+            env[f"EAGLE3_TUI_ALERT_{key.upper()}"] = "" if value is None else str(value)
+        env["EAGLE3_TUI_ALERT_JSON"] = payload
+        try:
+            done = subprocess.run(
+                ["/bin/sh", "-c", self.command],
+                input=payload.encode(),
+                capture_output=True,
+                timeout=EXEC_TIMEOUT_S,
+                env=env,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DeliveryError(f"did not finish in {EXEC_TIMEOUT_S:.0f} s") from None
+        except OSError as e:
+            raise DeliveryError(str(e)) from None
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            tail = f": {said[-1][:200]}" if said else ""
+            raise DeliveryError(f"exit status {done.returncode}{tail}")
+
+
+@dataclass
+class WebhookNotifier:
+    spec: str
+    url: str
+    style: str
+    """``slack``, ``discord`` or ``json``."""
+
+    def payload(self, alert: Alert) -> dict[str, Any]:
+        if self.style == "slack":
+            return {"text": alert.text()}
+        if self.style == "discord":
+            return {"content": alert.text()[:2000]}
+        return alert.to_json()
+
+    def send(self, alert: Alert) -> None:
+        data = json.dumps(self.payload(alert)).encode()
+        request = urllib.request.Request(
+            self.url,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "eagle3-tui watch"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as e:
+            raise DeliveryError(f"HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise DeliveryError(f"{reason}") from None
+        if not 200 <= status < 300:
+            raise DeliveryError(f"HTTP {status}")
+
+
+@dataclass
+class DesktopNotifier:
+    spec: str = "desktop"
+
+    def send(self, alert: Alert) -> None:
+        tool = shutil.which("notify-send")
+        urgency = "critical" if alert.kind in ALARMS else "normal"
+        if tool is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            body = alert.text().split("\n", 1)
+            done = subprocess.run(
+                [tool, "-u", urgency, "-a", "eagle3-tui", body[0], *body[1:]],
+                capture_output=True,
+                timeout=EXEC_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode == 0:
+                return
+        # no desktop here: the terminal's bell and the alert on stderr
+        try:
+            os.write(2, ("\a" + alert.text() + "\n").encode(errors="replace"))
+        except OSError as e:
+            raise DeliveryError(str(e)) from None
+
+
+def parse_notify(spec: str) -> Notifier:
+    """A ``--notify`` spec as a destination; ValueError (one line) when it is none."""
+    if spec == "desktop":
+        return DesktopNotifier()
+    if spec.startswith("exec:"):
+        command = spec[len("exec:") :].strip()
+        if not command:
+            raise ValueError("exec: needs a command (exec:CMD)")
+        return ExecNotifier(spec, command)
+    style, _, rest = spec.partition(":")
+    if style in ("slack", "discord", "json") and rest.startswith(("http://", "https://")):
+        return WebhookNotifier(spec, rest, style)
+    if spec.startswith(("http://", "https://")):
+        return WebhookNotifier(spec, spec, webhook_style(spec))
+    raise ValueError(
+        f"{spec!r}: not a destination (exec:CMD, an http(s):// URL, slack:URL, discord:URL, "
+        "json:URL or desktop)"
+    )
+
+
+def webhook_style(url: str) -> str:
+    """The payload a webhook's URL expects: Slack's, Discord's, or the alert's JSON."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if host == "hooks.slack.com":
+        return "slack"
+    if host.endswith(("discord.com", "discordapp.com")) and "/api/webhooks/" in parts.path:
+        return "discord"
+    return "json"
+
+
+@dataclass
+class Delivery:
+    """One alert to one destination, until it is delivered or given up."""
+
+    alert: Alert
+    notifier: str
+    """The destination's ``--notify`` spec (kept across restarts by it)."""
+    attempts: int = 0
+    next_at: float = 0.0
+    last_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert": asdict(self.alert),
+            "notifier": self.notifier,
+            "attempts": self.attempts,
+            "next_at": self.next_at,
+            "last_error": self.last_error,
+        }
+
+    @classmethod
+    def of_json(cls, data: dict[str, Any]) -> Delivery:
+        return cls(
+            Alert(**data["alert"]),
+            str(data["notifier"]),
+            int(data.get("attempts", 0)),
+            float(data.get("next_at", 0.0)),
+            data.get("last_error"),
+        )
+
+
+@dataclass
+class Outbox:
+    """Deliveries waiting or being retried, worked off by one thread. ``say`` gets one
+    line per failed try, per delivery given up and per delivery after a failure;
+    ``changed`` is called when the queue changes (the watcher saves its state)."""
+
+    notifiers: list[Notifier]
+    say: Callable[[str], None]
+    changed: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = time.time
+    queue: list[Delivery] = field(default_factory=list)
+    delivered: int = 0
+    failed_tries: int = 0
+    given_up: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _stop: bool = False
+
+    def post(self, alert: Alert) -> None:
+        """The alert to every destination (returns at once)."""
+        with self._lock:
+            self.queue.extend(Delivery(alert, n.spec) for n in self.notifiers)
+        self.changed()
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="eagle3-tui-notify", daemon=True)
+            self._thread.start()
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop the thread; first wait up to ``drain_s`` for what is due now to go out."""
+        end = time.monotonic() + drain_s
+        while drain_s and time.monotonic() < end and self.due():
+            time.sleep(0.05)
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=EXEC_TIMEOUT_S + HTTP_TIMEOUT_S)
+
+    def due(self) -> list[Delivery]:
+        now = self.clock()
+        with self._lock:
+            return [d for d in self.queue if d.next_at <= now]
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self.queue)
+
+    def _run(self) -> None:
+        while not self._stop:
+            for delivery in self.due():
+                if self._stop:
+                    return
+                self.attempt(delivery)
+            with self._lock:
+                waits = [d.next_at for d in self.queue]
+            wait = min(waits) - self.clock() if waits else 3600.0
+            self._wake.wait(timeout=max(0.05, min(wait, 3600.0)))
+            self._wake.clear()
+
+    def attempt(self, delivery: Delivery) -> bool:
+        """One try of one delivery; True once it is delivered."""
+        notifier = next((n for n in self.notifiers if n.spec == delivery.notifier), None)
+        if notifier is None:  # a destination no longer given (--notify): said, dropped
+            self._drop(delivery)
+            self.say(f"not delivered: {delivery.notifier} is no longer a destination")
+            self.changed()
+            return False
+        delivery.attempts += 1
+        try:
+            notifier.send(delivery.alert)
+        except DeliveryError as e:
+            self.failed_tries += 1
+            delivery.last_error = str(e)
+            label = f"{notifier.spec}: {delivery.alert.kind} of {delivery.alert.run}"
+            if delivery.attempts >= ATTEMPTS:
+                self.given_up += 1
+                self._drop(delivery)
+                self.say(f"not delivered, given up after {delivery.attempts} tries: {label}: {e}")
+            else:
+                wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (delivery.attempts - 1))
+                delivery.next_at = self.clock() + wait
+                self.say(
+                    f"not delivered ({e}); try {delivery.attempts + 1} in {wait:.0f} s: {label}"
+                )
+            self.changed()
+            return False
+        self.delivered += 1
+        self._drop(delivery)
+        if delivery.attempts > 1:
+            self.say(
+                f"delivered on try {delivery.attempts}: {notifier.spec}: "
+                f"{delivery.alert.kind} of {delivery.alert.run}"
+            )
+        self.changed()
+        return True
+
+    def _drop(self, delivery: Delivery) -> None:
+        with self._lock:
+            if delivery in self.queue:
+                self.queue.remove(delivery)

@@ -1,0 +1,283 @@
+"""``watch`` (issue 30), its parts: when a verdict becomes an alert (once, after it held,
+no flapping, a gap per run, a link down and back), where alerts go (a real HTTP server
+on loopback, a command), retries with backoff that never block, and a state that a
+restarted watcher neither repeats nor loses (``watch --once`` on a real run)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_tui.notify import (
+    ATTEMPTS,
+    Alert,
+    DeliveryError,
+    ExecNotifier,
+    Outbox,
+    WebhookNotifier,
+    parse_notify,
+    webhook_style,
+)
+from eagle3_tui.watch import Rules, RunMemory, Verdict, action, transition
+
+RULES = Rules(hold_s=10.0, gap_s=30.0, link_down_s=60.0)
+
+
+def v(health: str, **kw: Any) -> Verdict:
+    return Verdict(health=health, reason=f"it is {health}", **kw)
+
+
+def test_a_verdict_is_sent_once_after_it_held_and_never_for_a_flap() -> None:
+    m = RunMemory("gpu-box:runs/exp7")
+    assert transition(m, v("waiting"), 0, RULES) is None  # first seen healthy: its baseline
+    assert transition(m, v("running"), 5, RULES) is None and m.alerted == "waiting"
+    assert transition(m, v("running"), 20, RULES) is None  # waiting -> running: nothing to say
+    assert m.alerted == "running"
+    assert transition(m, v("silent"), 100, RULES) is None  # one look
+    assert transition(m, v("silent"), 105, RULES) is None  # not held 10 s yet
+    assert transition(m, v("silent"), 111, RULES) == "silent"
+    assert [transition(m, v("silent"), t, RULES) for t in (120, 200, 400)] == [None] * 3
+    # a flap: stalled for a few looks under the hold, then silent again: nothing sent
+    assert transition(m, v("stalled"), 500, RULES) is None
+    assert transition(m, v("stalled"), 505, RULES) is None
+    assert transition(m, v("silent"), 509, RULES) is None
+    assert transition(m, v("silent"), 530, RULES) is None
+    # recovered: back to running, held
+    assert transition(m, v("running"), 600, RULES) is None
+    assert transition(m, v("running"), 611, RULES) == "recovered"
+
+
+def test_one_alert_per_gap_and_the_change_in_it_waits_for_its_end() -> None:
+    m = RunMemory("r")
+    transition(m, v("running"), 0, RULES)
+    transition(m, v("stalled"), 100, RULES)
+    assert transition(m, v("stalled"), 110, RULES) == "stalled"
+    transition(m, v("dead"), 115, RULES)
+    assert transition(m, v("dead"), 126, RULES) is None  # held, but within 30 s of the last
+    assert transition(m, v("dead"), 139, RULES) is None
+    assert transition(m, v("dead"), 141, RULES) == "dead"  # sent at the gap's end
+
+
+def test_a_run_first_seen_in_trouble_or_ended_is_said() -> None:
+    for health in ("silent", "finished", "stopped", "dead", "diverged", "disk_full"):
+        m = RunMemory("r")
+        assert transition(m, v(health), 0, RULES) is None
+        assert transition(m, v(health), 10, RULES) == health
+
+
+def test_a_link_down_past_its_threshold_then_back() -> None:
+    m = RunMemory("r")
+    transition(m, v("running"), 0, RULES)
+    down = v("running", link_down_since=100.0)
+    assert transition(m, down, 130, RULES) is None  # 30 s: under the threshold
+    assert transition(m, down, 161, RULES) == "link_down"
+    assert transition(m, down, 200, RULES) is None  # once
+    # while it is down, no verdict moves (nothing new can arrive)
+    assert transition(m, v("silent", link_down_since=100.0), 300, RULES) is None
+    assert transition(m, v("running"), 400, RULES) == "recovered"
+    assert transition(m, v("running"), 500, RULES) is None
+
+
+def test_each_alert_names_the_command_that_acts() -> None:
+    observed = v("silent", observed=True, pid=4242)
+    assert action("silent", "gpu-box pid 4242", observed, ["-p", "2222"]) == (
+        "eagle3-tui attach gpu-box --pid 4242 -p 2222"
+    )
+    assert action("silent", "this machine pid 7", v("silent", observed=True, pid=7), []) == (
+        "eagle3-tui attach --pid 7"
+    )
+    run = "gpu-box:runs/exp 7"  # quoted for a shell
+    assert action("stalled", run, v("stalled"), []) == "eagle3-tui kill 'gpu-box:runs/exp 7'"
+    quoted = "'gpu-box:runs/exp 7'"
+    assert action("dead", run, v("dead", leftovers=True), []) == f"eagle3-tui kill {quoted}"
+    assert action("dead", run, v("dead"), []) == f"eagle3-tui resume {quoted}"
+    assert action("stopped", run, v("stopped"), []) == f"eagle3-tui resume {quoted}"
+    assert action("finished", run, v("finished"), []) == f"eagle3-tui summary {quoted}"
+
+
+# ---- destinations ---------------------------------------------------------------------
+
+
+class Hook:
+    """A real HTTP server on loopback that records what is posted to it."""
+
+    def __init__(self, status: int = 200, delay: float = 0.0) -> None:
+        self.status, self.delay = status, delay
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(hook.delay)
+                hook.posts.append((self.path, json.loads(body)))
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    h = Hook()
+    yield h
+    h.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+ALERT = Alert(
+    kind="silent",
+    run="gpu-box:runs/exp7",
+    host="gpu-box",
+    pid=4242,
+    health="silent",
+    previous="running",
+    reason="Working (GPU 98 %) but no metric for 31 min: the logger has no handler.",
+    step=None,
+    total_steps=45000,
+    epoch=1,
+    epochs=3,
+    command="eagle3-tui attach gpu-box --pid 4242",
+    at=1_800_000_000.0,
+    id="a1",
+)
+
+
+def test_webhooks_get_the_payload_their_url_expects(hook: Hook) -> None:
+    assert webhook_style("https://hooks.slack.com/services/T/B/X") == "slack"
+    assert webhook_style("https://discord.com/api/webhooks/1/abc") == "discord"
+    assert webhook_style("https://example.org/hook") == "json"
+    parse_notify(hook.url).send(ALERT)
+    parse_notify(f"slack:{hook.url}").send(ALERT)
+    parse_notify(f"discord:{hook.url}").send(ALERT)
+    (_, generic), (_, slack), (_, discord) = hook.posts
+    assert generic["kind"] == "silent" and generic["pid"] == 4242
+    assert generic["command"] == "eagle3-tui attach gpu-box --pid 4242"
+    assert slack == {"text": ALERT.text()} and "→ eagle3-tui attach" in slack["text"]
+    assert discord["content"].startswith("eagle3-tui: SILENT: gpu-box:runs/exp7 (pid 4242)")
+    with pytest.raises(ValueError, match="not a destination"):
+        parse_notify("ftp://x")
+
+
+def test_a_command_gets_the_alert_on_stdin_and_in_its_environment(tmp_path: Path) -> None:
+    out = tmp_path / "got"
+    cmd = (
+        f'cat > {out}.json; printf "%s|%s" "$EAGLE3_TUI_ALERT_KIND" "$EAGLE3_TUI_ALERT_PID" > {out}'
+    )
+    parse_notify(f"exec:{cmd}").send(ALERT)
+    assert json.loads(Path(f"{out}.json").read_text())["reason"] == ALERT.reason
+    assert out.read_text() == "silent|4242"
+    with pytest.raises(DeliveryError, match="exit status 3: nope"):
+        ExecNotifier("exec:x", "echo nope >&2; exit 3").send(ALERT)
+
+
+def test_failed_deliveries_are_retried_with_backoff_reported_then_given_up(hook: Hook) -> None:
+    now = [1000.0]
+    said: list[str] = []
+    good = WebhookNotifier(hook.url, hook.url, "json")
+    unreachable = WebhookNotifier("dead-url", f"http://127.0.0.1:{closed_port()}/", "json")
+    failing = ExecNotifier("exec:false", "exit 1")
+    box = Outbox([good, unreachable, failing], said.append, clock=lambda: now[0])
+    box.post(ALERT)
+    waits = []
+    for _ in range(ATTEMPTS):
+        due = box.due()
+        assert due, box.queue
+        for d in due:
+            box.attempt(d)
+        if box.queue:
+            waits.append(min(d.next_at for d in box.queue) - now[0])
+            now[0] = min(d.next_at for d in box.queue)
+    assert len(hook.posts) == 1  # the good destination once, never again
+    assert waits[:4] == [5.0, 10.0, 20.0, 40.0]  # doubling
+    assert box.queue == [] and box.given_up == 2 and box.delivered == 1
+    assert sum("not delivered (" in line for line in said) == 2 * (ATTEMPTS - 1)
+    gave_up = [line for line in said if "given up" in line]
+    assert len(gave_up) == 2 and "dead-url: silent of gpu-box:runs/exp7" in gave_up[0]
+
+
+def test_a_slow_destination_never_holds_the_watching_up() -> None:
+    slow = Hook(delay=2.0)
+    try:
+        box = Outbox([WebhookNotifier(slow.url, slow.url, "json")], lambda line: None)
+        box.start()
+        t0 = time.monotonic()
+        box.post(ALERT)
+        posted = time.monotonic() - t0
+        assert posted < 0.2, posted
+        deadline = time.monotonic() + 20
+        while box.delivered == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert box.delivered == 1 and len(slow.posts) == 1
+        box.stop()
+    finally:
+        slow.close()
+
+
+# ---- the whole command: --once on a real run, twice, and a state kept ----------------
+
+
+def watch_once(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "watch", "--once", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def test_once_alerts_a_change_once_and_a_failed_delivery_waits_for_the_next(
+    tiny_run: Path, tmp_path: Path, hook: Hook
+) -> None:
+    import os
+
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    state = tmp_path / "watch.json"
+    flaky = tmp_path / "fail"
+    flaky.write_text("")  # while it exists, the command fails
+    command = f"exec:test ! -e {flaky} && cat >> {tmp_path / 'got.jsonl'}"
+    args = (str(tiny_run), "--notify", hook.url, "--notify", command, "--state", str(state))
+    first = watch_once(*args, env=env)
+    assert first.returncode == 0, first.stderr  # finished: all well
+    assert "FINISHED" in first.stdout and "eagle3-tui summary" in first.stdout, first.stdout
+    assert [p["kind"] for _, p in hook.posts] == ["finished"]
+    assert "not delivered (exit status 1)" in first.stderr, first.stderr
+    saved = json.loads(state.read_text())
+    assert [d["notifier"] for d in saved["outbox"]] == [command]  # kept for the next time
+    flaky.unlink()
+    second = watch_once(*args, env=env)
+    assert second.returncode == 0 and "FINISHED" not in second.stdout  # no repeat
+    assert [p["kind"] for _, p in hook.posts] == ["finished"]  # the webhook: still once
+    got = [json.loads(line) for line in (tmp_path / "got.jsonl").read_text().splitlines()]
+    assert [g["kind"] for g in got] == ["finished"]  # delivered late, not lost
+    assert json.loads(state.read_text())["outbox"] == []
