@@ -44,8 +44,17 @@ from eagle3_tui.transport.target import LocalTarget, Target
 DISCOVER_S = 20.0
 """How often a host target's live trainings are listed again (new ones are followed)."""
 PROBE_S = 10.0
-"""How often each run's host is asked whether its trainer lives (as the monitor does)."""
+"""How often the host is asked whether a quiet run's trainer lives (as the monitor does)."""
+PROBE_FLOWING_S = 300.0
+"""How often while its records flow (they are evidence of life: its heartbeats each
+second); each probe starts the agent on the host (~80 ms of CPU there), the bulk of what
+watching costs a host. Once they stop, every :data:`PROBE_S`."""
 VIEW = ViewParams(columns=1, smoothing=0.0)
+OBSERVE_S = 2.0
+"""A training without telemetry is sampled this often (the monitor: each second)."""
+BATCH_S = 2.0
+"""A followed run's appends within this long reach the watcher as one frame (it looks
+every few seconds: a frame per write would only cost both ends)."""
 
 ENDED = ("finished", "stopped", "dead")
 QUIET = ("running", "waiting")
@@ -323,12 +332,17 @@ class Followed:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     probed_at: float = 0.0
     probing: bool = True
+    records_seen: int = -1
 
     async def look(self, now: float) -> Verdict:
         probes = self.control is not None and not self.control.observed and self.probing
-        if probes and now - self.probed_at >= PROBE_S:
+        records = self.pipeline.run.unsettled.records
+        flowing, self.records_seen = records != self.records_seen, records
+        every = PROBE_FLOWING_S if flowing else PROBE_S
+        if probes and now - self.probed_at >= every:
             self.probed_at = now
             await self._probe(now)
+        await self.pipeline.ingest_pending()  # the interval's chunks, in one feed
         snap, _ = await self.pipeline.snapshot(now, VIEW, lines=False)
         return verdict_of(snap, self.pipeline.run.unsettled.manifest)
 
@@ -377,6 +391,7 @@ class Watcher:
         self.hosts: dict[str, Host] = {}
         self.alerts: list[Alert] = []
         self._discovered_at: dict[str, float] = {}
+        self._unlisted: dict[str, str] = {}
 
     def save(self) -> None:
         with contextlib.suppress(OSError):
@@ -479,8 +494,12 @@ class Watcher:
         try:
             report = await calls.discover(host)
         except TargetError as e:
-            self.say(f"eagle3-tui watch: {text}: trainings not listed ({e})")
+            if self._unlisted.get(text) != str(e):  # said once per failure, not each look
+                self.say(f"eagle3-tui watch: {text}: trainings not listed ({e})")
+            self._unlisted[text] = str(e)
             return
+        if self._unlisted.pop(text, None) is not None:
+            self.say(f"eagle3-tui watch: {text}: trainings listed again")
         for row in report.live:
             if row.mine:
                 await self._follow_row(text, target, row)
@@ -507,7 +526,7 @@ class Watcher:
         else:
             from eagle3_tui.transport.ssh import SshTransport
 
-            source = SshTransport(host, target.run_dir)  # type: ignore[arg-type]
+            source = SshTransport(host, target.run_dir, batch_s=BATCH_S)  # type: ignore[arg-type]
         control = RunControl.for_target(target, host)
         self._start(Followed(key, label, host_name(target), Pipeline(self.clock), control), source)
 
@@ -515,16 +534,13 @@ class Watcher:
         from eagle3_tui.transport.observed import ObservedTransport
 
         host = self.host_of(target)
-        source = ObservedTransport(host, row)
+        source = ObservedTransport(host, row, interval_s=OBSERVE_S)
         control = RunControl.for_process(target, host, row)
         label = f"{host_name(target)} pid {row.pid}"
         self._start(Followed(key, label, host_name(target), Pipeline(self.clock), control), source)
 
     def _start(self, f: Followed, source: Any) -> None:
-        f.tasks = [
-            asyncio.ensure_future(f.pipeline.pump(source, lambda _event: None)),
-            asyncio.ensure_future(f.pipeline.ingest()),
-        ]
+        f.tasks = [asyncio.ensure_future(f.pipeline.pump(source, lambda _event: None))]
         self.followed[f.key] = f
         self.state.runs.setdefault(f.key, RunMemory(f.label)).label = f.label
 

@@ -281,3 +281,58 @@ def test_once_alerts_a_change_once_and_a_failed_delivery_waits_for_the_next(
     got = [json.loads(line) for line in (tmp_path / "got.jsonl").read_text().splitlines()]
     assert [g["kind"] for g in got] == ["finished"]  # delivered late, not lost
     assert json.loads(state.read_text())["outbox"] == []
+
+
+# ---- following a live run --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_live_run_whose_loss_turns_nan_is_diverged_once(tmp_path: Path, hook: Hook) -> None:
+    """The watcher in this process on a real tiny training with telemetry: its first
+    looks are its baseline (waiting, running: nothing sent), its weights made NaN mid-run
+    is one ``diverged`` alert, and its end after that (still diverged) sends nothing."""
+    import asyncio
+    import os
+
+    from eagle3_tui.telemetry.manifest import launch_env
+    from eagle3_tui.transport.target import LocalTarget
+    from eagle3_tui.watch import Watcher, WatchState, WatchTarget
+    from tests.conftest import live_training, read_jsonl, wait_until_async
+
+    run_dir, control = tmp_path / "run", tmp_path / "control"
+    args = ("--epochs", "2", "--step-delay", "0.05", "--debug-control", str(control))
+    said: list[str] = []
+
+    def kinds() -> list[str]:
+        return [p["kind"] for _, p in hook.posts]
+
+    def trained() -> int:
+        path = run_dir / "metrics.jsonl"
+        return sum(r["kind"] == "train" for r in read_jsonl(path)) if path.exists() else 0
+
+    async def watch(run: Any) -> None:
+        target = WatchTarget(str(run_dir), LocalTarget(run_dir), discover=False)
+        notifier = WebhookNotifier(hook.url, hook.url, "json")
+        state = WatchState(tmp_path / "state.json")
+        rules = Rules(hold_s=2.0, gap_s=2.0, link_down_s=60.0)
+        w = Watcher([target], [notifier], state, rules=rules, interval_s=0.5, say=said.append)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(w.run(stop))
+        try:
+            await wait_until_async(lambda: trained() >= 5, 180, lambda: f"steps\n{run.log()}")
+            await asyncio.sleep(3)  # looked at while it runs: its baseline
+            assert kinds() == [], said
+            control.write_text("nan 0\n")
+            await wait_until_async(lambda: "diverged" in kinds(), 60, lambda: f"{said}")
+            alert = hook.posts[-1][1]
+            assert alert["command"] == f"eagle3-tui kill {run_dir}", alert
+            assert "nan" in alert["reason"].lower(), alert["reason"]
+            await wait_until_async(lambda: run.proc.poll() is not None, 180, run.log)
+            await asyncio.sleep(4)  # its end, looked at: diverged still, nothing to send
+        finally:
+            stop.set()
+            await task
+        assert kinds() == ["diverged"], said
+
+    with live_training(run_dir, args, dict(os.environ, **launch_env(run_dir))) as run:
+        asyncio.run(watch(run))

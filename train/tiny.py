@@ -78,7 +78,8 @@ def _hang_hook(step: int) -> Any:
 def _debug_control_hook(path: str, rank: int) -> Any:
     """A forward pre-hook that reads ``path`` (tests): a line ``hang R`` blocks rank R's
     training loop for good, ``ignore_sigterm R`` makes rank R ignore SIGTERM (after
-    speculators installed its handler), as a rank wedged in a C call would."""
+    speculators installed its handler), as a rank wedged in a C call would, ``nan R``
+    fills rank R's weights with NaN (its loss diverges)."""
     import signal
     import threading
 
@@ -103,6 +104,13 @@ def _debug_control_hook(path: str, rank: int) -> Any:
             elif what == "hang":
                 print(f"[eagle3] debug: rank {rank} blocks forever now", flush=True)
                 forever.wait()
+            elif what == "nan":  # its weights NaN from here on: the loss diverges
+                import torch
+
+                with torch.no_grad():
+                    for param in module.parameters():
+                        param.fill_(float("nan"))
+                print(f"[eagle3] debug: rank {rank} weights are NaN now", flush=True)
 
     return hook
 

@@ -187,6 +187,13 @@ def _stdin_closed() -> bool:
         return True
 
 
+def _batch_s(value: object) -> float:
+    """A client's ``batch_s``: how long to gather appends before a frame (0 to 10 s)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return min(10.0, max(0.0, float(value)))
+
+
 def op_follow(req: dict[str, Any]) -> int:
     """Stream ``run_dir/file`` from ``offset`` forever, like ``tail -F`` with offsets."""
     run_dir = resolve_run_dir(req.get("run_dir"))
@@ -196,6 +203,7 @@ def op_follow(req: dict[str, Any]) -> int:
     offset = int(req.get("offset") or 0)
     want: str | None = req.get("identity")
     z = deflater_for(req)
+    batch_s = _batch_s(req.get("batch_s"))
     ino = Inotify()
     timeout_ms = int(1000 * (SAFETY_POLL_S if ino.fd is not None else POLL_S))
     poller = select.poll()
@@ -270,11 +278,14 @@ def op_follow(req: dict[str, Any]) -> int:
                 continue  # reopen: the identity differs, so it restarts at 0
         if client_gone():
             return 0
-        for fd_ready, _ in poller.poll(timeout_ms):
+        ready = poller.poll(timeout_ms)
+        for fd_ready, _ in ready:
             if fd_ready == 0 and _stdin_closed():
                 return 0  # the client went away
             if fd_ready == ino.fd:
                 ino.drain()
+        if ready and batch_s:  # what is written meanwhile goes out in the same frame
+            time.sleep(batch_s)
 
 
 def op_read(req: dict[str, Any]) -> int:

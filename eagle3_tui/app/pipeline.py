@@ -155,18 +155,24 @@ class Pipeline:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            chunks, self._pending = self._pending, []
-            if not chunks:
-                if self._links or self._reconnected:
-                    async with self.lock:
-                        if self._apply_links():
-                            self.generation += 1
-                continue
-            async with self.lock:
-                await asyncio.to_thread(self._feed, coalesce(chunks))
-                self._apply_links()
-                self.generation += 1
-                self.feeds += 1
+            await self.ingest_pending()
+
+    async def ingest_pending(self) -> None:
+        """Feed what piled up since the last feed, as one update, and the link's changes
+        (a reader that looks now and then, ``watch``, calls this instead of :meth:`ingest`:
+        a whole interval's chunks in one feed)."""
+        chunks, self._pending = self._pending, []
+        if not chunks:
+            if self._links or self._reconnected:
+                async with self.lock:
+                    if self._apply_links():
+                        self.generation += 1
+            return
+        async with self.lock:
+            await asyncio.to_thread(self._feed, coalesce(chunks))
+            self._apply_links()
+            self.generation += 1
+            self.feeds += 1
 
     def _feed(self, chunks: list[Fed]) -> None:
         for c in chunks:

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "worst health's status",
     )
     p.add_argument(
-        "--interval", type=float, default=5.0, metavar="SECONDS", help="between looks (5)"
+        "--interval", type=float, default=10.0, metavar="SECONDS", help="between looks (10)"
     )
     p.add_argument(
         "--hold",

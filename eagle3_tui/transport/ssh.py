@@ -476,6 +476,7 @@ class SshTransport(Reconnecting):
         backoff: Sequence[float] = BACKOFF,
         compress: bool = True,
         columns: bool = True,
+        batch_s: float = 0.0,
     ) -> None:
         self.host = host
         self.run_dir = run_dir
@@ -486,6 +487,9 @@ class SshTransport(Reconnecting):
         self.columns = columns
         """Ask for the training steps the run's companion file indexes as columns (C
         frames: agent/columns.py), with the compressed catch-up."""
+        self.batch_s = batch_s
+        """Appends within this long go out as one frame (``watch``: a look every few
+        seconds needs no frame per write; 0, the monitor: each at once)."""
         self.reconnects = 0
 
     @property
@@ -511,6 +515,8 @@ class SshTransport(Reconnecting):
             "offset": self._complete,
             "identity": self._identity,
         }
+        if self.batch_s > 0:
+            request["batch_s"] = self.batch_s
         if self.compress:
             request["compress"] = COMPRESS_ZLIB
             if self.columns:

@@ -243,6 +243,35 @@ async def test_follow_resumes_at_an_offset_only_for_the_same_file(tmp_path: Path
         await ch.finish()
 
 
+async def test_follow_with_batch_s_sends_a_burst_of_appends_as_one_frame(tmp_path: Path) -> None:
+    """``watch`` asks for ``batch_s``: appends within it go out together (a frame per
+    write would cost both ends for a reader that looks every few seconds); without it,
+    each append is its own frame (the monitor's latency)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"0\n")
+
+    async def frames_of_five_appends(batch_s: float) -> int:
+        req: dict[str, object] = {"op": "follow", "run_dir": str(tmp_path), "offset": 2}
+        if batch_s:
+            req["batch_s"] = batch_s
+        ch = await LocalHost().start_agent(req)
+        frames = ch.frames()
+        try:
+            await next_frames(frames, is_event("opened"))
+            start = path.stat().st_size
+            for i in range(5):
+                append(path, b"%d\n" % i)
+                await asyncio.sleep(0.1)
+            got = await next_frames(frames, data_upto(start + 10))
+            return sum(isinstance(f, DataFrame) for f in got)
+        finally:
+            ch.close()
+            await ch.finish()
+
+    assert await frames_of_five_appends(0.0) >= 4
+    assert await frames_of_five_appends(1.5) <= 2
+
+
 async def test_read_errors_are_one_line(tmp_path: Path) -> None:
     from eagle3_tui.transport.calls import read_file
 
