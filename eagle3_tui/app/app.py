@@ -50,8 +50,10 @@ from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
 from eagle3_tui.app.widgets.log import LogPanel
 from eagle3_tui.app.widgets.panels import AcceptanceTable, DataPanel, GpuPanel, ProgressPanel
 from eagle3_tui.app.widgets.plots import AcceptancePlot, LossPlot, MetricPlot
+from eagle3_tui.model.inert import printable
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.model.verdict import Health
+from eagle3_tui.notify import ALARMS
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.replies import KillReport, ResumeReport
 
@@ -179,6 +181,8 @@ class MonitorApp(App[None]):
         self._lines_at = -1
         """The generation of the model the snapshot's plotted lines were built from."""
         self._built_at = 0.0
+        self._health_seen: str | None = None
+        """The verdict last shown (a change under another screen is said: _say_change)."""
         self._building = False
         self._probe_ok = True
         self._probed_at = 0.0
@@ -359,8 +363,31 @@ class MonitorApp(App[None]):
             return
 
     def watch_snapshot(self) -> None:
-        """The footer follows what the keys can do (a run that ends, a probe's answer)."""
+        """The footer follows what the keys can do (a run that ends, a probe's answer);
+        a change of verdict while another screen is up is said there."""
         self._refresh_keys()
+        self._say_change(self.snapshot)
+
+    def _say_change(self, snap: Snapshot) -> None:
+        """A change of the run's verdict while another screen covers the header (help,
+        the log, a dialog, the comparison): a toast on that screen, and the bell when it
+        needs a human — as ``watch`` would alert (``notify.ALARMS``)."""
+        health = snap.health.value
+        before, self._health_seen = self._health_seen, health
+        if before is None or health == before or len(self.screen_stack) <= 1:
+            return
+        alarm = health in ALARMS
+        if not alarm and not (health in ("finished", "stopped") or before in ALARMS):
+            return  # waiting <-> running: nothing to say
+        word = "RECOVERED" if health in ("running", "waiting") else snap.diagnosis.label
+        self.notify(
+            printable(snap.diagnosis.reason)[:400],
+            title=f"the run: {word}",
+            severity="error" if alarm else "information",
+            timeout=30,
+        )
+        if alarm:
+            self.bell()
 
     def watch_view(self) -> None:
         self._refresh_keys()  # the window keys: ] and 0 once a window is set
@@ -437,6 +464,10 @@ class MonitorApp(App[None]):
         width = plots.first().content_size.width or 100
         params = replace(self.view.params(width), smoothing=max(self.view.smoothing, 0.6))
         key = (self.pipeline.generation, other.generation, screen.axis, params)
+        if time.monotonic() - self._built_at >= CLOCK_REFRESH_S:  # its verdict, under it
+            self._built_at = time.monotonic()
+            main, _ = await self.pipeline.snapshot(self.clock(), self.view.params(100), False)
+            self.snapshot = main
         if key == self._compared:
             return
         self._building = True
