@@ -107,9 +107,8 @@ def main() -> None:
     )
     for h, a, b in zip(hosts, h0, h1, strict=True):
         pct = 100 * (b - a) / wall
-        print(
-            f"host {h.alias}: {pct:.2f} % of a core (goal {HOST_GOAL} %: ratio {pct / HOST_GOAL:.2f})"
-        )
+        ratio = pct / HOST_GOAL
+        print(f"host {h.alias}: {pct:.2f} % of a core (goal {HOST_GOAL} %: ratio {ratio:.2f})")
     said = (root / "watch.log").read_text(errors="replace").strip().splitlines()
     print(f"watcher said {len(said)} line(s); the last: {said[-1] if said else '-'}")
 
