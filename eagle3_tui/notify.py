@@ -144,10 +144,13 @@ class WebhookNotifier:
     """``slack``, ``discord`` or ``json``."""
 
     def payload(self, alert: Alert) -> dict[str, Any]:
+        """What the URL expects. What an alert quotes of a run (a log line, a path) is
+        text there, never a mention or a link: Slack's control characters escaped, and
+        Discord told to parse no mention (a planted ``@everyone`` pings nobody)."""
         if self.style == "slack":
-            return {"text": alert.text()}
+            return {"text": markup_escaped(alert.text())}
         if self.style == "discord":
-            return {"content": alert.text()[:2000]}
+            return {"content": alert.text()[:2000], "allowed_mentions": {"parse": []}}
         return alert.to_json()
 
     def send(self, alert: Alert) -> None:
@@ -178,9 +181,9 @@ class DesktopNotifier:
         tool = shutil.which("notify-send")
         urgency = "critical" if alert.kind in ALARMS else "normal"
         if tool is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-            body = alert.text().split("\n", 1)
+            body = markup_escaped(alert.text()).split("\n", 1)  # its body takes markup
             done = subprocess.run(
-                [tool, "-u", urgency, "-a", "eagle3-tui", body[0], *body[1:]],
+                [tool, "-u", urgency, "-a", "eagle3-tui", "--", body[0], *body[1:]],
                 capture_output=True,
                 timeout=EXEC_TIMEOUT_S,
                 check=False,
@@ -192,6 +195,12 @@ class DesktopNotifier:
             os.write(2, ("\a" + alert.text() + "\n").encode(errors="replace"))
         except OSError as e:
             raise DeliveryError(str(e)) from None
+
+
+def markup_escaped(text: str) -> str:
+    """``&``, ``<``, ``>`` escaped: in Slack's text and a desktop notification's body they
+    would make what a run wrote a mention, a link or markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def parse_notify(spec: str) -> Notifier:

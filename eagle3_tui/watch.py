@@ -227,7 +227,6 @@ def action(kind: str, run: str, v: Verdict, ssh_args: Sequence[str]) -> str | No
 
 def make_alert(
     kind: str,
-    key: str,
     memory: RunMemory,
     host: str,
     v: Verdict,
@@ -235,6 +234,7 @@ def make_alert(
     ssh_args: Sequence[str],
     now: float,
 ) -> Alert:
+    """The alert for a change of one run's verdict, as it is sent."""
     reason = v.reason
     if kind == "link_down":
         since = time.strftime("%H:%M:%S", time.localtime(v.link_down_since or now))
@@ -333,6 +333,8 @@ class Followed:
     probed_at: float = 0.0
     probing: bool = True
     records_seen: int = -1
+    found: bool = False
+    """Found on a host (not named by a target): let go once its end is sent."""
 
     async def look(self, now: float) -> Verdict:
         probes = self.control is not None and not self.control.observed and self.probing
@@ -392,6 +394,8 @@ class Watcher:
         self.alerts: list[Alert] = []
         self._discovered_at: dict[str, float] = {}
         self._unlisted: dict[str, str] = {}
+        self._ended: set[str] = set()
+        """Runs found on a host and let go after their end was sent."""
 
     def save(self) -> None:
         with contextlib.suppress(OSError):
@@ -439,9 +443,18 @@ class Watcher:
                 self.say(f"eagle3-tui watch: {f.label}: not judged ({type(e).__name__}: {e})")
                 continue
             self._judge(key, f, v)
+            if f.found and v.health in ENDED and self.state.runs[key].alerted == v.health:
+                self._let_go(key, f)  # said: a host's ended run is followed no longer
 
     def _judge(self, key: str, f: Followed, v: Verdict) -> None:
         self.judge(key, f.label, f.host_label, v)
+
+    def _let_go(self, key: str, f: Followed) -> None:
+        """Stop following a run found on a host once its end was sent (its agent on the
+        host ends too); found live again (resumed), it is followed again."""
+        f.stop()
+        del self.followed[key]
+        self._ended.add(key)
 
     def judge(self, key: str, label: str, host: str, v: Verdict, looks: int = 2) -> None:
         """One look's verdict on a run: an alert posted when it calls for one."""
@@ -451,7 +464,7 @@ class Watcher:
         kind = transition(memory, v, now, self.rules, looks)
         if kind is None:
             return
-        alert = make_alert(kind, key, memory, host, v, previous, self.ssh_args, now)
+        alert = make_alert(kind, memory, host, v, previous, self.ssh_args, now)
         self.alerts.append(alert)
         self.say(alert.text().replace("\n", " — "))
         self.outbox.post(alert)
@@ -472,8 +485,12 @@ class Watcher:
         try:
             chosen = await calls.choose(host, calls.run_dir_of(wt.target), None)
         except TargetError as e:
-            self.say(f"eagle3-tui watch: {wt.text}: not followed yet ({e})")
+            if self._unlisted.get(wt.text) != str(e):  # said once per failure, then retried
+                self.say(f"eagle3-tui watch: {wt.text}: not followed yet ({e})")
+            self._unlisted[wt.text] = str(e)
             return
+        if self._unlisted.pop(wt.text, None) is not None:
+            self.say(f"eagle3-tui watch: {wt.text}: followed now")
         self._discovered_at[wt.text] = now
         if chosen.choice is Choice.RUN:
             run_dir = chosen.chosen_run_dir()
@@ -506,16 +523,19 @@ class Watcher:
 
     async def _follow_row(self, text: str, target: Target, row: ProcessRow) -> None:
         """A live training found on a host: its run directory when it writes telemetry,
-        else the process watched from outside."""
+        else the process watched from outside (live again after its end: followed again)."""
         if row.run_dir and row.telemetry:
             key = f"{host_name(target)}:{row.run_dir}"
             if key not in self.followed:
+                self._ended.discard(key)
                 at = pinned(target, row.run_dir)
                 self._follow_dir(key, label_of(text, target, row.run_dir), at)
+                self.followed[key].found = True
             return
         key = f"{host_name(target)}:pid:{row.pid}:{row.start_ticks}"
-        if key not in self.followed:
+        if key not in self.followed and key not in self._ended:
             self._follow_process(key, target, row)
+            self.followed[key].found = True
 
     def _follow_dir(self, key: str, label: str, target: Target) -> None:
         from eagle3_tui.transport.local import LocalTransport

@@ -183,6 +183,12 @@ def test_webhooks_get_the_payload_their_url_expects(hook: Hook) -> None:
     assert generic["command"] == "eagle3-tui attach gpu-box --pid 4242"
     assert slack == {"text": ALERT.text()} and "→ eagle3-tui attach" in slack["text"]
     assert discord["content"].startswith("eagle3-tui: SILENT: gpu-box:runs/exp7 (pid 4242)")
+    assert discord["allowed_mentions"] == {"parse": []}
+    # what a run wrote is text there: no Slack mention or link, no Discord ping
+    planted = WebhookNotifier("s", hook.url, "slack").payload(
+        Alert(**{**ALERT.__dict__, "reason": "<!channel> see <https://x|here> & @everyone"})
+    )
+    assert "<!channel>" not in planted["text"] and "&lt;!channel&gt;" in planted["text"]
     with pytest.raises(ValueError, match="not a destination"):
         parse_notify("ftp://x")
 
