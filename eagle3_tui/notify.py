@@ -337,7 +337,12 @@ class Outbox:
             return False
         delivery.attempts += 1
         try:
-            notifier.send(delivery.alert)
+            try:
+                notifier.send(delivery.alert)
+            except DeliveryError:
+                raise
+            except Exception as e:  # a destination's own failure: a failed try, said
+                raise DeliveryError(f"{type(e).__name__}: {e}") from None
         except DeliveryError as e:
             self.failed_tries += 1
             delivery.last_error = str(e)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shlex
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -302,12 +303,14 @@ class WatchState:
     def save(self, outbox: list[Delivery]) -> None:
         data = {
             "version": 1,
-            "runs": {k: m.saved() for k, m in self.runs.items()},
+            "runs": {k: m.saved() for k, m in dict(self.runs).items()},  # a copy: two threads
             "outbox": [d.to_json() for d in outbox],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a stale one of this PID's; another user's: refused, said
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.path)
@@ -395,11 +398,22 @@ class Watcher:
         self._discovered_at: dict[str, float] = {}
         self._unlisted: dict[str, str] = {}
         self._ended: set[str] = set()
+        self._save_problem: str | None = None
+        self._save_lock = threading.Lock()
         """Runs found on a host and let go after their end was sent."""
 
     def save(self) -> None:
-        with contextlib.suppress(OSError):
-            self.state.save(list(self.outbox.queue))
+        """The state to its file (the watching loop and the outbox's thread both call)."""
+        try:
+            with self._save_lock:
+                self.state.save(list(self.outbox.queue))
+        except OSError as e:
+            problem = f"{self.state.path}: not saved ({e.strerror or e}): a restart may repeat"
+            if problem != self._save_problem:
+                self.say(f"eagle3-tui watch: {problem}")
+            self._save_problem = problem
+        else:
+            self._save_problem = None
 
     def host_of(self, target: Target) -> Host:
         name = host_name(target)
