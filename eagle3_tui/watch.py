@@ -125,9 +125,10 @@ class RunMemory:
     alerted_at: float | None = None
     link_alerted: bool = False
     last_sent: float | None = None
-    pending: str | None = field(default=None, metadata={"saved": False})
-    pending_since: float = field(default=0.0, metadata={"saved": False})
-    pending_looks: int = field(default=0, metadata={"saved": False})
+    pending: str | None = None
+    """A new verdict not sent yet (not saved: after a restart it is looked at again)."""
+    pending_since: float = 0.0
+    pending_looks: int = 0
 
     def saved(self) -> dict[str, Any]:
         return {
