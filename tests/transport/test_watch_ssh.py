@@ -1,9 +1,9 @@
-"""``watch HOST`` over the real sshd (issue 30): a handler-less speculators training
-started on the host *after* the watcher is found, and each change of its verdict
-reaches a real HTTP server on loopback once — silent (with the attach command), the
-link down past its threshold while the host's sshd stops answering and recovered once
-it answers again, stalled when the training hangs, dead when it is SIGKILLed — and a
-restarted watcher sends nothing again."""
+"""``watch HOST`` over the real sshd (issue 30): handler-less speculators trainings
+started on the host *after* the watcher are found, and each change of their verdicts
+reaches a real HTTP server on loopback once — the long one silent (with the attach
+command), the link down past its threshold while the host's sshd stops answering and
+recovered once it answers again, stalled when the training hangs, dead when it is
+SIGKILLed; the short one finished — and a restarted watcher sends nothing again."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,8 +35,8 @@ def hook() -> Iterator[Hook]:
 
 def start_watcher(sshd: Sshd, hook: Hook, state: Path, log: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "eagle3_tui", "watch", *sshd.args(), ALIAS]
-    argv += ["--notify", hook.url, "--interval", "2", "--hold", "4", "--gap", "5"]
-    argv += ["--link-down", "8", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=2"]
+    argv += ["--notify", hook.url, "--interval", "1", "--hold", "2", "--gap", "3"]
+    argv += ["--link-down", "5", "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=2"]
     argv += ["-o", "ConnectTimeout=2"]
     argv += ["--state", str(state)]
     with open(log, "ab") as out:
@@ -50,7 +51,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(60)
 
 
-def test_a_training_started_later_is_silent_then_stalled_then_dead_once_each(
+def launch(sshd: Sshd, work: Path, name: str, args: str) -> int:
+    """``nohup python -m eagle3_tui.train.tiny … > LOG 2>&1 &`` on the host, no handler:
+    its PID (as the host numbers it)."""
+    line = (
+        f"cd {work} || exit 1; nohup {sys.executable} -m eagle3_tui.train.tiny --run-dir "
+        f"{work}/{name} --no-telemetry {args} > {name}.log 2>&1 < /dev/null & echo $!"
+    )
+    return int(sshd.ssh(line).stdout.strip())
+
+
+def test_trainings_started_later_are_each_said_once_per_change(
     private_sshd: Sshd, hook: Hook, tmp_path: Path
 ) -> None:
     need_training()
@@ -60,63 +71,66 @@ def test_a_training_started_later_is_silent_then_stalled_then_dead_once_each(
     work.mkdir()
     control = work / "control"
     watcher = start_watcher(sshd, hook, state, log)
-    pid = None
+    pids: list[int] = []
     try:
-        # the training starts after the watcher, as in the story: nohup, no handler
+        # two trainings start after the watcher, as in the story (nohup, no handler): a
+        # long one, and a short one that runs to its end (it may be called silent first)
         started = time.monotonic()
-        script = (
-            f"cd {work} || exit 1; nohup {sys.executable} -m eagle3_tui.train.tiny --run-dir "
-            f"{work}/run --no-telemetry --epochs 40 --step-delay 0.3 "
-            f"--debug-control {control} > train.log 2>&1 < /dev/null & echo $!"
-        )
-        pid = int(sshd.ssh(script).stdout.strip())
+        long = launch(sshd, work, "long", f"--epochs 40 --step-delay 0.3 --debug-control {control}")
+        short = launch(sshd, work, "short", "--epochs 2 --step-delay 0.2")
+        pids += [long, short]
 
-        def kinds() -> list[str]:
-            return [p["kind"] for _, p in hook.posts]
+        def kinds(pid: int | None = None) -> list[str]:
+            return [p["kind"] for _, p in hook.posts if pid is None or p["pid"] == pid]
+
+        def last(pid: int) -> dict[str, Any]:
+            return [p for _, p in hook.posts if p["pid"] == pid][-1]
 
         def said() -> str:
             return f"{kinds()}\n{log.read_text()[-3000:]}"
 
-        wait_until(lambda: "silent" in kinds(), 300, said, 1.0)
+        wait_until(lambda: "silent" in kinds(long), 300, said, 0.5)
         silent_after = time.monotonic() - started
-        alert = hook.posts[-1][1]
-        assert alert["pid"] == pid and alert["host"] == ALIAS, alert
-        assert alert["command"].startswith(f"eagle3-tui attach {ALIAS} --pid {pid}"), alert
+        alert = last(long)
+        assert alert["host"] == ALIAS and alert["run"] == f"{ALIAS} pid {long}", alert
+        assert alert["command"].startswith(f"eagle3-tui attach {ALIAS} --pid {long}"), alert
         assert "no handler" in alert["reason"], alert["reason"]
-        assert alert["run"] == f"{ALIAS} pid {pid}", alert
+        wait_until(lambda: "finished" in kinds(short), 240, said, 0.5)
+        assert kinds(short) in (["finished"], ["silent", "finished"]), said()
+        assert last(short)["command"].startswith("eagle3-tui summary "), last(short)
 
-        # the link goes down for 20 s (every sshd of the host stops answering; the
-        # training goes on): one link_down past the threshold, one recovered, nothing else
+        # the link goes down for 12 s (every sshd of the host stops answering; the
+        # training goes on): one link_down past the threshold, one recovered, no more
         frozen = [p for p in sshd.session_tree() if comm(p) == "sshd"]
         down_at = time.monotonic()
         for p in frozen:
             os.kill(p, signal.SIGSTOP)
         try:
-            wait_until(lambda: "link_down" in kinds(), 60, said, 0.5)
-            time.sleep(max(0.0, 20 - (time.monotonic() - down_at)))
+            wait_until(lambda: "link_down" in kinds(long), 60, said, 0.5)
+            time.sleep(max(0.0, 12 - (time.monotonic() - down_at)))
         finally:
             for p in frozen:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGCONT)
-        wait_until(lambda: "recovered" in kinds(), 90, said, 0.5)
-        assert kinds() == ["silent", "link_down", "recovered"], said()
+        wait_until(lambda: "recovered" in kinds(long), 90, said, 0.5)
 
         control.write_text("hang 0\n")  # its training loop blocks for good
-        wait_until(lambda: "stalled" in kinds(), 240, said, 1.0)
-        assert hook.posts[-1][1]["command"].startswith(f"eagle3-tui kill {ALIAS} --pid {pid}")
+        wait_until(lambda: "stalled" in kinds(long), 240, said, 0.5)
+        assert last(long)["command"].startswith(f"eagle3-tui kill {ALIAS} --pid {long}")
 
-        sshd.ssh(f"kill -9 {pid}")
-        wait_until(lambda: "dead" in kinds(), 120, said, 1.0)
-        assert "SIGKILL" in hook.posts[-1][1]["reason"], hook.posts[-1][1]
-        assert kinds() == ["silent", "link_down", "recovered", "stalled", "dead"], said()
+        sshd.ssh(f"kill -9 {long}")
+        wait_until(lambda: "dead" in kinds(long), 120, said, 0.5)
+        assert "SIGKILL" in last(long)["reason"], last(long)
+        assert kinds(long) == ["silent", "link_down", "recovered", "stalled", "dead"], said()
 
-        # a restarted watcher neither repeats what it sent nor misses anything new
+        # a restarted watcher repeats nothing it sent
+        sent = len(hook.posts)
         stop(watcher)
         watcher = start_watcher(sshd, hook, state, log)
-        time.sleep(12)  # six looks
-        assert kinds() == ["silent", "link_down", "recovered", "stalled", "dead"], said()
+        time.sleep(6)  # six looks
+        assert len(hook.posts) == sent, said()
         print(f"silent alert {silent_after:.0f} s after the training started")
     finally:
         stop(watcher)
-        if pid is not None:
+        for pid in pids:
             sshd.ssh(f"kill -9 {pid} 2>/dev/null")
