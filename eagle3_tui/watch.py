@@ -642,7 +642,8 @@ def once(w: Watcher) -> int:
                     opened = api.open_run(wt.target, pid=row.pid, label=f"{host} pid {row.pid}")
                     judge(key, f"{host} pid {row.pid}", host, opened)
         except TargetError as e:
-            w.say(f"eagle3-tui watch: {wt.text}: {e}")
+            said = str(e) if str(e).startswith(wt.text) else f"{wt.text}: {e}"
+            w.say(f"eagle3-tui watch: {said}")
             errors += 1
     for delivery in list(w.outbox.queue):  # cron's next look is minutes away: all now
         w.outbox.attempt(delivery)
