@@ -66,7 +66,12 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
             recs = records(metrics)
             kinds = {(r["kind"], r["rank"]) for r in recs}
             ranks = manifest(run_dir).get("ranks") or []
-            return checkpointed(run_dir) and every <= kinds and len(ranks) == 2
+            # each rank's latest heartbeat past its first step (one may come before it)
+            hb = {r["rank"]: r for r in recs if r["kind"] == "heartbeat" and r.get("where")}
+            stepped = set(hb) == {0, 1} and all(
+                isinstance(h.get("last_step"), int) for h in hb.values()
+            )
+            return checkpointed(run_dir) and every <= kinds and len(ranks) == 2 and stepped
 
         wait_until(telemetry_complete, 300, "a checkpoint and every rank's samples", log)
         recs = records(metrics)
