@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.columns import column_plan, sample_cutoffs
+from eagle3_tui.agent.column_plan import column_plan, sample_cutoffs
 from eagle3_tui.agent.diskspace import DiskWatch, disk_space
 from eagle3_tui.agent.frames import (
     AgentError,

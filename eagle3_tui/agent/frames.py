@@ -6,7 +6,7 @@
 that asked for them: ``"compress": "zlib"`` in its request);
 ``C <offset> <length> <size>\\n`` followed by ``size`` bytes: the ``length`` bytes at
 ``offset`` as columns (their training steps) and the other lines (see
-:mod:`eagle3_tui.agent.columns`; only to a client that asked: ``"columns"``);
+:mod:`eagle3_tui.agent.column_plan`; only to a client that asked: ``"columns"``);
 ``J <json>\\n`` an event (see :mod:`eagle3_tui.agent.names`).
 """
 
@@ -61,5 +61,5 @@ def emit_zdata(offset: int, length: int, packed: bytes) -> None:
 
 
 def emit_columns(offset: int, length: int, payload: bytes) -> None:
-    """The ``length`` bytes at ``offset`` as a columns payload (agent/columns.py)."""
+    """The ``length`` bytes at ``offset`` as a columns payload (agent/column_plan.py)."""
     _write_all(b"C %d %d %d\n" % (offset, length, len(payload)) + payload)

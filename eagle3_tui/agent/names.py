@@ -18,7 +18,7 @@ COMPRESS_ZLIB = "zlib"
 """A follow or read request's ``"compress"``: send the catch-up as zlib Z frames."""
 COLUMNS_WANTED = {"profile": list(MONITOR_PROFILE)}
 """A follow or read request's ``"columns"``: send the steps the companion file indexes
-as C frames (agent/columns.py), with only these fields of these groups."""
+as C frames (agent/column_plan.py), with only these fields of these groups."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 RUNS_FOLDER = "eagle3-runs"
 """In a trainer's working directory: the run directories eagle3-tui makes for a training

@@ -49,7 +49,7 @@ class ViewState:
     def whole_run(self) -> ViewState:
         return replace(self, window=None)
 
-    def describe(self, log: bool = True, short: bool = False) -> str:
+    def title(self, log: bool = True, short: bool = False) -> str:
         """The view in words, for the plots' titles (``log``: say the log scale too;
         ``short``: for a narrow chart)."""
         if short:

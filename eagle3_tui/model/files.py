@@ -85,7 +85,7 @@ class DiskSpace:
         """Whether this report, still current at ``now`` (host clock), leaves no room."""
         return now - self.at <= DISK_FRESH_S and (self.read_only or self.room < MIN_ROOM)
 
-    def describe(self) -> str:
+    def as_reason(self) -> str:
         """The host's filesystem, as the verdict says it."""
         if self.read_only:
             return "The run's filesystem is read-only on the host"

@@ -43,7 +43,7 @@ import numpy as np
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
 from eagle3_tui.model.observed import metrics_source
-from eagle3_tui.model.stack import StackSample, describe
+from eagle3_tui.model.stack import StackSample, stack_line
 from eagle3_tui.model.state import Event, RunState
 from eagle3_tui.model.units import clock, size
 from eagle3_tui.model.verdict import (
@@ -313,7 +313,7 @@ def _disk_full_sentence(state: RunState, disk: DiskSpace) -> str:
         if lost is not None
         else "how many records were not written is not known until space returns"
     )
-    return f"{disk.describe()}: metrics cannot be written; {counted}."
+    return f"{disk.as_reason()}: metrics cannot be written; {counted}."
 
 
 def _not_written(state: RunState) -> tuple[int, float] | None:
@@ -347,7 +347,7 @@ def stuck_at(state: RunState) -> StackSample | None:
 
 def _stuck_clause(state: RunState) -> str:
     sample = stuck_at(state)
-    return f"; stuck in {describe(sample)}" if sample is not None else ""
+    return f"; stuck in {stack_line(sample)}" if sample is not None else ""
 
 
 def _own_handler(state: RunState) -> str | None:

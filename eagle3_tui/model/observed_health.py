@@ -28,7 +28,7 @@ from eagle3_tui.model.observed import (
     metrics_source,
     step_time,
 )
-from eagle3_tui.model.stack import StackSample, describe
+from eagle3_tui.model.stack import StackSample, stack_line
 from eagle3_tui.model.state import LogLine, RunState
 from eagle3_tui.model.units import clock, size
 from eagle3_tui.model.verdict import (
@@ -201,7 +201,7 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         if stuck is not None:  # where it is: the guess at why is not needed
             return Diagnosis(
                 Health.STALLED,
-                f"The trainer (pid {info.pid}) looks hung: {idle}; stuck in {describe(stuck)}.",
+                f"The trainer (pid {info.pid}) looks hung: {idle}; stuck in {stack_line(stuck)}.",
             )
         return Diagnosis(
             Health.STALLED,

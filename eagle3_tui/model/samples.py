@@ -1,6 +1,6 @@
 """How much of each sampler's history the client keeps: the state's limits, and a
 protocol constant (a catch-up asks the agent for the newest records of each kind in
-full, the older ones as envelopes only: ``agent/columns.py``). Its own module so that
+full, the older ones as envelopes only: ``agent/column_plan.py``). Its own module so that
 the transport sends it without importing the state."""
 
 GPU_HISTORY = 600

@@ -80,7 +80,7 @@ def key_frames(frames: tuple[StackFrame, ...]) -> list[StackFrame]:
     return chosen
 
 
-def describe(sample: StackSample) -> str:
+def stack_line(sample: StackSample) -> str:
     """``func (file:line) ← caller (file:line) ← …`` in one line."""
     return " ← ".join(_label(f) for f in key_frames(sample.frames))
 
@@ -88,7 +88,7 @@ def describe(sample: StackSample) -> str:
 def stuck_json(sample: StackSample) -> dict[str, Any]:
     """What ``summary --json`` says about the location."""
     return {
-        "where": describe(sample),
+        "where": stack_line(sample),
         "thread": sample.thread,
         "since_step": sample.step,
         "quiet_s": sample.quiet_s,

@@ -545,7 +545,7 @@ class RunState:
         return True
 
     def apply_steps(self, rows: StepColumns, others: list[Item], before: list[int]) -> bool:
-        """A columns frame (model/columns.py): its training steps as columns, and the
+        """A columns frame (model/segments.py): its training steps as columns, and the
         range's other lines decoded (``others``, in file order; ``before[i]``: how many
         steps come before ``others[i]``), applied as :meth:`_apply_batch` applies the
         lines themselves. False, with nothing applied, where it would not take them as
@@ -1062,7 +1062,7 @@ class _Batch:
 
 @dataclass(slots=True)
 class StepColumns:
-    """Training steps of one writer as columns (a columns frame's, model/columns.py)."""
+    """Training steps of one writer as columns (a columns frame's, model/segments.py)."""
 
     w: str
     seqs: npt.NDArray[np.int64]

@@ -12,7 +12,7 @@ lines, the training steps among them (their byte offsets known from the
 in the writer's thread (~20 µs; never in the training loop) and ~15 % more disk.
 
 The agent ships blocks instead of the lines they index (agent/follow.py); the
-client rebuilds the steps from them (model/columns.py). The JSON lines stay the
+client rebuilds the steps from them (model/segments.py). The JSON lines stay the
 truth: a block is used only where each of its rows is a whole line of the file it
 names (device and inode), at the offset it says, with the sequence number it
 says; anything else travels as the lines themselves.

@@ -60,7 +60,6 @@ from eagle3_tui.telemetry.schema import (
     SAVING_CHECKPOINT,
     Kind,
 )
-from eagle3_tui.telemetry.stack import MainThreadWhere
 from eagle3_tui.telemetry.stacks import StallWatch
 from eagle3_tui.telemetry.stop import MANIFEST_FIELD as STOP_FIELD
 from eagle3_tui.telemetry.stop import StepStop
@@ -74,6 +73,7 @@ from eagle3_tui.telemetry.topology import (
     place_from_env,
     rank_entry,
 )
+from eagle3_tui.telemetry.where import MainThreadWhere
 from eagle3_tui.telemetry.writer import JsonlWriter
 
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"

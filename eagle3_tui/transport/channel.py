@@ -52,7 +52,7 @@ class DataFrame:
     data: bytes
     span: int = -1
     """-1: ``data`` is the file's bytes at ``offset``. Otherwise ``data`` is a columns
-    payload (a ``C`` frame, agent/columns.py) standing for ``span`` bytes at ``offset``:
+    payload (a ``C`` frame, agent/column_plan.py) standing for ``span`` bytes at ``offset``:
     feed it with ``Run.feed(offset, data, stream, span)``, never as text."""
 
 

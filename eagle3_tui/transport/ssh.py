@@ -234,7 +234,7 @@ def _known_hosts_files(options: SshOptions, from_config: object) -> list[Path]:
 # ---- errors ----------------------------------------------------------------------------
 
 
-def describe(
+def connect_error(
     exc: BaseException, target: SshTarget, check: HostKeyCheck | None, jump: bool = False
 ) -> TargetError:
     """A one-line error for a failed connection: refused (permanent) or unreachable."""
@@ -358,7 +358,7 @@ async def _connect_one(
             h.close()
         if isinstance(e, asyncio.CancelledError | KeyboardInterrupt):
             raise
-        raise describe(e, target, check, jump) from None
+        raise connect_error(e, target, check, jump) from None
     return conn, hops
 
 
@@ -444,7 +444,7 @@ class SshHost(TargetNames):
                 proc.stdin.write_eof()
         except (asyncssh.Error, OSError) as e:
             # other channels may share the connection: connect() remakes it once closed
-            raise describe(e, self.target, None) from None
+            raise connect_error(e, self.target, None) from None
         return SshChannel(proc)
 
 
@@ -486,7 +486,7 @@ class SshTransport(Reconnecting):
         """Ask for the catch-up in zlib Z frames (an older agent sends D frames anyway)."""
         self.columns = columns
         """Ask for the training steps the run's companion file indexes as columns (C
-        frames: agent/columns.py), with the compressed catch-up."""
+        frames: agent/column_plan.py), with the compressed catch-up."""
         self.batch_s = batch_s
         """Appends within this long go out as one frame (``watch``: a look every few
         seconds needs no frame per write; 0, the monitor: each at once)."""

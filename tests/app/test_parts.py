@@ -84,7 +84,7 @@ def test_step_window_keys() -> None:
         v = v.next_smoothing()
         smoothing.append(v.smoothing)
     assert smoothing == [0.6, 0.9, 0.99, 0.0, 0.6]
-    assert ViewState(window=64, smoothing=0.0, log_scale=True).describe() == (
+    assert ViewState(window=64, smoothing=0.0, log_scale=True).title() == (
         "last 64 steps · smoothing off · log"
     )
 

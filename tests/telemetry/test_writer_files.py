@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_tui.agent.columns import column_plan
+from eagle3_tui.agent.column_plan import column_plan
 from eagle3_tui.telemetry.columns import companion_path, read_blocks
 from eagle3_tui.telemetry.writer import JsonlWriter
 from tests.conftest import fill_filesystem, need, small_tmpfs

@@ -84,7 +84,7 @@ def test_a_backends_run_over_ssh_is_read_from_its_files(
         if logger == "tensorboard":
             return their_losses(work / "logs" / "ssh_run")
         if logger == "wandb":
-            from tests.transport.test_wandbfile import their_history
+            from tests.agent.test_wandbfile import their_history
 
             files = list((work / "logs").glob("wandb/offline-run-*/run-*.wandb"))
             rows = their_history(files[0], {**os.environ, **env}) if files else []

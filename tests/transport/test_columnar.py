@@ -1,4 +1,4 @@
-"""The columnar catch-up (telemetry/columns.py, agent/columns.py, model/columns.py):
+"""The columnar catch-up (telemetry/columns.py, agent/column_plan.py, model/segments.py):
 whatever the file and its companion hold, the model ends exactly where the lines
 themselves take it, and a disconnect in the middle loses and repeats nothing."""
 

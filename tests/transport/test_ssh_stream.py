@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from eagle3_tui.model.columns import segment_items
 from eagle3_tui.model.reader import LineReader, Restarted
 from eagle3_tui.model.records import Malformed
+from eagle3_tui.model.segments import segment_items
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
 from eagle3_tui.transport.channel import AGENT_TAG
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh

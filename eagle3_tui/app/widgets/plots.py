@@ -305,7 +305,7 @@ class MetricPlot(PlotextPlot):
         """The chart's name and the view it shows (window, smoothing, log): where the eye
         already is when a key changes it."""
         short = 0 < self.size.width < 50
-        return f"{self.chart_name} · {self.view.describe(log=self.SHOWS_LOG, short=short)}"
+        return f"{self.chart_name} · {self.view.title(log=self.SHOWS_LOG, short=short)}"
 
     def set_xticks(self, ticks: list[float], labels: list[str]) -> None:
         self.plt.xticks(ticks, labels)

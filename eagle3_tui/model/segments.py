@@ -1,4 +1,4 @@
-"""A columns payload (a ``C`` frame, agent/columns.py) back into the records it stands for.
+"""A columns payload (a ``C`` frame, agent/column_plan.py) back into the records it stands for.
 
 The agent sends a range of ``metrics.jsonl`` as the training steps' columns (from
 the companion the writer keeps, telemetry/columns.py) and the range's other lines
@@ -226,7 +226,7 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
 
 
 class _Stubs:
-    """Samples sent as envelopes (agent/columns.py's ``_Stubs``): where they are, and
+    """Samples sent as envelopes (agent/column_plan.py's ``_Stubs``): where they are, and
     each as a :class:`Deferred` without its line, which only counts."""
 
     def __init__(self, offsets: npt.NDArray[np.int64], size: int, items: list[Deferred]) -> None:
