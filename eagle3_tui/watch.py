@@ -57,6 +57,9 @@ BATCH_S = 2.0
 """A followed run's appends within this long reach the watcher as one frame (it looks
 every few seconds: a frame per write would only cost both ends)."""
 
+REMEMBERED = 2000
+"""Runs the state file keeps (those seen last): enough that no run still listed or named
+is forgotten, and an alert about it repeated."""
 ENDED = ("finished", "stopped", "dead")
 QUIET = ("running", "waiting")
 SEVERITY = ("dead", "stalled", "diverged", "silent", "disk_full", "unreadable", "stopped")
@@ -129,6 +132,9 @@ class RunMemory:
     """A new verdict not sent yet (not saved: after a restart it is looked at again)."""
     pending_since: float = 0.0
     pending_looks: int = 0
+    seen_at: float = 0.0
+    """When the watcher last looked at the run (the state file keeps the
+    :data:`REMEMBERED` runs seen last)."""
 
     def saved(self) -> dict[str, Any]:
         return {
@@ -137,6 +143,7 @@ class RunMemory:
             "alerted_at": self.alerted_at,
             "link_alerted": self.link_alerted,
             "last_sent": self.last_sent,
+            "seen_at": self.seen_at,
         }
 
 
@@ -292,6 +299,7 @@ class WatchState:
                     alerted_at=saved.get("alerted_at"),
                     link_alerted=bool(saved.get("link_alerted")),
                     last_sent=_float_or_none(saved.get("last_sent")),
+                    seen_at=_float_or_none(saved.get("seen_at")) or 0.0,
                 )
             state.outbox = [Delivery.of_json(d) for d in data.get("outbox", [])]
         except FileNotFoundError:
@@ -302,9 +310,16 @@ class WatchState:
         return state
 
     def save(self, outbox: list[Delivery]) -> None:
+        """Written whole (a temporary file, then renamed). Of the runs, the
+        :data:`REMEMBERED` seen last are kept: a watcher of a busy fleet over months would
+        otherwise grow its file by every run it ever saw."""
+        runs = dict(self.runs)  # a copy: two threads
+        if len(runs) > REMEMBERED:
+            kept = sorted(runs, key=lambda k: runs[k].seen_at)[-REMEMBERED:]
+            runs = {k: runs[k] for k in kept}
         data = {
             "version": 1,
-            "runs": {k: m.saved() for k, m in dict(self.runs).items()},  # a copy: two threads
+            "runs": {k: m.saved() for k, m in runs.items()},
             "outbox": [d.to_json() for d in outbox],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -475,6 +490,7 @@ class Watcher:
         """One look's verdict on a run: an alert posted when it calls for one."""
         now = self.clock()
         memory = self.state.runs.setdefault(key, RunMemory(label))
+        memory.seen_at = now
         previous = memory.alerted
         kind = transition(memory, v, now, self.rules, looks)
         if kind is None:

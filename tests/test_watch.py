@@ -75,6 +75,28 @@ def test_a_run_first_seen_in_trouble_or_ended_is_said() -> None:
         assert transition(m, v(health), 10, RULES) == health
 
 
+def test_the_state_file_keeps_the_runs_seen_last_and_reads_back_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher over months sees runs come and go: its file keeps the ``REMEMBERED``
+    seen last, each read back as written; an old file without ``seen_at`` still reads."""
+    import eagle3_tui.watch as watch
+
+    monkeypatch.setattr(watch, "REMEMBERED", 3)
+    path = tmp_path / "state.json"
+    state = watch.WatchState(path)
+    for i in range(5):
+        state.runs[f"h:/r{i}"] = RunMemory(f"r{i}", alerted="finished", seen_at=100.0 - i)
+    state.save([])
+    back = watch.WatchState.load(path)
+    assert back.problem is None and sorted(back.runs) == ["h:/r0", "h:/r1", "h:/r2"]
+    assert back.runs["h:/r1"] == RunMemory("r1", alerted="finished", seen_at=99.0)
+    data = json.loads(path.read_text())
+    del data["runs"]["h:/r0"]["seen_at"]  # a file written before seen_at was kept
+    path.write_text(json.dumps(data))
+    assert watch.WatchState.load(path).runs["h:/r0"].seen_at == 0.0
+
+
 def test_a_link_down_past_its_threshold_then_back() -> None:
     m = RunMemory("r")
     transition(m, v("running"), 0, RULES)
