@@ -14,6 +14,10 @@ for its end, and is sent then if it still holds). Which verdict was last sent fo
 each run, and the deliveries not yet done, are kept in a state file: after a restart
 the watcher neither repeats an alert nor loses one (a change it missed while down is
 sent on its first looks).
+
+Over 600 lines: the rules (pure, tested alone), the saved state and the following loop
+are kept together because the loop's every step moves the state by the rules; the
+delivery of alerts is ``notify.py``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ Operations (``main.py`` maps each to its module and function):
   per-user index, whether the trainer lives (and its manifest);
 - ``kill``, ``save_wait``, ``resume`` (``kill_resume.py``): stop a run at a step boundary
   and verify its whole process tree gone; wait for a checkpoint save; relaunch it;
-- ``discover``, ``choose``, ``describe`` (``discover.py``): the host's live trainings
-  with or without telemetry, what a target means, one process;
+- ``discover`` (``discover.py``; what one process is: ``process_facts.py``): the host's
+  live trainings with or without telemetry; ``choose``, ``describe`` (``choose.py``):
+  what a target means, one process;
 - ``observe`` (``observe.py``): records made from outside a training without
   telemetry (its process tree, its log, its checkpoints, its metric backend's files);
 - ``attach`` (``attach.py``): add telemetry to a live training (the plan, then the

@@ -39,6 +39,10 @@ Two steps, one request each (the client asks the person in between):
 
 Files are written as the trainer's user (a forked child drops to its uid when
 root attaches to another user's process): they run in that process.
+
+Over 600 lines: the plan and the injection are one request pair whose every check
+(process identity, permissions, Python version, the way in) must hold again at the
+second step; the injector itself is ``ptrace.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Live trainings on this host, found from outside: ``discover``, ``choose``, ``describe``.
+"""Live trainings on this host, found from outside: the ``discover`` operation, and the
+scan that ``choose`` and ``describe`` (``choose.py``) build on.
 
 A training started by a user's own script (``nohup python train.py > train.log 2>&1 &``)
 is registered nowhere and writes no metric. What tells it from ``/proc``, without its
@@ -17,58 +18,58 @@ training (signalled through the agent); dataloader workers (``pt_data_worker``,
 multiprocessing spawn children), ``resource_tracker``, the telemetry sidecar, the log
 copier and this agent itself are never trainings of their own.
 
+What one process is (its entry point, output, handler, options) is ``process_facts.py``.
+Over 600 lines: the scan, the :class:`Training` it builds (one pass over
+``/proc``, ~260 lines), a row's quick health and what outlives a trainer share the
+scan's tables (its family, its helpers' marks): apart, each would take them as arguments.
+
 Standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pwd
 import re
 import time
 from typing import Any
 
 from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.frames import AgentError, emit
-from eagle3_tui.agent.inputs import check_input
-from eagle3_tui.agent.logparse import KeyValueBlock, clean, metric_dict
 from eagle3_tui.agent.names import (
-    CHOICE_PROCESS,
-    CHOICE_RUN,
-    CHOICE_SEVERAL,
     ERR_GONE,
-    ERR_MISSING,
-    ERR_NOT_NAMED,
     ERR_NOT_TRAINING,
     ERR_PERMISSION,
     EV_RESULT,
-    MANIFEST,
-    OP_CHOOSE,
-    OP_DESCRIBE,
     OP_DISCOVER,
-    PURPOSE_RESUME,
     RUN_ID_ENV,
 )
-from eagle3_tui.agent.processes import kill_plan
-from eagle3_tui.agent.runs import index_path, prune_index, registered_rows, resolve_run_dir
+from eagle3_tui.agent.process_facts import (
+    arg_value,
+    eagle3_metrics,
+    find_checkpoint_dir,
+    is_python,
+    is_torchrun,
+    load_manifest,
+    own_handler,
+    read_log_tail,
+    read_script,
+    source_files,
+    speculators_layout,
+    stdout_file,
+    train_options,
+    user_name,
+)
+from eagle3_tui.agent.runs import index_path, prune_index, registered_rows
 from eagle3_tui.agent.timeline import Timeline, find_ended, note_rows, settle
 from eagle3_tui.agent.trackers import TRACKER_NAMES
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.isolation import as_module
-from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.nvml import NvmlUnavailable, nvml_from_env
-from eagle3_tui.telemetry.procs import describe_exit
-from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import CHECKPOINT_SAVED, SAVING_CHECKPOINT
 from eagle3_tui.telemetry.thresholds import BUSY_CPU_PCT, SILENT_FROM_START_S
 
 RUN_DIR_ENV = "EAGLE3_TUI_RUN_DIR"
-_PYTHON = re.compile(r"^python[0-9.]*$")
 _IMPORTS_SPECULATORS = re.compile(r"^\s*(?:from|import)\s+speculators\b", re.M)
-_LOCAL_IMPORTS = re.compile(
-    r"^\s*(?:from\s+([A-Za-z_]\w*)[\w.]*\s+import|import\s+([A-Za-z_]\w*))", re.M
-)
 _OUTPUT_SIGNS = re.compile(
     rf"speculators[./:]|^Epoch \d+:?\s+\d+%|{SAVING_CHECKPOINT}|Training epoch \d+/\d+", re.M
 )
@@ -77,8 +78,6 @@ _SAVE_PATH_LITERAL = re.compile(
 )
 _EPOCHS_LITERAL = re.compile(r"\bnum_epochs\s*[=:]\s*(\d+)\b")
 _SAVING_MESSAGE = re.compile(rf"(?:{SAVING_CHECKPOINT}|{CHECKPOINT_SAVED})(\S+)")
-_CKPT_LINK = re.compile(r"^epoch\d+_(?:end|step\d+)$")
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _HELPERS = (
     "eagle3_tui.telemetry.sidecar",
     "eagle3_tui.train.tee",
@@ -88,299 +87,10 @@ _HELPERS = (
     "eagle3-tui-agent",
 )
 _WORKER_MARKS = ("multiprocessing.spawn", "multiprocessing.forkserver", "--multiprocessing-fork")
-_PY_FLAGS_WITH_VALUE = ("-X", "-W", "--check-hash-based-pycs")
-SCRIPT_BYTES = 256 * 1024
-LOG_TAIL_BYTES = 64 * 1024
 START_GRACE_S = 30.0
 """A training younger than this is still starting (imports, data, workers)."""
 WEAK_SIGNS_S = SILENT_FROM_START_S
 """CPU or a growing log alone say "silent" only past this age (start-up looks alike)."""
-
-
-# ---- one process ---------------------------------------------------------------------
-
-
-def is_python(argv: list[str], comm: str) -> bool:
-    base = os.path.basename(argv[0]) if argv else ""
-    return bool(_PYTHON.match(base) or _PYTHON.match(comm))
-
-
-def entry_point(argv: list[str]) -> tuple[str, str]:
-    """What the interpreter runs: ``("script", path)``, ``("module", name)``,
-    ``("code", text)`` or ``("", "")`` (an interactive interpreter). eagle3-tui's own
-    isolated ``-c BOOT ROOT MODULE`` (telemetry/isolation.py) is the module it runs."""
-    argv = as_module(argv)
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a == "-m" and i + 1 < len(argv):
-            return "module", argv[i + 1]
-        if a.startswith("-m") and len(a) > 2:
-            return "module", a[2:]
-        if a == "-c" and i + 1 < len(argv):
-            return "code", argv[i + 1]
-        if a in _PY_FLAGS_WITH_VALUE:
-            i += 2
-            continue
-        if a == "-" or not a.startswith("-"):
-            return ("script", a) if a != "-" else ("", "")
-        i += 1
-    return "", ""
-
-
-def is_torchrun(argv: list[str]) -> bool:
-    kind, what = entry_point(argv)
-    if kind == "module":
-        return what in _TORCHRUN_MODULES
-    return kind == "script" and os.path.basename(what) in ("torchrun", "torch-distributed-run")
-
-
-def _read_text(path: str, limit: int = SCRIPT_BYTES) -> str | None:
-    """The start of a regular file (a FIFO or device never blocks or floods the scan)."""
-    try:
-        return read_bounded(path, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
-    """The end of a regular file ("" for anything else: a FIFO, ``/dev/zero``)."""
-    try:
-        return read_bounded(path, limit, tail=True).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def load_manifest(run_dir: str) -> dict[str, Any] | None:
-    """``run_dir/run.json`` as an object, read bounded; None when it is not one."""
-    try:
-        obj = json.loads(read_bounded(os.path.join(run_dir, MANIFEST), MANIFEST_LIMIT))
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def source_files(argv: list[str], cwd: str | None) -> list[str]:
-    """The files the interpreter runs: the script (or module) and the local modules it
-    imports (one level: ``from mylib import …`` beside the script)."""
-    kind, what = entry_point(argv)
-    base = cwd or "/"
-    first: str | None = None
-    if kind == "script":
-        first = what if os.path.isabs(what) else os.path.join(base, what)
-    elif kind == "module":
-        rel = what.replace(".", os.sep)
-        for cand in (rel + ".py", os.path.join(rel, "__main__.py")):
-            if os.path.isfile(os.path.join(base, cand)):
-                first = os.path.join(base, cand)
-                break
-    if first is None or not os.path.isfile(first):
-        return []
-    out = [first]
-    text = _read_text(first) or ""
-    here = os.path.dirname(first)
-    for m in _LOCAL_IMPORTS.finditer(text):
-        name = m.group(1) or m.group(2)
-        for cand in (name + ".py", os.path.join(name, "__init__.py")):
-            path = os.path.join(here, cand)
-            if path not in out and os.path.isfile(path):
-                out.append(path)
-        if len(out) >= 8:
-            break
-    return out
-
-
-_regular = procs.regular_path
-
-
-def stdout_file(pid: int, fds: dict[int, str] | None, pgrp: int) -> str | None:
-    """The regular file the process's stdout (else stderr) goes to: directly, or through a
-    pipe into a ``tee FILE`` of the same process group."""
-    if not fds:
-        return None
-    for fd in (1, 2):
-        target = fds.get(fd, "")
-        found = _regular(target) or (
-            _tee_file(pid, target, pgrp) if target.startswith("pipe:") else None
-        )
-        if found:
-            return found
-    return None
-
-
-def _tee_file(pid: int, pipe: str, pgrp: int) -> str | None:
-    """The file written by the process that reads ``pipe`` (``| tee train.log``)."""
-    for other in procs.all_stats().values():
-        if other.pgrp != pgrp or other.pid == pid:
-            continue
-        theirs = procs.fd_targets(other.pid) or {}
-        if theirs.get(0) != pipe:
-            continue
-        for fd, target in sorted(theirs.items()):
-            if fd > 2 and _regular(target) and procs.fd_writable(other.pid, fd):
-                return target
-    return None
-
-
-def eagle3_metrics(path: str) -> bool:
-    """Whether the ``metrics.jsonl`` at ``path`` is eagle3-tui's telemetry file (a
-    ``run.json`` beside it, or our envelope in its first line), not a file a handler of
-    the user's own writes under that name."""
-    if os.path.exists(os.path.join(os.path.dirname(path), MANIFEST)):
-        return True
-    try:
-        first = read_bounded(path, 4096).split(b"\n", 1)[0]
-        obj = json.loads(first)
-    except (OSError, ValueError):
-        return False
-    return isinstance(obj, dict) and "kind" in obj and "w" in obj
-
-
-_NOT_METRICS = (".safetensors", ".pt", ".bin", ".arrow", ".lock", ".json", ".py", ".so")
-HANDLER_FILES = 8
-"""Files a trainer writes that are looked at for its own handler's metrics, at most."""
-
-
-def own_handler(
-    pid: int, fds: dict[int, str], log: str | None, log_tail: str
-) -> tuple[str | None, str | None]:
-    """A handler of the user's own on ``speculators.metrics``, found by what it wrote:
-    ``("json", path)`` for a file the trainer has open to write (not its log) whose last
-    lines are speculators' metric dicts as JSON (under ``msg``, or bare); ``("json" or
-    "printed", log)`` when its log carries them (a handler printing to stdout);
-    ``(None, None)`` when no metric is written anywhere."""
-    looked = 0
-    for fd, target in sorted(fds.items()):
-        if fd <= 2 or looked >= HANDLER_FILES:
-            continue
-        path = _regular(target)
-        if path is None or path == log or path.endswith(_NOT_METRICS):
-            continue
-        if not procs.fd_writable(pid, fd):
-            continue
-        looked += 1
-        if metric_lines(_tail(path, LOG_TAIL_BYTES)) == "json":
-            return "json", path
-    kind = metric_lines(log_tail)
-    if kind is not None and log:
-        return kind, log
-    return None, None
-
-
-def metric_lines(text: str) -> str | None:
-    """``json`` when the newest of these lines that carries a speculators metric dict is
-    a JSON line, ``printed`` when it is printed (a ``repr``, or ``key=value`` as the
-    library's CLI prints it), None when none does."""
-    for line in reversed(text.splitlines()[-200:]):
-        if metric_dict(line) is not None:
-            return "json" if line.lstrip().startswith("{") else "printed"
-        if KeyValueBlock().start(clean(line)):
-            return "printed"
-    return None
-
-
-def arg_value(argv: list[str], names: tuple[str, ...]) -> str | None:
-    for i, a in enumerate(argv):
-        for name in names:
-            if a == name and i + 1 < len(argv):
-                return argv[i + 1]
-            for sep in ("=",):
-                if a.startswith(name + sep):
-                    return a[len(name) + 1 :]
-                bare = name.lstrip("-").replace("-", "_")
-                if a.startswith(bare + sep):
-                    return a[len(bare) + 1 :]
-    return None
-
-
-_OPTIONS = ("save_path", "epochs", "logger", "log_dir", "run_name")
-"""What of the library CLI's configuration the agent uses (where its checkpoints and
-metric backends write, how many epochs)."""
-_YAML_OPTION = re.compile(
-    r"^[ \t]*(" + "|".join(_OPTIONS) + r")[ \t]*:[ \t]*"  # key:
-    r"(?:\"([^\"]*)\"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$",  # "value", 'value', value # note
-    re.M,
-)
-
-
-def train_options(argv: list[str], cwd: str | None) -> dict[str, str]:
-    """The library CLI's ``save_path``, ``epochs``, ``logger``, ``log_dir``, ``run_name``
-    as it resolves them, flag over ``--config`` file (``speculators train --config
-    run.yaml``: its keys nested under ``train:`` and their groups, read for these
-    scalar keys only, bounded); absent keys are absent."""
-    out: dict[str, str] = {}
-    config = arg_value(argv, ("--config",))
-    if config:
-        path = config if os.path.isabs(config) or not cwd else os.path.join(cwd, config)
-        try:
-            text = read_bounded(path, 256 << 10).decode("utf-8", "replace")
-        except OSError:
-            text = ""
-        for m in _YAML_OPTION.finditer(text):
-            value = next((g for g in m.groups()[1:] if g is not None), "").strip()
-            if value and value not in ("null", "~"):
-                out.setdefault(m.group(1), value)
-    for key in _OPTIONS:
-        flag = arg_value(argv, ("--" + key.replace("_", "-"),))
-        if flag is not None:
-            out[key] = flag
-    return out
-
-
-def speculators_layout(path: str) -> bool:
-    """Whether ``path`` looks like a speculators ``save_path``."""
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return False
-    for e in entries:
-        try:
-            if e.is_symlink() and _CKPT_LINK.match(e.name):
-                return True
-            if (
-                e.is_dir()
-                and e.name.isdigit()
-                and os.path.exists(os.path.join(e.path, "training_state.json"))
-            ):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def find_checkpoint_dir(cwd: str | None, limit: int = 400) -> str | None:
-    """A speculators-shaped checkpoint directory at most two levels below ``cwd``."""
-    if not cwd:
-        return None
-    seen = 0
-    todo = [(cwd, 0)]
-    while todo and seen < limit:
-        path, depth = todo.pop(0)
-        if depth and speculators_layout(path):
-            return path
-        if depth >= 2:
-            continue
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            continue
-        for e in entries:
-            seen += 1
-            try:
-                if e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
-                    todo.append((e.path, depth + 1))
-            except OSError:
-                continue
-    return None
-
-
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 # ---- the scan ------------------------------------------------------------------------
@@ -520,7 +230,7 @@ class Training:
             ev.append("speculators in its command line")
         texts = []
         for path in self.sources:
-            text = _read_text(path) or ""
+            text = read_script(path) or ""
             texts.append(text)
             if _IMPORTS_SPECULATORS.search(text):
                 self.speculators = True
@@ -547,7 +257,7 @@ class Training:
         workers = [m for m in self.members if m["role"] == "worker"]
         if workers:
             ev.append(f"{len(workers)} dataloader worker(s)")
-        log_tail = _tail(self.log) if self.log else ""
+        log_tail = read_log_tail(self.log) if self.log else ""
         if self.log and _OUTPUT_SIGNS.search(log_tail):
             self.speculators = True
             ev.append("its log shows speculators' output")
@@ -1025,6 +735,19 @@ def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
     )
 
 
+def live_or_ended(pid: int, start: int | None) -> tuple[dict[str, Any], Timeline | None]:
+    """The training ``pid`` (started at ``start`` ticks) described live, or, gone, the
+    record of it kept while it lived (its row, and the record); :class:`AgentError`
+    when it is neither."""
+    try:
+        return describe(pid, start), None
+    except AgentError as e:
+        ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
+        if ended is None:
+            raise
+        return ended.row(), ended
+
+
 def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
     """A manifest-like identity of a discovered training, for ``kill``: the trainer's PID,
     start time and boot id (checked again before any signal), the torchrun agent."""
@@ -1047,130 +770,7 @@ def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
     }
 
 
-# ---- operations ------------------------------------------------------------------------
-
-
-NAMED_BY = (
-    ("run_dir", "run directory"),
-    ("cwd", "working directory"),
-    ("log", "log directory"),
-    ("metrics_file", "metrics directory"),
-    ("checkpoint_dir", "checkpoint directory"),
-)
-"""What a directory may be to a training to name it (for a file, its directory)."""
-
-
-def own_directories(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """The directories that name the training ``row`` (a discovery row, a registered
-    run, an observed run's record), each with what it is to it, resolved (``realpath``)."""
-    out = []
-    for key, what in NAMED_BY:
-        value = row.get(key)
-        if not isinstance(value, str) or not value:
-            continue
-        path = os.path.dirname(value) if key in ("log", "metrics_file") else value
-        out.append((what, os.path.realpath(path)))
-    return out
-
-
-def names(row: dict[str, Any], directory: str) -> bool:
-    """Whether ``directory`` names the training: it is its run directory, working
-    directory, log directory or checkpoint directory (its own handler's, too), exactly,
-    after ``realpath``. A directory above them names none: ``kill /tmp/x`` stopped a
-    training whose run directory was /tmp/x/run3 (issue 26)."""
-    root = os.path.realpath(directory)
-    return any(path == root for _, path in own_directories(row))
-
-
-def works_below(row: dict[str, Any], directory: str) -> bool:
-    """Whether one of the training's own directories lies below ``directory`` (which
-    then names it not: it is a candidate the refusal lists)."""
-    root = os.path.realpath(directory)
-    prefix = root if root.endswith("/") else root + "/"
-    return any(path.startswith(prefix) for _, path in own_directories(row))
-
-
-def _candidate(row: dict[str, Any]) -> str:
-    """A training that works below a directory, for the refusal: what it is, and each
-    of its own directories (one of which the user can give instead)."""
-    argv = row.get("command") or []
-    cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv))[:60]
-    if "status" in row:  # a registered run
-        head = f"run {row['run_dir']} ({row.get('status') or '?'}, pid {row.get('pid')})"
-    else:
-        ended = ", ended" if row.get("alive") is False else ""
-        who = "" if row.get("mine", True) else f" of {row.get('user')}"
-        head = f"pid {row.get('pid')} ({cmd}){who}{ended}"
-    dirs = ", ".join(f"{what} {path}" for what, path in own_directories(row))
-    return f"{head}: {dirs}"
-
-
-CANDIDATES_SHOWN = 8
-
-
-def not_named(path: str, candidates: list[dict[str, Any]]) -> AgentError:
-    """The refusal of a directory that is none of a training's own but above some:
-    nothing is chosen (nothing signalled), the candidates are listed."""
-    listed = "; ".join(_candidate(r) for r in candidates[:CANDIDATES_SHOWN])
-    more = len(candidates) - CANDIDATES_SHOWN
-    tail = f"; and {more} more" if more > 0 else ""
-    return AgentError(
-        ERR_NOT_NAMED,
-        f"{path} names no training: it is not the run, working, log or checkpoint directory "
-        f"of one; {len(candidates)} training(s) work below it (give one of their "
-        f"directories, or --pid PID): {listed}{tail}",
-    )
-
-
-def _manifest_status(run_dir: str) -> str:
-    m = load_manifest(run_dir)
-    return str(m.get("status") or "?") if m is not None else "?"
-
-
-def latest_stopped_run(live_dirs: set[str]) -> str | None:
-    """The newest registered run of this user that is not running (its trainer gone)
-    and whose directory no live training uses: what ``resume HOST`` means."""
-    rows, _ = registered_rows(False)  # newest first
-    for r in rows:
-        run_dir = str(r.get("run_dir") or "")
-        if r.get("exists") and not r.get("alive") and run_dir not in live_dirs:
-            return run_dir
-    return None
-
-
-def registered_in(directory: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """This user's registered runs (newest first) that ``directory`` names, and those
-    whose own directories lie below it: rows with the directories that name them."""
-    rows, _ = registered_rows(False)  # newest first
-    named, below = [], []
-    for r in rows:
-        run_dir = str(r.get("run_dir") or "")
-        manifest = load_manifest(run_dir)
-        if manifest is None:
-            continue
-        log = manifest.get("log_file")
-        row = {
-            "run_dir": run_dir,
-            "cwd": manifest.get("cwd"),
-            "checkpoint_dir": manifest.get("checkpoint_dir"),
-            "log": os.path.join(run_dir, log) if isinstance(log, str) and log else None,
-            "pid": manifest.get("pid"),
-            "started": r.get("started_at"),
-            "status": manifest.get("status"),
-        }
-        if names(row, directory):
-            named.append(row)
-        elif works_below(row, directory):
-            below.append(row)
-    return named, below
-
-
-def run_working_in(directory: str) -> str | None:
-    """The newest run of this user whose trainer worked in ``directory`` (it is its
-    working directory, log or checkpoint directory or run directory): a work directory
-    names its stopped run too, e.g. a live attach's ``eagle3-runs/attached-PID``."""
-    named, _ = registered_in(directory)
-    return str(named[0]["run_dir"]) if named else None
+# ---- the discover operation ----------------------------------------------------------
 
 
 def ended_rows() -> list[dict[str, Any]]:
@@ -1211,196 +811,6 @@ def op_discover(req: dict[str, Any]) -> int:
     return 0
 
 
-def _describe_choice(row: dict[str, Any]) -> str:
-    cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(row["command"]))
-    where = f" in {row['cwd']}" if row.get("cwd") else ""
-    if row.get("telemetry"):
-        tel = "telemetry attached"
-    elif row.get("handler"):
-        handler = str(row["handler"])
-        tel = "no telemetry, " + {
-            "tensorboard": "metrics from its TensorBoard event files",
-            "printed": "metrics printed in its log",
-            "json": "metrics by its own JSON handler",
-        }.get(handler, f"metrics by its {TRACKER_NAMES.get(handler, 'own')} handler")
-    else:
-        tel = "no telemetry"
-    return f"pid {row['pid']} ({cmd[:60]}){where}, {tel}"
-
-
-def _when(ts: Any) -> str:
-    if not isinstance(ts, (int, float)):
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def _describe_end(row: dict[str, Any]) -> str:
-    """How an observed training ended, for a choice's note."""
-    at, before = row.get("ended_at"), row.get("last_alive")
-    when = f"between {_when(before)} and {_when(at)}" if before else f"at {_when(at)}"
-    how = describe_exit(row.get("exit_status"))
-    return f"ended {when} ({how}): its record, kept since eagle3-tui first saw it"
-
-
-def _is_run_directory(path: str) -> bool:
-    """eagle3-tui's run directory: its manifest, or its telemetry's ``metrics.jsonl``
-    (a ``metrics.jsonl`` of the user's own handler is a work directory's file)."""
-    metrics = os.path.join(path, "metrics.jsonl")
-    if os.path.exists(os.path.join(path, MANIFEST)):
-        return True
-    return os.path.exists(metrics) and eagle3_metrics(metrics)
-
-
-def op_choose(req: dict[str, Any]) -> int:
-    """Which run or process a target means.
-
-    ``pid``: that process's training (after it ended: its record, when an eagle3-tui
-    look kept one). ``run_dir``: the run there (it has run.json, or eagle3-tui's
-    metrics.jsonl), else the live training it names (it is that training's run,
-    working, log or checkpoint directory), else its newest stopped run (registered, or
-    observed and ended); a directory above trainings' directories is refused with them
-    listed. Neither: the SSH user's live training; when there is none, the latest
-    registered run. A finished run or another user's never pre-empts a live one of this
-    user. ``purpose`` resume with neither: the latest stopped run (a live one cannot be
-    resumed), else as above. The answer says what was chosen and what was not
-    (``note``); several candidates come back as a list.
-    """
-    host = os.uname().nodename
-    me = user_name(os.geteuid())
-    pid = req.get("pid")
-    base: dict[str, Any] = {"op": OP_CHOOSE, "host": host, "user": me}
-    if isinstance(pid, int):
-        return _choose_pid(pid, req.get("start_ticks"), base)
-    run_dir = req.get("run_dir")
-    live: list[dict[str, Any]] = []
-    if run_dir:
-        path = os.path.expanduser(str(run_dir))
-        if not os.path.exists(path):
-            raise AgentError(ERR_MISSING, f"{path}: no such run directory")
-        check_input(path)
-        if _is_run_directory(path):
-            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
-            return 0
-        live = live_rows(health=False)
-        rows = [r for r in live if names(r, path)]
-        scope = f"in {path}"
-    else:
-        path = ""
-        rows = live_rows(health=False)
-        scope = f"of {me} on {host}"
-    mine = [r for r in rows if r["mine"]]
-    others = [r for r in rows if not r["mine"]]
-    skipped = f"; {len(others)} live training(s) of other users not shown" if others else ""
-    if not path and req.get("purpose") == PURPOSE_RESUME:
-        stopped = latest_stopped_run({str(r.get("run_dir")) for r in rows if r.get("run_dir")})
-        if stopped is not None:  # a live run cannot be resumed: the stopped one is meant
-            status = _manifest_status(stopped)
-            left = f"; {len(mine)} live training(s) of {me} left as they are" if mine else ""
-            emit(
-                EV_RESULT,
-                choice=CHOICE_RUN,
-                run_dir=stopped,
-                note=f"the latest stopped run of {me} on {host}: {stopped} ({status}){left}"
-                f"{skipped}",
-                short=f"the latest stopped run ({status})",
-                **base,
-            )
-            return 0
-    if len(mine) > 1:
-        emit(
-            EV_RESULT,
-            choice=CHOICE_SEVERAL,
-            runs=mine,
-            note=f"{len(mine)} live trainings {scope}{skipped}",
-            short=f"one of {len(mine)} live trainings",
-            **base,
-        )
-        return 0
-    if len(mine) == 1:
-        row = mine[0]
-        note = f"the live training {scope}: {_describe_choice(row)}{skipped}"
-        short = f"the live training of {me}"
-        if row.get("run_dir"):
-            emit(
-                EV_RESULT,
-                choice=CHOICE_RUN,
-                run_dir=row["run_dir"],
-                row=row,
-                note=note,
-                short=short,
-                **base,
-            )
-        else:
-            emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=short, **base)
-        return 0
-    if path:
-        if others:
-            who = ", ".join(sorted({str(r["user"]) for r in others}))
-            raise AgentError(
-                ERR_PERMISSION,
-                f"{path}: no metrics.jsonl here; the live training working here belongs to "
-                f"{who}, not to {me} (connect as that user)",
-            )
-        return _choose_stopped(path, live, req.get("purpose") == PURPOSE_RESUME, base)
-    try:
-        latest = resolve_run_dir(None)
-    except AgentError:
-        raise AgentError(
-            ERR_MISSING, f"no live training of {me} and no run registered on {host}{skipped}"
-        ) from None
-    status = _manifest_status(str(latest))
-    emit(
-        EV_RESULT,
-        choice=CHOICE_RUN,
-        run_dir=str(latest),
-        note=f"no live training of {me} on {host}: the latest registered run, {latest} "
-        f"({status}){skipped}",
-        short=f"no live training of {me}: the latest run ({status})",
-        **base,
-    )
-    return 0
-
-
-def live_or_ended(pid: int, start: int | None) -> tuple[dict[str, Any], Timeline | None]:
-    """The training ``pid`` (started at ``start`` ticks) described live, or, gone, the
-    record of it kept while it lived (its row, and the record); :class:`AgentError`
-    when it is neither."""
-    try:
-        return describe(pid, start), None
-    except AgentError as e:
-        ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
-        if ended is None:
-            raise
-        return ended.row(), ended
-
-
-def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
-    """``--pid``: that process's training; gone, the record of it when one was kept."""
-    start = start_ticks if isinstance(start_ticks, int) else None
-    row, ended = live_or_ended(pid, start)
-    if ended is not None:
-        note = f"{_describe_choice(row)}, {_describe_end(row)}"
-        attached = attached_run(row)
-        if attached is not None:  # its telemetry's records say how it ended, not the outside
-            note += f"; telemetry was attached to it: its run {attached}"
-            short = f"pid {pid}"
-            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=attached, note=note, short=short, **base)
-            return 0
-        emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)
-        return 0
-    named = row.get("named_pid")
-    note = f"pid {pid} is the {named['role']} of " if named else ""
-    emit(
-        EV_RESULT,
-        choice=CHOICE_PROCESS,
-        row=row,
-        note=note + _describe_choice(row),
-        short=f"pid {pid}",
-        **base,
-    )
-    return 0
-
-
 def attached_run(row: dict[str, Any]) -> str | None:
     """The run directory of this user's run registered for the ended training ``row``
     while it lived (its PID, registered between its start and the look that found it
@@ -1417,94 +827,3 @@ def attached_run(row: dict[str, Any]) -> str | None:
         if same and isinstance(at, (int, float)) and started <= at <= ended:
             return str(run["run_dir"])
     return None
-
-
-def _choose_stopped(
-    path: str, live: list[dict[str, Any]], resume: bool, base: dict[str, Any]
-) -> int:
-    """A work directory no live training of this user is named by: its newest stopped
-    run (registered; or observed without telemetry and ended, not for a resume), else
-    the ``metrics.jsonl`` of a user's own handler there read as it is, else a refusal
-    listing the trainings below it, else missing."""
-    registered, registered_below = registered_in(path)
-    ended = [] if resume else ended_rows()
-    ended_named = [r for r in ended if names(r, path)]
-    newest_run = registered[0] if registered else None
-    newest_end = ended_named[0] if ended_named else None
-    run_start = float(newest_run.get("started") or 0.0) if newest_run else -1.0
-    end_start = float(newest_end.get("started") or 0.0) if newest_end else -1.0
-    # the restart a kill recorded for the observed training is that same process: its
-    # record says how it went (a resume, which needs the restart, sees no records)
-    same = bool(newest_end and newest_run and newest_run.get("pid") == newest_end.get("pid"))
-    if newest_run is not None and run_start >= end_start and not same:
-        earlier = str(newest_run["run_dir"])
-        status = _manifest_status(earlier)
-        emit(
-            EV_RESULT,
-            choice=CHOICE_RUN,
-            run_dir=earlier,
-            note=f"no live training works in {path}: its latest run, {earlier} ({status})",
-            short=f"the latest run in {path} ({status})",
-            **base,
-        )
-        return 0
-    if newest_end is not None:
-        emit(
-            EV_RESULT,
-            choice=CHOICE_PROCESS,
-            row=newest_end,
-            note=f"no live training works in {path}: {_describe_choice(newest_end)}, "
-            f"{_describe_end(newest_end)}",
-            short=f"pid {newest_end['pid']}, ended",
-            **base,
-        )
-        return 0
-    if os.path.exists(os.path.join(path, "metrics.jsonl")):  # its own handler's, read as is
-        emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
-        return 0
-    below = [r for r in live if works_below(r, path)]
-    below += registered_below + [r for r in ended if works_below(r, path)]
-    if below:
-        raise not_named(path, below)
-    raise AgentError(
-        ERR_MISSING,
-        f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
-        "live training works in this directory",
-    )
-
-
-def op_describe(req: dict[str, Any]) -> int:
-    """One discovered training: its row, whether it is alive, a manifest-like identity
-    and what ``k`` would act on (``processes``), as ``status`` answers for a registered
-    run."""
-    pid = int(req["pid"])
-    start = req.get("start_ticks")
-    host = os.uname().nodename
-    try:
-        row = describe(pid, start if isinstance(start, int) else None)
-    except AgentError as e:
-        if e.kind != ERR_GONE:
-            raise
-        emit(
-            EV_RESULT,
-            op=OP_DESCRIBE,
-            alive=False,
-            problem=str(e),
-            manifest={"pid": pid, "start_ticks": start, "observed": True},
-            host=host,
-            now=time.time(),
-        )
-        return 0
-    manifest = manifest_of(row, host)
-    emit(
-        EV_RESULT,
-        op=OP_DESCRIBE,
-        alive=True,
-        problem=None,
-        row=row,
-        processes=kill_plan(manifest, procs.stat(int(row["pid"]))),
-        manifest=manifest,
-        host=host,
-        now=time.time(),
-    )
-    return 0

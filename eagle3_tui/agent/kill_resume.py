@@ -1,4 +1,9 @@
-"""Process control built on the run's manifest: ``kill`` and ``resume``."""
+"""Process control built on the run's manifest: ``kill`` and ``resume``.
+
+Over 600 lines: a kill and the resume that follows it read the same manifest, process
+tree and checkpoint state; apart, the stop's record would be passed between two modules
+that both need all of it.
+"""
 
 from __future__ import annotations
 

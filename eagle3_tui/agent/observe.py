@@ -21,6 +21,11 @@ records of a resumed call carry the same writer id and sequence numbers, so any
 repeated after a cut are dropped by the reader as duplicates.
 
 Standard library only, Python 3.8+.
+
+Over 600 lines: one observation loop turns /proc, the log, the checkpoints and a
+backend's files into records of the schema at the same tick; the readers of each
+backend's files are their own modules (``tfevents.py``, ``trackers.py``,
+``wandbfile.py``).
 """
 
 from __future__ import annotations
@@ -36,17 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent import tfevents, trackers, wandbfile
-from eagle3_tui.agent.discover import (
-    _HELPERS,
-    _WORKER_MARKS,
-    find_checkpoint_dir,
-    left_behind,
-    live_or_ended,
-    user_name,
-)
+from eagle3_tui.agent.discover import _HELPERS, _WORKER_MARKS, left_behind, live_or_ended
 from eagle3_tui.agent.frames import client_gone, emit, emit_data
 from eagle3_tui.agent.logparse import LineParser, metric_record
 from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
+from eagle3_tui.agent.process_facts import find_checkpoint_dir, user_name
 from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
 from eagle3_tui.agent.stuck import StuckWatch
 from eagle3_tui.agent.timeline import (

@@ -64,6 +64,10 @@ Refused (:func:`problem`, with the reason) until supported: another CPU than x86
 call's fake return would fault), an interpreter that does not export both functions.
 
 Standard library only, Python 3.8+ (the agent).
+
+Over 600 lines: ptrace, the register layouts, the remote call and its restoration are
+one careful sequence on a live process; splitting it would hide the order that keeps the
+trainer safe.
 """
 
 from __future__ import annotations

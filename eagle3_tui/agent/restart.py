@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent.checkpoints import checkpoint_dir
-from eagle3_tui.agent.discover import load_manifest
 from eagle3_tui.agent.frames import AgentError
 from eagle3_tui.agent.logparse import bar, clean, metric_dict
 from eagle3_tui.agent.names import ERR_REFUSED, MANIFEST, RUNS_FOLDER
+from eagle3_tui.agent.process_facts import load_manifest
 from eagle3_tui.agent.runs import read_index
 from eagle3_tui.agent.trust import which
 from eagle3_tui.agent.userfiles import as_user, cache_dir, write_lib

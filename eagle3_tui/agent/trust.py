@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.discover import entry_point
 from eagle3_tui.agent.names import MANIFEST
+from eagle3_tui.agent.process_facts import entry_point
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.rerun import BOOTSTRAP
 from eagle3_tui.telemetry.safefs import trust_problem, user_name

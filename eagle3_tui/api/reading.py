@@ -202,7 +202,7 @@ def needs_choice(where: Target, pid: int | None) -> bool:
     directory, a host's live training) before it is read: all but a local run directory
     (its run.json, or eagle3-tui's metrics.jsonl: a user's own handler's file is a work
     directory's, whose training says how it is doing)."""
-    from eagle3_tui.agent.discover import eagle3_metrics
+    from eagle3_tui.agent.process_facts import eagle3_metrics
 
     if pid is not None:
         return True

@@ -5,6 +5,10 @@ Data flows one way. Workers move the transport's chunks into the model
 worker thread when the data or the view changed, or every ``CLOCK_REFRESH_S``
 (health depends on time), and assigns it; panels bound to it draw. Keys change
 the :class:`ViewState` or open a screen; they never block.
+
+Over 600 lines: the App class is where keys, screens, the pipeline's workers and the
+refresh timer meet; its logic lives elsewhere (``pipeline.py``, ``run_control.py``,
+``screens/``, ``widgets/``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ in a thread of the trainer. Both read the trainer from outside (``/proc``, NVML,
 the checkpoint directory), so they keep reporting while the training loop hangs.
 
 Standard library only.
+
+Over 600 lines: every sampler is small and shares :class:`SamplerSet`'s scheduling
+and error counting, which the sidecar and the in-trainer thread both run.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ events; each node's local rank 0 writes that node's manifest (the ranks, the
 torchrun agent and its command line, every node once the job's store has them:
 ``topology.py``) and samples the node's GPUs; every rank samples its own
 dataloader and writes its own heartbeat (its last step, where its main thread is).
+
+Over 600 lines: the session is the one object the trainer holds; its logging protection,
+lifecycle events, manifest and ranks all act on the same handler and writer at the same
+moments.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Nothing here changes the model: the API's ``apply_status`` (``api/reading.py``) 
 where a status moves a run's state.
 
 No textual, no asyncssh here.
+
+Over 600 lines: one typed Struct per reply of each agent operation, decoded in one place
+so that every key the agent sends has exactly one field
+(``tests/transport/test_replies.py`` checks it).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 import eagle3_tui
-from eagle3_tui.agent import discover, logparse, observe
+from eagle3_tui.agent import choose as choosing
+from eagle3_tui.agent import discover, logparse, observe, process_facts
 from eagle3_tui.agent.frames import AgentError
 from eagle3_tui.model.run import Run
 from eagle3_tui.reports import EXIT_BY_KIND
@@ -122,7 +123,7 @@ def test_metric_dicts_as_the_librarys_cli_prints_them_become_records() -> None:
     assert p.parse("INFO     the loss train/loss=0.5 is fine")[0][0] == "log"
     off = logparse.LineParser(key_values=False)
     assert {k for line in CLI_TRAIN.splitlines() for k, _, _ in off.parse(line)} == {"log"}
-    assert discover.metric_lines(CLI_TRAIN) == "printed"
+    assert process_facts.metric_lines(CLI_TRAIN) == "printed"
 
 
 def test_levels_and_times_read_from_the_lines() -> None:
@@ -330,11 +331,11 @@ def test_a_training_is_found_from_outside(fake_training: dict[str, Any]) -> None
     worker = next(m["pid"] for m in row["members"] if m["role"] == "worker")
     named = discover.describe(worker)  # a worker's PID names its training
     assert named["pid"] == row["pid"] and named["named_pid"] == {"pid": worker, "role": "worker"}
-    assert discover.names(row, str(work)) and not discover.names(row, "/usr")
+    assert choosing.names(row, str(work)) and not choosing.names(row, "/usr")
     # a directory above its own names it not: it is below it
-    assert not discover.names(row, str(work.parent)) and discover.works_below(row, str(work.parent))
-    assert discover.names(row, str(work / "out" / "checkpoints"))  # its checkpoint directory
-    assert not discover.names(row, str(work / "out"))
+    assert not choosing.names(row, str(work.parent)) and choosing.works_below(row, str(work.parent))
+    assert choosing.names(row, str(work / "out" / "checkpoints"))  # its checkpoint directory
+    assert not choosing.names(row, str(work / "out"))
 
 
 def test_what_is_not_a_training(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from eagle3_tui.agent.discover import is_torchrun
+from eagle3_tui.agent.process_facts import is_torchrun
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.rerun import BOOTSTRAP
 from eagle3_tui.transport.replies import KillReport, RestartRecord, ResumeReport
