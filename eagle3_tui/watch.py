@@ -1,12 +1,10 @@
 """``eagle3-tui watch``: runs followed without a screen, an alert on each change of
 verdict that needs a human (and the good news), so that nobody has to be looking.
 
-Each run is followed as the monitor follows it — its stream into a :class:`Pipeline`,
-the host's status probes, one verdict code (``model/health.py``) on a snapshot — so
-the watcher says what the monitor would. A host target is the user's live trainings
-there, found again every :data:`DISCOVER_S` (so those that start later too), with or
-without telemetry. One connection per host carries every run's stream, probe and
-discovery.
+Each run is followed as the monitor follows it (``following.py``: its stream into a
+pipeline, the host's status probes, a snapshot per look; a host target is its user's
+live trainings, those that start later too; one connection per host), and judged by the
+one verdict code (``model/health.py``): the watcher says what the monitor would.
 
 A verdict is sent once per transition, after it has held for ``hold_s`` and two looks
 (no flapping), at most one alert per run every ``gap_s`` (a change within the gap waits
@@ -14,10 +12,6 @@ for its end, and is sent then if it still holds). Which verdict was last sent fo
 each run, and the deliveries not yet done, are kept in a state file: after a restart
 the watcher neither repeats an alert nor loses one (a change it missed while down is
 sent on its first looks).
-
-Over 600 lines: the rules (pure, tested alone), the saved state and the following loop
-are kept together because the loop's every step moves the state by the rules; the
-delivery of alerts is ``notify.py``.
 """
 
 from __future__ import annotations
@@ -36,30 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.app.pipeline import Pipeline
-from eagle3_tui.app.run_control import RunControl
-from eagle3_tui.model.snapshot import Snapshot, ViewParams
+from eagle3_tui.following import (
+    Followed,
+    Follower,
+    WatchTarget,
+    host_name,
+    label_of,
+    pinned,
+)
+from eagle3_tui.model.snapshot import Snapshot
 from eagle3_tui.notify import ALARMS, Alert, Delivery, Notifier, Outbox
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
-from eagle3_tui.transport.channel import AgentAnswerError, Host
-from eagle3_tui.transport.replies import Choice, ErrorKind, ProcessRow
-from eagle3_tui.transport.target import LocalTarget, Target
-
-DISCOVER_S = 20.0
-"""How often a host target's live trainings are listed again (new ones are followed)."""
-PROBE_S = 10.0
-"""How often the host is asked whether a quiet run's trainer lives (as the monitor does)."""
-PROBE_FLOWING_S = 300.0
-"""How often while its records flow (they are evidence of life: its heartbeats each
-second); each probe starts the agent on the host (~80 ms of CPU there), the bulk of what
-watching costs a host. Once they stop, every :data:`PROBE_S`."""
-VIEW = ViewParams(columns=1, smoothing=0.0)
-OBSERVE_S = 2.0
-"""A training without telemetry is sampled this often (the monitor: each second)."""
-BATCH_S = 2.0
-"""A followed run's appends within this long reach the watcher as one frame (it looks
-every few seconds: a frame per write would only cost both ends)."""
 
 REMEMBERED = 2000
 """Runs the state file keeps (those seen last): enough that no run still listed or named
@@ -68,16 +50,6 @@ ENDED = ("finished", "stopped", "dead")
 QUIET = ("running", "waiting")
 SEVERITY = ("dead", "stalled", "diverged", "silent", "disk_full", "unreadable", "stopped")
 """Worst first: ``watch --once`` exits with the status of the worst it found."""
-
-
-@dataclass(frozen=True)
-class WatchTarget:
-    """A target as given (``text``) and what it is: ``discover`` for a host alone
-    (every live training of the user there, those that start later included)."""
-
-    text: str
-    target: Target
-    discover: bool
 
 
 @dataclass
@@ -343,53 +315,10 @@ def _float_or_none(value: object) -> float | None:
 # ---- following --------------------------------------------------------------------
 
 
-@dataclass
-class Followed:
-    """One run as the watcher follows it: its pipeline fed by its stream, its probes."""
-
-    key: str
-    label: str
-    host_label: str
-    pipeline: Pipeline
-    control: RunControl | None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    probed_at: float = 0.0
-    probing: bool = True
-    records_seen: int = -1
-    found: bool = False
-    """Found on a host (not named by a target): let go once its end is sent."""
-
-    async def look(self, now: float) -> Verdict:
-        probes = self.control is not None and not self.control.observed and self.probing
-        records = self.pipeline.run.unsettled.records
-        flowing, self.records_seen = records != self.records_seen, records
-        every = PROBE_FLOWING_S if flowing else PROBE_S
-        if probes and now - self.probed_at >= every:
-            self.probed_at = now
-            await self._probe(now)
-        await self.pipeline.ingest_pending()  # the interval's chunks, in one feed
-        snap, _ = await self.pipeline.snapshot(now, VIEW, lines=False)
-        return verdict_of(snap, self.pipeline.run.unsettled.manifest)
-
-    async def _probe(self, now: float) -> None:
-        assert self.control is not None
-        try:
-            status = await self.control.status()
-        except AgentAnswerError as e:
-            if e.kind is ErrorKind.NO_MANIFEST:
-                self.probing = False  # judged from its records, as the monitor does
-            return
-        except TargetError:
-            return  # unreachable for now: the stream's link says so
-        await self.pipeline.set_status(status, now)
-
-    def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-
-
-class Watcher:
+class Watcher(Follower):
     """Follows the runs its targets name and turns their verdicts into alerts."""
+
+    name = "watch"
 
     def __init__(
         self,
@@ -404,23 +333,15 @@ class Watcher:
         report: Callable[[str], None] = print,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.targets = list(targets)
+        super().__init__(targets, interval_s=interval_s, say=say, clock=clock)
         self.state = state
         self.rules = rules or Rules()
-        self.interval_s = interval_s
         self.ssh_args = list(ssh_args)
-        self.say, self.clock = say, clock
         self.outbox = Outbox(list(notifiers), report, self.save, clock)
         self.outbox.queue = list(state.outbox)
-        self.followed: dict[str, Followed] = {}
-        self.hosts: dict[str, Host] = {}
         self.alerts: list[Alert] = []
-        self._discovered_at: dict[str, float] = {}
-        self._unlisted: dict[str, str] = {}
-        self._ended: set[str] = set()
         self._save_problem: str | None = None
         self._save_lock = threading.Lock()
-        """Runs found on a host and let go after their end was sent."""
 
     def save(self) -> None:
         """The state to its file (the watching loop and the outbox's thread both call)."""
@@ -435,60 +356,23 @@ class Watcher:
         else:
             self._save_problem = None
 
-    def host_of(self, target: Target) -> Host:
-        name = host_name(target)
-        if name not in self.hosts:
-            self.hosts[name] = calls.open_host(target)
-        return self.hosts[name]
-
     async def run(self, stop: asyncio.Event | None = None) -> None:
         self.outbox.start()
-        stop = stop or asyncio.Event()
-        try:
-            while not stop.is_set():
-                await self.turn()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
-        finally:
-            await self.close()
+        await super().run(stop)
 
     async def close(self) -> None:
-        for f in self.followed.values():
-            f.stop()
-        for f in self.followed.values():
-            for task in f.tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        for host in self.hosts.values():
-            with contextlib.suppress(Exception):
-                await host.close()
+        await super().close()
         self.outbox.stop(drain_s=2.0)
         self.save()
 
-    async def turn(self) -> None:
-        """One round: find runs (hosts), look at each, send what changed."""
-        now = self.clock()
-        for wt in self.targets:
-            await self._find(wt, now)
-        for key, f in list(self.followed.items()):
-            try:
-                v = await f.look(self.clock())
-            except Exception as e:  # one run's trouble never stops the others
-                self.say(f"eagle3-tui watch: {f.label}: not judged ({type(e).__name__}: {e})")
-                continue
-            self._judge(key, f, v)
-            if f.found and v.health in ENDED and self.state.runs[key].alerted == v.health:
-                self._let_go(key, f)  # said: a host's ended run is followed no longer
+    def started(self, f: Followed) -> None:
+        self.state.runs.setdefault(f.key, RunMemory(f.label)).label = f.label
 
-    def _judge(self, key: str, f: Followed, v: Verdict) -> None:
+    def looked(self, key: str, f: Followed, snap: Snapshot) -> None:
+        v = verdict_of(snap, f.pipeline.run.unsettled.manifest)
         self.judge(key, f.label, f.host_label, v)
-
-    def _let_go(self, key: str, f: Followed) -> None:
-        """Stop following a run found on a host once its end was sent (its agent on the
-        host ends too); found live again (resumed), it is followed again."""
-        f.stop()
-        del self.followed[key]
-        self._ended.add(key)
+        if f.found and v.health in ENDED and self.state.runs[key].alerted == v.health:
+            self.let_go(key)  # said: a host's ended run is followed no longer
 
     def judge(self, key: str, label: str, host: str, v: Verdict, looks: int = 2) -> None:
         """One look's verdict on a run: an alert posted when it calls for one."""
@@ -504,116 +388,6 @@ class Watcher:
         self.say(alert.text().replace("\n", " — "))
         self.outbox.post(alert)
         self.save()
-
-    async def _find(self, wt: WatchTarget, now: float) -> None:
-        """The runs a target names, each followed once: a host's live trainings (listed
-        again every :data:`DISCOVER_S`), or what the host says a directory means (a run,
-        or a training without telemetry working there)."""
-        if wt.discover:
-            if now - self._discovered_at.get(wt.text, -1e9) >= DISCOVER_S:
-                self._discovered_at[wt.text] = now
-                await self._discover(wt.text, wt.target)
-            return
-        if wt.text in self._discovered_at:
-            return  # chosen once: its run, or its process, is followed
-        host = self.host_of(wt.target)
-        try:
-            chosen = await calls.choose(host, calls.run_dir_of(wt.target), None)
-        except TargetError as e:
-            if self._unlisted.get(wt.text) != str(e):  # said once per failure, then retried
-                self.say(f"eagle3-tui watch: {wt.text}: not followed yet ({e})")
-            self._unlisted[wt.text] = str(e)
-            return
-        if self._unlisted.pop(wt.text, None) is not None:
-            self.say(f"eagle3-tui watch: {wt.text}: followed now")
-        self._discovered_at[wt.text] = now
-        if chosen.choice is Choice.RUN:
-            run_dir = chosen.chosen_run_dir()
-            key = f"{host_name(wt.target)}:{run_dir}"
-            if key not in self.followed:
-                self._follow_dir(key, wt.text, pinned(wt.target, run_dir))
-        elif chosen.choice is Choice.PROCESS:
-            row = chosen.chosen_row()
-            key = f"{host_name(wt.target)}:pid:{row.pid}:{row.start_ticks}"
-            if key not in self.followed:
-                self._follow_process(key, wt.target, row)
-        else:
-            for row in chosen.runs:
-                await self._follow_row(wt.text, wt.target, row)
-
-    async def _discover(self, text: str, target: Target) -> None:
-        host = self.host_of(target)
-        try:
-            report = await calls.discover(host)
-        except TargetError as e:
-            if self._unlisted.get(text) != str(e):  # said once per failure, not each look
-                self.say(f"eagle3-tui watch: {text}: trainings not listed ({e})")
-            self._unlisted[text] = str(e)
-            return
-        if self._unlisted.pop(text, None) is not None:
-            self.say(f"eagle3-tui watch: {text}: trainings listed again")
-        for row in report.live:
-            if row.mine:
-                await self._follow_row(text, target, row)
-
-    async def _follow_row(self, text: str, target: Target, row: ProcessRow) -> None:
-        """A live training found on a host: its run directory when it writes telemetry,
-        else the process watched from outside (live again after its end: followed again)."""
-        if row.run_dir and row.telemetry:
-            key = f"{host_name(target)}:{row.run_dir}"
-            if key not in self.followed:
-                self._ended.discard(key)
-                at = pinned(target, row.run_dir)
-                self._follow_dir(key, label_of(text, target, row.run_dir), at)
-                self.followed[key].found = True
-            return
-        key = f"{host_name(target)}:pid:{row.pid}:{row.start_ticks}"
-        if key not in self.followed and key not in self._ended:
-            self._follow_process(key, target, row)
-            self.followed[key].found = True
-
-    def _follow_dir(self, key: str, label: str, target: Target) -> None:
-        from eagle3_tui.transport.local import LocalTransport
-
-        host = self.host_of(target)
-        if isinstance(target, LocalTarget):
-            source: Any = LocalTransport(target.run_dir)
-        else:
-            from eagle3_tui.transport.ssh import SshTransport
-
-            source = SshTransport(host, target.run_dir, batch_s=BATCH_S)  # type: ignore[arg-type]
-        control = RunControl.for_target(target, host)
-        self._start(Followed(key, label, host_name(target), Pipeline(self.clock), control), source)
-
-    def _follow_process(self, key: str, target: Target, row: ProcessRow) -> None:
-        from eagle3_tui.transport.observed import ObservedTransport
-
-        host = self.host_of(target)
-        source = ObservedTransport(host, row, interval_s=OBSERVE_S)
-        control = RunControl.for_process(target, host, row)
-        label = f"{host_name(target)} pid {row.pid}"
-        self._start(Followed(key, label, host_name(target), Pipeline(self.clock), control), source)
-
-    def _start(self, f: Followed, source: Any) -> None:
-        f.tasks = [asyncio.ensure_future(f.pipeline.pump(source, lambda _event: None))]
-        self.followed[f.key] = f
-        self.state.runs.setdefault(f.key, RunMemory(f.label)).label = f.label
-
-
-def host_name(target: Target) -> str:
-    return "this machine" if isinstance(target, LocalTarget) else target.destination
-
-
-def pinned(target: Target, run_dir: str) -> Target:
-    if isinstance(target, LocalTarget):
-        return LocalTarget(Path(run_dir))
-    return target.with_run_dir(run_dir)
-
-
-def label_of(text: str, target: Target, run_dir: str) -> str:
-    if isinstance(target, LocalTarget):
-        return run_dir
-    return f"{text.rstrip(':')}:{run_dir}"
 
 
 def worst_status(healths: Sequence[str]) -> int:

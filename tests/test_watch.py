@@ -322,9 +322,10 @@ def test_a_live_run_whose_loss_turns_nan_is_diverged_once(tmp_path: Path, hook: 
     import asyncio
     import os
 
+    from eagle3_tui.following import WatchTarget
     from eagle3_tui.telemetry.manifest import launch_env
     from eagle3_tui.transport.target import LocalTarget
-    from eagle3_tui.watch import Watcher, WatchState, WatchTarget
+    from eagle3_tui.watch import Watcher, WatchState
     from tests.conftest import live_training, read_jsonl, wait_until_async
 
     run_dir, control = tmp_path / "run", tmp_path / "control"

@@ -12,7 +12,7 @@ from eagle3_tui.cli.common import add_ssh_options, command_parser, say, ssh_opti
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
-    from eagle3_tui.watch import WatchTarget
+    from eagle3_tui.following import WatchTarget
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def watch_targets(ns: argparse.Namespace) -> list[WatchTarget]:
+    from eagle3_tui.following import WatchTarget
     from eagle3_tui.transport.target import LocalTarget, SshTarget, parse_target
-    from eagle3_tui.watch import WatchTarget
 
     opts = ssh_options(ns)
     out = []
