@@ -77,7 +77,7 @@ def find_row(work: Path, timeout: float = 120) -> ProcessRow:
 def first_evidence(run: Run, since: float) -> dict[str, float]:
     state = run.state
     seen: dict[str, float] = {}
-    reads = [p.ts for p in state.io_history if p.worker_bytes > 0 or p.files_read > 0]
+    reads = [p.ts for p in state.samplers.io_history if p.worker_bytes > 0 or p.files_read > 0]
     if reads:
         seen["reads"] = min(reads)
     if state.bars:

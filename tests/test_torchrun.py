@@ -98,7 +98,7 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
         control.write_text("hang 1\n")
 
         st = wait_until(lambda: hung(run_dir), 180, "rank 1 blocked, rank 0 waiting", log)
-        last = st.rank_heartbeats[1].last_step
+        last = st.samplers.rank_heartbeats[1].last_step
         assert last is not None
         step = last + 1
         d = diagnose(st, quiet_later(st))

@@ -142,7 +142,7 @@ def hung(run_dir: Path, rank: int = 1) -> RunState | None:
     waits in one, and their heartbeats have gone on long enough after the last metric
     that :func:`quiet_later` still finds them fresh."""
     st = state_of(run_dir)
-    hb = st.rank_heartbeats
+    hb = st.samplers.rank_heartbeats
     if len(hb) < 2 or rank not in hb or st.last_train_ts is None:
         return None
     if (hb[rank].where or {}).get("collective") or not (hb[rank].where or {}).get("frame"):

@@ -275,7 +275,7 @@ async def sigkill_with_workers(root: Path) -> Timeline:
         proc.wait()
         await mon.until(lambda: tl.final == "DEAD", 30, "DEAD")
         tl.expect("DEAD")
-        named = [x for x in mon.run.state.leftovers]
+        named = [x for x in mon.run.state.liveness.leftovers]
         tl.notes.append(
             "left behind: "
             + (", ".join(f"pid {x.pid} {x.comm} {x.rss_bytes or 0:,} B" for x in named) or "none")

@@ -83,9 +83,9 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
     if status.manifest:
         state.set_manifest(status.manifest)
     if status.now is not None:
-        state.set_host_clock(status.now, now)
+        state.liveness.set_host_clock(status.now, now)
     left = () if status.alive else tuple(leftover_of(x) for x in status.leftovers)
-    state.set_process(status.alive, now, left)
+    state.liveness.set_process(status.alive, now, left)
 
 
 def load_local(run_dir: Path) -> Run:

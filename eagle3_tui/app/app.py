@@ -331,7 +331,7 @@ class MonitorApp(App[None]):
             return running if observed.alive else None
         # the last probe's answer (None: none yet); a run its records say stopped is
         # offered even before the next probe: the dialog asks the host again
-        alive = self.pipeline.run.unsettled.process_alive
+        alive = self.pipeline.run.unsettled.liveness.process_alive
         if health not in (*ENDED, Health.DEAD) and (
             alive or (alive is None and health != Health.WAITING)
         ):

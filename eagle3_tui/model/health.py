@@ -5,14 +5,14 @@ Evidence, most decisive first:
 * lifecycle events in the file (``finish``, ``interrupt``, ``crash``) of the
   current process (since its ``start``/``resume``); an interrupt is never
   overwritten by a ``finish`` written after it;
-* whether the process is alive: a probe from outside (``RunState.process_alive``)
+* whether the process is alive: a probe from outside (``RunState.liveness``)
   or, lacking one, whether the writer's heartbeat is still arriving;
 * what the hardware does: GPU utilisation, dataloader bytes read, checkpoint
   saves (from the samplers' records);
 * when the last metric record came, against the run's own pace.
 
 Only evidence that reached the client counts. Records carry the host's clock
-(``ts``); the client's clock is turned into the host's (``RunState.clock_offset``,
+(``ts``); the client's clock is turned into the host's (``Liveness.clock_offset``,
 from the host's ``now``). While the link is down nothing can arrive, so the run
 is judged as of the moment it went down (the quiet clock stops) and the diagnosis
 says so (``Diagnosis.link_down_since``); once the link is back and what was
@@ -41,10 +41,11 @@ from dataclasses import replace
 import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
+from eagle3_tui.model.events import Event
 from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
 from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.stack import StackSample, stack_line
-from eagle3_tui.model.state import Event, RunState
+from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import clock, size
 from eagle3_tui.model.verdict import (
     AFTER_LAST_STEP_S,
@@ -103,12 +104,12 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     """The run's health from its records and any process probe, at ``now`` on the
     client's clock (turned into the host's, which the records' ``ts`` use)."""
     state.settle()
-    at = state.host_time(now)
-    down = state.link_down_since
+    at = state.liveness.host_time(now)
+    down = state.liveness.link_down_since
     if down is None:
         return judge(state, at)
     # nothing can arrive: judged as of the moment the link went down, said so
-    verdict = judge(state, min(at, state.host_time(down)))
+    verdict = judge(state, min(at, state.liveness.host_time(down)))
     return _while_link_down(verdict, state, now, down)
 
 
@@ -156,12 +157,12 @@ def judge(state: RunState, now: float) -> Diagnosis:
         if observed is not None:
             return observed
 
-    alive = state.process_alive
-    hb = state.heartbeat
+    alive = state.liveness.process_alive
+    hb, hb_at = state.samplers.heartbeat, state.samplers.last_heartbeat_ts
     seen_by_sidecar = hb.trainer if hb is not None and isinstance(hb.trainer, dict) else None
     full = _no_room(state, now)
-    if alive is None and state.last_heartbeat_ts is not None:
-        fresh = (now - state.last_heartbeat_ts) <= HEARTBEAT_DEAD_S
+    if alive is None and hb_at is not None:
+        fresh = (now - hb_at) <= HEARTBEAT_DEAD_S
         if fresh and seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False:
             alive = False  # the sidecar watched the trainer go
         elif not fresh and full is not None:
@@ -172,12 +173,12 @@ def judge(state: RunState, now: float) -> Diagnosis:
         pid = state.manifest.get("pid") or (seen_by_sidecar or {}).get("pid")
         who = f"The trainer (pid {pid})" if pid else "The trainer"
         at = f"after step {step_number(step)}" if step is not None else "before its first step"
-        if state.process_alive is False or (
+        if state.liveness.process_alive is False or (
             seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False
         ):
             how = "is gone"
         else:
-            how = f"stopped writing heartbeats {ago(now - (state.last_heartbeat_ts or now))} ago"
+            how = f"stopped writing heartbeats {ago(now - (hb_at or now))} ago"
         return Diagnosis(
             Health.DEAD,
             f"{who} {how} without a finish event, {at}: it crashed or was killed (see "
@@ -283,7 +284,7 @@ def _while_link_down(verdict: Diagnosis, state: RunState, now: float, down: floa
     """The verdict as of the link's drop, said to be that: nothing newer can arrive."""
     if verdict.health in (Health.FINISHED, Health.STOPPED, Health.UNREADABLE):
         return verdict  # an end that reached the client stays true
-    detail = f" ({state.link_detail[:120]})" if state.link_detail else ""
+    detail = f" ({state.liveness.link_detail[:120]})" if state.liveness.link_detail else ""
     step = steps_done(state)
     at = f" at step {step:,}" if step else ""
     return replace(
@@ -320,7 +321,7 @@ def _not_written(state: RunState) -> tuple[int, float] | None:
     """The records the writers could not write, as their newest heartbeat that reached
     the client counts them, when it counts write errors of a full disk (the count
     since its writer started), and when."""
-    hb = state.heartbeat
+    hb = state.samplers.heartbeat
     if hb is None:
         return None
     side = hb.sidecar if isinstance(hb.sidecar, dict) else {}
@@ -337,7 +338,7 @@ def _not_written(state: RunState) -> tuple[int, float] | None:
 
 def stuck_at(state: RunState) -> StackSample | None:
     """The main thread's stack taken since the last training step, if telemetry took one."""
-    sample = state.stack
+    sample = state.samplers.stack
     if sample is None:
         return None
     if state.last_train_ts is not None and sample.ts < state.last_train_ts:
@@ -397,7 +398,7 @@ def _silent_sentence(
 
 
 def _stall_hint(state: RunState) -> str:
-    hb = state.heartbeat
+    hb = state.samplers.heartbeat
     age = hb.stats_age_s if hb is not None else None
     if age is not None and math.isfinite(age) and age > MIN_QUIET_S:
         return (
@@ -428,7 +429,7 @@ _ENDS = ("crash", "interrupt", "finish")
 
 def _distributed(state: RunState) -> bool:
     world = state.manifest.get("world_size")
-    return (isinstance(world, int) and world > 1) or len(state.rank_heartbeats) > 1
+    return (isinstance(world, int) and world > 1) or len(state.samplers.rank_heartbeats) > 1
 
 
 def end_event(state: RunState) -> Event | None:
@@ -509,7 +510,7 @@ def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | No
         return None
     live = {
         r: hb
-        for r, hb in state.rank_heartbeats.items()
+        for r, hb in state.samplers.rank_heartbeats.items()
         if now - hb.ts <= HEARTBEAT_DEAD_S and isinstance(hb.where, dict)
     }
     waiting = sorted(r for r, hb in live.items() if (hb.where or {}).get("collective"))

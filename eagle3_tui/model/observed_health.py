@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from eagle3_tui.model.events import LogLine
 from eagle3_tui.model.observed import (
     ProcessInfo,
     bar_progress,
@@ -29,7 +30,7 @@ from eagle3_tui.model.observed import (
     step_time,
 )
 from eagle3_tui.model.stack import StackSample, stack_line
-from eagle3_tui.model.state import LogLine, RunState
+from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import clock, size
 from eagle3_tui.model.verdict import (
     GPU_BUSY_UTIL,
@@ -80,7 +81,7 @@ def observed_evidence(state: RunState, now: float, window: float) -> ObservedEvi
     samples = [s for s in state.proc_samples if s.ts >= since]
     cpus = [s.cpu_pct for s in samples if s.cpu_pct is not None]
     base = evidence(state, now, window)
-    io = [p for p in state.io_history if p.ts >= since]
+    io = [p for p in state.samplers.io_history if p.ts >= since]
     worker_bytes = sum(p.worker_bytes for p in io)
     return ObservedEvidence(
         sampled=len(cpus) >= 2,
@@ -133,12 +134,12 @@ def _signs(ev: ObservedEvidence, window: float) -> str:
 def stuck_observed(state: RunState) -> StackSample | None:
     """The main thread's stack the agent read (py-spy) in the trainer's current idle
     spell: after the last sign of work (CPU, reads, log growth, an epoch bar)."""
-    sample = state.stack
+    sample = state.samplers.stack
     if sample is None:
         return None
     busy = [s.ts for s in state.proc_samples if (s.cpu_pct or 0.0) >= BUSY_CPU_PCT]
     busy += [s.ts for s in state.proc_samples if (s.log_grew or 0) > 0]
-    busy += [p.ts for p in state.io_history if p.worker_bytes > 0]
+    busy += [p.ts for p in state.samplers.io_history if p.worker_bytes > 0]
     busy += [b.ts for b in state.bars]
     if busy and max(busy) > sample.ts:
         return None  # taken in an earlier idle spell: it moved on since

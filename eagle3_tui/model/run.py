@@ -139,7 +139,7 @@ class Run:
         self._notices.append(notice)
         if change.change == "truncated" and stream not in self._ignored:
             notice.outcome = Outcome.KEPT
-            self._state.begin_crossing(notice)
+            self._state.writers.begin_crossing(notice)
             return
         self._ignored.discard(stream)
         self._held[stream] = _Held(notice)
@@ -199,7 +199,7 @@ class Run:
             notice.outcome = Outcome.BACK
             self._show(whose, notice)
         if notice.outcome is not Outcome.OTHER:
-            self._state.begin_crossing(notice)
+            self._state.writers.begin_crossing(notice)
         self._state.apply_all(items)
 
     def _whose(self, writer: str, run_id: str | None) -> RunState | None:
@@ -238,16 +238,16 @@ class Run:
         self._state.set_disk(report)
 
     def set_link(self, up: bool, at: float, detail: str = "") -> None:
-        """Whether data can reach the client (see :meth:`RunState.set_link`); cheap, no
+        """Whether data can reach the client (see :meth:`Liveness.set_link`); cheap, no
         settling of queued samples."""
-        self._state.set_link(up, at, detail)
+        self._state.liveness.set_link(up, at, detail)
 
     def set_host_clock(self, host_now: float, client_now: float) -> None:
-        self._state.set_host_clock(host_now, client_now)
+        self._state.liveness.set_host_clock(host_now, client_now)
 
     @property
     def link_down_since(self) -> float | None:
-        return self._state.link_down_since
+        return self._state.liveness.link_down_since
 
 
 def _restarted(items: list[Item]) -> bool:

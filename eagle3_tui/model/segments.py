@@ -34,7 +34,8 @@ from eagle3_tui.model.records import (
     train_metrics_type,
 )
 from eagle3_tui.model.samples import SAMPLES_KEPT
-from eagle3_tui.model.state import RunState, StepColumns
+from eagle3_tui.model.state import RunState
+from eagle3_tui.model.step_ingest import StepColumns
 
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}

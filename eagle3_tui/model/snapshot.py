@@ -6,6 +6,9 @@ and posts it; widgets only read it. Its cost does not grow with the run's length
 beyond the O(n) copy-and-reduce of the plotted window (~1 ms per series at 1M).
 
 Pure: no textual, no asyncssh.
+
+Over 600 lines: one frozen dataclass per panel's view and the one function that builds
+them all from a state in a single pass (so a frame costs one walk of the state).
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from eagle3_tui.model.derived import (
     tau_series,
 )
 from eagle3_tui.model.downsample import m4, m4_indices
+from eagle3_tui.model.events import CkptEvent, Event, LogLine, Redo
 from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
 from eagle3_tui.model.health import diagnose, ended_at
+from eagle3_tui.model.liveness import Leftover
 from eagle3_tui.model.observed import Member, bar_progress
-from eagle3_tui.model.state import CkptEvent, Event, IoPoint, Leftover, LogLine, Redo, RunState
+from eagle3_tui.model.sampled import IoPoint
+from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import Diagnosis, Health
 
 F64 = npt.NDArray[np.float64]
@@ -501,10 +507,10 @@ def _spark(values: list[float], n: int) -> tuple[float, ...]:
 
 def _gpus(state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
     out = []
-    several_hosts = len({host for host, _ in state.gpu_devices}) > 1
-    for key in sorted(state.gpu_devices):
-        d = state.gpu_devices[key]
-        hist = state.gpu_history(key)
+    several_hosts = len({host for host, _ in state.samplers.gpu_devices}) > 1
+    for key in sorted(state.samplers.gpu_devices):
+        d = state.samplers.gpu_devices[key]
+        hist = state.samplers.gpu_history(key)
         spark = _spark([dev.util for _, dev in hist if dev.util is not None], view.spark_points)
         out.append(
             GpuView(
@@ -536,9 +542,9 @@ def _read_rate(points: list[IoPoint]) -> tuple[float | None, float | None]:
 
 def _io(state: RunState, view: ViewParams, ended: bool) -> IoView | None:
     """What the run reads; once it ended (``ended``), what it read, no rate."""
-    if not state.io_history:
+    if not state.samplers.io_history:
         return None
-    hist = list(state.io_history)
+    hist = list(state.samplers.io_history)
     # one sampler per rank under torchrun: each rank's rate from its own points, summed
     by_source: dict[tuple[str, int], list[IoPoint]] = {}
     for p in hist:
@@ -560,7 +566,7 @@ def _io(state: RunState, view: ViewParams, ended: bool) -> IoView | None:
             tuple(w.files[-3:]),
             rank=w.rank,
         )
-        for w in sorted(state.io_workers.values(), key=lambda w: (w.rank, w.pid))
+        for w in sorted(state.samplers.io_workers.values(), key=lambda w: (w.rank, w.pid))
     )[:16]
     if len(by_source) == 1:
         spark = _spark([p.bytes / max(interval, 1e-9) for p in mine], view.spark_points)
@@ -569,7 +575,7 @@ def _io(state: RunState, view: ViewParams, ended: bool) -> IoView | None:
         for p in hist:
             per_s[int(p.ts)] = per_s.get(int(p.ts), 0.0) + p.bytes
         spark = _spark([per_s[k] for k in sorted(per_s)], view.spark_points)
-    files = tuple(f for _, _, f in list(state.recent_files)[-8:])
+    files = tuple(f for _, _, f in list(state.samplers.recent_files)[-8:])
     return IoView(bps, fps, workers, files, spark, ranks=len({r for _, r in by_source}))
 
 
@@ -591,7 +597,7 @@ def build_snapshot(
     fresh = cache.check(state) if cache is not None else True
     diagnosis = diagnose(state, now)
     ended = ended_at(state, diagnosis)
-    progress = _progress(state, state.host_time(now), ended)
+    progress = _progress(state, state.liveness.host_time(now), ended)
     if diagnosis.health not in (Health.RUNNING, Health.WAITING, Health.SILENT):
         progress = replace(progress, eta_epoch_s=None, eta_run_s=None)
     if lines_of is not None and not fresh:
@@ -625,10 +631,10 @@ def build_snapshot(
             ValRow(e, state.val_steps.get(e), dict(v))
             for e, v in sorted(state.val_by_epoch.items())
         ),
-        gpu_status=state.gpu_status,
-        gpu_error=state.gpu_error,
+        gpu_status=state.samplers.gpu_status,
+        gpu_error=state.samplers.gpu_error,
         gpus=_gpus(state, view) if cache is None else cache.gpus(state, view),
-        gpus_at=state.last_gpu_ts,
+        gpus_at=state.samplers.last_gpu_ts,
         io=_io(state, view, ended is not None),
         checkpoints=tuple(list(state.ckpt_events)[-50:]),
         saving=saving,
@@ -646,10 +652,10 @@ def build_snapshot(
         restarts=len(state.restarts),
         files=tuple(_file_note(state, n) for n in state.file_notices[-MAX_FILE_NOTES:]),
         other_file=_other_file(state),
-        file_news=_file_news(state, state.host_time(now)),
+        file_news=_file_news(state, state.liveness.host_time(now)),
         write_gaps=tuple(state.write_gaps[-MAX_FILE_NOTES:]),
         disk=min(state.disk.values(), key=lambda d: d.room, default=None),
-        leftovers=state.leftovers,
+        leftovers=state.liveness.leftovers,
         observed=_observed(state),
         anomalies=find_anomalies(state, cache.loss_scan if cache is not None else None),
     )
@@ -786,7 +792,7 @@ class SnapshotCache:
         return False
 
     def gpus(self, state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
-        last = state.gpu_samples[-1] if state.gpu_samples else None
+        last = state.samplers.gpu_samples[-1] if state.samplers.gpu_samples else None
         cached = self._gpus
         if cached is not None and cached[0] is last and cached[1] == view.spark_points:
             return cached[2]

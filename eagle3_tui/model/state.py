@@ -2,9 +2,20 @@
 
 ``RunState.apply_all`` takes records, malformed lines and restarts in file order.
 It never raises on odd content: a record it cannot use is counted, not fatal.
-Training steps go into a :class:`~eagle3_tui.model.table.StepTable`; a catch-up
-of thousands of steps is applied column by column (a few C-level passes) rather
-than record by record.
+Training steps go into a :class:`~eagle3_tui.model.table.StepTable`, all through
+one method (``_store_steps``); a catch-up of thousands of steps is applied column by
+column (a few C-level passes, model/step_ingest.py) rather than record by record.
+The samplers' histories are :class:`~eagle3_tui.model.sampled.Samplers`, applied
+when the state settles (:meth:`RunState.settle`).
+
+Over 600 lines: ``RunState`` is the one place where a record moves a run's state, and
+what is left here shares what every record moves: the counts (records, malformed
+lines), the first and last times, and the activity that steps, saves and validation
+epochs open and close (the dispatch by kind, the training steps, lifecycle events and
+process starts, logs, checkpoints, the file's notices, an observed run's records). Its
+separable parts live beside it: the column path (model/step_ingest.py), the samplers'
+histories (model/sampled.py), the writers' sequence numbers (model/sequences.py), the
+clock, link and probe (model/liveness.py), and the values it keeps (model/events.py).
 
 Pure: no textual, no asyncssh.
 """
@@ -16,14 +27,23 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 from typing import Any, cast
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
+from eagle3_tui.model.events import (
+    Activity,
+    CkptEvent,
+    Event,
+    LogLine,
+    Redo,
+    SavedProgress,
+    save_written_at,
+    saved_progress_of,
+)
 from eagle3_tui.model.files import CHANGES, DiskSpace, FileNotice, Outcome, WriteGap, write_gap
+from eagle3_tui.model.liveness import Leftover, Liveness
 from eagle3_tui.model.observed import HISTORY as PROC_HISTORY
 from eagle3_tui.model.observed import (
     BarSeen,
@@ -37,32 +57,37 @@ from eagle3_tui.model.observed import Member as ObservedMember
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
     PROFILE_FIELDS,
-    SUPPORTED_SCHEMA,
-    AnyRecord,
     Deferred,
-    GpuDevice,
-    IoWorker,
     Malformed,
     Record,
-    TrainMetrics,
     TrainStep,
-    gpu_devices,
-    io_workers,
     record_problem,
-    struct_columns,
     train_items,
 )
-from eagle3_tui.model.samples import GPU_HISTORY, IO_HISTORY, SAMPLES_KEPT
-from eagle3_tui.model.stack import StackSample, stack_sample
+from eagle3_tui.model.sampled import Samplers
+from eagle3_tui.model.sequences import Writers
+from eagle3_tui.model.stack import stack_sample
+from eagle3_tui.model.step_ingest import (
+    BATCH_MIN,
+    Batch,
+    StepBlock,
+    StepColumns,
+    batch_block,
+    batch_spans,
+    batch_startups,
+    others_apart,
+    others_batch,
+    row_spans,
+    rows_valid,
+    split_batch,
+    steps_valid,
+)
 from eagle3_tui.model.table import StepTable
 from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE
 
-BATCH_MIN = 16
-"""Batches at least this big try the column path."""
 MAX_LOG = 2000
 MAX_MALFORMED = 200
 MAX_EVENTS = 1000
-RECENT_FILES = 50
 _ACTIVITIES = ("saving", "validating")
 
 _EPOCH_RE = re.compile(r"Training epoch (\d+)/(\d+) (started|completed)")
@@ -70,108 +95,6 @@ _VAL_RE = re.compile(r"Validation epoch (\d+)/(\d+) (started|completed)")
 _SIGNAL_RE = re.compile(r"^Received (SIG\w+) .* interrupting")
 """speculators' graceful-shutdown handler: the process was told to stop and saves
 ``interrupted/`` (a ``finish`` written after it does not make the run finished)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    ts: float
-    level: str
-    logger: str
-    msg: str
-
-
-@dataclass(frozen=True, slots=True)
-class Redo:
-    """A resume that went back: steps ``first..last`` had been trained and are redone."""
-
-    first: int
-    last: int
-    ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A lifecycle event (start, resume, interrupt, finish, crash)."""
-
-    ts: float
-    event: str
-    step: int | None
-    writer: str
-    pid: int | None
-    error: str | None
-    rank: int = 0
-    exit_status: int | None = None
-    host: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CkptEvent:
-    ts: float
-    event: str
-    path: str
-    epoch: int | str | None
-    bytes: float | None
-    duration_s: float | None
-    complete: bool | None
-    at: float | None = None
-    """When the save was written, where a save seen by polling says it (its files'
-    newest time; ``ts`` is when it was seen): None to use ``ts``."""
-
-    @property
-    def when(self) -> float:
-        return self.at if self.at is not None else self.ts
-
-
-@dataclass(frozen=True, slots=True)
-class SavedProgress:
-    """Where a checkpoint says the run was: ``steps_done`` (its ``global_step``), the
-    0-based epoch under way after it, when it was saved."""
-
-    ts: float
-    steps_done: int
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class IoPoint:
-    ts: float
-    bytes: float
-    files_read: int
-    workers: int
-    worker_bytes: float = 0.0
-    """Of ``bytes``, what the dataloader workers read (not the trainer itself)."""
-    rank: int = 0
-    host: str = ""
-
-
-@dataclass(slots=True)
-class WriterSeq:
-    """Sequence tracking of one writer."""
-
-    next_seq: int = 0
-    lost: int = 0
-    duplicates: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Leftover:
-    """A process of the run still alive after its trainer is gone (a probe's finding)."""
-
-    pid: int
-    comm: str
-    rss_bytes: int | None
-    gpu_bytes: int | None
-    """GPU memory it holds, summed over devices (None: NVML cannot say)."""
-    gpus: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class Activity:
-    """Something long that legitimately stops metrics: a save or a validation epoch."""
-
-    what: str
-    since: float
-    detail: str = ""
 
 
 @dataclass
@@ -190,7 +113,7 @@ class RunState:
     malformed_count: int = 0
     restarts: list[Restarted] = field(default_factory=list)
     redos: list[Redo] = field(default_factory=list)
-    writers: dict[str, WriterSeq] = field(default_factory=dict)
+    writers: Writers = field(default_factory=Writers)
     records: int = 0
     epoch: int | None = None
     epochs_total: int | None = None
@@ -198,44 +121,13 @@ class RunState:
     last_ts: float | None = None
     last_train_ts: float | None = None
     ttt_steps: int = 0
-    # samplers
-    gpu_status: str | None = None
-    gpu_error: str | None = None
-    gpu_devices: dict[tuple[str, int], GpuDevice] = field(default_factory=dict)
-    """By (host, NVML index): several nodes of a run each have their device 0."""
-    gpu_samples: deque[tuple[float, list[GpuDevice]]] = field(
-        default_factory=lambda: deque(maxlen=GPU_HISTORY)
-    )
-    """Per device index: (ts, reading), oldest first."""
-    last_gpu_ts: float | None = None
-    io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
-    io_workers: dict[tuple[str, int], IoWorker] = field(default_factory=dict)
-    """By (host, pid): the processes of each sampler's latest io sample (every rank's
-    sampler reports its own; those alive then)."""
-    recent_files: deque[tuple[float, int, str]] = field(
-        default_factory=lambda: deque(maxlen=RECENT_FILES)
-    )
-    last_io_ts: float | None = None
+    samplers: Samplers = field(default_factory=Samplers)
+    """What the sidecar's samplers said (GPUs, reads, heartbeats, the stack)."""
     ckpt_events: deque[CkptEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     saved_progress: SavedProgress | None = None
     """The furthest point a checkpoint saved since the trainer started says the run
     reached (its ``training_state.json``): progress between epoch bars without telemetry."""
-    heartbeat: Record | None = None
-    last_heartbeat_ts: float | None = None
-    rank_heartbeats: dict[int, Record] = field(default_factory=dict)
-    """The newest heartbeat of each rank (under torchrun every rank writes its own)."""
     activity: Activity | None = None
-    stack: StackSample | None = None
-    """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
-    _pending: dict[str, deque[Record | Deferred]] = field(
-        default_factory=lambda: {k: deque(maxlen=n) for k, n in SAMPLES_KEPT.items()}, repr=False
-    )
-    _unsettled: bool = False
-    # evidence from outside the file (a probe of the process)
-    process_alive: bool | None = None
-    process_checked_at: float | None = None
-    leftovers: tuple[Leftover, ...] = ()
-    """Processes of the run alive after its trainer (dataloader workers...): from a probe."""
     # process starts: the start-up of each, learned for the next
     startups: list[float] = field(default_factory=list)
     """Seconds from each earlier process start (start, resume) to its first logged step."""
@@ -247,12 +139,8 @@ class RunState:
     """Records without our envelope (plain speculators dicts): no sequence numbers."""
     wrapped_records: int = 0
     """Of those, lines of a user's own JSON handler (the dict under ``msg``)."""
-    # the clocks and the link: when evidence can reach the client
-    clock_offset: float = 0.0
-    """The host's clock minus the client's (records carry the host's ``ts``)."""
-    link_down_since: float | None = None
-    """Client time since which no data can arrive (None: the link is up, data current)."""
-    link_detail: str = ""
+    liveness: Liveness = field(default_factory=Liveness)
+    """Evidence from outside the file: the host's clock, the link, a probe's finding."""
     # a run observed without telemetry (proc / progress records: model/observed.py)
     observed: Observed | None = None
     proc_samples: deque[ProcSample] = field(default_factory=lambda: deque(maxlen=PROC_HISTORY))
@@ -271,9 +159,6 @@ class RunState:
     """The writer (``w``) of the latest training step: the trainer."""
     foreign: bool = False
     """Another file's history, shown because it is what the path holds now."""
-    _crossing: FileNotice | None = field(default=None, repr=False)
-    _crossing_next: dict[str, int] = field(default_factory=dict, repr=False)
-    """Each writer's next sequence number when the file changed (``begin_crossing``)."""
 
     # ---- ingest -------------------------------------------------------------
     def apply_all(self, items: list[Item]) -> None:
@@ -289,18 +174,17 @@ class RunState:
         elif isinstance(item, Restarted):
             self.restarts.append(item)
         elif isinstance(item, Deferred):
-            if item.kind in self._pending and self._check_seq(item):
+            if item.kind in self.samplers.pending and self.writers.check(item):
                 self.records += 1
                 self._touch(item.ts)
-                self._pending[item.kind].append(item)
-                self._unsettled = True
+                self.samplers.queue(item.kind, item)
                 return
             full = item.resolve()
             if isinstance(full, Malformed):
                 self._malformed(full)
-            elif self._valid(full, item.start) and self._check_seq(full):
+            elif self._valid(full, item.start) and self.writers.check(full):
                 self._apply_record(full)
-        elif self._valid(item) and self._check_seq(item):
+        elif self._valid(item) and self.writers.check(item):
             self._apply_record(item)
 
     def _malformed(self, bad: Malformed) -> None:
@@ -321,24 +205,6 @@ class RunState:
         self._malformed(Malformed(0, offset, f"{rec.kind or 'line'}{seq}: {problem}"[:200], ""))
         return False
 
-    def set_host_clock(self, host_now: float, client_now: float) -> None:
-        """The host's clock read at ``client_now``: records' ``ts`` are in its time."""
-        self.clock_offset = host_now - client_now
-
-    def host_time(self, client_now: float) -> float:
-        return client_now + self.clock_offset
-
-    def set_link(self, up: bool, at: float, detail: str = "") -> None:
-        """Whether data can reach the client (client clock ``at``). Up means current:
-        everything the host wrote until the reconnection has been read."""
-        if up:
-            self.link_down_since = None
-            self.link_detail = ""
-        else:
-            if self.link_down_since is None:
-                self.link_down_since = at
-            self.link_detail = detail
-
     def set_manifest(self, manifest: dict[str, Any]) -> None:
         self.manifest = dict(manifest)
         self._note_run_id(manifest.get("run_id"))
@@ -346,71 +212,26 @@ class RunState:
         if isinstance(epochs, int) and epochs > 0:
             self.epochs_total = epochs
 
-    def set_process(
-        self, alive: bool | None, checked_at: float, leftovers: Iterable[Leftover] = ()
-    ) -> None:
-        self.process_alive = alive
-        self.process_checked_at = checked_at
-        self.leftovers = tuple(leftovers)
-
     def settle(self) -> None:
         """Apply the queued sampler records (only the newest ones a history keeps).
 
         A catch-up meets tens of thousands of GPU, IO and heartbeat samples of which
-        the bounded histories keep the last few hundred: they wait here, undecoded,
-        and only those kept are decoded and applied. Readers of sampler state call
-        this first (``Run.state``, ``diagnose``, ``build_snapshot`` do).
+        the bounded histories keep the last few hundred: they wait in
+        ``samplers.pending``, undecoded, and only those kept are decoded and applied
+        here. Settling is the readers' to ask for, not the ingest's: a feed that ends
+        a catch-up's slice leaves the queues as they are, so that its next slice can
+        push the older samples out undecoded. Whoever reads ``samplers`` calls this
+        first (``Run.state``, ``diagnose``, ``build_snapshot`` do); it mutates the
+        state, so a reader that shares the run across threads calls it under the
+        lock its feeding holds (the app's pipeline reads ``Run.state`` under its own).
         """
-        if not self._unsettled:
-            return
-        self._unsettled = False
-        for kind, queue in self._pending.items():
-            while queue:
-                item = queue.popleft()
-                if isinstance(item, Deferred) and item.stub:
-                    continue  # an envelope only (an old sample of a catch-up): counted
-                rec = item.resolve() if isinstance(item, Deferred) else item
-                if isinstance(rec, Malformed):
-                    self._malformed(rec)
-                elif isinstance(rec, Record) and self._valid(rec):
-                    if kind == "gpu":
-                        self._apply_gpu(rec)
-                    elif kind == "io":
-                        self._apply_io(rec)
-                    else:
-                        self.heartbeat = rec
-                        self.last_heartbeat_ts = rec.ts
-                        self.rank_heartbeats[self.heartbeat.rank] = self.heartbeat
-
-    def _check_seq(self, rec: AnyRecord) -> bool:
-        """Track per-writer sequence numbers; False for a duplicate to drop."""
-        if rec.seq < 0 or not rec.w:
-            return True
-        ws = self.writers.get(rec.w)
-        if ws is None:
-            # a writer's first record: anything before it was before our first byte
-            ws = self.writers[rec.w] = WriterSeq(next_seq=rec.seq)
-        if rec.seq < ws.next_seq:
-            ws.duplicates += 1
-            return False
-        if self._crossing is not None:
-            self._crossed(rec.w, rec.seq)
-        if rec.seq > ws.next_seq:
-            ws.lost += rec.seq - ws.next_seq
-        ws.next_seq = rec.seq + 1
-        return True
-
-    def begin_crossing(self, notice: FileNotice) -> None:
-        """The file changed (``notice``): each writer's first record after it says how
-        many of its records went missing across the change."""
-        self._crossing = notice
-        self._crossing_next = {w: ws.next_seq for w, ws in self.writers.items()}
-
-    def _crossed(self, writer: str, seq: int) -> None:
-        notice = self._crossing
-        before = self._crossing_next.pop(writer, None)
-        if notice is not None and before is not None:
-            notice.gaps[writer] = seq - before
+        for kind, rec in self.samplers.take_pending():
+            if isinstance(rec, Malformed):
+                self._malformed(rec)
+            elif self._valid(rec):
+                problem = self.samplers.apply(kind, rec)
+                if problem is not None:
+                    self._bad_payload(rec, problem)
 
     def _touch(self, ts: float) -> None:
         if ts:
@@ -427,9 +248,8 @@ class RunState:
             self._apply_train(rec)
         elif not isinstance(rec, Record):
             return
-        elif kind in self._pending:
-            self._pending[kind].append(rec)
-            self._unsettled = True
+        elif kind in self.samplers.pending:
+            self.samplers.queue(kind, rec)
         elif kind == "val":
             self._apply_val(rec)
         elif kind == "log":
@@ -444,7 +264,7 @@ class RunState:
         elif kind == "progress":
             self._apply_progress(rec)
         elif kind == "stack":
-            self.stack = stack_sample(rec) or self.stack
+            self.samplers.stack = stack_sample(rec) or self.samplers.stack
         elif kind == "hparams" and rec.hparams:
             self.hparams.update(rec.hparams)
 
@@ -486,13 +306,13 @@ class RunState:
         if step is None:
             last = self.table.last_step
             step = 0 if last is None else last + 1
-        self._redo_check(step, rec.ts)
         values: dict[str, float | None] = {}
+        keys: Iterable[str] = ()
         if rec.train is not None:
             train = train_items(rec.train)
             for k, v in train.items():
                 values["train/" + k] = v
-            self._note_ttt(train.keys())
+            keys = train.keys()
         if rec.profile is not None:
             for k, v in zip(PROFILE_FIELDS, msgspec.structs.astuple(rec.profile), strict=True):
                 if v == v:  # absent timings are NaN: store only the ones logged
@@ -505,8 +325,31 @@ class RunState:
         elif isinstance(lr, dict):
             for k, v in lr.items():
                 values["lr/" + k] = v
-        self.table.append_row(step, rec.ts, values)
-        self._note_train(rec)
+        self._store_steps(step, rec.ts, values, keys, rec)
+
+    def _store_steps(
+        self,
+        step: int,
+        ts: float,
+        rows: dict[str, float | None] | StepBlock,
+        keys: Iterable[str],
+        last: Record | TrainStep,
+        started: float | None = None,
+    ) -> None:
+        """The one way training steps enter the table: one step's values (``step`` at
+        ``ts``: a record's), or a block of them as columns (``step``, ``ts``: its first).
+        A step at or below the last one first drops the steps it redoes; then what the
+        steps say of the run is noted: the TTT depth of their ``train`` ``keys``, and
+        of ``last``, the last step, the epoch, the time, the writer, the end of a long
+        activity and of a start-up (``started``: the batch's first step of the process
+        still starting)."""
+        self._redo_check(step, ts)
+        if isinstance(rows, dict):
+            self.table.append_row(step, ts, rows)
+        else:
+            self.table.extend_columns(rows.steps, rows.ts, rows.columns)
+        self._note_ttt(keys)
+        self._note_train(last, started)
 
     def _note_ttt(self, keys: Iterable[str]) -> None:
         names = set(keys)
@@ -520,28 +363,25 @@ class RunState:
 
         Uniform: per writer, consecutive sequence numbers continuing the writer's; no
         restart; training steps decoded by the learned typed decoders with increasing
-        steps, a float lr and an int epoch. Other kinds are applied one by one, in
-        order; they never touch the step table, so applying the steps after them
-        changes nothing but the (re-derived) activity.
+        steps, a float lr and an int epoch (model/step_ingest.py). Other kinds are
+        applied one by one, in order; they never touch the step table, so applying the
+        steps after them changes nothing but the (re-derived) activity.
         """
-        batch = _split_batch(items)
+        batch = split_batch(items)
         if batch is None:
             return False
-        spans = self._batch_spans(batch)
-        if spans is None or not _steps_valid(batch, "" in spans):
+        spans = batch_spans(batch, self.writers)
+        if spans is None or not steps_valid(batch, "" in spans):
             return False
         # From here on the batch is applied, in the order the lines came: the other
         # kinds, the writers' sequence numbers, the malformed lines, the steps.
-        starts = [self._starting] if self._starting is not None else []
-        events_before = len(self.events)
-        if batch.kinds is not None:
-            self._apply_others(batch)
-        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
-        self._advance_writers(spans)
+        starts = self._apply_others(batch if batch.kinds is not None else None)
+        self.writers.advance(spans)
         for bad in items:
             if type(bad) is Malformed:
                 self.apply(bad)
-        self._store_steps(batch, starts)
+        last = cast("TrainStep", batch.trains[-1])
+        self._apply_block(batch_block(batch), "v" in batch.cols, last, starts)
         return True
 
     def apply_steps(self, rows: StepColumns, others: list[Item], before: list[int]) -> bool:
@@ -551,114 +391,44 @@ class RunState:
         lines themselves. False, with nothing applied, where it would not take them as
         one batch (the caller then applies the steps as records, line by line)."""
         n = len(rows.steps)
-        if n < BATCH_MIN or not rows.w or not _rows_valid(rows):
+        if n < BATCH_MIN or not rows.w or not rows_valid(rows):
             return False
         recs = [r for r in others if type(r) is not Malformed]
-        if any(type(r) is Restarted or _KIND(r) == "train" or not _W(r) for r in recs):
+        if not others_apart(recs):
             return False
         at = [b for r, b in zip(others, before, strict=True) if type(r) is not Malformed]
-        spans = self._row_spans(rows, recs, at)
+        spans = row_spans(rows, recs, at, self.writers)
         if spans is None:
             return False
-        starts = [self._starting] if self._starting is not None else []
-        events_before = len(self.events)
-        if recs:
-            rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
-            kinds = np.fromiter(map(_KIND, recs), object, len(recs))
-            batch = _Batch(set(), cast("list[AnyRecord]", recs), [], {}, rows.steps, kinds, rec_arr)
-            self._apply_others(batch)
-        starts += [e for e in self.events[events_before:] if e.event in ("start", "resume")]
-        self._advance_writers(spans)
+        starts = self._apply_others(others_batch(recs, rows.steps) if recs else None)
+        self.writers.advance(spans)
         for bad in others:
             if type(bad) is Malformed:
                 self.apply(bad)
         last = Record(kind="train", ts=float(rows.ts[-1]), epoch=int(rows.epoch[-1]), w=rows.w)
-        self._store_columns(rows.steps, rows.ts, rows.columns, rows.keys, True, last, starts)
+        self._apply_block(rows.block(), True, last, starts)
         return True
 
-    def _row_spans(
-        self, rows: StepColumns, recs: list[Item], before: list[int]
-    ) -> dict[str, tuple[int, int]] | None:
-        """:meth:`_batch_spans` of the steps and the other records, in file order."""
-        groups = {rows.w: rows.seqs}
-        if recs:
-            try:  # a Deferred's seq_f is None without a seq: the careful path then
-                seqs = np.fromiter(
-                    (r.seq_f if type(r) is Deferred else _SEQ(r) for r in recs),
-                    np.float64,
-                    len(recs),
-                )
-            except (TypeError, ValueError):
-                return None
-            if not bool(np.isfinite(seqs).all()):
-                return None
-            seqs_i = seqs.astype(np.int64)
-            names = np.fromiter(map(_W, recs), object, len(recs))
-            at = np.asarray(before, dtype=np.int64)
-            for w in set(names.tolist()):
-                mask = names == w
-                if w == rows.w:  # the steps' own writer: its other records among them
-                    groups[w] = np.insert(rows.seqs, at[mask], seqs_i[mask])
-                else:
-                    groups[w] = seqs_i[mask]
-        return self._spans(groups)
-
-    def _batch_spans(self, batch: _Batch) -> dict[str, tuple[int, int]] | None:
-        """Each writer's first and last sequence number in ``batch``; None unless they
-        are consecutive and continue the writer's (a repeat: the careful path drops it)."""
-        recs = batch.recs
-        if batch.trains is recs:
-            seqs = batch.cols["seq"].astype(np.int64)
-        else:
-            # lean steps and the deferred others have a float seq_f: one C-level pass
-            lean = type(batch.trains[0])
-            fast = issubclass(lean, TrainStep) and batch.types - {Malformed} <= {lean, Deferred}
-            try:
-                floats = np.fromiter(
-                    map(_SEQ_F if fast else _SEQ, recs), dtype=np.float64, count=len(recs)
-                )
-            except (TypeError, ValueError):  # a missing seq (None)
-                return None
-            if not np.isfinite(floats).all():  # a seq the record did not have (NaN)
-                return None
-            seqs = floats.astype(np.int64)
-        names = list(map(_W, recs))
-        unique = set(names)
-        if len(unique) == 1:
-            groups = {names[0]: seqs}
-        else:
-            arr = np.fromiter(names, object, len(names))  # str objects: no str dtype to infer
-            groups = {w: seqs[arr == w] for w in unique}
-        return self._spans(groups)
-
-    def _spans(self, groups: dict[str, npt.NDArray[np.int64]]) -> dict[str, tuple[int, int]] | None:
-        """Each writer's (first, last) sequence number, from its numbers in file order;
-        None unless they are consecutive and continue the writer's."""
-        spans: dict[str, tuple[int, int]] = {}
-        for writer, mine in groups.items():
-            first = int(mine[0])
-            if first < 0 or (len(mine) > 1 and not bool((np.diff(mine) == 1).all())):
-                return None
-            known = self.writers.get(writer)
-            if known is not None and first < known.next_seq:
-                return None
-            spans[writer] = (first, int(mine[-1]))
-        return spans
-
-    def _apply_others(self, batch: _Batch) -> None:
-        """The batch's records of other kinds: sampler records queue (``settle()``
-        applies the ones the bounded histories keep); the rest apply in order."""
+    def _apply_others(self, batch: Batch | None) -> list[float]:
+        """The batch's records of other kinds (None: it has none): sampler records
+        queue (``settle()`` applies the ones the bounded histories keep); the rest
+        apply in order. Returns the times of the process starts its steps may end:
+        the one still starting before it, and those among these records."""
+        starts = [self._starting.ts] if self._starting is not None else []
+        if batch is None:
+            return starts
+        events_before = len(self.events)
         recs, kinds, rec_arr = batch.recs, batch.kinds, batch.rec_arr
         assert kinds is not None and rec_arr is not None
         applied = kinds == "train"
-        for kind, queue in self._pending.items():
+        for kind, queue in self.samplers.pending.items():
             mask = kinds == kind
             applied |= mask
             idx = np.flatnonzero(mask)
             if not len(idx):
                 continue
             queue.extend(rec_arr[idx[-(queue.maxlen or len(idx)) :]].tolist())
-            self._unsettled = True
+            self.samplers.unsettled = True
             self.records += len(idx)
             self._touch(recs[int(idx[0])].ts)
             self._touch(recs[int(idx[-1])].ts)
@@ -672,78 +442,27 @@ class RunState:
                     self._apply_record(full)
             elif self._valid(r):
                 self._apply_record(r)
+        new = self.events[events_before:]
+        return starts + [e.ts for e in new if e.event in ("start", "resume")]
 
-    def _advance_writers(self, spans: dict[str, tuple[int, int]]) -> None:
-        """Each writer's next sequence number, and the records lost before ``first``."""
-        for writer, (first, last_seq) in spans.items():
-            ws = self.writers.get(writer)
-            if ws is None:
-                ws = self.writers[writer] = WriterSeq(next_seq=first)
-            if self._crossing is not None:
-                self._crossed(writer, first)
-            ws.lost += first - ws.next_seq
-            ws.next_seq = last_seq + 1
-
-    def _store_steps(self, batch: _Batch, starts: list[Event]) -> None:
-        """The batch's training steps into the table, column by column."""
-        cols, trains = batch.cols, batch.trains
-        keys = cast("TrainMetrics", _TRAIN(trains[0])).__keys__
-        columns = {"train/" + k: cols["train/m" + str(i)] for i, k in enumerate(keys)}
-        for k in PROFILE_FIELDS:
-            col = cols.get("profile/" + k)
-            if col is not None:
-                columns["profile/" + k] = col
-        columns.update((k, v) for k, v in cols.items() if k == "lr" or k.startswith("lr/"))
-        columns["epoch"] = cols["epoch"]
-        last = cast("TrainStep", trains[-1])
-        self._store_columns(batch.steps, cols["ts"], columns, keys, "v" in cols, last, starts)
-
-    def _store_columns(
-        self,
-        steps: npt.NDArray[np.int64],
-        ts: npt.NDArray[np.float64],
-        columns: dict[str, npt.NDArray[Any]],
-        keys: tuple[str, ...],
-        ours: bool,
-        last: Record | TrainStep,
-        starts: list[Event],
+    def _apply_block(
+        self, block: StepBlock, ours: bool, last: Record | TrainStep, starts: list[float]
     ) -> None:
-        """Steps into the table, column by column (a profile timing no step logged is
-        left out); ``ours``: lines with our envelope; ``last``: the last step."""
-        self._redo_check(int(steps[0]), float(ts[0]))
-        for k in PROFILE_FIELDS:
-            col = columns.get("profile/" + k)
-            if col is not None and bool(np.isnan(col).all()):
-                del columns["profile/" + k]
-        self.table.extend_columns(steps, ts, columns)
-        n = len(steps)
+        """A batch's training steps, counted as its records (``ours``: lines with our
+        envelope), then stored (``last``: the last step; ``starts``: the times of the
+        process starts they may end)."""
+        ts = block.ts
+        n = len(ts)
         self.records += n
         self._touch(float(ts.min()))
         self._touch(float(ts.max()))
-        self._note_ttt(keys)
-        first_ts = self._batch_startups(ts, starts)
         if not ours:  # lines without our envelope (another writer's)
             self.plain_records += n
-        self._note_train(last, first_ts)
+        ended, started = batch_startups(ts, starts)
+        self.startups += ended
+        self._store_steps(int(block.steps[0]), float(ts[0]), block, block.keys, last, started)
 
     # ---- other kinds ----------------------------------------------------------
-    def _batch_startups(self, ts: npt.NDArray[np.float64], starts: list[Event]) -> float | None:
-        """The start-ups a batch's steps end: each process start (before or in the
-        batch) up to its first step in it. Returns the first step's time of the process
-        still starting, for :meth:`_note_train`."""
-        if not starts:
-            return None
-        for event, following in zip(starts, [*starts[1:], None], strict=True):
-            mine = ts >= event.ts
-            if following is not None:
-                mine &= ts < following.ts
-            if bool(mine.any()):
-                first = float(ts[mine].min())
-                if following is None:
-                    return first  # _note_train records it
-                self.startups.append(first - event.ts)
-        return None
-
     def _apply_val(self, rec: Record) -> None:
         if not rec.val:
             return
@@ -774,69 +493,12 @@ class RunState:
         elif SAVED_RE.match(msg) is not None:
             self._close(("saving",), rec.ts)
 
-    def _apply_gpu(self, rec: Record) -> None:
-        try:
-            devices = gpu_devices(rec)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._bad_payload(rec, f"gpu devices: {e}")
-            return
-        self.last_gpu_ts = rec.ts
-        self.gpu_status = rec.status or "ok"
-        self.gpu_error = rec.error
-        host = rec.host or ""
-        for dev in devices:
-            dev.host = host
-            self.gpu_devices[(host, dev.index)] = dev
-        self.gpu_samples.append((rec.ts, devices))
-
-    def gpu_history(self, key: tuple[str, int]) -> list[tuple[float, GpuDevice]]:
-        """(ts, reading) of one device (host, NVML index), oldest first."""
-        host, index = key
-        return [
-            (ts, d)
-            for ts, devs in self.gpu_samples
-            for d in devs
-            if d.index == index and d.host == host
-        ]
-
     def _bad_payload(self, rec: Record, reason: str) -> None:
         """A record whose envelope is fine but whose payload is not: counted as malformed."""
         self.malformed_count += 1
         self.malformed.append(
             Malformed(0, -1, f"{rec.kind} record seq {rec.seq}: {reason}"[:200], "")
         )
-
-    def _apply_io(self, rec: Record) -> None:
-        self.last_io_ts = rec.ts
-        try:
-            workers = io_workers(rec)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._bad_payload(rec, f"io workers: {e}")
-            return
-        total = rec.bytes
-        if total is None:
-            total = sum(w.read_bytes or 0.0 for w in workers)
-        files_read = (
-            rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
-        )
-        host = rec.host or ""
-        worker_bytes = sum(w.read_bytes or 0.0 for w in workers if w.role == "worker")
-        self.io_history.append(
-            IoPoint(
-                rec.ts, float(total), files_read, len(workers), float(worker_bytes), rec.rank, host
-            )
-        )
-        # each sampler's latest processes only: a worker of an earlier epoch, or the
-        # trainer before a resume, is gone (each sample lists the trainer's children now)
-        self.io_workers = {
-            key: w for key, w in self.io_workers.items() if (w.host, w.rank) != (host, rec.rank)
-        }
-        for w in workers:
-            w.rank = rec.rank
-            w.host = host
-            self.io_workers[(host, w.pid)] = w
-            for f in w.files:
-                self.recent_files.append((rec.ts, w.pid, f))
 
     def _apply_ckpt(self, rec: Record) -> None:
         ev = CkptEvent(
@@ -847,10 +509,10 @@ class RunState:
             rec.bytes,
             rec.duration_s,
             rec.complete,
-            _written_at(rec),
+            save_written_at(rec),
         )
         self.ckpt_events.append(ev)
-        saved = _saved_progress(rec)
+        saved = saved_progress_of(rec)
         if saved is not None and (
             self.saved_progress is None or saved.steps_done > self.saved_progress.steps_done
         ):
@@ -930,8 +592,7 @@ class RunState:
     def take_host_view(self, other: RunState) -> None:
         """What is the host's or the link's, not the file's, from the history shown
         before (this one is shown instead now): the clock, the link, the disk."""
-        self.clock_offset = other.clock_offset
-        self.link_down_since, self.link_detail = other.link_down_since, other.link_detail
+        self.liveness.take_link(other.liveness)
         self.disk = dict(other.disk)
 
     # ---- observed runs (no telemetry) -----------------------------------------------
@@ -950,7 +611,7 @@ class RunState:
         self.proc_samples.append(ProcSample(rec.ts, rec.alive, info.cpu_pct, info.log_grew))
         # its tree once the trainer is gone: what of the run was still alive then
         left = [] if rec.alive else [_leftover(m) for m in members]
-        self.set_process(rec.alive, rec.ts, left)
+        self.liveness.set_process(rec.alive, rec.ts, left)
         if self.epochs_total is None and isinstance(info.epochs, int) and info.epochs > 0:
             self.epochs_total = info.epochs
 
@@ -984,11 +645,11 @@ class RunState:
 
     @property
     def lost_records(self) -> int:
-        return sum(w.lost for w in self.writers.values())
+        return self.writers.lost
 
     @property
     def duplicate_records(self) -> int:
-        return sum(w.duplicates for w in self.writers.values())
+        return self.writers.duplicates
 
     def last_event(self) -> Event | None:
         return self.events[-1] if self.events else None
@@ -1029,208 +690,7 @@ class RunState:
         return last
 
 
-_W = attrgetter("w")
-_V = attrgetter("v")
-_SEQ = attrgetter("seq")
-_SEQ_F = attrgetter("seq_f")
-_KIND = attrgetter("kind")
-_STEP = attrgetter("step")
-_TS = attrgetter("ts")
-_LR = attrgetter("lr")
-_EPOCH = attrgetter("epoch")
-_ENVELOPE = (("seq", _SEQ), ("step", _STEP), ("ts", _TS), ("lr", _LR), ("epoch", _EPOCH))
-_TRAIN = attrgetter("train")
-_PROFILE = attrgetter("profile")
-
-
-@dataclass(slots=True)
-class _Batch:
-    """A batch cut for the fast path (:meth:`RunState._apply_batch`)."""
-
-    types: set[type]
-    recs: list[AnyRecord]
-    """The batch without its malformed lines."""
-    trains: list[AnyRecord]
-    """Its training steps (``recs`` itself when it holds nothing else)."""
-    cols: dict[str, npt.NDArray[np.float64]]
-    """The steps' columns (:func:`_lean_columns` or :func:`_record_columns`)."""
-    steps: npt.NDArray[np.int64]
-    kinds: npt.NDArray[np.object_] | None = None
-    """Each record's kind, when not all are training steps; ``rec_arr`` the records."""
-    rec_arr: npt.NDArray[np.object_] | None = None
-
-
-@dataclass(slots=True)
-class StepColumns:
-    """Training steps of one writer as columns (a columns frame's, model/segments.py)."""
-
-    w: str
-    seqs: npt.NDArray[np.int64]
-    steps: npt.NDArray[np.int64]
-    ts: npt.NDArray[np.float64]
-    epoch: npt.NDArray[np.int64]
-    versions: npt.NDArray[np.int64]
-    keys: tuple[str, ...]
-    """The ``train`` keys, in the lines' order."""
-    columns: dict[str, npt.NDArray[Any]]
-    """The table's columns: ``train/<key>``, ``profile/<field>``, ``lr``, ``epoch``."""
-
-
 def _leftover(m: ObservedMember) -> Leftover:
     """A process of an observed run alive when its trainer was found gone."""
     rss = int(m.rss) if m.rss is not None and math.isfinite(m.rss) else None
     return Leftover(m.pid, m.comm[:32], rss, None)
-
-
-def _rows_valid(rows: StepColumns) -> bool:
-    """:func:`_steps_valid` and :func:`_record_columns`'s demands, of columns."""
-    steps, ts, v = rows.steps, rows.ts, rows.versions
-    if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
-        return False
-    if not bool((v >= 1).all()) or bool((v > SUPPORTED_SCHEMA).any()):
-        return False
-    if not bool((ts > 0).all()) or not np.isfinite(ts).all():
-        return False
-    return int(steps[0]) >= 0 and int(rows.seqs[0]) >= 0
-
-
-def _split_batch(items: list[Item]) -> _Batch | None:
-    """The training steps of ``items`` and their columns; None when it has a restart,
-    fewer than :data:`BATCH_MIN` steps, or steps the typed columns cannot hold."""
-    types = set(map(type, items))
-    if Restarted in types:
-        return None
-    recs = cast(
-        "list[AnyRecord]",
-        [it for it in items if type(it) is not Malformed] if Malformed in types else items,
-    )
-    kind_arr = rec_arr = None
-    if len(types) == 1 and issubclass(next(iter(types)), TrainStep):
-        # the common catch-up: nothing but lean training steps (the lean decoder
-        # makes TrainStep values of training steps only)
-        trains = recs
-    else:
-        kinds = list(map(_KIND, recs))
-        if kinds.count("train") == len(recs):
-            trains = recs
-        else:
-            # object arrays via fromiter: ~10x faster than from a list here
-            rec_arr = np.fromiter(recs, dtype=object, count=len(recs))
-            kind_arr = np.fromiter(kinds, object, len(kinds))
-            trains = rec_arr[kind_arr == "train"].tolist()
-    if len(trains) < BATCH_MIN:
-        return None
-    cols = _lean_columns(trains) if isinstance(trains[0], TrainStep) else None
-    if cols is None:
-        cols = _record_columns(trains)
-        if cols is None:
-            return None
-    steps = cols["step"].astype(np.int64)
-    return _Batch(types, recs, trains, cols, steps, kind_arr, rec_arr)
-
-
-def _steps_valid(batch: _Batch, unnamed_writer: bool) -> bool:
-    """Increasing steps, none negative; and what :func:`record_problem` asks of each
-    line, for the whole batch at once: our writer's lines (``v``) carry a writer and a
-    finite, positive time."""
-    steps, ts = batch.steps, batch.cols["ts"]
-    if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
-        return False
-    if "v" in batch.cols and (
-        unnamed_writer or not bool((ts > 0).all()) or not np.isfinite(ts).all()
-    ):
-        return False
-    return int(steps[0]) >= 0
-
-
-def _lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] | None:
-    """The columns of lean training steps (see :func:`struct_columns`), keyed as
-    :func:`_record_columns` keys them; None unless every row has an integral seq,
-    step and epoch, a float lr and a learned ``train`` struct."""
-    if not isinstance(cast("TrainStep", trains[0]).train, TrainMetrics):
-        return None
-    cols = struct_columns(trains)
-    if cols is None:
-        return None
-    step = cols.get("step_f", cols.get("global_step_f"))
-    seq, epoch = cols.get("seq_f"), cols.get("epoch_f")
-    if step is None or seq is None or epoch is None:
-        return None
-    first_lr = cast("TrainStep", trains[0]).lr_f
-    if isinstance(first_lr, TrainMetrics):  # one lr per optimizer, as "lr/<name>"
-        for i, name in enumerate(first_lr.__keys__):
-            cols["lr/" + name] = cols[f"lr_f/m{i}"]
-    elif (lr := cols.get("lr_f")) is not None:
-        cols["lr"] = lr
-    else:
-        return None
-    if "v_f" in cols:  # our envelope (its version checked by the decoder)
-        cols["v"] = cols["v_f"]
-    seq, step, epoch, ts = (a.astype(np.float64) for a in (seq, step, epoch, cols["ts"]))
-    ints = np.concatenate((seq, step, epoch))
-    with np.errstate(invalid="ignore"):  # inf - inf: NaN, which is not 0
-        if not bool((ints - np.floor(ints) == 0).all()):  # False for NaN, ±inf, 2.5
-            return None
-    cols.update(seq=seq, step=step, epoch=epoch, ts=ts)
-    return cols
-
-
-def _record_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] | None:
-    """The columns of training steps decoded as records (or a mix of records and
-    lean steps): ``seq``, ``step``, ``ts``, ``lr``, ``epoch``, ``train/m<i>`` and
-    ``profile/<field>``; None for a None step or train, a dict lr, a str epoch..."""
-    metrics = list(map(_TRAIN, trains))
-    if not isinstance(metrics[0], TrainMetrics):
-        return None
-    train = struct_columns(metrics)
-    if train is None:  # a None train, or another run's keys, among them
-        return None
-    cols = {"train/" + k: v for k, v in train.items()}
-    profiles = list(map(_PROFILE, trains))
-    if None not in profiles:
-        profile = struct_columns(profiles)
-        if profile is None:
-            return None
-        cols.update(("profile/" + k, v) for k, v in profile.items())
-    elif any(p is not None for p in profiles):
-        return None
-    n = len(trains)
-    try:
-        for name, get in _ENVELOPE:
-            cols[name] = np.fromiter(map(get, trains), dtype=np.float64, count=n)
-        versions = np.fromiter(map(_V, trains), dtype=np.float64, count=n)
-    except (TypeError, ValueError):
-        return None
-    if bool(versions.all()):  # our envelope on every line, a version this reader reads
-        if bool((versions > SUPPORTED_SCHEMA).any()):
-            return None
-        cols["v"] = versions
-    elif bool(versions.any()):  # a mix of plain dicts and enveloped lines
-        return None
-    return cols
-
-
-WRITTEN_AT_WINDOW_S = 3600.0
-"""How far before its record a polled save's file time is believed (a file's time is
-the host's to set: an older one, or one after the record, is not the save's)."""
-
-
-def _written_at(rec: Record) -> float | None:
-    at = rec.written_at
-    if not isinstance(at, float | int) or not math.isfinite(at) or rec.ts is None:
-        return None
-    return float(at) if rec.ts - WRITTEN_AT_WINDOW_S <= at <= rec.ts else None
-
-
-def _saved_progress(rec: Record) -> SavedProgress | None:
-    """A saved checkpoint's ``training_state`` as progress: speculators' ``local_step`` is
-    the steps done in ``epoch``; 0 (an epoch's end) means the next epoch comes."""
-    st = rec.training_state
-    if rec.event not in ("save_finished", "completed") or not isinstance(st, dict):
-        return None
-    steps, epoch, local = st.get("global_step"), st.get("epoch"), st.get("local_step")
-    if not all(type(v) is int and 0 <= v < 1 << 40 for v in (steps, epoch, local)):
-        return None
-    assert isinstance(steps, int) and isinstance(epoch, int) and isinstance(local, int)
-    at = _written_at(rec) or rec.ts
-    return SavedProgress(at, steps, epoch if local > 0 else epoch + 1) if at else None

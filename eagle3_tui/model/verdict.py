@@ -108,14 +108,16 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
     since = now - window
     utils = [
         dev.util
-        for ts, devs in state.gpu_samples
+        for ts, devs in state.samplers.gpu_samples
         if ts >= since
         for dev in devs
         if dev.util is not None
     ]
-    gpu_known = bool(utils) or (state.last_gpu_ts is not None and state.gpu_status == "ok")
+    gpu_known = bool(utils) or (
+        state.samplers.last_gpu_ts is not None and state.samplers.gpu_status == "ok"
+    )
     peak = max(utils) if utils else None
-    io = [p for p in state.io_history if p.ts >= since]
+    io = [p for p in state.samplers.io_history if p.ts >= since]
     read_bytes = sum(p.bytes for p in io)
     ckpt_recent = any(e.ts >= since for e in state.ckpt_events)
     return Evidence(
@@ -134,10 +136,10 @@ def leftovers_sentence(
     state: RunState, lead: str = "Left behind, still alive", hint: str = " (k ends them)"
 ) -> str:
     """The run's processes that outlived its trainer (dataloader workers...), by name."""
-    if not state.leftovers:
+    if not state.liveness.leftovers:
         return ""
     shown = []
-    for left in state.leftovers[:6]:
+    for left in state.liveness.leftovers[:6]:
         parts = [f"pid {left.pid} {left.comm}"]
         if left.rss_bytes is not None:
             parts.append(f"{size(left.rss_bytes)} RAM")
@@ -145,7 +147,8 @@ def leftovers_sentence(
             gpus = ",".join(str(g) for g in left.gpus)
             parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
-    more = f" and {len(state.leftovers) - 6} more" if len(state.leftovers) > 6 else ""
+    n = len(state.liveness.leftovers)
+    more = f" and {n - 6} more" if n > 6 else ""
     return f" {lead}: {'; '.join(shown)}{more}{hint}."
 
 

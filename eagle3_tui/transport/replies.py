@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from eagle3_tui.agent import names
-from eagle3_tui.model.state import Leftover
+from eagle3_tui.model.liveness import Leftover
 from eagle3_tui.transport.base import TargetError
 
 

@@ -138,7 +138,9 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
     app = local_app(live_run.run_dir)
     async with app.run_test(size=(120, 40)) as pilot:
         state = app.pipeline.run.state
-        await until(pilot, lambda: state.process_alive is True, timeout=30, what="the probe")
+        await until(
+            pilot, lambda: state.liveness.process_alive is True, timeout=30, what="the probe"
+        )
         assert state.manifest["pid"] == pid
         await until(
             pilot, lambda: app.snapshot.health == Health.RUNNING, timeout=60, what="running"
@@ -166,7 +168,9 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         state_saved = json.loads(state_file.read_text())
         assert state_saved == {"epoch": epoch - 1, "local_step": local, "global_step": g}
         assert not (live_run.run_dir / "checkpoints" / "interrupted").exists()
-        await until(pilot, lambda: state.process_alive is False, timeout=30, what="a probe")
+        await until(
+            pilot, lambda: state.liveness.process_alive is False, timeout=30, what="a probe"
+        )
         await until(
             pilot, lambda: app.snapshot.health == Health.STOPPED, timeout=30, what="stopped"
         )
@@ -187,7 +191,7 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         assert f"{saved} (step {g}, epoch {epoch})" in outcome, outcome
         await until(
             pilot,
-            lambda: state.process_alive is True and state.manifest.get("pid") == new_pid,
+            lambda: state.liveness.process_alive is True and state.manifest.get("pid") == new_pid,
             timeout=60,
             what="the probe of the resumed trainer",
         )

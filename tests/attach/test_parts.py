@@ -418,7 +418,7 @@ def stalled_run(stack_ts: float) -> Run:
                                     frames=frames, threads=[])  # fmt: skip
     run = Run()
     run.feed(0, data)
-    run.state.set_process(True, T0 + 100)
+    run.state.liveness.set_process(True, T0 + 100)
     return run
 
 
@@ -446,7 +446,7 @@ def test_a_bad_stack_record_moves_nothing() -> None:
     lines = Lines(t0=T0, dt=1.0)
     run = Run()
     run.feed(0, lines.make("stack", frames="not a list") + lines.make("stack", frames=[{"x": 1}]))
-    assert run.state.stack is None
+    assert run.state.samplers.stack is None
     assert run.state.malformed_count == 0
 
 

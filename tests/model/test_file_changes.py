@@ -388,13 +388,13 @@ def test_a_full_disk_is_disk_full_not_a_hang_and_its_lost_records_are_counted_on
         "read_only": False,
         "at": since + 290,
     }
-    quiet.set_process(True, since + 290)  # the app's probe: the trainer lives (and trains)
+    quiet.liveness.set_process(True, since + 290)  # the app's probe: the trainer lives (and trains)
     assert diagnose(quiet, since + 295).health is Health.DISK_FULL
     # the same silence without the host's word on the disk: what was said before
     blind = Run()
     blind.feed(0, written)
     assert diagnose(blind.state, since + 295).health is Health.DEAD  # its heartbeats stopped
-    blind.state.set_process(True, since + 290)
+    blind.state.liveness.set_process(True, since + 290)
     hung = diagnose(blind.state, since + 295)
     assert hung.health is Health.STALLED and "looks hung" in hung.reason
     # space returns: each writer writes first how many records it could not write
@@ -455,7 +455,7 @@ def test_a_full_disk_counts_what_the_writers_said_they_could_not_write() -> None
         f"written; 42 records not written so far (the writers' count at {clock(t)})."
     )
     # a probe that says the trainer is gone is evidence of more than a full disk
-    run.state.set_process(False, t + 100)
+    run.state.liveness.set_process(False, t + 100)
     assert diagnose(run.state, t + 100).health is Health.DEAD
     # a report older than the evidence it would explain says nothing
     stale = Run()
@@ -475,7 +475,7 @@ def test_a_heartbeat_that_still_fits_on_a_full_disk_does_not_make_it_a_hang() ->
     t = live.t
     path.write(live.sidecar.at(t + 40).make("heartbeat", written=40, dropped=9, bytes=0))
     run.set_disk(full(t + 45, room=4096))
-    run.state.set_process(True, t + 45)
+    run.state.liveness.set_process(True, t + 45)
     verdict = diagnose(run.state, t + 45)
     assert verdict.health is Health.DISK_FULL, verdict.reason
     # with room, the same silence is a hang
@@ -527,7 +527,7 @@ async def test_the_pipeline_keeps_order_and_gives_the_runs_manifest_to_its_own_h
         manifest = {"run_id": RUN_ID, "pid": 11, "epochs": 3}
         await pipe.set_status(Status(alive=True, manifest=manifest, now=T0 + 41), T0 + 40)
         assert pipe.run.shelved[-1].manifest == manifest  # the run's, not the other file's
-        assert pipe.run.state.manifest == {} and pipe.run.shelved[-1].process_alive is True
+        assert pipe.run.state.manifest == {} and pipe.run.shelved[-1].liveness.process_alive is True
         assert pipe.run.state.disk[0].room == GIB
     finally:
         for t in tasks:

@@ -147,11 +147,11 @@ def test_a_dead_process_by_probe_and_by_missing_heartbeat() -> None:
     sc.train(30)
     state = sc.state()
     state.set_manifest({"pid": 4242})
-    state.set_process(False, sc.t + 5)
+    state.liveness.set_process(False, sc.t + 5)
     d = diagnose(state, sc.t + 5)
     assert d.health == Health.DEAD and "pid 4242" in d.reason and "is gone" in d.reason
     # no probe: heartbeats stopped 2 minutes ago
-    state.set_process(None, sc.t)
+    state.liveness.set_process(None, sc.t)
     d = diagnose(state, sc.t + 120)
     assert d.health == Health.DEAD and "stopped writing heartbeats" in d.reason
 
@@ -159,7 +159,7 @@ def test_a_dead_process_by_probe_and_by_missing_heartbeat() -> None:
 def test_a_live_probe_keeps_a_heartbeatless_run_alive() -> None:
     lines = Lines(t0=T0, dt=1.0)
     state = state_of(b"".join(lines.train(s, 1.0) for s in range(30)))
-    state.set_process(True, T0 + 40)
+    state.liveness.set_process(True, T0 + 40)
     assert diagnose(state, T0 + 40).health == Health.RUNNING
     d = diagnose(state, T0 + 200)
     assert d.health == Health.STALLED  # alive, quiet, and nothing shows work

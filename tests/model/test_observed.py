@@ -231,7 +231,7 @@ def test_malformed_observed_records_are_counted_and_move_nothing() -> None:
     o.feed(b"".join(json.dumps(x).encode() + b"\n" for x in bad))
     state = o.run.state
     assert state.malformed_count == len(bad)
-    assert state.observed is None and not state.bars and state.process_alive is None
+    assert state.observed is None and not state.bars and state.liveness.process_alive is None
 
 
 def test_a_backend_that_stops_writing_is_silent_and_named() -> None:

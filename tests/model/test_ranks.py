@@ -123,8 +123,8 @@ def test_gpus_of_two_nodes_are_two_sets_and_reads_add_up_per_rank() -> None:
                 lines.make("io", rank=rank, host=host, interval_s=1.0, workers=workers, bytes=1e6)
             )
     state = run_of(parts).state
-    assert sorted(state.gpu_devices) == [("node0", 0), ("node1", 0)]
-    assert [ts for ts, _ in state.gpu_history(("node1", 0))] != []
+    assert sorted(state.samplers.gpu_devices) == [("node0", 0), ("node1", 0)]
+    assert [ts for ts, _ in state.samplers.gpu_history(("node1", 0))] != []
     snap = build_snapshot(state, T0 + 30)
     assert [(g.host, g.index, g.util) for g in snap.gpus] == [("node0", 0, 90), ("node1", 0, 10)]
     assert snap.io is not None and snap.io.ranks == 2
@@ -150,4 +150,7 @@ def test_two_files_feed_one_run_each_with_its_own_torn_lines() -> None:
         run.feed(c.offset, c.data, c.stream)
     state = run.state
     assert state.train_steps == 10 and state.malformed_count == 0 and state.lost_records == 0
-    assert state.rank_heartbeats[1].last_step == 9 and state.rank_heartbeats[1].host == "node1"
+    assert (
+        state.samplers.rank_heartbeats[1].last_step == 9
+        and state.samplers.rank_heartbeats[1].host == "node1"
+    )

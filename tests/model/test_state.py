@@ -83,7 +83,10 @@ def test_other_writers_lines_interleave_without_loss() -> None:
             parts.append(b.gpu(95.0))
     state = run_of(b"".join(parts)).state
     assert state.lost_records == 0 and state.train_steps == 40
-    assert len(state.gpu_history(("", 0))) == 14 and state.gpu_devices[("", 1)].util == 95.0
+    assert (
+        len(state.samplers.gpu_history(("", 0))) == 14
+        and state.samplers.gpu_devices[("", 1)].util == 95.0
+    )
 
 
 def test_non_finite_values_in_every_spelling() -> None:
@@ -163,11 +166,11 @@ def test_sampler_records_and_a_bad_payload() -> None:
     data += lines.heartbeat(written=10, dropped=2)
     data += lines.make("gpu", status="ok", devices=[{"index": "zero"}])
     state = run_of(data).state
-    assert state.gpu_devices[("", 0)].util == 97.0 and state.gpu_status == "ok"
-    assert [f for _, _, f in state.recent_files] == ["a.safetensors", "b.safetensors"]
+    assert state.samplers.gpu_devices[("", 0)].util == 97.0 and state.samplers.gpu_status == "ok"
+    assert [f for _, _, f in state.samplers.recent_files] == ["a.safetensors", "b.safetensors"]
     assert [e.event for e in state.ckpt_events] == ["save_started", "save_finished"]
     assert state.activity is None
-    assert state.heartbeat is not None and state.heartbeat.dropped == 2
+    assert state.samplers.heartbeat is not None and state.samplers.heartbeat.dropped == 2
     assert state.malformed_count == 1 and "gpu devices" in state.malformed[-1].reason
 
 
@@ -249,8 +252,8 @@ def state_digest(state: RunState) -> tuple[object, ...]:
         state.duplicate_records,
         [(r.first, r.last) for r in state.redos],
         len(state.logs),
-        sorted(state.gpu_devices),
-        len(state.gpu_samples),
+        sorted(state.samplers.gpu_devices),
+        len(state.samplers.gpu_samples),
         state.epoch,
     )
 

@@ -129,7 +129,7 @@ def test_the_quiet_clock_runs_on_the_hosts_clock() -> None:
     sc.train(60)
     state = sc.state()
     client_now = sc.t + 120.0
-    state.set_host_clock(sc.t, client_now)
+    state.liveness.set_host_clock(sc.t, client_now)
     assert diagnose(state, client_now).health == Health.RUNNING
     assert diagnose(state, client_now + 90).health in ALARMS  # a real stop still is one
 

@@ -61,12 +61,12 @@ def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
         (s.epoch, s.ttt_steps, s.first_ts, s.last_ts, s.last_train_ts, s.plain_records),
         [(c.event, c.path) for c in s.ckpt_events],
         len(s.logs),
-        sorted(s.gpu_devices),
-        [(t, [(d.index, d.util) for d in devs]) for t, devs in s.gpu_samples],
-        [(p.ts, p.bytes, p.files_read) for p in s.io_history],
-        list(s.recent_files),
-        (s.heartbeat.seq if s.heartbeat else None, s.last_heartbeat_ts),
-        sorted((r, h.seq) for r, h in s.rank_heartbeats.items()),
+        sorted(s.samplers.gpu_devices),
+        [(t, [(d.index, d.util) for d in devs]) for t, devs in s.samplers.gpu_samples],
+        [(p.ts, p.bytes, p.files_read) for p in s.samplers.io_history],
+        list(s.samplers.recent_files),
+        (s.samplers.heartbeat.seq if s.samplers.heartbeat else None, s.samplers.last_heartbeat_ts),
+        sorted((r, h.seq) for r, h in s.samplers.rank_heartbeats.items()),
         json.dumps(summarize(s, 2_000_000.0), sort_keys=True, default=str).replace('"NaN"', "null"),
         run.reader.complete_offset,
         run.reader.next_offset,
@@ -197,8 +197,10 @@ def test_old_samples_sent_as_envelopes_leave_exactly_the_plain_state(
     for f in frames:
         run.feed_frame(f)
     s = run.state
-    assert len(s.gpu_samples) == SAMPLES_KEPT["gpu"], "the GPU history is full of real samples"
-    assert all(devices for _, devices in s.gpu_samples)
+    assert len(s.samplers.gpu_samples) == SAMPLES_KEPT["gpu"], (
+        "the GPU history is full of real samples"
+    )
+    assert all(devices for _, devices in s.samplers.gpu_samples)
 
 
 def test_the_writer_keeps_the_companion_as_it_writes(tmp_path: Path) -> None:

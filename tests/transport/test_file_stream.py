@@ -315,7 +315,7 @@ async def test_a_full_disk_is_disk_full_not_a_hang(
 
                 await mon.until(reported_full, "a report of the full disk after the last record")
                 state = mon.run.state
-                quiet_at = (state.last_ts or 0.0) + 31 - state.clock_offset
+                quiet_at = (state.last_ts or 0.0) + 31 - state.liveness.clock_offset
                 verdict = diagnose(state, quiet_at)  # 31 s without a record, judged
                 assert verdict.health is Health.DISK_FULL, verdict
                 assert re.fullmatch(

@@ -189,9 +189,12 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         assert "--node-rank" in m1["resume_command"] and m1["world_size"] == 2
 
         st, now = cluster.state(run_dir)
-        assert {host for host, _ in st.gpu_devices} == {node0, node1}  # GPUs of every node
-        assert {r: hb.host for r, hb in st.rank_heartbeats.items()} == {0: node0, 1: node1}
-        assert {(w.host, w.rank) for w in st.io_workers.values()} >= {(node0, 0), (node1, 1)}
+        assert {host for host, _ in st.samplers.gpu_devices} == {node0, node1}  # GPUs of every node
+        assert {r: hb.host for r, hb in st.samplers.rank_heartbeats.items()} == {0: node0, 1: node1}
+        assert {(w.host, w.rank) for w in st.samplers.io_workers.values()} >= {
+            (node0, 0),
+            (node1, 1),
+        }
         assert diagnose(st, now).health is Health.RUNNING
 
         # ---- kill from node 0: every node, checkpoint saved, nothing left anywhere ------
@@ -256,7 +259,7 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
 
         def hung_view() -> RunState | None:
             st, _ = cluster.state(run_dir)
-            hb = st.rank_heartbeats
+            hb = st.samplers.rank_heartbeats
             if not ({0, 1} <= hb.keys() and st.last_train_ts):
                 return None
             if (hb[1].where or {}).get("collective") or not (hb[0].where or {}).get("collective"):
@@ -267,7 +270,7 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         st = wait_until(hung_view, 180, "rank 1 blocked, rank 0 waiting", log)
         d = diagnose(st, quiet_later(st))
         assert d.health is Health.STALLED, d
-        last = st.rank_heartbeats[1].last_step
+        last = st.samplers.rank_heartbeats[1].last_step
         assert last is not None
         step = last + 1
         assert f"rank 1 on {node1} stopped at step {step}" in d.reason, d.reason

@@ -211,7 +211,7 @@ def test_a_trainer_sigkilled_with_two_workers_is_dead_with_its_leftovers_named(
         state = run.state
         assert state.observed is not None and state.observed.alive is False
         assert state.observed.info.exit_status == -signal.SIGKILL
-        left = {x.pid for x in state.leftovers}
+        left = {x.pid for x in state.liveness.leftovers}
         assert left == set(at_the_kill), (left, at_the_kill)  # the resource tracker too
         # the workers notice their parent's death within 5 s and exit; the record stays
         wait_until(

@@ -151,10 +151,10 @@ async def test_apply_status_moves_the_run_state_once(tmp_path: Path) -> None:
         lines = Lines(t0=1_800_000_000.0)
         state = state_of(b"".join(lines.train(s, 1.0) for s in range(20)))
         apply_status(state, status, lines.ts)
-        assert state.manifest["run_id"] == run_id and state.process_alive is False
-        assert [x.pid for x in state.leftovers] == [worker.pid]
-        assert status.now is not None and state.clock_offset == status.now - lines.ts
-        d = diagnose(state, state.host_time(lines.ts))
+        assert state.manifest["run_id"] == run_id and state.liveness.process_alive is False
+        assert [x.pid for x in state.liveness.leftovers] == [worker.pid]
+        assert status.now is not None and state.liveness.clock_offset == status.now - lines.ts
+        d = diagnose(state, state.liveness.host_time(lines.ts))
         assert d.health == Health.DEAD and f"pid {worker.pid} sleep" in d.reason
     finally:
         worker.kill()

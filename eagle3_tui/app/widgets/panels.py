@@ -27,9 +27,9 @@ from textual.widgets import Static
 from eagle3_tui.app.text import bar, clock_time, duration, inert, num, rate, size, sparkline
 from eagle3_tui.model.anomalies import Anomaly, Gap, NonFinite, Resume, Spike
 from eagle3_tui.model.derived import tau_of
+from eagle3_tui.model.events import CkptEvent
 from eagle3_tui.model.observed import Member
 from eagle3_tui.model.snapshot import EMPTY, GpuView, IoView, Snapshot
-from eagle3_tui.model.state import CkptEvent
 
 STARVED = 0.3
 """A step that waits this share of its time for data is starved (shown in colour)."""

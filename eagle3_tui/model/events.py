@@ -1,0 +1,110 @@
+"""What a run's records leave in its state as values: log lines, lifecycle events,
+checkpoints, redone steps, long activities.
+
+Each is kept by :class:`~eagle3_tui.model.state.RunState` (in bounded histories
+where a run can write many) and read by the health judgement and the snapshot.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from eagle3_tui.model.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    ts: float
+    level: str
+    logger: str
+    msg: str
+
+
+@dataclass(frozen=True, slots=True)
+class Redo:
+    """A resume that went back: steps ``first..last`` had been trained and are redone."""
+
+    first: int
+    last: int
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A lifecycle event (start, resume, interrupt, finish, crash)."""
+
+    ts: float
+    event: str
+    step: int | None
+    writer: str
+    pid: int | None
+    error: str | None
+    rank: int = 0
+    exit_status: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CkptEvent:
+    ts: float
+    event: str
+    path: str
+    epoch: int | str | None
+    bytes: float | None
+    duration_s: float | None
+    complete: bool | None
+    at: float | None = None
+    """When the save was written, where a save seen by polling says it (its files'
+    newest time; ``ts`` is when it was seen): None to use ``ts``."""
+
+    @property
+    def when(self) -> float:
+        return self.at if self.at is not None else self.ts
+
+
+@dataclass(frozen=True, slots=True)
+class SavedProgress:
+    """Where a checkpoint says the run was: ``steps_done`` (its ``global_step``), the
+    0-based epoch under way after it, when it was saved."""
+
+    ts: float
+    steps_done: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class Activity:
+    """Something long that legitimately stops metrics: a save or a validation epoch."""
+
+    what: str
+    since: float
+    detail: str = ""
+
+
+WRITTEN_AT_WINDOW_S = 3600.0
+"""How far before its record a polled save's file time is believed (a file's time is
+the host's to set: an older one, or one after the record, is not the save's)."""
+
+
+def save_written_at(rec: Record) -> float | None:
+    at = rec.written_at
+    if not isinstance(at, float | int) or not math.isfinite(at) or rec.ts is None:
+        return None
+    return float(at) if rec.ts - WRITTEN_AT_WINDOW_S <= at <= rec.ts else None
+
+
+def saved_progress_of(rec: Record) -> SavedProgress | None:
+    """A saved checkpoint's ``training_state`` as progress: speculators' ``local_step`` is
+    the steps done in ``epoch``; 0 (an epoch's end) means the next epoch comes."""
+    st = rec.training_state
+    if rec.event not in ("save_finished", "completed") or not isinstance(st, dict):
+        return None
+    steps, epoch, local = st.get("global_step"), st.get("epoch"), st.get("local_step")
+    if not all(type(v) is int and 0 <= v < 1 << 40 for v in (steps, epoch, local)):
+        return None
+    assert isinstance(steps, int) and isinstance(epoch, int) and isinstance(local, int)
+    at = save_written_at(rec) or rec.ts
+    return SavedProgress(at, steps, epoch if local > 0 else epoch + 1) if at else None

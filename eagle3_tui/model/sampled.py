@@ -1,0 +1,167 @@
+"""What the sidecar's samplers said of a run: GPUs, reads, heartbeats, the stack.
+
+Of a long run's samples the bounded histories keep only the newest few hundred
+(model/samples.py). A catch-up meets tens of thousands of them: they wait in
+:attr:`Samplers.pending`, undecoded, and only those a history keeps are decoded and
+applied when the state settles (:meth:`~eagle3_tui.model.state.RunState.settle`).
+A ``stack`` record (where the trainer's main thread was when its steps stopped) is
+rare and applied as it comes.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from eagle3_tui.model.records import (
+    Deferred,
+    GpuDevice,
+    IoWorker,
+    Malformed,
+    Record,
+    gpu_devices,
+    io_workers,
+)
+from eagle3_tui.model.samples import GPU_HISTORY, IO_HISTORY, SAMPLES_KEPT
+from eagle3_tui.model.stack import StackSample
+
+RECENT_FILES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class IoPoint:
+    ts: float
+    bytes: float
+    files_read: int
+    workers: int
+    worker_bytes: float = 0.0
+    """Of ``bytes``, what the dataloader workers read (not the trainer itself)."""
+    rank: int = 0
+    host: str = ""
+
+
+@dataclass
+class Samplers:
+    """The samplers' histories of one run (``RunState.samplers``)."""
+
+    gpu_status: str | None = None
+    gpu_error: str | None = None
+    gpu_devices: dict[tuple[str, int], GpuDevice] = field(default_factory=dict)
+    """By (host, NVML index): several nodes of a run each have their device 0."""
+    gpu_samples: deque[tuple[float, list[GpuDevice]]] = field(
+        default_factory=lambda: deque(maxlen=GPU_HISTORY)
+    )
+    """Per device index: (ts, reading), oldest first."""
+    last_gpu_ts: float | None = None
+    io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
+    io_workers: dict[tuple[str, int], IoWorker] = field(default_factory=dict)
+    """By (host, pid): the processes of each sampler's latest io sample (every rank's
+    sampler reports its own; those alive then)."""
+    recent_files: deque[tuple[float, int, str]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_FILES)
+    )
+    last_io_ts: float | None = None
+    heartbeat: Record | None = None
+    last_heartbeat_ts: float | None = None
+    rank_heartbeats: dict[int, Record] = field(default_factory=dict)
+    """The newest heartbeat of each rank (under torchrun every rank writes its own)."""
+    stack: StackSample | None = None
+    """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
+    pending: dict[str, deque[Record | Deferred]] = field(
+        default_factory=lambda: {k: deque(maxlen=n) for k, n in SAMPLES_KEPT.items()}, repr=False
+    )
+    """Records of each sampler kind waiting to be applied, as many as its history keeps."""
+    unsettled: bool = False
+    """Whether any wait in :attr:`pending`."""
+
+    def queue(self, kind: str, item: Record | Deferred) -> None:
+        self.pending[kind].append(item)
+        self.unsettled = True
+
+    def take_pending(self) -> Iterator[tuple[str, Record | Malformed]]:
+        """The waiting records, each kind's oldest first, decoded (an envelope only,
+        an old sample of a catch-up, is skipped: it was counted); the queues empty."""
+        if not self.unsettled:
+            return
+        self.unsettled = False
+        for kind, queue in self.pending.items():
+            while queue:
+                item = queue.popleft()
+                if isinstance(item, Deferred) and item.stub:
+                    continue
+                rec = item.resolve() if isinstance(item, Deferred) else item
+                if isinstance(rec, Malformed | Record):
+                    yield kind, rec
+
+    def apply(self, kind: str, rec: Record) -> str | None:
+        """A valid record of a sampler kind; what is wrong with its payload, if anything."""
+        if kind == "gpu":
+            return self._apply_gpu(rec)
+        if kind == "io":
+            return self._apply_io(rec)
+        self.heartbeat = rec
+        self.last_heartbeat_ts = rec.ts
+        self.rank_heartbeats[rec.rank] = rec
+        return None
+
+    def _apply_gpu(self, rec: Record) -> str | None:
+        try:
+            devices = gpu_devices(rec)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return f"gpu devices: {e}"
+        self.last_gpu_ts = rec.ts
+        self.gpu_status = rec.status or "ok"
+        self.gpu_error = rec.error
+        host = rec.host or ""
+        for dev in devices:
+            dev.host = host
+            self.gpu_devices[(host, dev.index)] = dev
+        self.gpu_samples.append((rec.ts, devices))
+        return None
+
+    def gpu_history(self, key: tuple[str, int]) -> list[tuple[float, GpuDevice]]:
+        """(ts, reading) of one device (host, NVML index), oldest first."""
+        host, index = key
+        return [
+            (ts, d)
+            for ts, devs in self.gpu_samples
+            for d in devs
+            if d.index == index and d.host == host
+        ]
+
+    def _apply_io(self, rec: Record) -> str | None:
+        self.last_io_ts = rec.ts
+        try:
+            workers = io_workers(rec)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return f"io workers: {e}"
+        total = rec.bytes
+        if total is None:
+            total = sum(w.read_bytes or 0.0 for w in workers)
+        files_read = (
+            rec.files_read if rec.files_read is not None else sum(len(w.files) for w in workers)
+        )
+        host = rec.host or ""
+        worker_bytes = sum(w.read_bytes or 0.0 for w in workers if w.role == "worker")
+        self.io_history.append(
+            IoPoint(
+                rec.ts, float(total), files_read, len(workers), float(worker_bytes), rec.rank, host
+            )
+        )
+        # each sampler's latest processes only: a worker of an earlier epoch, or the
+        # trainer before a resume, is gone (each sample lists the trainer's children now)
+        self.io_workers = {
+            key: w for key, w in self.io_workers.items() if (w.host, w.rank) != (host, rec.rank)
+        }
+        for w in workers:
+            w.rank = rec.rank
+            w.host = host
+            self.io_workers[(host, w.pid)] = w
+            for f in w.files:
+                self.recent_files.append((rec.ts, w.pid, f))
+        return None
