@@ -78,16 +78,20 @@ class Followed:
     found: bool = False
     """Found on a host (not named by a target): let go once it ended."""
     view: ViewParams = VIEW
+    probe_task: asyncio.Task[None] | None = None
 
     async def look(self, now: float) -> Snapshot:
-        """The run now: its pending records fed, the host asked when due, a snapshot."""
+        """The run now: its pending records fed, a snapshot. The host is asked when due,
+        in a task of its own: a host that stops answering holds up no look (its answer,
+        or its stream's link going down, reaches a later one)."""
         probes = self.control is not None and not self.control.observed and self.probing
         records = self.pipeline.run.unsettled.records
         flowing, self.records_seen = records != self.records_seen, records
         every = PROBE_FLOWING_S if flowing else PROBE_S
-        if probes and now - self.probed_at >= every:
+        idle = self.probe_task is None or self.probe_task.done()
+        if probes and idle and now - self.probed_at >= every:
             self.probed_at = now
-            await self._probe(now)
+            self.probe_task = asyncio.ensure_future(self._probe(now))
         await self.pipeline.ingest_pending()  # the interval's chunks, in one feed
         snap, _ = await self.pipeline.snapshot(now, self.view, lines=self.view is not VIEW)
         return snap
@@ -107,6 +111,8 @@ class Followed:
     def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
+        if self.probe_task is not None:
+            self.probe_task.cancel()
 
 
 class Follower:
@@ -135,6 +141,10 @@ class Follower:
         """Targets whose last listing failed, and how (said once per failure)."""
         self._ended: set[str] = set()
         """Runs found on a host and let go after their end."""
+        self._finding: dict[str, asyncio.Task[None]] = {}
+        """Each target's listing in flight (a task: a host that hangs holds up no other)."""
+        self.listed: set[str] = set()
+        """Targets whose listing (or choice) came back at least once, answered or failed."""
 
     # ---- what a subclass says --------------------------------------------------------
     def looked(self, key: str, f: Followed, snap: Snapshot) -> None:
@@ -170,6 +180,11 @@ class Follower:
             await self.close()
 
     async def close(self) -> None:
+        for task in self._finding.values():
+            task.cancel()
+        for task in self._finding.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         for f in self.followed.values():
             f.stop()
         for f in self.followed.values():
@@ -184,7 +199,9 @@ class Follower:
         """One round: find runs (hosts), look at each."""
         now = self.clock()
         for wt in self.targets:
-            await self._find(wt, now)
+            task = self._finding.get(wt.text)
+            if task is None or task.done():
+                self._finding[wt.text] = asyncio.ensure_future(self._find_once(wt, now))
         for key, f in list(self.followed.items()):
             try:
                 snap = await f.look(self.clock())
@@ -200,6 +217,14 @@ class Follower:
         if f is not None:
             f.stop()
         self._ended.add(key)
+
+    async def _find_once(self, wt: WatchTarget, now: float) -> None:
+        try:
+            await self._find(wt, now)
+        except Exception as e:  # one target's trouble never stops the others
+            self.say(f"eagle3-tui {self.name}: {wt.text}: not listed ({type(e).__name__}: {e})")
+        finally:
+            self.listed.add(wt.text)
 
     async def _find(self, wt: WatchTarget, now: float) -> None:
         """The runs a target names, each followed once: a host's live trainings (listed

@@ -105,6 +105,8 @@ class Pipeline:
         """The link came back since it went down (it counts as up once caught up)."""
         self._catch_up: int | None = None
         """After a reconnection: the file's size then; the link is up once read to here."""
+        self.caught_up = False
+        """The stream connected once and what the file held then has been read."""
         self._cache = SnapshotCache()
         """Kept between snapshots: a long run's lines reduce only the rows since the last."""
         self._last: tuple[Snapshot, ViewParams] | None = None
@@ -141,13 +143,15 @@ class Pipeline:
                 run.set_link(False, at, detail)
                 changed = True
         self._links.clear()
-        if run.link_down_since is not None and self._reconnected and not self._pending:
+        if self._reconnected and not self._pending:
             target = self._catch_up
             if target is None or run.reader.next_offset >= target:
-                # what the host wrote while the link was down has been read
-                run.set_link(True, self.clock())
-                self._reconnected, self._catch_up = False, None
-                changed = True
+                self.caught_up = True
+                if run.link_down_since is not None:
+                    # what the host wrote while the link was down has been read
+                    run.set_link(True, self.clock())
+                    self._reconnected, self._catch_up = False, None
+                    changed = True
         return changed
 
     async def ingest(self) -> None:

@@ -1,6 +1,6 @@
 """Command line: ``eagle3-tui TARGET``, ``demo``, ``summary``, ``compare``, ``kill``,
-``resume``, ``runs``, ``attach``: one module per command, each a thin layer over
-:mod:`eagle3_tui.api` (parse, call, print, exit status).
+``resume``, ``runs``, ``attach``, ``watch``, ``fleet``: one module per command, each a
+thin layer over :mod:`eagle3_tui.api` (parse, call, print, exit status).
 
 A TARGET is a local run directory or ``[USER@]HOST[:RUN_DIR]`` reached over SSH
 with ssh's own options (``-p``, ``-i``, ``-J``, ``-F``, ``-o``) and files
@@ -27,7 +27,7 @@ from eagle3_tui.cli.common import drop_output, say
 from eagle3_tui.model.inert import printable
 from eagle3_tui.transport.base import TargetError
 
-COMMANDS = ("demo", "summary", "kill", "resume", "runs", "attach", "compare", "watch")
+COMMANDS = ("demo", "summary", "kill", "resume", "runs", "attach", "compare", "watch", "fleet")
 """Each is the module ``eagle3_tui.cli.<name>``, with ``build_parser()`` and ``run(ns)``;
 anything else on the command line is the monitor's TARGET (``cli/monitor.py``)."""
 

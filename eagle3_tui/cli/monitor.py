@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  eagle3-tui [TARGET] --pid PID       monitor a training process (no telemetry\n"
             "                                      needed: watched from outside)\n"
             "  eagle3-tui runs [HOST]              live trainings and registered runs\n"
+            "  eagle3-tui fleet [HOST...]          every live and recent run of several hosts,\n"
+            "                                      one row each, live (Enter opens one)\n"
             "  eagle3-tui HOST0 HOST1 ...          one run whose nodes are these hosts (torchrun)\n"
             "  eagle3-tui kill TARGET              stop a run: checkpoint saved, no process left\n"
             "  eagle3-tui resume TARGET            relaunch a stopped run from its checkpoint\n"

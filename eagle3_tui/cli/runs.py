@@ -1,5 +1,6 @@
-"""``eagle3-tui runs [HOST]``: the live trainings on a host, with or without telemetry,
-then the registered runs."""
+"""``eagle3-tui runs [HOST…]``: the live trainings on a host, with or without telemetry,
+then the registered runs; several hosts one after the other (one that cannot be reached
+is said, and the others listed). Their rows with figures, live: ``fleet``."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         "List the live trainings on a host (this machine without HOST), with "
         "or without telemetry, then your registered runs (--all: every user's), newest "
-        "first. Exit status: 0 listed, 2 none found or error.",
+        "first; several hosts one after the other (the fleet's live rows with figures: "
+        "eagle3-tui fleet HOST...). Exit status: 0 listed, 2 none found or error.",
     )
-    p.add_argument("target", metavar="HOST", nargs="?", help="[USER@]HOST (default: this machine)")
+    p.add_argument(
+        "target", metavar="HOST", nargs="*", help="[USER@]HOST ... (default: this machine)"
+    )
     p.add_argument(
         "--all", action="store_true", help="runs of every user (default: the login user's own)"
     )
@@ -36,12 +40,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from eagle3_tui import api, reports
-    from eagle3_tui.transport.replies import to_json
+    import json
 
-    result = api.runs(ns.target, all_users=ns.all, prune=ns.prune, ssh=ssh_options(ns))
+    from eagle3_tui import api, reports
+    from eagle3_tui.model.inert import printable
+    from eagle3_tui.transport.base import TargetError
+    from eagle3_tui.transport.replies import to_builtins, to_json
+
+    if len(ns.target) <= 1:
+        host = ns.target[0] if ns.target else None
+        result = api.runs(host, all_users=ns.all, prune=ns.prune, ssh=ssh_options(ns))
+        if ns.json:
+            say_json(to_json(result))
+        else:
+            say(reports.format_discovered(result))
+        return exits.OK
+    blocks: list[str] = []
+    by_host: dict[str, dict[str, object]] = {}
+    listed = 0
+    for host in ns.target:
+        try:
+            result = api.runs(host, all_users=ns.all, prune=ns.prune, ssh=ssh_options(ns))
+        except TargetError as e:
+            by_host[host] = {"error": str(e)}
+            blocks.append(f"== {printable(host)} ==\n(not listed: {printable(str(e))})")
+            continue
+        by_host[host] = to_builtins(result)
+        listed += 1
+        blocks.append(f"== {printable(host)} ==\n{reports.format_discovered(result)}")
     if ns.json:
-        say_json(to_json(result))
+        say_json(json.dumps({"hosts": by_host}, indent=2))
     else:
-        say(reports.format_discovered(result))
-    return exits.OK
+        say("\n\n".join(blocks))
+    return exits.OK if listed else exits.ERROR

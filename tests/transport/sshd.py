@@ -286,7 +286,7 @@ class Sshd:
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """``command`` run on the host by the ``ssh`` binary, as a user types it."""
         return subprocess.run(
-            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", ALIAS, command],
+            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", self.alias, command],
             capture_output=True,
             text=True,
             timeout=timeout,
