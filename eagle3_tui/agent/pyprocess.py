@@ -11,7 +11,6 @@ import re
 import subprocess
 from typing import Any
 
-from eagle3_tui.agent.processes import proc_stat
 from eagle3_tui.telemetry.rerun import split_python_argv
 from eagle3_tui.telemetry.safefs import read_bounded, trust_problem
 
@@ -299,8 +298,3 @@ def training_evidence(pid: int, argv: list[str], maps: list[str]) -> tuple[bool 
         if b"speculators" in text:
             return True, f"{shown} imports speculators"
     return None, "PyTorch is loaded; speculators' Trainer is looked for in the process"
-
-
-def is_zombie_or_gone(pid: int) -> bool:
-    p = proc_stat(pid)
-    return p is None or p.zombie

@@ -77,7 +77,9 @@ def test_trainings_started_later_are_each_said_once_per_change(
         # long one, and a short one that runs to its end (it may be called silent first)
         started = time.monotonic()
         long = launch(sshd, work, "long", f"--epochs 40 --step-delay 0.3 --debug-control {control}")
-        short = launch(sshd, work, "short", "--epochs 2 --step-delay 0.2")
+        # (it lives past two listings, 20 s apart: it is not a training to a listing
+        # before torch and speculators are loaded, seconds on a busy machine)
+        short = launch(sshd, work, "short", "--epochs 2 --step-delay 0.5")
         pids += [long, short]
 
         def kinds(pid: int | None = None) -> list[str]:
