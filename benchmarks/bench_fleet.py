@@ -5,7 +5,7 @@
 As ``bench_watch.py``: three real OpenSSH sshd on 127.0.0.1 stand for three hosts, and
 ``--runs`` run directories on them are each fed as a live run writes (a training step
 every 0.5 s; each second an 8-GPU sample, an 8-worker read sample and a heartbeat). The
-fleet screen (``eagle3-tui fleet HOST:DIR …``, its defaults: a look every 2 s, the
+fleet screen (``eagle3-tui fleet HOST:DIR …``, its defaults: a look every 10 s, the
 table redrawn when a row changed) runs in a tmux window of 170×40. After a warm-up,
 CPU time over ``--seconds`` is read from ``/proc``: the screen's process (and its
 reaped children), and each host's (everything under its sshd). Printed: each as % of
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=20.0)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument("--interval", type=float, default=None, help="the fleet's (its default)")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
@@ -59,6 +60,8 @@ def main() -> None:
         targets.append(f"{host.alias}:{run_dir}")
     session = f"bench-fleet-{os.getpid()}"
     argv = [sys.executable, "-m", "eagle3_tui", "fleet", "-F", str(config), *targets]
+    if args.interval is not None:
+        argv += ["--interval", str(args.interval)]
     env = f"XDG_STATE_HOME={root / 'state'} TERM=xterm-256color"
     cmd = f"env {env} {subprocess.list2cmdline(argv)}"
     subprocess.run(

@@ -5,7 +5,7 @@
 
     [fleet]
     recent_hours = 24     # registered runs started this recently are rows too
-    interval = 2.0        # seconds between looks
+    interval = 10.0       # seconds between looks
 
 A file that is not TOML, or a setting of the wrong type, is one clear error naming the
 file and the setting (never a traceback, never ignored in silence).

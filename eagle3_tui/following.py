@@ -41,6 +41,9 @@ second); each probe starts the agent on the host (~80 ms of CPU there), the bulk
 watching costs a host. Once they stop, every :data:`PROBE_S`."""
 VIEW = ViewParams(columns=1, smoothing=0.0)
 """What a look builds by default: the verdict and the latest figures, no chart."""
+LINES_EVERY_S = 30.0
+"""A view with lines (the fleet's τ trend) rebuilds them this often; the other looks keep
+the last ones (a line reduced from thousands of steps moves little in seconds)."""
 OBSERVE_S = 2.0
 """A training without telemetry is sampled this often (the monitor: each second)."""
 BATCH_S = 2.0
@@ -79,6 +82,8 @@ class Followed:
     """Found on a host (not named by a target): let go once it ended."""
     view: ViewParams = VIEW
     probe_task: asyncio.Task[None] | None = None
+    lines_at: float = -1e9
+    """When the view's lines were last built (they change slowly: see LINES_EVERY_S)."""
 
     async def look(self, now: float) -> Snapshot:
         """The run now: its pending records fed, a snapshot. The host is asked when due,
@@ -93,7 +98,10 @@ class Followed:
             self.probed_at = now
             self.probe_task = asyncio.ensure_future(self._probe(now))
         await self.pipeline.ingest_pending()  # the interval's chunks, in one feed
-        snap, _ = await self.pipeline.snapshot(now, self.view, lines=self.view is not VIEW)
+        lines = self.view is not VIEW and now - self.lines_at >= LINES_EVERY_S
+        if lines:
+            self.lines_at = now
+        snap, _ = await self.pipeline.snapshot(now, self.view, lines=lines)
         return snap
 
     async def _probe(self, now: float) -> None:
@@ -162,6 +170,10 @@ class Follower:
             if row.mine:
                 await self._follow_row(text, target, row)
 
+    def next_wait(self) -> float:
+        """Seconds to the next look (the interval; a subclass may look sooner)."""
+        return self.interval_s
+
     # ---- the loop ----------------------------------------------------------------------
     def host_of(self, target: Target) -> Host:
         name = host_name(target)
@@ -175,7 +187,7 @@ class Follower:
             while not stop.is_set():
                 await self.turn()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                    await asyncio.wait_for(stop.wait(), self.next_wait())
         finally:
             await self.close()
 

@@ -72,6 +72,7 @@ class FleetApp(App[None]):
         self.marked: str | None = None
         self.shown: list[FleetRow] = []
         self._cells: dict[str, tuple[str | Text, ...]] = {}
+        self._title_drawn: Text | None = None
         self._columns: list[ColumnKey] = []
         self._drawn: tuple[object, ...] = ()
         self._stop = asyncio.Event()
@@ -158,7 +159,9 @@ class FleetApp(App[None]):
                 ago = "" if hs.since is None else f" ({int(time.time() - hs.since)} s)"
                 line.append(f"\n{printable(hs.text)}: not reached{ago}: ", style="bold #ff5f5f")
                 line.append(printable(hs.problem))
-        self.query_one("#fleet-title", Static).update(line)
+        if line != self._title_drawn:  # said again only when it changed
+            self._title_drawn = line
+            self.query_one("#fleet-title", Static).update(line)
 
     def _cause(self) -> None:
         row = self.selected()

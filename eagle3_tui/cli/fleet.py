@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="registered runs started this recently are rows too (24)",
     )
     p.add_argument(
-        "--interval", type=float, default=None, metavar="SECONDS", help="between looks (2)"
+        "--interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="between looks once every run was read (10)",
     )
     p.add_argument(
         "--once",
@@ -60,7 +64,7 @@ def run(ns: argparse.Namespace) -> int:
 
     from eagle3_tui.cli.watch import watch_targets
     from eagle3_tui.config import load_config
-    from eagle3_tui.fleet import RECENT_S, Fleet
+    from eagle3_tui.fleet import LOOK_S, RECENT_S, Fleet
 
     config = load_config()
     if not ns.target:
@@ -72,7 +76,7 @@ def run(ns: argparse.Namespace) -> int:
     fleet = Fleet(
         watch_targets(ns),
         recent_s=recent_h * 3600 if recent_h else RECENT_S,
-        interval_s=ns.interval or config.interval or 2.0,
+        interval_s=ns.interval or config.interval or LOOK_S,
     )
     if ns.once or ns.json:
         return asyncio.run(once(fleet, ns.json))
