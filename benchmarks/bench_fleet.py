@@ -26,10 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_follow import Feeder, cpu_seconds
-from benchmarks.bench_watch import host_cpu
-from eagle3_tui.telemetry.manifest import build_manifest, new_run_id, write_manifest
-from tests.transport.sshd import Sshd, children
+from benchmarks.bench_follow import cpu_seconds
+from benchmarks.bench_watch import host_cpu, live_runs
+from tests.transport.sshd import children
 
 GOAL = 1.0
 
@@ -44,20 +43,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    hosts = [Sshd(root / f"host{i}", alias=f"h{i}").start() for i in range(args.hosts)]
-    config = root / "ssh_config"
-    config.write_text("".join(h.ssh_config.read_text() for h in hosts))
-    feeders: list[Feeder] = []
-    targets = []
-    for i in range(args.runs):
-        host = hosts[i % len(hosts)]
-        run_dir = root / f"run{i}"
-        run_dir.mkdir()
-        write_manifest(run_dir / "run.json", build_manifest(run_dir, run_id=new_run_id()))
-        feeder = Feeder(run_dir / "metrics.jsonl", 0, 0)
-        feeder.start()
-        feeders.append(feeder)
-        targets.append(f"{host.alias}:{run_dir}")
+    hosts, config, feeders, targets = live_runs(root, args.runs, args.hosts)
     session = f"bench-fleet-{os.getpid()}"
     argv = [sys.executable, "-m", "eagle3_tui", "fleet", "-F", str(config), *targets]
     if args.interval is not None:

@@ -53,6 +53,29 @@ def host_cpu(sshd: Sshd) -> float:
     return total
 
 
+def live_runs(
+    root: Path, runs: int, hosts: int
+) -> tuple[list[Sshd], Path, list[Feeder], list[str]]:
+    """``hosts`` sshd (aliases h0, h1…, one ssh config for all) and ``runs`` run
+    directories on them, each fed as a live run writes: the hosts, the config, the
+    feeders (set ``stop`` to end them) and the targets (``hN:DIR``)."""
+    servers = [Sshd(root / f"host{i}", alias=f"h{i}").start() for i in range(hosts)]
+    config = root / "ssh_config"
+    config.write_text("".join(h.ssh_config.read_text() for h in servers))
+    feeders: list[Feeder] = []
+    targets = []
+    for i in range(runs):
+        host = servers[i % len(servers)]
+        run_dir = root / f"run{i}"
+        run_dir.mkdir()
+        write_manifest(run_dir / "run.json", build_manifest(run_dir, run_id=new_run_id()))
+        feeder = Feeder(run_dir / "metrics.jsonl", 0, 0)
+        feeder.start()
+        feeders.append(feeder)
+        targets.append(f"{host.alias}:{run_dir}")
+    return servers, config, feeders, targets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -62,20 +85,7 @@ def main() -> None:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-watch-"))
-    hosts = [Sshd(root / f"host{i}", alias=f"h{i}").start() for i in range(args.hosts)]
-    config = root / "ssh_config"
-    config.write_text("".join(h.ssh_config.read_text() for h in hosts))
-    feeders: list[Feeder] = []
-    targets = []
-    for i in range(args.runs):
-        host = hosts[i % len(hosts)]
-        run_dir = root / f"run{i}"
-        run_dir.mkdir()
-        write_manifest(run_dir / "run.json", build_manifest(run_dir, run_id=new_run_id()))
-        feeder = Feeder(run_dir / "metrics.jsonl", 0, 0)
-        feeder.start()
-        feeders.append(feeder)
-        targets.append(f"{host.alias}:{run_dir}")
+    hosts, config, feeders, targets = live_runs(root, args.runs, args.hosts)
     env = dict(os.environ, XDG_STATE_HOME=str(root / "state"))
     log = open(root / "watch.log", "wb")  # noqa: SIM115 - the child's
     watcher = subprocess.Popen(

@@ -33,7 +33,7 @@ from eagle3_tui.following import (
 )
 from eagle3_tui.model.inert import printable
 from eagle3_tui.model.snapshot import Snapshot, ViewParams
-from eagle3_tui.model.verdict import GPU_BUSY_UTIL, ago
+from eagle3_tui.model.verdict import ENDED, GPU_BUSY_UTIL, WORST_FIRST, ago
 from eagle3_tui.transport.replies import DiscoverReport
 from eagle3_tui.transport.target import Target
 
@@ -50,7 +50,6 @@ VIEW = ViewParams(columns=32, smoothing=0.0)
 """Enough of the τ line for its trend; a look costs a few reduced columns per run."""
 STILL_LOOKS = 3
 """An ended run whose records did not grow for this many looks has been read: let go."""
-ENDED = ("finished", "stopped", "dead")
 
 
 @dataclass(frozen=True)
@@ -272,18 +271,6 @@ class Fleet(Follower):
 
 
 SORT_KEYS = ("health", "host", "run", "step", "loss", "tau", "pace", "eta", "started")
-HEALTH_ORDER = (
-    "dead",
-    "stalled",
-    "diverged",
-    "silent",
-    "disk_full",
-    "unreadable",
-    "stopped",
-    "waiting",
-    "running",
-    "finished",
-)
 
 
 def sort_rows(rows: list[FleetRow], key: str = "health", reverse: bool = False) -> list[FleetRow]:
@@ -291,7 +278,7 @@ def sort_rows(rows: list[FleetRow], key: str = "health", reverse: bool = False) 
     and run; rows without the figure last whichever the direction."""
 
     def health_rank(r: FleetRow) -> int:
-        return HEALTH_ORDER.index(r.health) if r.health in HEALTH_ORDER else len(HEALTH_ORDER)
+        return WORST_FIRST.index(r.health) if r.health in WORST_FIRST else len(WORST_FIRST)
 
     figure: dict[str, Callable[[FleetRow], object]] = {
         "health": health_rank,

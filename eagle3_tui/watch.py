@@ -39,6 +39,7 @@ from eagle3_tui.following import (
     pinned,
 )
 from eagle3_tui.model.snapshot import Snapshot
+from eagle3_tui.model.verdict import ENDED, WORST_FIRST
 from eagle3_tui.notify import ALARMS, Alert, Delivery, Notifier, Outbox
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
@@ -46,10 +47,7 @@ from eagle3_tui.transport.base import TargetError
 REMEMBERED = 2000
 """Runs the state file keeps (those seen last): enough that no run still listed or named
 is forgotten, and an alert about it repeated."""
-ENDED = ("finished", "stopped", "dead")
 QUIET = ("running", "waiting")
-SEVERITY = ("dead", "stalled", "diverged", "silent", "disk_full", "unreadable", "stopped")
-"""Worst first: ``watch --once`` exits with the status of the worst it found."""
 
 
 @dataclass
@@ -394,7 +392,7 @@ def worst_status(healths: Sequence[str]) -> int:
     """``watch --once``'s exit status: that of the worst health found (0: all well)."""
     from eagle3_tui import exits
 
-    for health in SEVERITY:
+    for health in WORST_FIRST:
         if health in healths:
             return exits.BY_HEALTH.get(health, exits.OK)
     return exits.OK

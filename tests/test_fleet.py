@@ -26,6 +26,7 @@ from eagle3_tui.fleet import (
     sort_rows,
 )
 from eagle3_tui.following import WatchTarget
+from eagle3_tui.model.verdict import WORST_FIRST, Health
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.target import LocalTarget
 
@@ -57,6 +58,7 @@ def test_rows_sort_worst_first_and_those_without_the_figure_last_either_way() ->
     assert [r.run for r in sort_rows(rows, "loss")] == ["c", "a", "b", "d"]
     assert [r.run for r in sort_rows(rows, "loss", reverse=True)] == ["a", "c", "b", "d"]
     assert [r.run for r in sort_rows(rows, "step", reverse=True)] == ["d", "a", "b", "c"]
+    assert set(WORST_FIRST) == {h.value for h in Health}  # every health has its place
     for key in SORT_KEYS:  # every key the screen cycles through sorts
         assert sorted(r.run for r in sort_rows(rows, key)) == ["a", "b", "c", "d"]
 

@@ -49,6 +49,24 @@ class Health(enum.Enum):
     """Quiet, and the host says the run's filesystem has no room: the writes fail."""
 
 
+WORST_FIRST = (
+    "dead",
+    "stalled",
+    "diverged",
+    "silent",
+    "disk_full",
+    "unreadable",
+    "stopped",
+    "waiting",
+    "running",
+    "finished",
+)
+"""Every health's value, the one that most needs a person first (``watch --once``'s exit
+status is the worst found's; the fleet's rows sort so)."""
+ENDED = ("finished", "stopped", "dead")
+"""The healths of a run whose trainer is gone: nothing more will come (until a resume)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     health: Health
