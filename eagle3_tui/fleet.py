@@ -158,6 +158,11 @@ class HostState:
     problem: str | None = None
     since: float | None = None
 
+    def said(self) -> str:
+        """``TARGET: why`` (the target named once: a connection's error often names it)."""
+        problem = self.problem or ""
+        return problem if problem.startswith(f"{self.text}:") else f"{self.text}: {problem}"
+
 
 @dataclass
 class _Seen:
@@ -315,6 +320,7 @@ def _num(v: float | None) -> float | None:
 
 # ---- in words ----------------------------------------------------------------------------
 
+NO_RUNS = "(no live or recent runs found)"
 COLUMNS = ("HOST", "RUN", "HEALTH", "STEP", "LOSS", "τ", "PACE", "ETA", "GPU", "CHECKPOINT")
 
 
@@ -357,6 +363,8 @@ def duration(seconds: float) -> str:
 
 def format_fleet(rows: Sequence[FleetRow], problems: Sequence[str], now: float) -> str:
     """The rows as a table, each followed by its cause, then the hosts not reached."""
+    if not rows:
+        return "\n".join([*(f"(not reached: {printable(p)})" for p in problems), NO_RUNS])
     table = [COLUMNS, *(cells(r, now) for r in rows)]
     widths = [max(len(t[i]) for t in table) for i in range(len(COLUMNS))]
     lines: list[str] = []
@@ -365,6 +373,4 @@ def format_fleet(rows: Sequence[FleetRow], problems: Sequence[str], now: float) 
         if i and rows[i - 1].reason:
             lines.append(f"    {printable(rows[i - 1].reason)}")
     lines.extend(f"(not reached: {printable(p)})" for p in problems)
-    if not rows:
-        lines.append("(no live or recent runs found)")
     return "\n".join(lines)

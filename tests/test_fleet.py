@@ -269,3 +269,45 @@ def test_the_screens_keys_on_real_runs(tiny_run: Path, tmp_path: Path) -> None:
     chosen = seen[6]
     assert isinstance(chosen, list) and chosen[1] == "--compare", chosen
     assert {chosen[0], chosen[2]} == {str(d) for d in dirs}
+
+
+def test_f_in_the_monitor_shows_this_hosts_fleet_and_q_there_ends_both(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    """In a real terminal: the monitor of a run, ``F``: the fleet of this machine, the
+    run among its rows; Enter opens it in the monitor again, ``F`` there comes back to
+    the fleet (not a fleet in a fleet), ``q`` ends it all."""
+    import shlex
+    import shutil
+    import sys
+
+    from tests.app.test_tmux import Tmux
+    from tests.conftest import need
+
+    need(shutil.which("tmux") is not None, "tmux is not installed (apt-get install tmux)")
+    tmux = Tmux(tmp_path / "tmux.sock")
+    argv = [sys.executable, "-m", "eagle3_tui", str(tiny_run)]
+    done = tmp_path / "done"
+    command = "env -u COLUMNS -u LINES TERM=xterm-256color " + shlex.join(argv)
+    try:
+        tmux.run("new-session", "-d", "-x", "160", "-y", "30", f"{command}; touch {done}")
+        tmux.wait(lambda s: "FINISHED" in s and "loss" in s, 60, "the monitor")
+        tmux.keys("F")
+        fleet = tmux.wait(lambda s: "run(s) on 1 target" in s, 60, "the fleet")
+        tmux.wait(lambda s: str(tiny_run) in s, 60, "the run among the fleet's rows")
+        tmux.keys("/")
+        tmux.keys("-l", str(tiny_run))  # its row alone (typed as text)
+        tmux.keys("Enter")
+        tmux.wait(lambda s: "(1 shown)" in s, 30, "the run's row alone")
+        tmux.keys("Enter")
+        tmux.wait(lambda s: "FINISHED" in s and "loss" in s, 60, "the monitor again")
+        tmux.keys("F")
+        tmux.wait(lambda s: "run(s) on 1 target" in s, 60, "the fleet again")
+        tmux.keys("q")
+        deadline = time.monotonic() + 30
+        while not done.exists():
+            assert time.monotonic() < deadline, f"still running:\n{tmux.screen()}"
+            time.sleep(0.2)
+        assert "TARGET" not in fleet  # a table of runs, not an error or a usage line
+    finally:
+        tmux.run("kill-server")

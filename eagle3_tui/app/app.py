@@ -124,6 +124,7 @@ class MonitorApp(App[None]):
         Binding("e", "export", "CSV"),
         Binding("m", "messages", "Msgs", show=False),  # the log panel's title says it
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("F", "fleet", "Fleet", show=False),  # the help and the palette say it
         Binding("q", "quit", "Quit"),
     ]
 
@@ -177,6 +178,8 @@ class MonitorApp(App[None]):
         """Opens another run of the same host by its directory (the compare picker)."""
         self.quit_stops_run = quit_stops_run
         """``q`` also stops the run (the demo owns its run); the help says which."""
+        self.fleet_requested = False
+        """``F`` ended the monitor: the command line shows the fleet of this host next."""
         self.compare_source = compare
         self.compare_label = compare.label if compare is not None else ""
         self.compare_pipeline: Pipeline | None = None
@@ -642,6 +645,15 @@ class MonitorApp(App[None]):
     def action_messages(self) -> None:
         self.push_screen(LogScreen())
 
+    def action_fleet(self) -> None:
+        """``F``: every live and recent run of this host, one row each (``fleet``); the
+        run goes on. The demo's own run would stop with it: said, not done."""
+        if self.quit_stops_run:
+            self.notify("the demo stops its run on leaving: eagle3-tui fleet localhost, elsewhere")
+            return
+        self.fleet_requested = True
+        self.exit()
+
     def action_kill(self) -> None:
         if self.control is not None:  # else refused (check_action)
             self.push_screen(ControlDialog("kill", self.control))
@@ -739,6 +751,7 @@ _HELP = {
     "messages": "Every log message and event, whole lines, scrollable",
     "attach": "Add telemetry to this training, which has none, without restarting it",
     "help": "Keys and panels",
+    "fleet": "Every live and recent run of this host, one row each (the run goes on)",
 }
 
 

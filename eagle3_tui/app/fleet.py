@@ -156,9 +156,9 @@ class FleetApp(App[None]):
             line.append(f" · filter: {printable(self.filter)} ({len(rows)} shown)", style="dim")
         for hs in self.fleet.hosts_state.values():
             if hs.problem:
-                ago = "" if hs.since is None else f" ({int(time.time() - hs.since)} s)"
-                line.append(f"\n{printable(hs.text)}: not reached{ago}: ", style="bold #ff5f5f")
-                line.append(printable(hs.problem))
+                ago = "" if hs.since is None else f" for {int(time.time() - hs.since)} s"
+                line.append(f"\nnot reached{ago}: ", style="bold #ff5f5f")
+                line.append(printable(hs.said()))
         if line != self._title_drawn:  # said again only when it changed
             self._title_drawn = line
             self.query_one("#fleet-title", Static).update(line)

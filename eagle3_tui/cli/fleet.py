@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from eagle3_tui.fleet import Fleet
 
 ONCE_WAIT_S = 60.0
+opening = False
+"""A run opened from the fleet is being monitored (its ``F`` then only comes back)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +101,7 @@ async def once(fleet: Fleet, as_json: bool) -> int:
                 break
             await asyncio.sleep(0.5)
         rows = fleet.sorted_rows()
-        problems = [f"{hs.text}: {hs.problem}" for hs in fleet.hosts_state.values() if hs.problem]
+        problems = [hs.said() for hs in fleet.hosts_state.values() if hs.problem]
         if as_json:
             doc = {
                 "runs": [r.to_json() for r in rows],
@@ -129,5 +131,10 @@ def interactive(fleet: Fleet, ns: argparse.Namespace) -> int:
         action = app.chosen
         if action is None:
             return exits.OK
-        main([*action, *ssh_args])
+        global opening
+        opening = True
+        try:
+            main([*action, *ssh_args])
+        finally:
+            opening = False
         fleet = fleet.fresh()

@@ -92,14 +92,30 @@ def run(ns: argparse.Namespace) -> int:
 
     if not ns.target:
         ns.target = None  # --pid alone: this machine
-        return asyncio.run(monitor(cli_target(ns), ns))
+        target = cli_target(ns)
+        return then_fleet(asyncio.run(monitor(target, ns)), target, ns)
     targets = [parse_target(t, ssh_options(ns)) for t in ns.target]
     if len(targets) > 1:
         remote = [t for t in targets if isinstance(t, SshTarget)]
         if len(remote) != len(targets):
             raise TargetError("several targets are the nodes of one run: give them as hosts")
-        return asyncio.run(monitor(remote[0], ns, remote[1:]))
-    return asyncio.run(monitor(targets[0], ns))
+        return then_fleet(asyncio.run(monitor(remote[0], ns, remote[1:])), remote[0], ns)
+    return then_fleet(asyncio.run(monitor(targets[0], ns)), targets[0], ns)
+
+
+def then_fleet(status: int, target: Target, ns: argparse.Namespace) -> int:
+    """After ``F`` in the monitor: the fleet of the run's host (this machine's for a local
+    run), with the same SSH options. Opened from the fleet, the monitor just returns."""
+    from eagle3_tui.cli import fleet
+    from eagle3_tui.transport.target import LocalTarget
+
+    if not getattr(ns, "fleet_requested", False) or status != exits.OK or fleet.opening:
+        return status
+    from eagle3_tui.cli import main
+    from eagle3_tui.cli.watch import ssh_argv
+
+    host = "localhost" if isinstance(target, LocalTarget) else target.destination
+    return main(["fleet", host, *ssh_argv(ns)])
 
 
 async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTarget] = ()) -> int:
@@ -135,6 +151,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             )
             app.owns_process = True
             await app.run_async()
+            ns.fleet_requested = app.fleet_requested
             return app_exit_status(app)
         chosen = await calls.choose(host, calls.run_dir_of(target), pid)
         note, short = chosen.note, chosen.short
@@ -185,6 +202,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     finally:
         for h in hosts:
             await h.close()
+    ns.fleet_requested = getattr(app, "fleet_requested", False)
     return app_exit_status(app)
 
 

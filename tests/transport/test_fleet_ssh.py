@@ -1,8 +1,8 @@
 """The fleet over two real sshd hosts (issue 32), each a host of its own (private PID
-namespaces), five real tiny speculators trainings in every state a fleet must tell
-apart: on host A one running and one finished, on host B one stalled (its loop hung),
-one silent (no handler) and one stopped (SIGTERM: speculators saves and exits). The
-fleet's rows are read while it follows them (live: a running row moves on); then host A
+namespaces), five real tiny speculators runs in every state a fleet must tell apart:
+on host A one running and one finished (named as a run target), on host B one stalled
+(its loop hung), one silent (no handler) and one stopped (SIGTERM: speculators saves and
+exits). The fleet's rows are read while it follows them (live: a running row moves on); then host A
 stops answering (its sshd frozen): its rows are marked, host B's go on. Last, the screen
 in a real terminal (tmux) shows the five."""
 
@@ -81,7 +81,7 @@ def second_host(tmp_path: Path) -> Iterator[Sshd]:
 
 
 def test_two_hosts_five_runs_every_state_then_one_host_down(
-    private_sshd: Sshd, tmp_path: Path
+    private_sshd: Sshd, tiny_run: Path, tmp_path: Path
 ) -> None:
     need_training()
     b = private_sshd
@@ -94,9 +94,11 @@ def test_two_hosts_five_runs_every_state_then_one_host_down(
         work.mkdir()
         control = tmp_path / "control"
         runs = {name: work / name for name in ("a1", "a2", "b1", "b2", "b3")}
+        # a2: a real run that finished (the session's tiny run, copied onto host A and
+        # named as a run target: a target may be one run as well as a host)
+        shutil.copytree(tiny_run, runs["a2"])
         pids = {
             "a1": launch(a, runs["a1"], "--epochs 40 --step-delay 0.4"),
-            "a2": launch(a, runs["a2"], "--epochs 1"),
             "b1": launch(b, runs["b1"], f"--epochs 40 --step-delay 0.3 --debug-control {control}"),
             "b2": launch(b, runs["b2"], "--epochs 40 --step-delay 0.3 --no-telemetry"),
             "b3": launch(b, runs["b3"], "--epochs 40 --step-delay 0.3"),
@@ -104,9 +106,11 @@ def test_two_hosts_five_runs_every_state_then_one_host_down(
         for name, pid in pids.items():  # whatever happens: host B is shared by later tests
             host = a if name.startswith("a") else b
             cleanup.callback(host.ssh, f"kill -9 {pid} 2>/dev/null")
+        finished = f"{HOST_A}:{runs['a2']}"
         fleet = Fleet(
             [
                 WatchTarget(HOST_A, SshTarget(HOST_A, options=opts), discover=True),
+                WatchTarget(finished, SshTarget(HOST_A, None, str(runs["a2"]), opts), False),
                 WatchTarget(ALIAS, SshTarget(ALIAS, options=opts), discover=True),
             ],
             interval_s=1.0,
@@ -177,9 +181,10 @@ def test_two_hosts_five_runs_every_state_then_one_host_down(
         assert str(runs["b1"]) in second and str(runs["a1"]) not in second, listed.stdout
 
         # the screen, in a real terminal: the five rows and their verdicts
+        screen_targets = [HOST_A, finished, ALIAS]
         screen = tmux_screen(
             tmp_path,
-            [sys.executable, "-m", "eagle3_tui", "fleet", "-F", str(config), HOST_A, ALIAS],
+            [sys.executable, "-m", "eagle3_tui", "fleet", "-F", str(config), *screen_targets],
             lambda text: (
                 all(str(runs[n]) in text for n in ("a1", "a2", "b1", "b3"))
                 and f"pid {pids['b2']}" in text

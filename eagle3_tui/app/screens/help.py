@@ -30,6 +30,8 @@ KEYS = (
     ("e", "export the window's step columns as CSV: a local run's exports/ folder,"),
     ("", "else ~/.local/share/eagle3-tui/exports; the full path is shown"),
     ("m", "every log message and event, whole lines, scrollable"),
+    ("F", "the fleet: every live and recent run of this host, one row each (Enter opens"),
+    ("", "one here; from the fleet, F or q comes back to it); this run goes on"),
     ("?", "this help"),
     ("ctrl+p", "command palette: every action by name"),
 )
