@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sources import parse
+
 CHECK = """
 import sys
 from pathlib import Path
@@ -63,7 +65,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in paths}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path.read_text())):
             found: list[str] = []
             if isinstance(node, ast.Import):
                 found = [a.name for a in node.names]
@@ -140,6 +142,6 @@ def test_a_module_over_600_lines_says_why_in_its_docstring() -> None:
     unsaid = [
         f"{p.relative_to(root)} ({n} lines)"
         for p, n in long.items()
-        if "Over 600 lines:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")
+        if "Over 600 lines:" not in (ast.get_docstring(parse(p.read_text())) or "")
     ]
     assert unsaid == [], "long without a reason: " + ", ".join(unsaid)

@@ -8,7 +8,6 @@ only when, it is trusted.
 
 from __future__ import annotations
 
-import ast
 import json
 import marshal
 import os
@@ -26,6 +25,7 @@ from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.transport.bundle import CACHE_MAGIC, agent_sources, bundle, make_bundle
 from eagle3_tui.transport.channel import AGENT_TAG, agent_payload
 from tests.conftest import interpreters, need
+from tests.sources import parse
 
 MISSING = {"op": "status", "run_dir": "/nonexistent/eagle3-tui-test-run"}
 REAL_ANSWER = (
@@ -352,4 +352,4 @@ def test_the_loader_parses_as_python_3_8() -> None:
     """The loader runs on the host's python3 (3.8 and later), whatever runs the client."""
     length, rest = bundle().split(b"\n", 1)
     program = zlib.decompress(rest[: int(length)]).decode("utf-8")
-    ast.parse(program, "eagle3-tui-agent", feature_version=(3, 8))
+    parse(program, "eagle3-tui-agent", feature_version=(3, 8))

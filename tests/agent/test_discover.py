@@ -4,7 +4,6 @@ script imports speculators, its spawn child, a pipe into ``tee``)."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import os
@@ -29,6 +28,7 @@ from eagle3_tui.transport.calls import choose, describe, observe_once
 from eagle3_tui.transport.channel import AgentAnswerError, LocalHost
 from eagle3_tui.transport.replies import Choice, ErrorKind, ProcessRow, decode
 from tests.conftest import need_training
+from tests.sources import parse
 
 RICH = "Epoch 3 100% ━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 24/24  [ 0:00:33 < 0:00:00 , 2 it/s ]"
 
@@ -252,7 +252,7 @@ def test_agent_modules_parse_as_python_3_8() -> None:
         *sorted((root / "agent").glob("*.py")),
         *sorted((root / "telemetry").glob("*.py")),
     ]:
-        ast.parse(path.read_text(), str(path), feature_version=(3, 8))
+        parse(path.read_text(), str(path), feature_version=(3, 8))
 
 
 # ---- discovery against real processes ------------------------------------------------------

@@ -68,6 +68,18 @@ def silent_run(sshd: Sshd, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc.wait(30)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` leads still runs (a zombie has ended)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def test_a_silent_run_then_every_key_on_its_end(
     sshd: Sshd,  # noqa: F811
     silent_run: subprocess.Popen[bytes],
@@ -106,6 +118,10 @@ def test_a_silent_run_then_every_key_on_its_end(
     assert "⟳" not in ended and "saving" not in said, said
     assert said.count("★ best") == 1, said
     assert "none now: the run ended" in said, said
+    # its helpers (the dataloader's workers) can outlive the trainer for a moment, and
+    # k rightly offers to kill what is left: the keys below are pressed once none is
+    wait_until(lambda: not group_alive(proc.pid), 60, "the run's helpers gone")
+    ended = tmux.wait(lambda s: "Still alive when it ended" not in flat(s), 60, "no leftovers")
     span = re.search(r"ran (\S+)", said)
     assert span is not None, said
     time.sleep(3)  # a finished run's span is its own: it does not grow with the clock

@@ -49,6 +49,7 @@ from eagle3_tui.transport.replies import (
 from tests.conftest import need_training
 from tests.model.test_health import state_of
 from tests.records import Lines
+from tests.sources import parse
 from tests.transport.fakes import dead_pid, fake_manifest
 
 AGENT = Path(eagle3_tui.agent.__file__).parent
@@ -65,7 +66,7 @@ def first_arguments(function: str) -> list[tuple[str, int, str]]:
     a name resolved through ``agent/names.py``."""
     out = []
     for path in sorted(AGENT.glob("*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == function):
                 continue
