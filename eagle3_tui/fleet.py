@@ -192,8 +192,8 @@ class Fleet(Follower):
         """Bumped whenever a row or a host's state changed."""
         self._seen: dict[str, _Seen] = {}
         self._read_keys: set[str] = set()
-        self._controls: dict[str, RunControl] = {}
         """Runs looked at once their first read was done (``--once`` waits for all)."""
+        self._controls: dict[str, RunControl] = {}
 
     def fresh(self) -> Fleet:
         """A new fleet of the same targets and settings (this one was closed)."""
@@ -246,8 +246,13 @@ class Fleet(Follower):
         records = f.pipeline.run.unsettled.records
         seen.still = seen.still + 1 if records == seen.records else 0
         seen.records = records
-        if seen.still >= 1 and f.pipeline.caught_up and not row.link_down:
-            self._read_keys.add(key)  # connected, read to the end it had, then quiet
+        if (
+            f.pipeline.caught_up
+            and not row.link_down
+            and (f.pid is None or records)
+            and f.process_known
+        ):
+            self._read_keys.add(key)  # what the file held then has been read, its process asked
         if f.found and row.health in ENDED and seen.still >= STILL_LOOKS and f.pipeline.caught_up:
             self.let_go(key)  # read to its end: its row stays as it ended
 

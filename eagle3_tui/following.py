@@ -82,6 +82,8 @@ class Followed:
     """Found on a host (not named by a target): let go once it ended."""
     view: ViewParams = VIEW
     probe_task: asyncio.Task[None] | None = None
+    probed: bool = False
+    """A probe was answered (or refused for good): the process's state is known."""
     lines_at: float = -1e9
     """When the view's lines were last built (they change slowly: see LINES_EVERY_S)."""
 
@@ -104,6 +106,12 @@ class Followed:
         snap, _ = await self.pipeline.snapshot(now, self.view, lines=lines)
         return snap
 
+    @property
+    def process_known(self) -> bool:
+        """Whether what its process does is known: a probe answered, or none is asked."""
+        asks = self.control is not None and not self.control.observed and self.probing
+        return self.probed or not asks
+
     async def _probe(self, now: float) -> None:
         assert self.control is not None
         try:
@@ -115,6 +123,7 @@ class Followed:
         except TargetError:
             return  # unreachable for now: the stream's link says so
         await self.pipeline.set_status(status, now)
+        self.probed = True
 
     def stop(self) -> None:
         for task in self.tasks:

@@ -41,8 +41,9 @@ class LinkChanged:
     detail: str = ""
     retry_in: float | None = None
     size: int | None = None
-    """CONNECTED: the file's size when the host opened it (what was written while the
-    link was down is read once the stream has delivered up to here)."""
+    """CONNECTED, LOCAL: the file's size when the host opened it (what was written while
+    the link was down is read once the stream has delivered up to here; what a fleet
+    waits for before a run counts as read)."""
     host_time: float | None = None
     """CONNECTED: the host's clock then (the records' ``ts`` are in its time)."""
 

@@ -174,7 +174,7 @@ class LocalTransport:
                         yield FileChanged("truncated", time.time(), offset, st.st_size)
                         offset = 0
                     if identity is None or waiting or unreadable:
-                        yield LinkChanged(Link.LOCAL, str(self.run_dir))
+                        yield LinkChanged(Link.LOCAL, str(self.run_dir), size=st.st_size)
                     identity, gone, waiting, unreadable = ident, False, False, ""
                 size = os.fstat(fd).st_size
                 if size < offset:
