@@ -10,15 +10,16 @@ afresh on every call, so parsing again is the fix; a real error is raised again.
 from __future__ import annotations
 
 import ast
-from typing import Any
 
 
-def parse(source: str, filename: str = "<unknown>", **kwargs: Any) -> ast.Module:
+def parse(
+    source: str, filename: str = "<unknown>", feature_version: tuple[int, int] | None = None
+) -> ast.Module:
     """``ast.parse`` that parses again after the spurious cross-thread ``SystemError``."""
     for _ in range(4):
         try:
-            return ast.parse(source, filename, **kwargs)
+            return ast.parse(source, filename, feature_version=feature_version)
         except SystemError as e:
             if "recursion depth mismatch" not in str(e):
                 raise
-    return ast.parse(source, filename, **kwargs)
+    return ast.parse(source, filename, feature_version=feature_version)
