@@ -18,6 +18,8 @@ Operations (``main.py`` maps each to its module and function):
 
 - ``follow`` and ``read`` (``follow.py``): tail a run's file with inotify from an
   offset, noticing truncation and replacement; or read it to its end;
+- ``glance`` (``glance.py``): a long run's first picture without reading it all (its
+  newest lines, its events, its history's digest), from the companion's marks and stats;
 - ``resolve``, ``runs``, ``status`` (``runs.py``): which run a directory means, the
   per-user index, whether the trainer lives (and its manifest);
 - ``kill``, ``save_wait``, ``resume`` (``kill_resume.py``): stop a run at a step boundary

@@ -85,6 +85,8 @@ class Segment:
         ``cutoffs``: per sampler kind, where the lines the client keeps begin (the ones
         before go as envelopes, see :func:`sample_cutoffs`)."""
         header = dict(self.block.header)
+        header.pop("stats", None)  # a glance's (agent/glance.py): not the client's to keep
+        header.pop("span", None)
         cols: list[list[Any]] = []
         parts: list[bytes] = []
         for path, (kind, packed) in self.block.chunks.items():

@@ -17,6 +17,7 @@ from eagle3_tui.agent.names import (
     OP_DESCRIBE,
     OP_DISCOVER,
     OP_FOLLOW,
+    OP_GLANCE,
     OP_KILL,
     OP_OBSERVE,
     OP_READ,
@@ -42,6 +43,7 @@ OPS: dict[str, tuple[str, str]] = {
     OP_OBSERVE: ("observe", "op_observe"),
     OP_ATTACH: ("attach", "op_attach"),
     OP_SAVE_WAIT: ("kill_resume", "op_save_wait"),
+    OP_GLANCE: ("glance", "op_glance"),
 }
 """Operation -> (module of ``eagle3_tui.agent``, function). The module is imported when
 its operation is asked for: every call is a fresh process, and the 60 s status probe

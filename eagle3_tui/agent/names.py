@@ -38,6 +38,8 @@ OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identit
 OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
 OP_ATTACH = "attach"
 OP_SAVE_WAIT = "save_wait"  # kill's first step alone: wait for a checkpoint save
+OP_GLANCE = "glance"  # a long run's first picture: its tail, events and digest
+EV_GLANCE = "glance"  # glance: whether there is one, and where its tail starts
 
 # What ``choose`` found a target to mean (its result's "choice").
 CHOICE_RUN = "run"  # a run directory (``run_dir``)

@@ -59,6 +59,7 @@ from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.notify import ALARMS
 from eagle3_tui.transport.base import Link, LinkChanged
+from eagle3_tui.transport.glancing import MIN_GLANCE_BYTES
 from eagle3_tui.transport.replies import KillReport, ResumeReport
 
 ENDED = (Health.FINISHED, Health.STOPPED)
@@ -151,6 +152,7 @@ class MonitorApp(App[None]):
         note: str = "",
         chosen: str = "",
         quit_stops_run: bool = False,
+        glance_min: int | None = MIN_GLANCE_BYTES,
     ) -> None:
         """The monitor of ``source``.
 
@@ -160,7 +162,8 @@ class MonitorApp(App[None]):
         chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
         for the header; ``quit_stops_run``:
         the caller stops the run after ``q`` (the demo), and after SIGHUP (its terminal
-        closed) or SIGTERM, on which the app quits as on ``q``.
+        closed) or SIGTERM, on which the app quits as on ``q``; ``glance_min``: a file at
+        least this long is shown at a glance while it is read whole (app/pipeline.py).
         """
         super().__init__()
         self.source = source
@@ -173,7 +176,8 @@ class MonitorApp(App[None]):
         self.refresh_interval = refresh_interval
         self.status_interval = status_interval
         self.export_dir = export_dir
-        self.pipeline = Pipeline(clock)
+        self.glance_min = glance_min
+        self.pipeline = Pipeline(clock, glance_min)
         self.open_run = open_run
         """Opens another run of the same host by its directory (the compare picker)."""
         self.quit_stops_run = quit_stops_run
@@ -300,6 +304,11 @@ class MonitorApp(App[None]):
         if action == "narrower":
             return f"the narrowest window: {MIN_WINDOW} steps" if window == MIN_WINDOW else None
         if action == "export":
+            filling = self.pipeline.filling
+            if filling is not None:  # the table holds the newest steps only, for now
+                return (
+                    f"export: the history is still being read ({filling:.0%}): press e again soon"
+                )
             if len(self.pipeline.run.unsettled.table):
                 return None
             if self.snapshot.observed is not None:
@@ -597,7 +606,7 @@ class MonitorApp(App[None]):
         (the old stream ends), acted on and probed through ``control``; the header says
         what is followed now, and why (``chosen``)."""
         self.source, self.control, self.chosen = source, control, chosen
-        self.pipeline = Pipeline(self.clock)
+        self.pipeline = Pipeline(self.clock, self.glance_min)
         self._shown, self._lines_at, self._probe_ok = None, -1, True
         self._stopped_by_kill = False
         self.query_one(RunHeader).show_target(source.label, chosen)

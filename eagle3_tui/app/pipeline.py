@@ -23,13 +23,15 @@ import re
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.compare import Comparison, compare
+from eagle3_tui.model.glance import GlanceData, glance_run
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
 from eagle3_tui.transport.base import (
@@ -39,6 +41,7 @@ from eagle3_tui.transport.base import (
     Link,
     LinkChanged,
     StreamEvent,
+    TargetError,
 )
 from eagle3_tui.transport.replies import Status
 
@@ -86,12 +89,68 @@ def coalesce(chunks: Sequence[F]) -> list[F]:
     return out
 
 
-class Pipeline:
-    """The model of one run and the only ways in and out of it."""
+GLANCE_TAIL_ROWS = 2048
+"""The newest training steps a glance reads whole (the "last N steps" views)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+
+def _feed_into(run: Run, chunks: list[Fed]) -> None:
+    for c in chunks:
+        if isinstance(c, Chunk):
+            run.feed(c.offset, c.data, c.stream, c.span)
+        elif isinstance(c, FileChanged):
+            run.file_changed(c)
+        else:
+            run.set_disk(c)
+
+
+def _apply(run: Run, status: Status, now: float) -> None:
+    """The host's evidence into ``run``: its own history's, also while another file's is
+    shown instead."""
+    run_id = status.manifest.get("run_id") if status.manifest else None
+    apply_status(run.state_of(run_id if isinstance(run_id, str) else None), status, now)
+    if status.now is not None:
+        run.set_host_clock(status.now, now)
+
+
+class Glancing(Protocol):
+    """A source that can show a long run at a glance (transport/glancing.py) and give a
+    second stream of the same run (LocalTransport, SshTransport)."""
+
+    async def glance(self, tail_rows: int, min_size: int) -> GlanceData | str: ...
+
+    def fork(self) -> Source: ...
+
+
+class Pipeline:
+    """The model of one run and the only ways in and out of it.
+
+    **At a glance.** With ``glance_min`` set (the monitor's own run), a file at least
+    that long is first shown at a glance (model/glance.py: its events, its newest
+    lines, its history in brief): that run is followed live by a second stream from
+    the glance's end, while the main stream reads the file from its start into a run
+    of its own, off the lock, in a worker thread. Once that one has read past the
+    glance's end it is shown instead (what the host said meanwhile applied to it too):
+    the first picture comes in well under a second however long the run, and every
+    figure ends up read from the lines themselves.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.time, glance_min: int | None = None
+    ) -> None:
         self.run = Run()
         self.clock = clock
+        self.glance_min = glance_min
+        """Open a file at least this long at a glance (None: always read it whole)."""
+        self.glance_note: str | None = None
+        """Why the run was not opened at a glance (None: it was, or none was asked)."""
+        self._fill: Run | None = None
+        """While a run opened at a glance is read whole: that read, shown once done."""
+        self._fill_pending: list[Fed] = []
+        self._fill_wake = asyncio.Event()
+        self._fill_to = 0
+        self._fill_said: list[tuple[Status, float]] = []
+        """What the host said while the run was read whole: applied to it before it shows."""
+        self._tasks: list[asyncio.Task[None]] = []
         self.lock = asyncio.Lock()
         self.generation = 0
         """Bumped whenever the model changed: a snapshot of an older one is stale."""
@@ -113,14 +172,87 @@ class Pipeline:
         """The last snapshot and its view: its lines serve the next when no chart is due."""
 
     async def pump(self, source: Source, on_link: Callable[[LinkChanged], None]) -> None:
-        """Move the source's events along until it ends (a refused host ends it)."""
-        async for event in source.stream(0):
+        """Move the source's events along until it ends (a refused host ends it); a long
+        file is shown at a glance first (see the class docstring)."""
+        try:
+            if self.glance_min is not None and hasattr(source, "glance"):
+                await self._at_a_glance(cast(Glancing, source), self.glance_min)
+            async for event in source.stream(0):
+                if isinstance(event, Chunk | FileChanged | DiskSpace):
+                    if self._fill is not None:
+                        self._fill_pending.append(event)
+                        self._fill_wake.set()
+                    else:
+                        self._pending.append(event)
+                        self._wake.set()
+                else:
+                    self._link_changed(event)
+                    on_link(event)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+
+    @property
+    def filling(self) -> float | None:
+        """How far the whole read of a run shown at a glance is (0 to 1); None when
+        none is under way."""
+        fill = self._fill
+        if fill is None:
+            return None
+        return min(1.0, fill.reader.next_offset / max(1, self._fill_to))
+
+    async def _at_a_glance(self, source: Glancing, min_size: int) -> None:
+        try:
+            data = await source.glance(GLANCE_TAIL_ROWS, min_size)
+        except (TargetError, OSError) as e:
+            data = f"no glance: {e}"
+        if isinstance(data, str):
+            self.glance_note = data
+            return
+        built = await asyncio.to_thread(glance_run, data)
+        if isinstance(built, str):
+            self.glance_note = built
+            return
+        async with self.lock:
+            self.run = built[0]
+            self._cache, self._last = SnapshotCache(), None
+            self.generation += 1
+        self._fill, self._fill_to = Run(), data.size
+        self._tasks.append(asyncio.ensure_future(self._filling(self._fill)))
+        self._tasks.append(asyncio.ensure_future(self._live(source.fork(), data.size)))
+
+    async def _live(self, source: Source, offset: int) -> None:
+        """The run shown at a glance, followed from the glance's end (its link is the
+        main stream's)."""
+        async for event in source.stream(offset):
+            if self._fill is None:
+                return  # the whole read is shown now
             if isinstance(event, Chunk | FileChanged | DiskSpace):
                 self._pending.append(event)
                 self._wake.set()
-            else:
-                self._link_changed(event)
-                on_link(event)
+
+    async def _filling(self, fill: Run) -> None:
+        """Feed the main stream into ``fill`` (off the lock: no one else reads it) until
+        it has read past the glance's end, then show it."""
+        while True:
+            await self._fill_wake.wait()
+            self._fill_wake.clear()
+            chunks, self._fill_pending = self._fill_pending, []
+            if chunks:
+                await asyncio.to_thread(_feed_into, fill, coalesce(chunks))
+            if fill.reader.next_offset >= self._fill_to and not self._fill_pending:
+                break
+        async with self.lock:
+            for status, at in self._fill_said:
+                _apply(fill, status, at)
+            quick = self.run
+            if quick.link_down_since is not None:
+                fill.set_link(False, quick.link_down_since)
+            self.run, self._fill, self._fill_said = fill, None, []
+            self._pending, self._fill_pending = self._fill_pending, []
+            self._cache, self._last = SnapshotCache(), None
+            self.generation += 1
+            self._wake.set()
 
     def _link_changed(self, event: LinkChanged) -> None:
         now = self.clock()
@@ -143,9 +275,10 @@ class Pipeline:
                 run.set_link(False, at, detail)
                 changed = True
         self._links.clear()
-        if self._reconnected and not self._pending:
+        read = (self._fill or run).reader  # the main stream's reader
+        if self._reconnected and not self._pending and not self._fill_pending:
             target = self._catch_up
-            if target is None or run.reader.next_offset >= target:
+            if target is None or read.next_offset >= target:
                 self.caught_up = True
                 if run.link_down_since is not None:
                     # what the host wrote while the link was down has been read
@@ -179,13 +312,7 @@ class Pipeline:
             self.feeds += 1
 
     def _feed(self, chunks: list[Fed]) -> None:
-        for c in chunks:
-            if isinstance(c, Chunk):
-                self.run.feed(c.offset, c.data, c.stream, c.span)
-            elif isinstance(c, FileChanged):
-                self.run.file_changed(c)
-            else:
-                self.run.set_disk(c)
+        _feed_into(self.run, chunks)
 
     @property
     def global_step(self) -> int | None:
@@ -205,20 +332,19 @@ class Pipeline:
             last = self._last
             keep = last[0] if not lines and last is not None and last[1] == view else None
             snap = await asyncio.to_thread(build_snapshot, state, now, view, self._cache, keep)
+            filling = self.filling
+            if filling is not None:  # at a glance: the history in brief while it is read
+                snap = replace(snap, history=f"reading the whole history: {filling:.0%}")
             self._last = (snap, view)
         return snap, generation
 
     async def set_status(self, status: Status, now: float) -> None:
         """Evidence from the host: the manifest, whether its trainer is alive, what of
         the run outlived it, and the host's clock (asked at ``now``, the client's)."""
-        run_id = status.manifest.get("run_id") if status.manifest else None
         async with self.lock:
-            # the run's own history, also while another file's is shown instead
-            apply_status(
-                self.run.state_of(run_id if isinstance(run_id, str) else None), status, now
-            )
-            if status.now is not None:
-                self.run.set_host_clock(status.now, now)
+            _apply(self.run, status, now)
+            if self._fill is not None:
+                self._fill_said.append((status, now))
             self.generation += 1
 
     async def export_csv(self, path: Path, window: int | None) -> tuple[Path, int]:

@@ -35,6 +35,9 @@ class Writers(dict[str, WriterSeq]):
 
     def __init__(self) -> None:
         super().__init__()
+        self.partial = False
+        """Set while only some of the file's lines are applied (a glance's events): a
+        number jumping ahead is not records lost."""
         self._crossing: FileNotice | None = None
         self._crossing_next: dict[str, int] = {}
         """Each writer's next sequence number when the file changed (``begin_crossing``)."""
@@ -60,7 +63,7 @@ class Writers(dict[str, WriterSeq]):
             return False
         if self._crossing is not None:
             self._crossed(rec.w, rec.seq)
-        if rec.seq > ws.next_seq:
+        if rec.seq > ws.next_seq and not self.partial:
             ws.lost += rec.seq - ws.next_seq
         ws.next_seq = rec.seq + 1
         return True
@@ -74,7 +77,8 @@ class Writers(dict[str, WriterSeq]):
                 ws = self[writer] = WriterSeq(next_seq=first)
             if self._crossing is not None:
                 self._crossed(writer, first)
-            ws.lost += first - ws.next_seq
+            if not self.partial:
+                ws.lost += first - ws.next_seq
             ws.next_seq = last_seq + 1
 
     def begin_crossing(self, notice: FileNotice) -> None:

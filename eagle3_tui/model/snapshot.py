@@ -17,6 +17,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -259,6 +260,8 @@ class Snapshot:
     anomalies: tuple[Anomaly, ...] = ()
     """What happened on the way (non-finite loss, spikes, resumes, steps not logged),
     in step order: kept visible after the end (``model/anomalies.py``)."""
+    history: str | None = None
+    """While a run opened at a glance is read whole (app/pipeline.py): how far."""
 
     @property
     def health(self) -> Health:
@@ -293,7 +296,14 @@ class _Frame:
         self.table = table
         self.i = bisect_left(table.steps, first_step)
         self.n = len(table.steps)
-        self.cache = cache if cache is not None and self.n - self.i >= INCREMENTAL_ROWS else None
+        self.first_step = first_step
+        self.before = float(table.steps[0]) if self.n else math.inf
+        """The table's first step: a glance's history stands for the steps before it."""
+        hist = state.history
+        self.history = hist if hist is not None and first_step < self.before else None
+        """A glance's history in brief, where the window reaches before the table."""
+        long = cache is not None and self.n - self.i >= INCREMENTAL_ROWS
+        self.cache = cache if long and self.history is None else None
         """Set when the window is long enough to reduce incrementally."""
         self._x: F64 | None = None
 
@@ -326,10 +336,24 @@ def _line(frame: _Frame, key: str, label: str, view: ViewParams, kind: str) -> L
             return None
         xs, ys = frame.cache.reduce(frame, key, rows, kind, view)
         return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
-    y = frame.y(key)
+    y: npt.NDArray[Any] | None = frame.y(key)
+    x = frame.x
+    hist = frame.history
+    if hist is not None and kind == "smoothed":  # a glance's history: its blocks' means
+        brief = hist.means(key, frame.first_step, frame.before)
+        if brief is not None:
+            if y is None or not len(y):
+                return Line(label, tuple(brief[0].tolist()), tuple(brief[1].tolist()), kind)
+            xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
+            xs, ys = np.concatenate([brief[0], xs]), np.concatenate([brief[1], ys])
+            return Line(label, tuple(xs.tolist()), tuple(ys.tolist()), kind)
+    elif hist is not None:  # its blocks' first, min, max and last, then the table's rows
+        brief = hist.points(key, frame.first_step, frame.before)
+        if brief is not None:
+            x = np.concatenate([brief[0], x]) if y is not None else brief[0]
+            y = np.concatenate([brief[1], y]) if y is not None else brief[1]
     if y is None:
         return None
-    x = frame.x
     if kind == "smoothed":
         xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
     else:
@@ -346,6 +370,28 @@ def _tau_series(frame: _Frame, ttt_steps: int) -> tuple[F64, F64] | None:
 
 
 _Columns = list[npt.NDArray[np.float32] | None]
+
+
+def _tau_brief(frame: _Frame, ttt_steps: int) -> tuple[F64, F64] | None:
+    """τ of a glance's history: from each block's mean accuracies."""
+    hist = frame.history
+    if hist is None or ttt_steps == 0:
+        return None
+    lo, hi = frame.first_step, frame.before
+    x: F64 | None = None
+
+    def means(key: str) -> npt.NDArray[np.float64] | None:
+        nonlocal x
+        m = hist.means(key, lo, hi)
+        if m is None:
+            return None
+        x = m[0]
+        return m[1]
+
+    full = [means(f"train/full_acc_{k}") for k in range(ttt_steps)]
+    cond = [means(f"train/cond_acc_{k}") for k in range(ttt_steps)]
+    tau = tau_series(full, cond)
+    return None if tau is None or x is None else (x, tau)
 
 
 def _tau_line(frame: _Frame, ttt_steps: int, view: ViewParams) -> Line | None:
@@ -367,10 +413,16 @@ def _tau_line(frame: _Frame, ttt_steps: int, view: ViewParams) -> Line | None:
         xs, ys = frame.cache.reduce(frame, key, rows, "smoothed" if smooth else "raw", view)
         return Line("τ", tuple(xs.tolist()), tuple(ys.tolist()), "derived")
     tau_xy = _tau_series(frame, ttt_steps)
-    if tau_xy is None:
+    brief = _tau_brief(frame, ttt_steps)
+    if tau_xy is None and brief is None:
         return None
-    x, y = tau_xy
-    xs, ys = smoothed(x, y, view.smoothing, view.columns * 2) if smooth else m4(x, y, view.columns)
+    xs, ys = brief if brief is not None else (np.zeros(0), np.zeros(0))
+    if tau_xy is not None:
+        x, y = tau_xy
+        tx, ty = (
+            smoothed(x, y, view.smoothing, view.columns * 2) if smooth else m4(x, y, view.columns)
+        )
+        xs, ys = np.concatenate([xs, tx]), np.concatenate([ys, ty])  # a glance's history first
     return Line("τ", tuple(xs.tolist()), tuple(ys.tolist()), "derived")
 
 
@@ -614,7 +666,6 @@ def build_snapshot(
     saving = state.activity.detail if state.activity and state.activity.what == "saving" else None
     if ended is not None:
         saving = None  # a save seen under way when the run ended is not going on now
-    last_bad = state.malformed[-1] if state.malformed else None
     return Snapshot(
         now=now,
         diagnosis=diagnosis,
@@ -644,9 +695,7 @@ def build_snapshot(
         warnings=state.warnings,
         records=state.records,
         malformed=state.malformed_count,
-        malformed_last=(
-            f"line {last_bad.line_no}: {last_bad.reason}" if last_bad is not None else ""
-        ),
+        malformed_last=_malformed_last(state),
         lost=state.lost_records,
         duplicates=state.duplicate_records,
         restarts=len(state.restarts),
@@ -659,6 +708,15 @@ def build_snapshot(
         observed=_observed(state),
         anomalies=find_anomalies(state, cache.loss_scan if cache is not None else None),
     )
+
+
+def _malformed_last(state: RunState) -> str:
+    bad = state.malformed[-1] if state.malformed else None
+    if bad is None:
+        return ""
+    if state.history is not None:  # opened at a glance: the lines before are not counted
+        return f"at byte {bad.offset:,}: {bad.reason}"
+    return f"line {bad.line_no}: {bad.reason}"
 
 
 MAX_FILE_NOTES = 50

@@ -43,6 +43,7 @@ from eagle3_tui.model.events import (
     saved_progress_of,
 )
 from eagle3_tui.model.files import CHANGES, DiskSpace, FileNotice, Outcome, WriteGap, write_gap
+from eagle3_tui.model.history import History
 from eagle3_tui.model.liveness import Leftover, Liveness
 from eagle3_tui.model.observed import HISTORY as PROC_HISTORY
 from eagle3_tui.model.observed import (
@@ -157,6 +158,9 @@ class RunState:
     """The run ids its records and manifest named, first seen first."""
     train_writer: str | None = None
     """The writer (``w``) of the latest training step: the trainer."""
+    history: History | None = None
+    """Set on a run opened at a glance (model/glance.py): its steps before the table's
+    first, in brief, for the charts only, until the whole file is read."""
     foreign: bool = False
     """Another file's history, shown because it is what the path holds now."""
 

@@ -36,6 +36,24 @@ line); types ``q`` (int64, stored as differences), ``d`` (float64) and ``f``
 and zlib-packed: shuffled, the sign/exponent bytes of similar values pack to
 almost nothing.
 
+Each column block's header also carries ``"span"`` (the byte range from its first
+row to the end of its last) and ``"stats"``: per column ``[first, min, index of the
+min, max, index of the max, last, mean]`` (floats to 7 significant digits), what a
+glance draws a long history from without reading its rows (agent/glance.py).
+
+**Marks.** A glance reads a run's newest lines and, of everything before them, only
+the events: every line of a writer that is neither a training step kept as a row
+nor a sampler's (:data:`SAMPLED_KINDS`, whose newest lines say all the monitor
+keeps). Each writer (the trainer's, the sidecar's, each rank's) appends, right after
+a batch of lines that held such an event, a mark block listing them, and one (empty)
+when it first writes to a file, so that a glance knows every writer that has marks::
+
+    b"E3M1" | u32 header length | u32 0 | u32 crc32(header)
+    header: JSON {"dev", "ino", "w": the writer, "marks": [[offset, length, kind], ...]}
+            (+ "lost": true when lines of the writer landed where it cannot say)
+
+``index_file`` writes one writer ``"*"`` for every line of the file it indexed.
+
 Standard library only (imported inside the trainer and by the agent); Python 3.8+.
 """
 
@@ -56,6 +74,12 @@ from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
+MARK_MAGIC = b"E3M1"
+SAMPLED_KINDS = frozenset({"gpu", "io", "heartbeat", "proc", "progress"})
+"""Sampler kinds: written every few seconds, the newest say what is kept (not marked)."""
+MARKS_PER_BLOCK = 4096
+ALL_WRITERS = "*"
+"""A mark block's writer when ``index_file`` marked every writer's lines."""
 HEAD = struct.Struct("<4sIII")
 BLOCK_ROWS = 1024
 BLOCK_AGE_S = 300.0
@@ -134,6 +158,37 @@ def flatten(rec: Any) -> tuple[Shape, tuple[str, str], list[Any]] | None:
     return tuple(shape), (w, "train"), values
 
 
+def kind_of(line: bytes) -> str:
+    """The ``kind`` a line names ("" when it names none), spelled compactly as our
+    writer writes it or with spaces (a file written by another tool)."""
+    at = line.find(b'"kind"')
+    if at < 0:
+        return ""
+    at += 6
+    n = len(line)
+    while at < n and line[at] in (32, 58, 9):  # spaces and the colon
+        at += 1
+    if at >= n or line[at] != 34:
+        return ""
+    end = line.find(b'"', at + 1, at + 42)
+    return line[at + 1 : end].decode("ascii", "replace") if end > 0 else ""
+
+
+def _f7(v: float) -> float:
+    return float(f"{v:.7g}")
+
+
+def column_stats(kind: str, values: list[Any]) -> list[Any]:
+    """``[first, min, index of the min, max, index of the max, last, mean]`` of a
+    column's values (floats of an ``f`` column to 7 significant digits)."""
+    lo, hi = min(values), max(values)
+    stats = [values[0], lo, values.index(lo), hi, values.index(hi), values[-1]]
+    stats.append(math.fsum(values) / len(values))
+    if kind == "f":
+        stats = [v if i in (2, 4) else _f7(v) for i, v in enumerate(stats)]
+    return stats
+
+
 # ---- packing ------------------------------------------------------------------------
 
 
@@ -207,6 +262,12 @@ def encode_block(
             "groups": groups,
             "order": [p for p, _ in shape],
             "cols": meta,
+            "span": [offsets[0], offsets[-1] + lengths[-1]] if offsets else [0, 0],
+            "stats": {
+                path: column_stats(kind, values)
+                for (path, kind), values in zip(data_shape, cols)  # noqa: B905 (3.8)
+                if values
+            },
         },
         separators=(",", ":"),
     ).encode()
@@ -228,6 +289,49 @@ class Block:
 
     def ints(self, path: str) -> list[int]:
         return unpack_ints(self.chunks[path][1], self.n)
+
+
+def encode_marks(ident: tuple[int, int], writer: str, marks: list[Any], lost: bool) -> bytes:
+    """A mark block (see the module docstring)."""
+    head: dict[str, Any] = {"dev": ident[0], "ino": ident[1], "w": writer, "marks": marks}
+    if lost:
+        head["lost"] = True
+    header = json.dumps(head, separators=(",", ":")).encode()
+    return HEAD.pack(MARK_MAGIC, len(header), 0, zlib.crc32(header)) + header
+
+
+def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """Every whole block of a companion's bytes, column blocks and mark blocks, as
+    (magic, header, body), in order: block to block by their lengths; past a torn or
+    damaged one, at the next magic of either kind."""
+    out: list[tuple[bytes, bytes, bytes]] = []
+    pos = 0
+    size = len(data)
+    while pos + HEAD.size <= size:
+        magic, hlen, blen, crc = HEAD.unpack_from(data, pos)
+        start = pos + HEAD.size
+        end = start + hlen + blen
+        if (
+            magic in (MAGIC, MARK_MAGIC)
+            and hlen <= MAX_HEADER
+            and blen <= MAX_BODY
+            and end <= size
+            and zlib.crc32(data[start + hlen : end], zlib.crc32(data[start : start + hlen])) == crc
+        ):
+            out.append((magic, data[start : start + hlen], data[start + hlen : end]))
+            pos = end
+            continue
+        found = (data.find(MAGIC, pos + 1), data.find(MARK_MAGIC, pos + 1))
+        nexts = [at for at in found if at >= 0]
+        if not nexts:
+            break
+        pos = min(nexts)
+    return out
+
+
+def parse_block(header_b: bytes, body: bytes) -> Block | None:
+    """A column block from its header and body (None: not one)."""
+    return _parse_block(header_b, body)
 
 
 def read_blocks(data: bytes) -> list[Block]:
@@ -296,9 +400,17 @@ class ColumnLog:
         jsonl_path: str,
         block_rows: int = BLOCK_ROWS,
         on_error: Callable[[BaseException], None] | None = None,
+        rows: bool = True,
+        writer: str = "",
     ) -> None:
         self.path = companion_path(jsonl_path)
         self.block_rows = block_rows
+        self.rows_kept = rows
+        """Training steps become rows (False: the sidecar's writer, which only marks)."""
+        self.writer = writer
+        self._marks: list[list[Any]] = []
+        self._mark_ident: tuple[int, int] | None = None
+        """The file this writer last marked lines of (it announces itself once per file)."""
         self.on_error = on_error
         """Told of each block that could not be written (the writer counts it)."""
         self._fd: int | None = None
@@ -315,15 +427,26 @@ class ColumnLog:
         self.errors = 0
 
     def add(self, ident: tuple[int, int], offset: int, line: bytes) -> None:
-        """A line now at ``offset`` of the file ``ident`` (device, inode)."""
-        if b'"train"' not in line:
-            return  # not a training step (the envelope's kind is "train")
-        try:
-            flat = flatten(json.loads(line))
-        except ValueError:
-            flat = None
+        """A line now at ``offset`` of the file ``ident`` (device, inode): a row, or a
+        mark when it is an event (call :meth:`end_batch` after a batch of lines)."""
+        if ident != self._mark_ident:
+            self.end_batch()
+            self._mark_ident = ident
+            self._write_marks(ident, [], False)  # this writer writes to this file
+        kind = kind_of(line)
+        if kind in SAMPLED_KINDS or (not kind and not line.strip()):
+            return  # a sample, or a blank line (no record)
+        flat = None
+        if kind == "train" and self.rows_kept:
+            try:
+                flat = flatten(json.loads(line))
+            except ValueError:
+                flat = None
         if flat is None:
-            return  # not a row: it travels as JSON
+            self._marks.append([offset, len(line), kind])  # an event: a glance reads it
+            if len(self._marks) >= MARKS_PER_BLOCK:
+                self.end_batch()
+            return
         shape, const, values = flat
         if self._rows and (shape != self._shape or const != self._const or ident != self._ident):
             self.flush()
@@ -343,10 +466,34 @@ class ColumnLog:
         """Drop the rows not yet written (their lines did not all reach the file)."""
         self._offsets, self._lengths, self._rows = [], [], []
 
+    def end_batch(self) -> None:
+        """The events marked since the last batch, as one mark block."""
+        if self._marks and self._mark_ident is not None:
+            self._write_marks(self._mark_ident, self._marks, False)
+        self._marks = []
+
+    def lose_marks(self, ident: tuple[int, int]) -> None:
+        """Lines of this writer landed where it cannot say: its marks of ``ident`` can
+        no longer stand for all its events (a glance of that file reads it whole)."""
+        self._marks = []
+        self._write_marks(ident, [], True)
+
+    def _write_marks(self, ident: tuple[int, int], marks: list[Any], lost: bool) -> None:
+        try:
+            fd = self._open()
+            view = memoryview(encode_marks(ident, self.writer, marks, lost))
+            while view:
+                view = view[os.write(fd, view) :]
+        except Exception as e:
+            self.errors += 1
+            if self.on_error is not None:
+                self.on_error(e)
+
     def restart(self) -> None:
         """Forget the rows not yet written and empty the companion (the JSON lines' file
         changed: what it indexes is gone or moved). Nothing is made where there is none."""
         self.forget()
+        self._marks, self._mark_ident = [], None
         try:
             if self._fd is None and not os.path.lexists(self.path):
                 return
@@ -401,6 +548,7 @@ class ColumnLog:
 
     def close(self) -> None:
         self.flush()
+        self.end_batch()
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -412,7 +560,7 @@ class ColumnLog:
 def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS) -> int:
     """Write the companion of an existing ``metrics.jsonl`` (one written before the
     writer kept one); returns the blocks written. The file must not be growing."""
-    log = ColumnLog(jsonl_path, block_rows)
+    log = ColumnLog(jsonl_path, block_rows, writer=ALL_WRITERS)
     if os.path.exists(log.path):
         os.unlink(log.path)
     with open(jsonl_path, "rb") as f:

@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         rank=cfg.rank,
         writer_id=f"{os.getpid()}-sidecar",
         run_id=cfg.run_id or None,
-        columns=False,  # it writes no training steps: the trainer's writer keeps the companion
+        columns=False,  # its events marked, no rows (the trainer's writer keeps them)
     )
     wake: list[int] = []
     read_ops = _read_ops(0, wake)

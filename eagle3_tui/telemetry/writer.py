@@ -176,10 +176,13 @@ class JsonlWriter:
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
-        self._columns = ColumnLog(self.path, on_error=self._count_error) if columns else None
-        """The columnar companion of the training steps written (telemetry/columns.py)."""
         self.rank = rank
         self.writer_id = writer_id or f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._columns: ColumnLog | None = ColumnLog(
+            self.path, on_error=self._count_error, rows=columns, writer=self.writer_id
+        )
+        """The companion (telemetry/columns.py): the training steps written, as columns
+        (``columns`` False: none, the sidecar's), and every writer's events, marked."""
         self._clock = clock
         self._lock = threading.Lock()
         self._seq = 0
@@ -562,17 +565,21 @@ class JsonlWriter:
         cols = self._columns
         if cols is None or not lines:
             return
+        ident = self._file.ident
         if at is None:  # where they landed is unknown: rows before them are unsure too
             cols.forget()
+            if ident is not None:
+                cols.lose_marks(ident)
             return
-        ident = self._file.ident
         assert ident is not None
         try:
             for line in lines:
                 cols.add(ident, at, line)
                 at += len(line)
+            cols.end_batch()
         except Exception as e:  # the companion only speeds reading up: never fatal
             cols.forget()
+            cols.lose_marks(ident)
             self._count_error(e)
 
     def _open(self) -> None:

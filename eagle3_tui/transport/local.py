@@ -14,6 +14,7 @@ from pathlib import Path
 from eagle3_tui.agent.diskspace import DiskWatch
 from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
 from eagle3_tui.agent.names import ERR_PERMISSION, ERR_WRONG_KIND
+from eagle3_tui.model.glance import GlanceData
 from eagle3_tui.telemetry.safefs import (
     open_file,
     open_regular,
@@ -31,6 +32,7 @@ from eagle3_tui.transport.base import (
     WrongKindError,
     printable,
 )
+from eagle3_tui.transport.glancing import glance_local
 
 READ_SIZE = 1024 * 1024
 """Reads of a few MiB: the freed buffer is reused for the next read, where a 16 MiB
@@ -131,6 +133,14 @@ class LocalTransport:
     @property
     def label(self) -> str:
         return str(self.run_dir)
+
+    def fork(self) -> LocalTransport:
+        """A transport of its own for the same run (a second stream beside this one)."""
+        return LocalTransport(self.run_dir, self.poll_interval, self.idle_interval)
+
+    async def glance(self, tail_rows: int, min_size: int) -> GlanceData | str:
+        """The run at a glance (transport/glancing.py), or why there is none."""
+        return await asyncio.to_thread(glance_local, self.path, tail_rows, min_size)
 
     async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
         disk = DiskWatch(str(self.run_dir), str(self.path))

@@ -81,7 +81,7 @@ class RunHeader(KeptLines):
     def watch_snapshot(self, snap: Snapshot) -> None:
         d, p = snap.diagnosis, snap.progress
         key = (d.label, d.health, d.link_down_since is None, snap.other_file is None)
-        key2 = (p.step, p.total_steps, p.epoch, p.epochs_total, _source(snap))
+        key2 = (p.step, p.total_steps, p.epoch, p.epochs_total, _source(snap), snap.history)
         if (key, key2) != self._inputs:
             self._inputs = (key, key2)
             self.repaint_changed()
@@ -121,6 +121,8 @@ class RunHeader(KeptLines):
         source = _source(snap)
         if source:
             text.append(f" · {source}", style="dim")
+        if snap.history:  # opened at a glance: the rest is being read
+            text.append(f" · {snap.history}", style="dim")
         text.append("  ")
         if self.note:  # why this run (before the target, which may be long)
             text.append_text(inert(self.note, style="italic"))

@@ -1,0 +1,372 @@
+"""A glance at a long run: what its first picture needs, without reading all of it.
+
+A run of a million steps with per-second samples is gigabytes of JSON lines; its
+first picture needs a few hundred points a chart, the newest lines and every event.
+The companion (telemetry/columns.py) holds what finds them: each column block's
+stats stand for its rows, and each writer's mark blocks list its events. A glance is
+
+- the **tail**: the newest ``tail_rows`` training steps and everything after them,
+  as the lines themselves (from a column block's first row to the file's end, at
+  most ``max_tail`` bytes);
+- the **events** before the tail: every marked line, each read at its offset and
+  checked (a whole line naming the kind its mark says);
+- the **digest**: per column block before the tail, its steps, times and rows, and
+  the stats of the columns asked for (``[first, min, index of min, max, index of
+  max, last, mean]``).
+
+There is no glance (a reason instead, and the client reads the file whole, as
+before) where the companion cannot stand for the file: none, or no column block of
+this very file (device and inode); a writer's marks said lost; a writer in the tail
+that never marked and whose first line is not in the tail (its earlier events would
+be missed); more events than :data:`MAX_MARKS`. Lines of a writer older than marks
+(an earlier version of telemetry) and wholly before the tail cannot be seen: the
+whole file, read behind the first picture, has them.
+
+``op: glance`` sends ``J glance`` (``ok``, ``size``, ``tail_from``, ``identity``, or
+``ok`` false and ``why``), then a ``Z`` frame at offset -2 (the digest and the
+events' places, JSON), one at offset -1 (the events' lines, one after the other) and
+the tail as ``Z`` frames at their offsets, then ``J eof``. Python 3.8+, standard
+library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import Any, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
+
+from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion
+from eagle3_tui.agent.frames import AgentError, emit, emit_zdata
+from eagle3_tui.agent.names import ERR_MISSING, EV_EOF, EV_GLANCE, EV_RESOLVED
+from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
+from eagle3_tui.telemetry.columns import (
+    ALL_WRITERS,
+    MARK_MAGIC,
+    Block,
+    column_stats,
+    companion_path,
+    kind_of,
+    parse_block,
+    walk_blocks,
+)
+from eagle3_tui.telemetry.safefs import open_regular
+
+TAIL_ROWS = 2048
+"""Training steps read whole at the end: the "last N steps" views at full resolution."""
+MAX_TAIL = 48 << 20
+MAX_MARKS = 50_000
+LOGS_KEPT = 2000
+"""Of the ``log`` events before the tail, the newest this many (what the model keeps)."""
+FRAME = 4 << 20
+LEVEL = 1
+
+Digest = Dict[str, Any]  # noqa: UP006 (evaluated: Python 3.8)
+Marks = List[Tuple[int, bytes]]  # noqa: UP006
+
+
+class Glance:
+    """What :func:`glance` found: see the module docstring."""
+
+    __slots__ = ("digest", "identity", "marks", "size", "tail", "tail_from")
+
+    def __init__(
+        self,
+        size: int,
+        identity: str,
+        tail_from: int,
+        tail: bytes,
+        marks: Marks,
+        digest: Digest,
+    ) -> None:
+        self.size = size
+        self.identity = identity
+        self.tail_from = tail_from
+        self.tail = tail
+        self.marks = marks
+        """(offset, the whole line) of each event before the tail, in file order."""
+        self.digest = digest
+        """``blocks``: [first step, last step, rows, first ts, last ts] per column block
+        before the tail, in file order; ``stats``: per column path, one stats list a block."""
+
+
+class _Col:
+    __slots__ = ("block", "end", "start")
+
+    def __init__(self, start: int, end: int, block: Block) -> None:
+        self.start, self.end, self.block = start, end, block
+
+
+def _span(block: Block) -> tuple[int, int] | None:
+    span = block.header.get("span")
+    if (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(type(v) is int for v in span)
+        and 0 <= span[0] < span[1]
+    ):
+        return span[0], span[1]
+    try:  # a block written before spans: from its rows
+        offs, lens = block.ints("@off"), block.ints("@len")
+    except (ValueError, KeyError, zlib.error):
+        return None
+    return (offs[0], offs[-1] + lens[-1]) if offs and lens else None
+
+
+def _marks_of(header: dict[str, Any]) -> list[tuple[int, int, str]] | None:
+    marks = header.get("marks")
+    if not isinstance(marks, list):
+        return None
+    out = []
+    for m in marks:
+        if not (isinstance(m, list) and len(m) == 3):
+            return None
+        off, n, kind = m
+        if type(off) is not int or type(n) is not int or off < 0 or n <= 0:
+            return None
+        if not isinstance(kind, str) or len(kind) > 40:
+            return None
+        out.append((off, n, kind))
+    return out
+
+
+def _stats(block: Block, path: str) -> list[Any] | None:
+    stats = block.header.get("stats")
+    if isinstance(stats, dict):
+        s = stats.get(path)
+        if isinstance(s, list) and len(s) == 7 and all(type(v) in (int, float) for v in s):
+            return s
+        if s is not None:
+            return None
+    chunk = block.chunks.get(path)  # a block written before stats: from its column
+    if chunk is None:
+        return None
+    try:
+        values = _unpack(chunk[0], chunk[1], block.n)
+    except (ValueError, zlib.error):
+        return None
+    return column_stats(chunk[0], values) if values else None
+
+
+def _unpack(kind: str, packed: bytes, n: int) -> list[Any]:
+    from array import array
+
+    from eagle3_tui.telemetry.columns import _unshuffle, unpack_ints
+
+    if kind == "q":
+        return unpack_ints(packed, n)
+    width = 8 if kind == "d" else 4
+    raw = _unshuffle(zlib.decompress(packed), width)
+    values = array(kind)
+    values.frombytes(raw)
+    if array("i", [1]).tobytes()[0] != 1:
+        values.byteswap()
+    if len(values) != n:
+        raise ValueError(f"{len(values)} values, not {n}")
+    return values.tolist()
+
+
+def _line_ok(fd: int, off: int, n: int, kind: str) -> bytes | None:
+    """The line a mark names, if it is one: whole, and of the marked kind."""
+    before = 1 if off > 0 else 0
+    try:
+        data = os.pread(fd, n + before, off - before)
+    except OSError:
+        return None
+    if len(data) != n + before or (before and data[0] != 10) or data[-1] != 10:
+        return None
+    line = data[before:]
+    if kind_of(line) != kind:
+        return None
+    if b"\n" in line[:-1]:
+        return None
+    return line
+
+
+def _tail_writers(tail: bytes) -> dict[str, int]:
+    """Each writer in the tail and the sequence number of its first line there."""
+    first: dict[str, int] = {}
+    m0 = ENVELOPE.match(tail)
+    found = NL_ENVELOPE.finditer(tail)
+    for m in [m0, *found] if m0 is not None else found:
+        w = m.group(2).decode("utf-8", "replace")
+        if w not in first:
+            first[w] = int(m.group(1))
+    return first
+
+
+def glance(
+    fd: int,
+    jsonl_path: str,
+    keys: list[str],
+    tail_rows: int = TAIL_ROWS,
+    max_tail: int = MAX_TAIL,
+    min_size: int = 0,
+) -> Glance | str:
+    """The glance at the file open as ``fd``, or why there is none. ``keys``: the
+    column paths (or their prefixes, ending in ``.``) whose stats the digest carries."""
+    st = os.fstat(fd)
+    size = st.st_size
+    if size < min_size:
+        return f"{size} bytes: read whole"
+    data = _read_companion(companion_path(jsonl_path))
+    if not data:
+        return "no companion file"
+    cols: list[_Col] = []
+    marks: list[tuple[int, int, str]] = []
+    marked: set[str] = set()
+    for magic, head, body in walk_blocks(data):
+        try:
+            header = json.loads(head)
+        except ValueError:
+            continue
+        if not isinstance(header, dict):
+            continue
+        if header.get("dev") != st.st_dev or header.get("ino") != st.st_ino:
+            continue  # another file's (the run's file was replaced)
+        if magic == MARK_MAGIC:
+            w = header.get("w")
+            found = _marks_of(header)
+            if not isinstance(w, str) or found is None:
+                continue
+            if header.get("lost"):
+                return f"writer {w} lost track of where its lines went"
+            marked.add(w)
+            marks += found
+            continue
+        block = parse_block(head, body)
+        span = None if block is None else _span(block)
+        if block is None or span is None or span[1] > size:
+            continue
+        cols.append(_Col(span[0], span[1], block))
+    if not cols:
+        return "no column block of this file"
+    cols.sort(key=lambda c: c.start)
+    kept: list[_Col] = []
+    for c in cols:  # not overlapping one kept (two writers' blocks)
+        if not kept or c.start >= kept[-1].end:
+            kept.append(c)
+    i, rows = len(kept), 0
+    while i > 0 and rows < tail_rows:
+        i -= 1
+        rows += kept[i].block.n
+    while i < len(kept) and size - kept[i].start > max_tail:
+        i += 1  # fewer steps at full resolution: the tail's bytes are bounded
+    if i < len(kept):
+        tail_from = kept[i].start
+    else:  # the rows after the last block alone are past the bound
+        tail_from = _line_start(fd, max(kept[-1].end, size - max_tail), size)
+    digest_cols = [c for c in kept[:i] if c.end <= tail_from]
+    tail = os.pread(fd, size - tail_from, tail_from)
+    if len(tail) != size - tail_from:
+        return "the file shrank while it was read"
+    if ALL_WRITERS not in marked:
+        for w, seq in _tail_writers(tail).items():
+            if w not in marked and seq != 0:
+                return f"writer {w} has lines before the tail but no marks"
+    before = sorted({m for m in marks if m[0] + m[1] <= tail_from})
+    logs = [m for m in before if m[2] == "log"]
+    if len(logs) > LOGS_KEPT:
+        dropped = set(logs[:-LOGS_KEPT])
+        before = [m for m in before if m not in dropped]
+    if len(before) > MAX_MARKS:
+        return f"{len(before)} events before the tail"
+    lines: Marks = []
+    for off, n, kind in before:
+        line = _line_ok(fd, off, n, kind)
+        if line is not None:
+            lines.append((off, line))
+    return Glance(
+        size,
+        f"{st.st_dev}:{st.st_ino}",
+        tail_from,
+        tail,
+        lines,
+        _digest(digest_cols, keys),
+    )
+
+
+def _line_start(fd: int, at: int, size: int) -> int:
+    """The first line start at or after ``at`` (``size`` when none)."""
+    if at <= 0:
+        return 0
+    pos = at - 1
+    while pos < size:
+        chunk = os.pread(fd, min(1 << 16, size - pos), pos)
+        if not chunk:
+            break
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(chunk)
+    return size
+
+
+def _digest(cols: list[_Col], keys: list[str]) -> Digest:
+    def wanted(path: str) -> bool:
+        return any(path == k or (k.endswith(".") and path.startswith(k)) for k in keys)
+
+    blocks: list[list[Any]] = []
+    used: list[Block] = []
+    for c in cols:
+        b = c.block
+        step = _stats(b, "step") or _stats(b, "global_step")
+        ts = _stats(b, "ts")
+        if step is None or ts is None:
+            continue
+        blocks.append([step[0], step[5], b.n, ts[0], ts[5], c.start, c.end])
+        used.append(b)
+    paths = sorted({p for b in used for p in b.chunks if not p.startswith("@") and wanted(p)})
+    stats = {p: [_stats(b, p) if p in b.chunks else None for b in used] for p in paths}
+    return {"blocks": blocks, "stats": stats}
+
+
+# ---- the operation ----------------------------------------------------------------------
+
+
+def op_glance(req: dict[str, Any]) -> int:
+    run_dir = resolve_run_dir(req.get("run_dir"))
+    emit(EV_RESOLVED, run_dir=str(run_dir))
+    check_run_dir(run_dir)
+    name = str(req.get("file") or "metrics.jsonl")
+    path = run_dir / name
+    try:
+        fd, _ = open_regular(path)
+    except FileNotFoundError:
+        raise AgentError(
+            ERR_MISSING, f"{run_dir}: no {name} here (is telemetry attached to the trainer?)"
+        ) from None
+    except OSError as e:
+        raise AgentError(ERR_MISSING, f"{path}: {e.strerror}") from None
+    try:
+        keys = [str(k) for k in req.get("keys") or [] if isinstance(k, str)]
+        g = glance(
+            fd,
+            str(path),
+            keys,
+            _int(req.get("tail_rows"), TAIL_ROWS),
+            _int(req.get("max_tail"), MAX_TAIL),
+            _int(req.get("min_size"), 0),
+        )
+    finally:
+        os.close(fd)
+    if isinstance(g, str):
+        emit(EV_GLANCE, ok=False, why=g)
+        emit(EV_EOF)
+        return 0
+    emit(EV_GLANCE, ok=True, size=g.size, tail_from=g.tail_from, identity=g.identity)
+    digest = dict(g.digest)
+    digest["marks"] = [[off, len(line)] for off, line in g.marks]
+    raw = json.dumps(digest, separators=(",", ":")).encode()
+    emit_zdata(-2, len(raw), zlib.compress(raw, LEVEL))
+    raw = b"".join(line for _, line in g.marks)
+    emit_zdata(-1, len(raw), zlib.compress(raw, LEVEL))
+    for at in range(0, len(g.tail), FRAME):
+        part = g.tail[at : at + FRAME]
+        emit_zdata(g.tail_from + at, len(part), zlib.compress(part, LEVEL))
+    emit(EV_EOF, size=g.size)
+    return 0
+
+
+def _int(v: Any, default: int) -> int:
+    return v if type(v) is int and v >= 0 else default

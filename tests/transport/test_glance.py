@@ -1,0 +1,365 @@
+"""A long run at a glance (agent/glance.py, model/glance.py, app/pipeline.py): the
+companion's marks and stats find what the first picture needs; what a glance shows
+is what the lines say; whatever the companion holds, nothing false is shown and the
+whole read takes its place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from eagle3_tui.agent.glance import Glance, glance
+from eagle3_tui.app.pipeline import Pipeline
+from eagle3_tui.model.glance import GlanceData, glance_run
+from eagle3_tui.model.history import history_of
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+from eagle3_tui.telemetry.columns import (
+    COLUMNS_FILE,
+    HEAD,
+    MAGIC,
+    SAMPLED_KINDS,
+    encode_marks,
+    flatten,
+    index_file,
+    read_blocks,
+    walk_blocks,
+)
+from eagle3_tui.telemetry.writer import JsonlWriter
+from eagle3_tui.transport.glancing import assemble, glance_local, glance_remote
+from eagle3_tui.transport.local import LocalTransport
+from eagle3_tui.transport.ssh import SshTransport
+from tests.records import Lines
+from tests.transport.conftest import ssh_target
+from tests.transport.sshd import Sshd
+from tests.transport.test_columnar import messy_run
+from tests.transport.test_ssh_stream import client, stream_host
+
+__all__ = ["client"]  # the fixture, used by name
+
+
+def events_before(data: bytes, end: int) -> list[tuple[int, bytes]]:
+    """Every line before ``end`` a glance must carry: neither a row nor a sample."""
+    out, off = [], 0
+    for line in data.splitlines(keepends=True):
+        if off + len(line) > end:
+            break
+        if line.endswith(b"\n") and line.strip():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None
+            kind = rec.get("kind") if isinstance(rec, dict) else None
+            row = kind == "train" and flatten(rec) is not None
+            if kind not in SAMPLED_KINDS and not row:
+                out.append((off, line))
+        off += len(line)
+    return out
+
+
+def glanced(path: Path, tail_rows: int = 300) -> Glance | str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return glance(fd, str(path), ["train."], tail_rows)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_glance_is_the_files_end_every_event_before_it_and_its_blocks_stats(
+    tmp_path: Path, seed: int
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(4000, seed, samples=0.3))
+    assert index_file(str(path), block_rows=100) > 10
+    data = path.read_bytes()
+    g = glanced(path)
+    assert isinstance(g, Glance), g
+    assert g.size == len(data) and g.tail == data[g.tail_from :]
+    assert g.tail_from > 0 and data[g.tail_from - 1] == 10  # a line's start
+    assert g.marks == events_before(data, g.tail_from)
+    # the digest: each block before the tail, its stats those of its rows
+    blocks = [b for b in read_blocks((tmp_path / COLUMNS_FILE).read_bytes())]
+    before = [b for b in blocks if b.header["span"][1] <= g.tail_from]
+    assert len(g.digest["blocks"]) == len(before) > 5
+    loss = g.digest["stats"]["train.loss"]
+    for b, row, s in zip(before, g.digest["blocks"], loss, strict=True):
+        offs, lens = b.ints("@off"), b.ints("@len")
+        recs = [json.loads(data[o : o + n]) for o, n in zip(offs, lens, strict=True)]
+        values = np.array([r["train"]["loss"] for r in recs], dtype=np.float32)
+        assert row[:3] == [recs[0]["step"], recs[-1]["step"], len(recs)]
+        assert s[1] == pytest.approx(float(values.min()), rel=1e-6)
+        assert s[3] == pytest.approx(float(values.max()), rel=1e-6)
+        assert values[s[2]] == values.min() and values[s[4]] == values.max()
+        assert s[6] == pytest.approx(float(values.astype(np.float64).mean()), rel=1e-5)
+
+
+def test_the_real_writers_mark_their_events_and_announce_themselves(tmp_path: Path) -> None:
+    """The trainer's writer and a sidecar's (no rows) write into one file; each marks
+    exactly its events, and a glance needs nothing but the companion they kept."""
+    path = tmp_path / "metrics.jsonl"
+    sidecar = JsonlWriter(path, writer_id="sidecar", columns=False)
+    trainer = JsonlWriter(path, writer_id="rank0")
+    rng = random.Random(4)
+    for i in range(3000):
+        loss = float("nan") if i == 1500 else rng.random()
+        trainer.write_deferred("train", {"train": {"loss": loss}, "epoch": 0, "lr": 1e-4}, step=i)
+        if i % 200 == 0:
+            trainer.write("ckpt", {"event": "save_finished", "path": f"/c/{i}", "complete": True})
+            sidecar.write("gpu", {"status": "ok", "devices": []})
+            sidecar.write("log", {"level": "WARNING", "logger": "x", "msg": f"at {i}"})
+        if i % 7 == 0:
+            time.sleep(0.001)  # the writers' threads interleave their lines
+    trainer.close()
+    sidecar.close()
+    data = path.read_bytes()
+    marks: dict[str, list[tuple[int, int, str]]] = {}
+    for magic, head, _ in walk_blocks((tmp_path / COLUMNS_FILE).read_bytes()):
+        if magic == b"E3M1":
+            h = json.loads(head)
+            marks.setdefault(h["w"], []).extend(tuple(m) for m in h["marks"])
+    assert set(marks) == {"rank0", "sidecar"}  # each announced itself
+    for w, found in marks.items():
+        expected = []
+        off = 0
+        for line in data.splitlines(keepends=True):
+            rec = json.loads(line)
+            event = rec["kind"] != "train" or flatten(rec) is None
+            if rec["w"] == w and rec["kind"] not in SAMPLED_KINDS and event:
+                expected.append((off, len(line), rec["kind"]))
+            off += len(line)
+        assert sorted(found) == expected
+    assert any(k == "train" for _, _, k in marks["rank0"])  # the NaN step: not a row
+    g = glanced(path, tail_rows=1000)
+    assert isinstance(g, Glance), g
+    assert g.marks == events_before(data, g.tail_from)
+
+
+def test_no_glance_where_the_companion_cannot_stand_for_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 5))
+    assert "no companion" in str(glanced(path))
+    index_file(str(path), block_rows=100)
+    st = os.stat(path)
+    comp = tmp_path / COLUMNS_FILE
+    good = comp.read_bytes()
+    # a writer lost track of where its lines went
+    comp.write_bytes(good + encode_marks((st.st_dev, st.st_ino), "rank0", [], True))
+    assert "lost track" in str(glanced(path))
+    # a companion of another file (same name, another inode)
+    comp.write_bytes(good)
+    fresh = tmp_path / "fresh.jsonl"
+    fresh.write_bytes(path.read_bytes())
+    os.replace(fresh, path)
+    assert "no column block of this file" in str(glanced(path))
+
+
+def test_a_writer_without_marks_in_the_tail_means_no_glance(tmp_path: Path) -> None:
+    """Writers of an older telemetry (column blocks, no marks) whose lines began before
+    the tail: their earlier events would be missed, so the file is read whole."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 5, samples=0.3))
+    index_file(str(path), block_rows=100)
+    comp = tmp_path / COLUMNS_FILE
+    comp.write_bytes(
+        b"".join(
+            HEAD.pack(magic, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b
+            for magic, h, b in walk_blocks(comp.read_bytes())
+            if magic == MAGIC
+        )
+    )
+    assert len(read_blocks(comp.read_bytes())) > 10
+    assert "but no marks" in str(glanced(path))
+
+
+def test_a_planted_mark_shows_no_line_that_is_not_one(tmp_path: Path) -> None:
+    """Marks that point into the middle of a line, past a line's end, at a line of
+    another kind: nothing of them is shown."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 9))
+    index_file(str(path), block_rows=100)
+    data = path.read_bytes()
+    st = os.stat(path)
+    g0 = glanced(path)
+    assert isinstance(g0, Glance)
+    step_line = data.index(b'"kind": "train"', 5000)
+    start = data.rindex(b"\n", 0, step_line) + 1
+    end = data.index(b"\n", step_line) + 1
+    planted = [
+        [start + 3, 10, "log"],
+        [start, end - start + 5, "train"],
+        [start, end - start, "ckpt"],
+    ]
+    with open(tmp_path / COLUMNS_FILE, "ab") as f:
+        f.write(encode_marks((st.st_dev, st.st_ino), "*", planted, False))
+    g = glanced(path)
+    assert isinstance(g, Glance)
+    assert g.marks == g0.marks
+
+
+def test_a_glance_shows_what_the_whole_read_shows_of_the_run_now(tmp_path: Path) -> None:
+    """Its latest step and values, checkpoints, validations, logs and verdict are the
+    whole read's; its charts reach back to the first step; it counts no record lost
+    that the lines do not show lost."""
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines("rank0")
+    side = Lines("sidecar")
+    parts = [lines.event("start", pid=1, global_step=0, run_id="r")]
+    for step in range(6000):
+        parts.append(lines.train(step, 3.0 - step / 3000, epoch=step // 1000))
+        if step % 10 == 0:
+            parts.append(side.gpu(95.0))
+        if step % 1000 == 999:
+            parts.append(lines.val(step + 1, step // 1000, 1.5))
+            parts.append(lines.ckpt("save_finished", f"/c/{step // 1000}", complete=True))
+            parts.append(lines.log(f"epoch {step // 1000} done"))
+    path.write_bytes(b"".join(parts))
+    index_file(str(path), block_rows=200)
+    data = path.read_bytes()
+    g = glanced(path, tail_rows=500)
+    assert isinstance(g, Glance), g
+    built = glance_run(GlanceData(g.size, g.tail_from, g.tail, tuple(g.marks), g.digest))
+    assert not isinstance(built, str), built
+    quick, history = built
+    whole = Run()
+    whole.feed(0, data)
+    now = lines.ts + 5
+    a, b = build_snapshot(quick.state, now), build_snapshot(whole.state, now)
+    assert (a.progress.step, a.progress.epoch, a.latest) == (
+        b.progress.step,
+        b.progress.epoch,
+        b.latest,
+    )
+    assert [(c.event, c.path) for c in a.checkpoints] == [(c.event, c.path) for c in b.checkpoints]
+    assert a.val_rows == b.val_rows and [x.msg for x in a.logs] == [x.msg for x in b.logs]
+    assert (a.diagnosis.health, a.diagnosis.reason) == (b.diagnosis.health, b.diagnosis.reason)
+    assert a.lost == 0 == b.lost and a.malformed == 0
+    assert len(quick.state.table) < 1000 and history.steps > 5000
+    loss = next(line for line in a.loss_lines if line.label == "loss")
+    assert min(loss.x) == 0 and max(loss.x) == 5999
+    whole_loss = next(line for line in b.loss_lines if line.label == "loss")
+    assert max(loss.y) == pytest.approx(max(whole_loss.y), rel=1e-6)
+    assert min(loss.y) == pytest.approx(min(whole_loss.y), rel=1e-6)
+    assert a.tau_line is None or min(a.tau_line.x) < 1000
+
+
+@pytest.mark.parametrize(
+    "digest",
+    [
+        None,
+        [],
+        {"blocks": [], "stats": {}},
+        {"blocks": [[5, 1, 10, 0, 1]], "stats": {}},  # last before first
+        {"blocks": "x", "stats": {}},
+        {"blocks": [["a", 2, 3, 4, 5]], "stats": {}},
+    ],
+)
+def test_a_digest_that_is_not_one_is_no_history(digest: Any) -> None:
+    assert history_of(digest) is None
+
+
+def test_a_digest_keeps_its_good_blocks_and_columns_only() -> None:
+    h = history_of(
+        {
+            "blocks": [[0, 9, 10, 1.0, 2.0], [5, 20, 10, 2, 3], [10, 19, 10, 3.0, 4.0]],
+            "stats": {
+                "train.loss": [[1, 0.5, 3, 2, 4, 1, 1.1], None, [1, math.inf, 0, 2, 1, 1, 1]],
+                "train.x": [[1, 2, 3]],  # not one a block
+            },
+        }
+    )
+    assert h is not None and h.blocks == 2  # the second overlaps the first: left out
+    assert set(h.stats) == {"train/loss"}
+    pts = h.points("train/loss", 0, 100)
+    assert pts is not None and list(pts[1]) == [1, 0.5, 2, 1]  # the non-finite one: left out
+
+
+def test_frames_that_do_not_add_up_are_no_glance() -> None:
+    from eagle3_tui.transport.channel import DataFrame
+
+    said = {"ok": True, "size": 10, "tail_from": 5}
+    digest = json.dumps({"blocks": [], "stats": {}, "marks": [[0, 3]]}).encode()
+    good = [DataFrame(-2, digest), DataFrame(-1, b"ab\n"), DataFrame(5, b"12345")]
+    assert isinstance(assemble(said, good), GlanceData)
+    assert "not in one piece" in str(assemble(said, [*good[:2], DataFrame(6, b"2345")]))
+    assert "ends before" in str(assemble(said, [*good[:2], DataFrame(5, b"1234")]))
+    assert "do not add up" in str(assemble(said, [good[0], DataFrame(-1, b"ab\nc"), good[2]]))
+    assert "without its digest" in str(assemble(said, good[1:]))
+    assert "no glance" in str(assemble({"ok": False}, good))
+    assert "size" in str(assemble({"ok": True, "size": "x"}, good))
+
+
+def glance_file(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "metrics.jsonl"
+    path.write_bytes(messy_run(5000, 11, samples=0.5))
+    index_file(str(path), block_rows=200)
+    return run
+
+
+async def test_the_monitor_shows_a_glance_then_the_whole_read_in_its_place(tmp_path: Path) -> None:
+    run = glance_file(tmp_path)
+    pipeline = Pipeline(glance_min=1)
+    source = LocalTransport(run)
+    tasks = [
+        asyncio.ensure_future(pipeline.pump(source, lambda _e: None)),
+        asyncio.ensure_future(pipeline.ingest()),
+    ]
+    seen: list[tuple[bool, str | None]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+            if not pipeline.run.unsettled.records:
+                continue
+            snap, _ = await pipeline.snapshot(time.time(), ViewParams())
+            seen.append((pipeline.run.unsettled.history is not None, snap.history))
+            if pipeline.filling is None and pipeline.run.unsettled.history is None:
+                break
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert pipeline.glance_note is None
+    assert seen[0][0] and seen[0][1] is not None and "reading the whole history" in seen[0][1]
+    assert seen[-1] == (False, None)
+    whole = Run()
+    whole.feed(0, (run / "metrics.jsonl").read_bytes())
+    assert list(pipeline.run.state.table.steps) == list(whole.state.table.steps)
+    assert pipeline.run.state.records == whole.state.records
+
+
+def test_a_host_sends_the_glance_this_machine_reads(
+    tmp_path: Path, sshd: Sshd, client: str
+) -> None:
+    run = glance_file(tmp_path)
+    local = glance_local(run / "metrics.jsonl", 300, 0)
+    assert isinstance(local, GlanceData)
+
+    async def remote() -> GlanceData | str:
+        transport = SshTransport(stream_host(client, ssh_target(sshd, str(run))), str(run))
+        return await transport.glance(300, 0)
+
+    got = asyncio.run(remote())
+    assert isinstance(got, GlanceData), got
+    assert (got.size, got.tail_from, got.tail, got.marks) == (
+        local.size,
+        local.tail_from,
+        local.tail,
+        local.marks,
+    )
+    assert got.digest == local.digest
+    host = stream_host(client, ssh_target(sshd, str(run)))
+    small = asyncio.run(glance_remote(host, str(run), "metrics.jsonl", 300, 1 << 40))
+    assert isinstance(small, str) and "read whole" in small
