@@ -31,6 +31,7 @@ library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
@@ -52,9 +53,13 @@ from eagle3_tui.telemetry.columns import (
 )
 from eagle3_tui.telemetry.safefs import open_regular
 
-TAIL_ROWS = 2048
-"""Training steps read whole at the end: the "last N steps" views at full resolution."""
-MAX_TAIL = 48 << 20
+TAIL_ROWS = 512
+"""Training steps read whole at the end (at least: the steps after the companion's last
+block come too): what the header, the TTT table, pace and health read, and the "last N
+steps" views at full resolution."""
+MAX_TAIL = 4 << 20
+"""At most this many bytes of the tail (fewer steps where samples are many): a glance
+stays about 1 MB on the wire."""
 MAX_MARKS = 50_000
 LOGS_KEPT = 2000
 """Of the ``log`` events before the tail, the newest this many (what the model keeps)."""
@@ -246,17 +251,21 @@ def glance(
     for c in cols:  # not overlapping one kept (two writers' blocks)
         if not kept or c.start >= kept[-1].end:
             kept.append(c)
-    i, rows = len(kept), 0
-    while i > 0 and rows < tail_rows:
-        i -= 1
-        rows += kept[i].block.n
-    while i < len(kept) and size - kept[i].start > max_tail:
-        i += 1  # fewer steps at full resolution: the tail's bytes are bounded
-    if i < len(kept):
-        tail_from = kept[i].start
-    else:  # the rows after the last block alone are past the bound
-        tail_from = _line_start(fd, max(kept[-1].end, size - max_tail), size)
-    digest_cols = [c for c in kept[:i] if c.end <= tail_from]
+    tail_from, need = kept[-1].end, tail_rows  # the rows after the last block: all in it
+    for c in reversed(kept):
+        if need <= 0:
+            break
+        n = c.block.n
+        tail_from = c.start
+        if n > need:  # from the row that leaves ``tail_rows`` rows in the tail
+            with contextlib.suppress(ValueError, KeyError, zlib.error):
+                tail_from = c.block.ints("@off")[n - need]
+        need -= n
+    if size - tail_from > max_tail:  # fewer steps at full resolution: bounded bytes
+        tail_from = size - max_tail
+    if tail_from > 0 and os.pread(fd, 1, tail_from - 1) != b"\n":
+        tail_from = _line_start(fd, tail_from, size)  # the companion said no line's start
+    digest_cols = [c for c in kept if c.end <= tail_from]
     tail = os.pread(fd, size - tail_from, tail_from)
     if len(tail) != size - tail_from:
         return "the file shrank while it was read"

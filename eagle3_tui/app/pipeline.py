@@ -89,8 +89,8 @@ def coalesce(chunks: Sequence[F]) -> list[F]:
     return out
 
 
-GLANCE_TAIL_ROWS = 2048
-"""The newest training steps a glance reads whole (the "last N steps" views)."""
+GLANCE_TAIL_ROWS = 512
+"""The newest training steps a glance reads whole (agent/glance.py's ``TAIL_ROWS``)."""
 
 
 def _feed_into(run: Run, chunks: list[Fed]) -> None:
@@ -238,8 +238,8 @@ class Pipeline:
             await self._fill_wake.wait()
             self._fill_wake.clear()
             chunks, self._fill_pending = self._fill_pending, []
-            if chunks:
-                await asyncio.to_thread(_feed_into, fill, coalesce(chunks))
+            if chunks:  # joined in the thread too: a catch-up's chunks are many MB
+                await asyncio.to_thread(lambda c=chunks: _feed_into(fill, coalesce(c)))
             if fill.reader.next_offset >= self._fill_to and not self._fill_pending:
                 break
         async with self.lock:

@@ -12,6 +12,7 @@ import os
 import random
 import time
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from eagle3_tui.telemetry.columns import (
     walk_blocks,
 )
 from eagle3_tui.telemetry.writer import JsonlWriter
+from eagle3_tui.transport.base import StreamEvent
 from eagle3_tui.transport.glancing import assemble, glance_local, glance_remote
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.ssh import SshTransport
@@ -363,3 +365,55 @@ def test_a_host_sends_the_glance_this_machine_reads(
     host = stream_host(client, ssh_target(sshd, str(run)))
     small = asyncio.run(glance_remote(host, str(run), "metrics.jsonl", 300, 1 << 40))
     assert isinstance(small, str) and "read whole" in small
+
+
+class HeldTransport(LocalTransport):
+    """This machine's run, whose whole read (the stream from 0) waits for ``go``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir)
+        self.go = asyncio.Event()
+
+    def fork(self) -> LocalTransport:
+        return LocalTransport(self.run_dir)
+
+    async def stream(self, offset: int = 0) -> AsyncIterator[StreamEvent]:
+        if offset == 0:
+            await self.go.wait()
+        async for event in super().stream(offset):
+            yield event
+
+
+async def test_the_monitor_opens_a_long_run_at_a_glance_and_its_keys_work_meanwhile(
+    tmp_path: Path,
+) -> None:
+    from eagle3_tui.app.app import make_app
+    from eagle3_tui.app.widgets.header import RunHeader
+    from tests.app.conftest import text_of
+    from tests.conftest import until
+
+    run = glance_file(tmp_path)
+    source = HeldTransport(run)
+    app = make_app(source, refresh_interval=0.02, glance_min=1)
+    whole = Run()
+    whole.feed(0, (run / "metrics.jsonl").read_bytes())
+    last = whole.state.global_step
+    async with app.run_test(size=(120, 40)) as pilot:
+        header = app.query_one(RunHeader)
+        await until(pilot, lambda: "reading the whole history" in text_of(header), what="glance")
+        assert f"step {last + 1:,}" in text_of(header)  # the newest step, shown 1-based
+        loss = app.snapshot.loss_lines[0]
+        assert min(loss.x) < 1000 and max(loss.x) == last  # the history in brief, then the tail
+        await pilot.press("e")  # the table holds the newest steps only: said, not written
+        await until(
+            pilot,
+            lambda: any("still being read" in str(n.message) for n in app._notifications),
+            what="export refused",
+        )
+        await pilot.press("p")  # a view key works meanwhile
+        await until(pilot, lambda: "PAUSED" in text_of(header), what="paused")
+        await pilot.press("p")
+        source.go.set()
+        await until(pilot, lambda: "reading" not in text_of(header), what="the whole read")
+        await until(pilot, lambda: app.pipeline.run.unsettled.history is None, what="swapped")
+        assert list(app.pipeline.run.state.table.steps) == list(whole.state.table.steps)
