@@ -103,6 +103,10 @@ def _feed_into(run: Run, chunks: list[Fed]) -> None:
             run.set_disk(c)
 
 
+def _join_and_feed(run: Run, chunks: list[Fed]) -> None:
+    _feed_into(run, coalesce(chunks))
+
+
 def _apply(run: Run, status: Status, now: float) -> None:
     """The host's evidence into ``run``: its own history's, also while another file's is
     shown instead."""
@@ -239,7 +243,7 @@ class Pipeline:
             self._fill_wake.clear()
             chunks, self._fill_pending = self._fill_pending, []
             if chunks:  # joined in the thread too: a catch-up's chunks are many MB
-                await asyncio.to_thread(lambda c=chunks: _feed_into(fill, coalesce(c)))
+                await asyncio.to_thread(_join_and_feed, fill, chunks)
             if fill.reader.next_offset >= self._fill_to and not self._fill_pending:
                 break
         async with self.lock:

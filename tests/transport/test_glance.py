@@ -398,6 +398,7 @@ async def test_the_monitor_opens_a_long_run_at_a_glance_and_its_keys_work_meanwh
     whole = Run()
     whole.feed(0, (run / "metrics.jsonl").read_bytes())
     last = whole.state.global_step
+    assert last is not None
     async with app.run_test(size=(120, 40)) as pilot:
         header = app.query_one(RunHeader)
         await until(pilot, lambda: "reading the whole history" in text_of(header), what="glance")
