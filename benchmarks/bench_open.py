@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_catchup import SlowLink, config_through
 from benchmarks.records import gpu_line, heartbeat_line, io_line, record_line, train_line
+from eagle3_tui.app.app import tune_collector
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
 from eagle3_tui.telemetry.columns import index_file
@@ -186,13 +188,15 @@ async def measure(source: Any, relay_stats: Path | None) -> dict[str, Any]:
                 if relay_stats is not None:
                     out["wire_first"] = on_the_wire(relay_stats)
                 lag = 0.0  # from here on: what the fill adds
+                tune_collector()  # as the monitor does after its first picture
             if "first_s" in out and pipeline.filling is None and whole:
+                out["lag_ms"] = lag * 1000  # (not the last picture's build, below)
                 snap, _ = await pipeline.snapshot(time.time(), view)
                 out["full_s"] = time.perf_counter() - t0
                 out["full_step"] = snap.progress.step
                 out["records"] = snap.records
-                out["lag_ms"] = lag * 1000
                 out["rss_mb"] = rss_mb()
+                out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 return out
     finally:
         ticking = False

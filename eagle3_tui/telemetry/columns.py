@@ -411,6 +411,9 @@ class ColumnLog:
         self._marks: list[list[Any]] = []
         self._mark_ident: tuple[int, int] | None = None
         """The file this writer last marked lines of (it announces itself once per file)."""
+        self._unsaid: tuple[int, int] | None = None
+        """A file whose marks could not all be written (a full disk): said lost once the
+        companion can be written again, so that no glance trusts marks that miss events."""
         self.on_error = on_error
         """Told of each block that could not be written (the writer counts it)."""
         self._fd: int | None = None
@@ -467,7 +470,10 @@ class ColumnLog:
         self._offsets, self._lengths, self._rows = [], [], []
 
     def end_batch(self) -> None:
-        """The events marked since the last batch, as one mark block."""
+        """The events marked since the last batch, as one mark block (and, first, that
+        marks were lost, while that could not be written)."""
+        if self._unsaid is not None:
+            self._write_marks(self._unsaid, [], True, count=False)  # counted when lost
         if self._marks and self._mark_ident is not None:
             self._write_marks(self._mark_ident, self._marks, False)
         self._marks = []
@@ -478,22 +484,28 @@ class ColumnLog:
         self._marks = []
         self._write_marks(ident, [], True)
 
-    def _write_marks(self, ident: tuple[int, int], marks: list[Any], lost: bool) -> None:
+    def _write_marks(
+        self, ident: tuple[int, int], marks: list[Any], lost: bool, count: bool = True
+    ) -> None:
         try:
             fd = self._open()
             view = memoryview(encode_marks(ident, self.writer, marks, lost))
             while view:
                 view = view[os.write(fd, view) :]
+            if lost:
+                self._unsaid = None
         except Exception as e:
-            self.errors += 1
-            if self.on_error is not None:
-                self.on_error(e)
+            self._unsaid = ident  # (a block cut short is skipped by its checksum)
+            if count:
+                self.errors += 1
+                if self.on_error is not None:
+                    self.on_error(e)
 
     def restart(self) -> None:
         """Forget the rows not yet written and empty the companion (the JSON lines' file
         changed: what it indexes is gone or moved). Nothing is made where there is none."""
         self.forget()
-        self._marks, self._mark_ident = [], None
+        self._marks, self._mark_ident, self._unsaid = [], None, None
         try:
             if self._fd is None and not os.path.lexists(self.path):
                 return

@@ -99,6 +99,8 @@ def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[
             offset += len(data)
 
 
+CATCH_UP_BYTES = 16 * READ_SIZE
+"""The most read in one go: a 2.5 GB file is not held whole while the model takes it."""
 IDLE_POLL_S = 0.25
 """The longest wait between two looks at a file that stopped growing: a step written
 then is read within it, well inside the app's one-second picture of new data."""
@@ -190,8 +192,9 @@ class LocalTransport:
                 if size < offset:
                     yield FileChanged("truncated", time.time(), offset, size)
                     offset = 0
-                if size > offset:
-                    for chunk in await asyncio.to_thread(_read, fd, offset, size):
+                if size > offset:  # a catch-up a few MB at a time: memory stays bounded
+                    end = min(size, offset + CATCH_UP_BYTES)
+                    for chunk in await asyncio.to_thread(_read, fd, offset, end):
                         yield chunk
                         offset = chunk.end
                     wait = self.poll_interval

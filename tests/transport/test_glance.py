@@ -418,3 +418,21 @@ async def test_the_monitor_opens_a_long_run_at_a_glance_and_its_keys_work_meanwh
         await until(pilot, lambda: "reading" not in text_of(header), what="the whole read")
         await until(pilot, lambda: app.pipeline.run.unsettled.history is None, what="swapped")
         assert list(app.pipeline.run.state.table.steps) == list(whole.state.table.steps)
+
+
+def test_marks_that_could_not_be_written_are_said_lost_once_they_can(tmp_path: Path) -> None:
+    """An event while the companion cannot be written (a full disk; here a directory in
+    its place): its mark is lost, and once the companion can be written again the
+    writer says so, so no glance trusts marks that miss an event."""
+    path = tmp_path / "metrics.jsonl"
+    blocked = tmp_path / COLUMNS_FILE
+    blocked.mkdir()
+    w = JsonlWriter(path, writer_id="rank0", background=False)
+    w.write("log", {"level": "ERROR", "logger": "speculators", "msg": "an event"})
+    blocked.rmdir()
+    for i in range(2500):
+        w.write("train", {"train": {"loss": 1.0}, "epoch": 0, "lr": 1e-4}, step=i)
+    w.close()
+    assert len(read_blocks(blocked.read_bytes())) == 3  # the steps' blocks are there
+    assert "lost track" in str(glanced(path))
+    assert sum(w.stats.errors.values()) == 2  # its announcement and the event's mark, once each
