@@ -45,10 +45,10 @@ from eagle3_tui.telemetry.columns import (
     ALL_WRITERS,
     MARK_MAGIC,
     Block,
+    block_of,
     column_stats,
     companion_path,
     kind_of,
-    parse_block,
     walk_blocks,
 )
 from eagle3_tui.telemetry.safefs import open_regular
@@ -139,10 +139,8 @@ def _stats(block: Block, path: str) -> list[Any] | None:
     stats = block.header.get("stats")
     if isinstance(stats, dict):
         s = stats.get(path)
-        if isinstance(s, list) and len(s) == 7 and all(type(v) in (int, float) for v in s):
-            return s
-        if s is not None:
-            return None
+        if s is not None:  # as the writer wrote it (the client checks every number)
+            return s if isinstance(s, list) and len(s) == 7 else None
     chunk = block.chunks.get(path)  # a block written before stats: from its column
     if chunk is None:
         return None
@@ -239,7 +237,7 @@ def glance(
             marked.add(w)
             marks += found
             continue
-        block = parse_block(head, body)
+        block = block_of(header, body)
         span = None if block is None else _span(block)
         if block is None or span is None or span[1] > size:
             continue

@@ -300,13 +300,14 @@ def encode_marks(ident: tuple[int, int], writer: str, marks: list[Any], lost: bo
     return HEAD.pack(MARK_MAGIC, len(header), 0, zlib.crc32(header)) + header
 
 
-def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
+def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
     """Every whole block of a companion's bytes, column blocks and mark blocks, as
-    (magic, header, body), in order: block to block by their lengths; past a torn or
-    damaged one, at the next magic of either kind."""
-    out: list[tuple[bytes, bytes, bytes]] = []
+    (magic, header, body: a view of ``data``, not a copy), in order: block to block by
+    their lengths; past a torn or damaged one, at the next magic of either kind."""
+    out: list[tuple[bytes, bytes, memoryview]] = []
     pos = 0
     size = len(data)
+    view = memoryview(data)
     while pos + HEAD.size <= size:
         magic, hlen, blen, crc = HEAD.unpack_from(data, pos)
         start = pos + HEAD.size
@@ -316,9 +317,9 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
             and hlen <= MAX_HEADER
             and blen <= MAX_BODY
             and end <= size
-            and zlib.crc32(data[start + hlen : end], zlib.crc32(data[start : start + hlen])) == crc
+            and zlib.crc32(view[start + hlen : end], zlib.crc32(view[start : start + hlen])) == crc
         ):
-            out.append((magic, data[start : start + hlen], data[start + hlen : end]))
+            out.append((magic, data[start : start + hlen], view[start + hlen : end]))
             pos = end
             continue
         found = (data.find(MAGIC, pos + 1), data.find(MARK_MAGIC, pos + 1))
@@ -329,9 +330,24 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
     return out
 
 
-def parse_block(header_b: bytes, body: bytes) -> Block | None:
-    """A column block from its header and body (None: not one)."""
-    return _parse_block(header_b, body)
+def block_of(header: dict[str, Any], body: memoryview) -> Block | None:
+    """A column block from its parsed header and its body (None: not one); its
+    columns are views of ``body`` (``Block.ints`` reads them as bytes would be)."""
+    try:
+        chunks: dict[str, tuple[str, Any]] = {}
+        at = 0
+        for path, kind, size in header["cols"]:
+            if kind not in ("q", "d", "f") or not isinstance(size, int) or size < 0:
+                return None
+            chunks[str(path)] = (kind, body[at : at + size])
+            at += size
+        if at != len(body) or not isinstance(header.get("n"), int) or header["n"] <= 0:
+            return None
+        if "@off" not in chunks or "@len" not in chunks or "seq" not in chunks:
+            return None
+        return Block(header, chunks)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def read_blocks(data: bytes) -> list[Block]:
