@@ -105,7 +105,7 @@ def _feed_into(run: Run, chunks: list[Fed]) -> None:
             run.set_disk(c)
 
 
-FILL_SLICE = 4 << 20
+FILL_SLICE = 2 << 20
 """The whole read behind a glance is fed this many bytes at a time: each feed holds the
 interpreter in long C calls (joins, decodes), so smaller feeds keep keys answered."""
 FILL_AHEAD = 32 << 20
