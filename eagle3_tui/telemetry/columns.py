@@ -378,20 +378,9 @@ def read_blocks(data: bytes) -> list[Block]:
 def _parse_block(header_b: bytes, body: bytes) -> Block | None:
     try:
         header = json.loads(header_b)
-        chunks: dict[str, tuple[str, bytes]] = {}
-        at = 0
-        for path, kind, size in header["cols"]:
-            if kind not in ("q", "d", "f") or not isinstance(size, int) or size < 0:
-                return None
-            chunks[str(path)] = (kind, body[at : at + size])
-            at += size
-        if at != len(body) or not isinstance(header.get("n"), int) or header["n"] <= 0:
-            return None
-        if "@off" not in chunks or "@len" not in chunks or "seq" not in chunks:
-            return None
-        return Block(header, chunks)
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
+    return block_of(header, memoryview(body)) if isinstance(header, dict) else None
 
 
 # ---- the writer's side ------------------------------------------------------------------
