@@ -91,6 +91,9 @@ def coalesce(chunks: Sequence[F]) -> list[F]:
     return out
 
 
+GLANCE_S = 5.0
+"""How long a glance may take before the run is read whole instead (a host that does
+not answer is then reported by the stream, this long later than without a glance)."""
 GLANCE_TAIL_ROWS = 512
 """The newest training steps a glance reads whole (agent/glance.py's ``TAIL_ROWS``)."""
 
@@ -244,9 +247,11 @@ class Pipeline:
 
     async def _at_a_glance(self, source: Glancing, min_size: int) -> None:
         try:
-            data = await source.glance(GLANCE_TAIL_ROWS, min_size)
+            data = await asyncio.wait_for(source.glance(GLANCE_TAIL_ROWS, min_size), GLANCE_S)
         except (TargetError, OSError) as e:
             data = f"no glance: {e}"
+        except TimeoutError:  # a host that does not answer: the stream says why
+            data = f"no glance within {GLANCE_S:.0f} s"
         if isinstance(data, str):
             self.glance_note = data
             return
