@@ -14,6 +14,7 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,11 @@ def glance_run(data: GlanceData) -> tuple[Run, History] | str:
     state.writers.clear()  # the tail's lines are counted from their first, as a new reader's
     reader.skip(0, data.tail_from, 0)
     run.feed(data.tail_from, data.tail)
+    loss = state.table.view("train/loss")
+    if loss is not None and len(loss) and not math.isfinite(float(loss[0])):
+        # a stretch of non-finite losses from the tail's first step: since when is told
+        # only by the lines before it (a verdict must not say a later step)
+        return "the tail begins inside a stretch of non-finite losses"
     state.history = history
     return run, history
 

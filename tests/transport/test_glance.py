@@ -436,3 +436,30 @@ def test_marks_that_could_not_be_written_are_said_lost_once_they_can(tmp_path: P
     assert len(read_blocks(blocked.read_bytes())) == 3  # the steps' blocks are there
     assert "lost track" in str(glanced(path))
     assert sum(w.stats.errors.values()) == 2  # its announcement and the event's mark, once each
+
+
+def test_a_tail_that_begins_in_a_stretch_of_nan_losses_is_read_whole(tmp_path: Path) -> None:
+    """Since when the loss is NaN is told only by the lines before the tail: no glance
+    (the verdict names the first non-finite step, read from the lines)."""
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines("rank0")
+    path.write_bytes(
+        b"".join(lines.train(s, float("nan") if s >= 1000 else 1.0) for s in range(3000))
+    )
+    index_file(str(path), block_rows=200)
+    fd = os.open(path, os.O_RDONLY)
+    try:  # NaN steps are no rows: only a tail cut by its byte bound starts among them
+        g = glance(fd, str(path), ["train."], 300, max_tail=50_000)
+    finally:
+        os.close(fd)
+    assert isinstance(g, Glance), g
+    built = glance_run(GlanceData(g.size, g.tail_from, g.tail, tuple(g.marks), g.digest))
+    assert isinstance(built, str) and "non-finite" in built
+    whole = glanced(path, tail_rows=300)  # uncut: the stretch's start is in the tail
+    assert isinstance(whole, Glance)
+    assert not isinstance(
+        glance_run(
+            GlanceData(whole.size, whole.tail_from, whole.tail, tuple(whole.marks), whole.digest)
+        ),
+        str,
+    )
