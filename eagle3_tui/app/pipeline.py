@@ -191,6 +191,9 @@ class Pipeline:
         self._fill_said: list[tuple[Status, float]] = []
         """What the host said while the run was read whole: applied to it before it shows."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._live_task: asyncio.Task[None] | None = None
+        """The glance's own stream: ended when the whole read is shown (an idle run's
+        would otherwise keep its agent on the host until the monitor quits)."""
         self.lock = asyncio.Lock()
         self.generation = 0
         """Bumped whenever the model changed: a snapshot of an older one is stale."""
@@ -264,8 +267,8 @@ class Pipeline:
             self._cache, self._last = SnapshotCache(), None
             self.generation += 1
         self._fill, self._fill_to = Run(), data.size
-        self._tasks.append(asyncio.ensure_future(self._filling(self._fill)))
-        self._tasks.append(asyncio.ensure_future(self._live(source.fork(), data.size)))
+        self._live_task = asyncio.ensure_future(self._live(source.fork(), data.size))
+        self._tasks += [asyncio.ensure_future(self._filling(self._fill)), self._live_task]
 
     async def _live(self, source: Source, offset: int) -> None:
         """The run shown at a glance, followed from the glance's end (its link is the
@@ -302,6 +305,8 @@ class Pipeline:
             self._cache, self._last = SnapshotCache(), None
             self.generation += 1
             self._wake.set()
+        if self._live_task is not None:
+            self._live_task.cancel()
         await asyncio.to_thread(_give_back_memory)
 
     def _link_changed(self, event: LinkChanged) -> None:

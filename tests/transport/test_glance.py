@@ -329,6 +329,9 @@ async def test_the_monitor_shows_a_glance_then_the_whole_read_in_its_place(tmp_p
             seen.append((pipeline.run.unsettled.history is not None, snap.history))
             if pipeline.filling is None and pipeline.run.unsettled.history is None:
                 break
+        live = pipeline._live_task  # the glance's own stream ends with it, the file idle
+        await asyncio.sleep(0.05)
+        assert live is not None and live.done() and not tasks[0].done()
     finally:
         for t in tasks:
             t.cancel()
