@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from msgspec.structs import replace
+
 from eagle3_tui import exits
-from eagle3_tui.model.observed import metrics_source
-from eagle3_tui.telemetry.procs import describe_exit
+from eagle3_tui.slurm_text import requeue_plan, requeued, with_scheduler
 from eagle3_tui.transport.base import (
     NoPermissionError,
     SeveralRunsError,
@@ -28,10 +29,8 @@ from eagle3_tui.transport.replies import (
     AttachPlan,
     AttachResult,
     CheckpointInfo,
-    DiscoverReport,
     ErrorKind,
     KillReport,
-    ProcessRow,
     Redo,
     RestartRecord,
     ResumeReport,
@@ -167,6 +166,8 @@ def status_line(status: str, message: str) -> str:
 
 
 def format_kill(result: KillReport) -> str:
+    if result.slurm is not None:  # a Slurm job: the scheduler's part after the stop's
+        return with_scheduler(format_kill(replace(result, slurm=None)), result.slurm)
     if result.nodes is not None:  # several nodes: each one's report under its name
         said = any(n.save_wait is not None for n in result.nodes)
         wait = result.save_wait if not said else None  # the first step's, on no node's own
@@ -301,6 +302,8 @@ def redo_line(redo: Redo | None) -> str:
 
 def format_resume_plan(plan: ResumeReport) -> str:
     """What ``resume`` will launch (its ``plan``), for the person who confirms it."""
+    if plan.slurm is not None:
+        return requeue_plan(plan.slurm)
     ck = plan.checkpoint
     at = "" if ck is None else _checkpoint_at(ck.global_step, ck.epoch)
     lines = []
@@ -359,6 +362,8 @@ def format_resume(result: ResumeReport) -> str:
         return "\n".join(f"== {printable(str(n.where))}\n{format_resume(n)}" for n in result.nodes)
     if result.status in ("refused", "error"):  # one node's, in a multi-node report
         return status_line(result.status, result.message)
+    if result.slurm is not None:  # a Slurm job: requeued, and its training once it runs
+        return requeued(result, result.slurm)
     if result.status != "started":
         lines = [f"failed: {printable(result.message)} (pid {result.pid})"]
         if result.log_tail:
@@ -384,96 +389,6 @@ def _when(ts: object) -> str:
     if not isinstance(ts, int | float):
         return "?"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
-
-
-BACKEND_WORDS = {
-    "json": "own JSON",
-    "tensorboard": "TensorBoard",
-    "mlflow": "MLflow",
-    "trackio": "trackio",
-    "wandb": "W&B",
-}
-"""The runs column for what writes a training's metrics, by ``ProcessRow.handler``."""
-
-
-def _telemetry(row: ProcessRow) -> str:
-    """What writes a training's metrics, in a word: eagle3-tui's telemetry, a handler of
-    the user's own (``own JSON``: its JSON lines; ``own``: dicts it prints), or nothing."""
-    if row.telemetry:
-        return "yes"
-    if row.handler is not None:
-        return BACKEND_WORDS.get(row.handler, "own")
-    return "no"
-
-
-def _row_extra(row: ProcessRow) -> str:
-    """After a training's directory: its command, its log, its own handler's file, and
-    once it ended, how."""
-    command = " ".join(a.rsplit("/", 1)[-1] if i == 0 else a for i, a in enumerate(row.command))
-    extra = f"  {command[:60]}"
-    if row.handler is not None:
-        what = metrics_source(row.handler)
-        if row.metrics_note:
-            extra += f"  (metrics by {what}, not read: {row.metrics_note})"
-        else:
-            run = f", run {row.metrics_run}" if row.metrics_run else ""
-            extra += f"  (metrics by {what}: {row.metrics_file}{run})"
-    if row.log and not row.telemetry and row.log != row.metrics_file:
-        extra += f"  (log {row.log})"
-    if not row.alive:
-        when = (
-            f"between {_when(row.last_alive)} and {_when(row.ended_at)}"
-            if row.last_alive is not None
-            else _when(row.ended_at)
-        )
-        extra += f"  (ended {when}, {describe_exit(row.exit_status)})"
-    return extra
-
-
-def format_discovered(result: DiscoverReport) -> str:
-    """The host's live trainings (with or without telemetry), the ended ones eagle3-tui
-    observed without telemetry, then the registered runs that are not live: one row per
-    run."""
-    rows: list[tuple[str, ...]] = [("STARTED", "HEALTH", "PID", "USER", "TELEMETRY", "WHERE")]
-    for r in [*result.live, *result.ended]:
-        where = r.run_dir or r.cwd or "?"
-        health = (r.health or "live") if r.alive else "ended"
-        rows.append(
-            (
-                _when(r.started),
-                health,
-                str(r.pid),
-                r.user[:10],
-                _telemetry(r),
-                printable(where + _row_extra(r)),
-            )
-        )
-    for e in result.runs:
-        if e.live_pid:
-            continue  # shown above, as the live process it is
-        rows.append(
-            (_when(e.started_at), e.state, str(e.pid or "-"), "-", "yes", printable(e.run_dir))
-        )
-    lines = _columns(rows)
-    if result.others:
-        lines.append(f"({result.others} run(s) of other users not shown: --all)")
-    if result.pruned:
-        lines.append(f"(forgot {len(result.pruned)} run(s) whose directory is gone:)")
-        lines.extend(f"  {printable(d)}" for d in result.pruned)
-    elif any(e.state == "gone" for e in result.runs):
-        lines.append("(gone: the run's directory no longer exists; runs --prune forgets them)")
-    return "\n".join(lines)
-
-
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    """The rows of ``runs``, each column as wide as its widest cell (``interrupted``,
-    ``TensorBoard``), the PID right-aligned, the last column (WHERE) as it is."""
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return [
-        f"{started:<{widths[0]}}  {health:<{widths[1]}}  {pid:>{widths[2]}}  "
-        f"{user:<{widths[3]}}  {telemetry:<{widths[4]}}  {where}"
-        for started, health, pid, user, telemetry, where in rows
-    ]
 
 
 # Exit statuses of `attach` by the agent's status or reason (eagle3_tui/exits.py).

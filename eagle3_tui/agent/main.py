@@ -18,6 +18,8 @@ from eagle3_tui.agent.names import (
     OP_DISCOVER,
     OP_FOLLOW,
     OP_GLANCE,
+    OP_JOB_CONTROL,
+    OP_JOBS,
     OP_KILL,
     OP_OBSERVE,
     OP_READ,
@@ -44,6 +46,8 @@ OPS: dict[str, tuple[str, str]] = {
     OP_ATTACH: ("attach", "op_attach"),
     OP_SAVE_WAIT: ("kill_resume", "op_save_wait"),
     OP_GLANCE: ("glance", "op_glance"),
+    OP_JOBS: ("slurm", "op_jobs"),
+    OP_JOB_CONTROL: ("slurm", "op_job_control"),
 }
 """Operation -> (module of ``eagle3_tui.agent``, function). The module is imported when
 its operation is asked for: every call is a fresh process, and the 60 s status probe

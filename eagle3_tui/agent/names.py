@@ -40,6 +40,8 @@ OP_ATTACH = "attach"
 OP_SAVE_WAIT = "save_wait"  # kill's first step alone: wait for a checkpoint save
 OP_GLANCE = "glance"  # a long run's first picture: its tail, events and digest
 EV_GLANCE = "glance"  # glance: whether there is one, and where its tail starts
+OP_JOBS = "jobs"  # Slurm: the user's jobs (or one), and a job's training on this node
+OP_JOB_CONTROL = "job_control"  # Slurm: cancel or requeue a job through the scheduler
 
 # What ``choose`` found a target to mean (its result's "choice").
 CHOICE_RUN = "run"  # a run directory (``run_dir``)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from eagle3_tui import exits, reports
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
+from eagle3_tui.api import slurm
 from eagle3_tui.api.reading import (
     OBSERVE_S,
     Note,
@@ -65,7 +66,9 @@ from eagle3_tui.transport.replies import (
     ResumeReport,
     SaveWait,
     SaveWaitReport,
+    SlurmJob,
 )
+from eagle3_tui.transport.slurm import slurm_jobs
 from eagle3_tui.transport.target import (
     LocalTarget,
     SshOptions,
@@ -102,6 +105,8 @@ class OpenedRun:
     """The host's clock when it was read (health is judged against it)."""
     note: str | None = None
     """What the target turned out to mean, when the host had to say (a process...)."""
+    job: SlurmJob | None = None
+    """A Slurm job's target: the job, as the scheduler said it when the run was read."""
 
     @property
     def state(self) -> RunState:
@@ -117,7 +122,14 @@ class OpenedRun:
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
-        return summarize(self.run.state, self.now)
+        out = summarize(self.run.state, self.now)
+        if self.job is not None:
+            if self.job.active and not self.job.running and self.run.state.records == 0:
+                out["reason"] = (
+                    f"Slurm {self.job.label} is {self.job.state_text()}: no training runs yet."
+                )
+            out["slurm"] = self.job.summary()
+        return out
 
     @property
     def health(self) -> str:
@@ -151,6 +163,8 @@ def open_run(
     as soon as it has (also kept as ``note``)."""
     t = target_or_here(where, pid, ssh)
     label = label or label_of(where, pid)
+    if t.job is not None:
+        return _open_job(t, label, on_note)
     notes: list[str] = []
 
     def noted(note: str) -> None:
@@ -166,6 +180,20 @@ def open_run(
         if state.records == 0 and state.malformed_count == 0 and state.observed is None:
             raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
     return OpenedRun(label, t, run, now, notes[-1] if notes else None)
+
+
+def _open_job(t: Target, label: str, on_note: Note | None) -> OpenedRun:
+    """A Slurm job's run: its training's (running), the one registered as it (ended), or
+    none yet (pending: waiting, with the scheduler's reason)."""
+    place = run_sync(slurm.locate(t, label))
+    tell(on_note, place.note)
+    if place.where is None:
+        if place.job.active:
+            return OpenedRun(label, t, Run(), time.time(), place.note, place.job)
+        raise slurm.no_run_error(place, label)
+    pid = None if place.telemetry else place.pid
+    opened = open_run(place.where, pid=pid, label=label)
+    return replace(opened, note=place.note, job=place.job)
 
 
 def follow(
@@ -251,9 +279,33 @@ def kill(
 ) -> KillReport:
     """Stop a run as ``eagle3-tui kill`` does (at a step boundary where it can, its
     checkpoint saved, then every process of it verified gone; on every node of a
-    multi-node run) and return the report. ``on_progress`` gets each step as it happens."""
+    multi-node run) and return the report. ``on_progress`` gets each step as it happens.
+    A Slurm job (``HOST:job/ID``): its training stopped so, then the job ended through
+    the scheduler (a pending one cancelled); ``slurm`` in the report says the job's state."""
     t = target_or_here(where, pid, ssh)
     save_wait = max(0.0, save_wait)
+    if t.job is not None:
+        place = run_sync(slurm.locate(t, label_of(where, pid)))
+        tell(on_note, place.note)
+        job = place.job
+        if place.pid is None and not job.active:
+            raise TargetError(
+                f"{t.label}: {job.label} has ended ({job.state_text()}): nothing to stop"
+            )
+        report = KillReport(status="stopped", message=f"{job.label} had no training yet")
+        if place.pid is not None and place.where is not None:
+            report = kill(
+                place.where,
+                pid=None if place.telemetry else place.pid,
+                grace=grace,
+                save_wait=save_wait,
+                stop_wait=stop_wait,
+                attach_first=attach_first,
+                on_progress=on_progress,
+            )
+        if report.status in ("stopped", "not_running"):
+            report.slurm = run_sync(slurm.cancel(place))
+        return report
 
     async def one(host: Host, at: Target) -> KillReport:
         return await calls.kill_run(
@@ -314,6 +366,19 @@ def resume(
     resume`` does (``pid``: a training without telemetry that eagle3-tui's kill
     stopped, restarted with telemetry); returns the report (the new PID in it)."""
     t = target_or_here(where, pid, ssh)
+    if t.job is not None:  # a Slurm job: requeued, its script runs again
+        label = label_of(where, pid)
+        step, place = run_sync(slurm.requeue(t, wait, label))
+        tell(on_note, place.note if place is not None else None)
+        found = place is not None and place.pid is not None
+        return ResumeReport(
+            status="started",
+            message="" if found else "its training has not started yet",
+            pid=place.pid if place is not None else None,
+            confirmed=found,
+            run_dir=place.job.run_dir if place is not None else None,
+            slurm=step,
+        )
 
     async def one(host: Host, at: Target) -> ResumeReport:
         return await calls.resume_run(host, calls.run_dir_of(at), wait)
@@ -357,8 +422,20 @@ def runs(
         t = parse_target(host, ssh)
         if isinstance(t, LocalTarget):
             t = parse_host(host, ssh)
-    result = run_sync(calls.on_host(t, lambda h: calls.discover(h, all_users, prune)))
-    if not result.runs and not result.live and not result.ended and not result.pruned:
+
+    async def both(h: Host) -> DiscoverReport:
+        found = await calls.discover(h, all_users, prune)
+        try:
+            jobs = await slurm_jobs(h, everyone=all_users)
+        except TargetError as e:  # Slurm is there and does not answer: said, not fatal
+            found.jobs_error = str(e)
+        else:
+            found.jobs = jobs.jobs if jobs.slurm else None
+        return found
+
+    result = run_sync(calls.on_host(t, both))
+    empty = not result.runs and not result.live and not result.ended and not result.pruned
+    if empty and not result.jobs and not result.jobs_error:
         raise calls.no_runs_error(result, host or "this machine")
     return result
 

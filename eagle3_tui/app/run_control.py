@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from eagle3_tui.agent.names import KILL_GRACE_S, SAVE_WAIT_S
+from eagle3_tui.api import slurm
+from eagle3_tui.api.slurm import JobPlace
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host, LocalHost, ProgressCallback
@@ -23,6 +25,7 @@ from eagle3_tui.transport.replies import (
     ResumeReport,
     RunsReport,
     SaveWaitReport,
+    SlurmJob,
     Status,
 )
 from eagle3_tui.transport.target import LocalTarget, Target
@@ -45,6 +48,10 @@ class RunControl:
     boot id instead of a manifest."""
     nodes: list[RunControl] = field(default_factory=list)
     """The run's other nodes (a multi-node torchrun job): kill and resume act on all."""
+    job: SlurmJob | None = None
+    """A Slurm job's run: a kill then ends the job through the scheduler, and a resume
+    requeues it (its script runs again, under Slurm), asked of ``login``."""
+    login: Target | None = None
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
@@ -88,6 +95,13 @@ class RunControl:
         return await calls.run_status(self.host, self.run_dir, plan)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
+        report = await self._kill(on_progress)
+        stopped = report.status in ("stopped", "not_running")
+        if self.job is not None and self.login is not None and stopped:
+            report.slurm = await slurm.cancel(JobPlace(self.job, self.login, None, None))
+        return report
+
+    async def _kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:
             return await calls.kill_run(
                 self.host,
@@ -126,6 +140,18 @@ class RunControl:
         )
 
     async def resume(self) -> ResumeReport:
+        if self.job is not None and self.login is not None:
+            target = replace(self.login, job=self.job.id)
+            step, place = await slurm.requeue(target, self.resume_wait_s, target.label)
+            found = place is not None and place.pid is not None
+            return ResumeReport(
+                status="started",
+                message="" if found else "its training has not started yet",
+                pid=place.pid if place is not None else None,
+                confirmed=found,
+                run_dir=self.run_dir,
+                slurm=step,
+            )
         if not self.nodes:
             return await calls.resume_run(
                 self.host, self.run_dir, self.resume_wait_s, process=self.process

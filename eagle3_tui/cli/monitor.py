@@ -4,6 +4,7 @@ without telemetry, or the nodes of a multi-node run."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -134,8 +135,18 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     from eagle3_tui.transport.target import LocalTarget
 
     pid = getattr(ns, "pid", None)
+    place = await job_place(target) if target.job is not None else None
+    if place is not None:
+        assert place.where is not None
+        target, pid = place.where, None if place.telemetry else place.pid
     host = calls.open_host(target)
     hosts: list[Any] = [host]
+
+    def slurmed(control: Any) -> Any:
+        if place is not None:  # k ends the job through Slurm too, r requeues it
+            control.job, control.login = place.job, place.login
+        return control
+
     try:
         from eagle3_tui.app.app import make_app
         from eagle3_tui.app.run_control import RunControl
@@ -144,7 +155,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             check_run_dir(target.run_dir)
             app = make_app(
                 LocalTransport(target.run_dir),
-                control=RunControl.for_target(target),
+                control=slurmed(RunControl.for_target(target)),
                 compare=compare_source(ns, target),
                 open_run=open_run_for(target),
                 export_dir=local_export_dir(target.run_dir),
@@ -188,9 +199,11 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
                 source = await with_nodes(source, app_control, pinned, nodes, hosts, ns)
                 compare = compare_source(ns, pinned, host)
                 open_run = open_run_for(pinned, host)
+        if place is not None:
+            note = f"{place.note}; {note}" if note else place.note
         app = make_app(
             source,
-            control=app_control,
+            control=slurmed(app_control),
             compare=compare,
             open_run=open_run,
             note=note,
@@ -204,6 +217,25 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             await h.close()
     ns.fleet_requested = getattr(app, "fleet_requested", False)
     return app_exit_status(app)
+
+
+async def job_place(target: Target) -> Any:
+    """A Slurm job's place (``api/slurm.py``): where its training runs; a pending job is
+    waited for (its state said once, and again when it changes), an ended one without
+    a registered run is an error."""
+    from eagle3_tui.api import slurm
+
+    said = None
+    while True:
+        place = await slurm.locate(target)
+        if place.where is not None:
+            return place
+        if not place.job.active:
+            raise slurm.no_run_error(place, target.label)
+        if place.note != said:
+            say(f"eagle3-tui: {place.note}; waiting for it to run (Ctrl+C to leave)", err=True)
+            said = place.note
+        await asyncio.sleep(5.0)
 
 
 async def with_nodes(

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(ns: argparse.Namespace) -> int:
     import json
 
-    from eagle3_tui import api, reports
+    from eagle3_tui import api, runs_text
     from eagle3_tui.model.inert import printable
     from eagle3_tui.transport.base import TargetError
     from eagle3_tui.transport.replies import to_builtins, to_json
@@ -53,7 +53,7 @@ def run(ns: argparse.Namespace) -> int:
         if ns.json:
             say_json(to_json(result))
         else:
-            say(reports.format_discovered(result))
+            say(runs_text.format_discovered(result))
         return exits.OK
     blocks: list[str] = []
     by_host: dict[str, dict[str, object]] = {}
@@ -67,7 +67,7 @@ def run(ns: argparse.Namespace) -> int:
             continue
         by_host[host] = to_builtins(result)
         listed += 1
-        blocks.append(f"== {printable(host)} ==\n{reports.format_discovered(result)}")
+        blocks.append(f"== {printable(host)} ==\n{runs_text.format_discovered(result)}")
     if ns.json:
         say_json(json.dumps({"hosts": by_host}, indent=2))
     else:

@@ -54,6 +54,11 @@ ENV_KEYS: Final = (
     RUN_ID_ENV,
     RUN_DIR_ENV,
     "EAGLE3_TUI_NVML_FIXTURE",
+    "SLURM_JOB_ID",  # a Slurm job's: which job this run is (``HOST:job/ID`` finds it by it)
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_RESTART_COUNT",
 )
 
 

@@ -273,6 +273,21 @@ KillStatus = Literal["stopped", "not_running", "refused", "remaining", "error"]
 ResumeStatus = Literal["started", "failed", "refused", "error", "plan"]
 
 
+class SchedulerStep(msgspec.Struct, kw_only=True):
+    """A Slurm job's part in a kill or a resume: what the scheduler was asked (``cancel``,
+    ``requeue``, or nothing: ``None``) and the job's state after it."""
+
+    job: str
+    name: str | None = None
+    action: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    exit_code: list[int] | None = None
+    said: str | None = None
+    """What the scheduler's command printed."""
+    note: str | None = None
+
+
 class KillReport(Reply, kw_only=True):
     status: KillStatus
     message: str = ""
@@ -301,6 +316,8 @@ class KillReport(Reply, kw_only=True):
     attached_first: AttachedFirst | None = None
     """A training without telemetry: whether the kill attached telemetry to it first (the
     client's step, before the agent's kill)."""
+    slurm: SchedulerStep | None = None
+    """A Slurm job: the scheduler's part (the client's step, after the stop)."""
 
 
 class ResumeReport(Reply, kw_only=True):
@@ -319,6 +336,8 @@ class ResumeReport(Reply, kw_only=True):
     """``plan``: the working directory it runs in."""
     env_vars: int | None = None
     """``plan``: how many variables its environment holds."""
+    slurm: SchedulerStep | None = None
+    """A Slurm job: requeued through the scheduler (its new trainer in ``pid``, once seen)."""
     redo: Redo | None = None
     restart: bool = False
     """The restart of a training that had no telemetry (its kill's record): it comes
@@ -382,6 +401,10 @@ class DiscoverReport(Reply, kw_only=True):
     user: str | None = None
     uid: int | None = None
     now: float | None = None
+    jobs: list[SlurmJob] | None = None
+    """The user's Slurm jobs (the client's second call; None: no Slurm on the host)."""
+    jobs_error: str | None = None
+    """Why Slurm could not list them (its controller does not answer...)."""
 
 
 # ---- live trainings ---------------------------------------------------------------------
@@ -672,3 +695,139 @@ def to_json(reply: msgspec.Struct) -> str:
 def to_builtins(reply: msgspec.Struct) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(reply)
     return out
+
+
+# ---- Slurm -----------------------------------------------------------------------------
+
+JOB_ACTIVE = (
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+)
+"""States in which a job holds, or waits for, its allocation (agent/slurm.py's)."""
+
+
+class JobTraining(msgspec.Struct, kw_only=True):
+    """The job's training on the host that answered (discover's row, in brief)."""
+
+    pid: int
+    start_ticks: int | None = None
+    launcher_pid: int | None = None
+    command: list[str] | None = None
+    cwd: str | None = None
+    log: str | None = None
+    telemetry: bool = False
+    run_dir: str | None = None
+    run_id: str | None = None
+    checkpoint_dir: str | None = None
+
+
+class SlurmJob(msgspec.Struct, kw_only=True):
+    """One job as ``scontrol show job`` (or ``sacct``, once the controller forgot it)
+    says it."""
+
+    id: str
+    array: str | None = None
+    name: str | None = None
+    user: str | None = None
+    state: str = "UNKNOWN"
+    reason: str | None = None
+    exit_code: list[int] | None = None
+    """[status, signal]: ``143:0`` is [143, 0]."""
+    nodes: list[str] = msgspec.field(default_factory=list)
+    batch_host: str | None = None
+    partition: str | None = None
+    command: str | None = None
+    workdir: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    submitted: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    eligible: float | None = None
+    restarts: int | None = None
+    requeue: bool = False
+    batch: bool = True
+    source: str = "scontrol"
+    here: bool = False
+    """Its processes run on the host that answered (``scontrol listpids``)."""
+    training_row: JobTraining | None = None
+    training: bool = False
+    """A speculators training: its script or command names one, or it runs one."""
+    script_read: bool = False
+    run_dir: str | None = None
+    """Its run with telemetry: the one it runs, or the newest registered as this job."""
+
+    @property
+    def label(self) -> str:
+        return f"job {self.array or self.id}" + (f" ({self.name})" if self.name else "")
+
+    @property
+    def active(self) -> bool:
+        return self.state in JOB_ACTIVE
+
+    @property
+    def pending(self) -> bool:
+        return self.state in ("PENDING", "REQUEUED")
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("RUNNING", "COMPLETING", "CONFIGURING")
+
+    @property
+    def node(self) -> str | None:
+        """Where its batch script (and rank 0) runs."""
+        return self.batch_host or (self.nodes[0] if self.nodes else None)
+
+    def exit_text(self) -> str | None:
+        if self.exit_code is None or self.active:
+            return None
+        code, sig = [*self.exit_code, 0, 0][:2]
+        return f"signal {sig}" if sig else f"exit {code}"
+
+    def state_text(self) -> str:
+        """``PENDING (Dependency)``, ``RUNNING on gpu01``, ``FAILED (exit 143)``."""
+        if self.pending:
+            return f"{self.state} ({self.reason})" if self.reason else self.state
+        if self.running and self.nodes:
+            more = f" +{len(self.nodes) - 1}" if len(self.nodes) > 1 else ""
+            return f"{self.state} on {self.node}{more}"
+        ended = self.exit_text()
+        return f"{self.state} ({ended})" if ended else self.state
+
+    def summary(self) -> dict[str, object]:
+        """``summary --json``'s ``slurm`` object."""
+        return {
+            "job": self.array or self.id,
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason if self.pending else None,
+            "exit_code": self.exit_code if not self.active else None,
+            "nodes": list(self.nodes),
+            "stdout": self.stdout,
+            "restarts": self.restarts,
+        }
+
+
+class JobsReport(Reply, kw_only=True):
+    """``jobs``: the user's jobs the scheduler knows (one, when asked by id)."""
+
+    slurm: bool = False
+    """Whether the host has Slurm's commands at all."""
+    jobs: list[SlurmJob] = msgspec.field(default_factory=list)
+    host: str | None = None
+    user: str | None = None
+    now: float | None = None
+
+
+class JobControlReport(Reply, kw_only=True):
+    """``job_control``: what the scheduler said, and the job's state after it."""
+
+    action: str = ""
+    job: SlurmJob | None = None
+    said: str | None = None
+    note: str | None = None

@@ -4,7 +4,9 @@ The rules follow scp: a colon before any slash makes a remote target
 (``host:runs/x``, ``user@host:``, ``user@[::1]:/runs/x``); a path that exists
 here, or that starts with ``/``, ``./``, ``../`` or ``~``, or contains a slash
 and no such colon, is local; a bare word that is not a local path is a host
-(``eagle3-tui gpu-box`` follows the latest run registered there).
+(``eagle3-tui gpu-box`` follows the latest run registered there). ``HOST:job/ID`` (or
+``job/ID`` on this machine, where no such path exists) names a Slurm job through the
+host where Slurm answers (a login node).
 
 No textual, no asyncssh here.
 """
@@ -12,6 +14,7 @@ No textual, no asyncssh here.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -106,13 +109,19 @@ def parse_port(value: str | int) -> int:
     return port
 
 
+JOB_PATH = re.compile(r"^job/([0-9]+(?:_[0-9]+)?)$")
+"""A Slurm job as a target's path: ``job/1234`` (an array task: ``job/1234_7``)."""
+
+
 @dataclass(frozen=True)
 class LocalTarget:
     run_dir: Path
+    job: str | None = None
+    """A Slurm job, asked of this machine's Slurm (``job/ID``)."""
 
     @property
     def label(self) -> str:
-        return str(self.run_dir)
+        return f"job/{self.job}" if self.job else str(self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,8 @@ class SshTarget:
     user: str | None = None
     run_dir: str | None = None
     options: SshOptions = SshOptions()
+    job: str | None = None
+    """A Slurm job, asked of this host's Slurm (``HOST:job/ID``): ``run_dir`` is None."""
 
     @property
     def destination(self) -> str:
@@ -130,6 +141,8 @@ class SshTarget:
 
     @property
     def label(self) -> str:
+        if self.job:
+            return f"{self.destination}:job/{self.job}"
         return f"{self.destination}:{self.run_dir or '(latest run)'}"
 
     def with_run_dir(self, run_dir: str) -> SshTarget:
@@ -167,6 +180,9 @@ def parse_target(text: str, options: SshOptions | None = None) -> Target:
         raise TargetError("empty target")
     if _looks_local(text) or os.path.exists(text):
         return LocalTarget(Path(text))
+    job = JOB_PATH.match(text)
+    if job:
+        return LocalTarget(Path("."), job.group(1))
     rest = text
     user = None
     at = rest.find("@")
@@ -194,6 +210,9 @@ def parse_target(text: str, options: SshOptions | None = None) -> Target:
         path = after[1:] if after else ""
     else:
         host, _, path = rest.partition(":")
+    job = JOB_PATH.match(path)
+    if job:
+        return SshTarget(_check_host(host, text), user, None, options or SshOptions(), job.group(1))
     return SshTarget(_check_host(host, text), user, path or None, options or SshOptions())
 
 

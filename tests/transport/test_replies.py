@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 import eagle3_tui.agent
-from eagle3_tui import reports
+from eagle3_tui import reports, runs_text
 from eagle3_tui.agent import names
 from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.health import diagnose
@@ -259,7 +259,7 @@ async def test_discover_choose_and_describe_decode_what_the_agent_sends(
     # the same through the client's own call, and what it shows
     report = await calls.discover(LocalHost())
     assert any(r.pid == pid for r in report.live)
-    shown = reports.format_discovered(report)
+    shown = runs_text.format_discovered(report)
     assert str(work) in shown and "silent_train.py" in shown and finished["run_dir"] in shown
     out = json.loads(to_json(report))  # runs --json: what the agent said, every key
     shown_row = next(r for r in out["live"] if r["pid"] == pid)

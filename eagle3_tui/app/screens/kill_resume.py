@@ -218,7 +218,7 @@ class ControlDialog(ConfirmDialog):
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
-        if self.op == "resume" and self.control.observed:
+        if self.op == "resume" and (self.control.observed or self.control.job is not None):
             await self._load_restart()
             return
         try:
