@@ -126,7 +126,14 @@ class RunControl:
 
     async def resume_plan(self) -> ResumeReport:
         """What ``resume`` would launch, every check done on the host and nothing started
-        (for a training without telemetry: the restart its kill recorded)."""
+        (for a training without telemetry: the restart its kill recorded; for a Slurm job:
+        its requeue)."""
+        if self.job is not None:
+            return ResumeReport(
+                status="plan",
+                message=f"requeue {self.job.label} through Slurm",
+                slurm=slurm.step_of(self.job, "requeue"),
+            )
         return await calls.resume_run(
             self.host, self.run_dir, self.resume_wait_s, process=self.process, plan=True
         )

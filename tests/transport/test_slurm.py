@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from eagle3_tui.agent.slurm import parse_show_job
 from eagle3_tui.transport.replies import SlurmJob
 from eagle3_tui.transport.target import LocalTarget, SshTarget, parse_target
+from tests.app.test_tmux import Tmux
 from tests.conftest import need, need_training, read_jsonl, wait_until
 from tests.slurm import Slurm, have_slurm
 from tests.transport.conftest import cli
@@ -72,6 +75,11 @@ def login(tmp_path_factory: pytest.TempPathFactory, slurm: Slurm) -> Iterator[Ss
 
 def eagle(login: Sshd, *args: str) -> Any:
     return cli(*args, "-F", str(login.ssh_config), timeout=240)
+
+
+def flat(screen: str) -> str:
+    """A screen's words on one line, a dialog's borders left out."""
+    return " ".join(re.sub(r"[│┃║▌▐█▀▄]", " ", screen).split())
 
 
 def train_steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -152,6 +160,31 @@ def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
         assert steps[0] == last + 1, (steps[:3], last)  # nothing redone, nothing skipped
         again = json.loads(eagle(login, "summary", "--json", target).stdout)
         assert again["slurm"]["restarts"] == 1 and again["health"] == "running"
+
+        # the monitor on the job: k stops it and ends the job, r requeues it
+        steps_before = len(train_steps(run_dir))
+        wait_until(lambda: len(train_steps(run_dir)) > steps_before + 2, 60, "steps")
+        tmux = Tmux(tmp_path / "tmux.sock")
+        monitor = [sys.executable, "-m", "eagle3_tui", target, "-F", str(login.ssh_config)]
+        command = "env -u COLUMNS -u LINES TERM=xterm-256color " + shlex.join(monitor)
+        tmux.run("new-session", "-d", "-x", "120", "-y", "40", f"{command}; sleep 600")
+        try:
+            tmux.wait(lambda s: "RUNNING" in s and "k Kill" in s, 60, "the job's run")
+            tmux.keys("k")
+            tmux.wait(lambda s: f"Then Slurm: job {job} (e3-tiny)" in flat(s), 30, "kill plan")
+            tmux.keys("y")
+            done = f"slurm job {job} (e3-tiny)"
+            tmux.wait(lambda s: done in flat(s) and "now " in flat(s), 120, "kill report")
+            assert slurm.state(job) in ("COMPLETED", "CANCELLED"), slurm.state(job)
+            tmux.keys("Escape")
+            time.sleep(0.5)
+            tmux.keys("r")
+            tmux.wait(lambda s: f"requeue job {job} (e3-tiny)" in flat(s), 30, "requeue plan")
+            tmux.keys("y")
+            tmux.wait(lambda s: "requeued (scontrol requeue)" in flat(s), 90, "requeued")
+            assert slurm.state(job) in ("RUNNING", "PENDING"), slurm.state(job)
+        finally:
+            tmux.run("kill-server")
 
         # a pending job: waiting with the scheduler's reason, then cancelled by k
         waiting = eagle(login, "summary", f"{ALIAS}:job/{held}")

@@ -135,6 +135,15 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
             "escaped processes) gets SIGTERM, then SIGKILL."
         )
     )
+    if control.job is not None:  # what the scheduler is then asked
+        lines.append(
+            inert(
+                f"Then Slurm: {control.job.label} is cancelled (scancel) if its script goes on "
+                "after the training; not scancel --signal, which would reach its dataloader "
+                "workers too and break the save.",
+                wrap=True,
+            )
+        )
     return Group(*lines)
 
 
