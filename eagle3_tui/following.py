@@ -258,9 +258,12 @@ class Follower:
             return
         if wt.text in self._discovered_at:
             return  # chosen once: its run, or its process, is followed
-        host = self.host_of(wt.target)
+        target, pid = wt.target, None
         try:
-            chosen = await calls.choose(host, calls.run_dir_of(wt.target), None)
+            if target.job is not None:  # a Slurm job: where its training runs, once it does
+                target, pid = await self._job_place(wt)
+            host = self.host_of(target)
+            chosen = await calls.choose(host, calls.run_dir_of(target), pid)
         except TargetError as e:
             if self._unlisted.get(wt.text) != str(e):  # said once per failure, then retried
                 self.say(f"eagle3-tui {self.name}: {wt.text}: not followed yet ({e})")
@@ -273,17 +276,31 @@ class Follower:
         self._discovered_at[wt.text] = now
         if chosen.choice is Choice.RUN:
             run_dir = chosen.chosen_run_dir()
-            key = f"{host_name(wt.target)}:{run_dir}"
+            key = f"{host_name(target)}:{run_dir}"
             if key not in self.followed:
-                self.follow_dir(key, wt.text, pinned(wt.target, run_dir))
+                self.follow_dir(key, wt.text, pinned(target, run_dir))
+        elif chosen.choice is Choice.PROCESS and chosen.row is not None and pid is not None:
+            await self._follow_row(wt.text, target, chosen.row)  # a job's: its run if it has one
         elif chosen.choice is Choice.PROCESS:
             row = chosen.chosen_row()
-            key = f"{host_name(wt.target)}:pid:{row.pid}:{row.start_ticks}"
+            key = f"{host_name(target)}:pid:{row.pid}:{row.start_ticks}"
             if key not in self.followed:
-                self._follow_process(key, wt.target, row)
+                self._follow_process(key, target, row)
         else:
             for row in chosen.runs:
-                await self._follow_row(wt.text, wt.target, row)
+                await self._follow_row(wt.text, target, row)
+
+    async def _job_place(self, wt: WatchTarget) -> tuple[Target, int | None]:
+        """A Slurm job's training: its host (its run pinned) and trainer; a job that has
+        no training yet (pending) is not followed yet, and asked again next look."""
+        from eagle3_tui.api import slurm
+
+        place = await slurm.locate(wt.target, wt.text)
+        if place.where is None:
+            if place.job.active:
+                raise TargetError(place.note)
+            raise slurm.no_run_error(place, wt.text)
+        return place.where, None if place.telemetry else place.pid
 
     async def _discover(self, text: str, target: Target) -> None:
         host = self.host_of(target)

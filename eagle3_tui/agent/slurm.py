@@ -57,6 +57,13 @@ ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
 """Job states in which the job still holds (or waits for) its allocation."""
 
 Job = Dict[str, Any]  # noqa: UP006
+NO_CLUSTER = "Could not establish a configuration source"
+"""What Slurm's commands say on a host that has them but belongs to no cluster (no
+slurm.conf, no configless controller): no Slurm here."""
+
+
+class NoClusterError(Exception):
+    pass
 
 
 def command(name: str) -> str | None:
@@ -306,6 +313,8 @@ def _show(scontrol: str, job_id: str | None) -> list[dict[str, str]]:
         text = _first_line(proc.stderr) or _first_line(proc.stdout)
         if job_id is not None and "invalid job id" in text.lower():
             return []
+        if NO_CLUSTER in proc.stderr:
+            raise NoClusterError(text)
         raise AgentError(ERR_REFUSED, f"scontrol show job: {text or 'failed'}")
     return [parse_show_job(line) for line in proc.stdout.splitlines() if "JobId=" in line]
 
@@ -322,9 +331,15 @@ def list_jobs(job_id: str | None, everyone: bool) -> dict[str, Any]:
         "now": time.time(),
     }
     if scontrol is None:
+        out["note"] = "scontrol not found"
         return out
     cache: dict[str, list[str]] = {}
-    shown = _show(scontrol, job_id)
+    try:
+        shown = _show(scontrol, job_id)
+    except NoClusterError:
+        out["slurm"] = False  # its commands, but no cluster: as without them
+        out["note"] = "its commands are here but no cluster: no slurm.conf, SLURM_CONF unset"
+        return out
     jobs = [job_of(f, scontrol, cache) for f in shown]
     if job_id is None and not everyone:
         jobs = [j for j in jobs if j["user"] == me]

@@ -228,8 +228,10 @@ async def load_chosen(
             raise calls.several_error(chosen, label)
         tell(on_note, chosen.note)
         run = Run()
-        if chosen.choice is Choice.RUN:
-            run_dir = chosen.chosen_run_dir()
+        row = chosen.row
+        if chosen.choice is Choice.RUN or (row is not None and row.telemetry and row.run_dir):
+            # a process with telemetry is read as its run (as the monitor shows it)
+            run_dir = row.run_dir if row is not None and row.run_dir else chosen.chosen_run_dir()
             with Feeder(run) as feed:
                 eof = await calls.read_file(host, run_dir, feed)
             note_disk(run, eof.get("disk"))

@@ -87,7 +87,8 @@ def node_target(login: Target, node: str) -> SshTarget:
 async def _one_job(at: Target, job_id: str, label: str) -> JobsReport:
     report = await calls.on_host(at, lambda h: slurm_jobs(h, job=job_id))
     if not report.slurm:
-        raise TargetError(f"{label}: no Slurm on {report.host or at.label} (scontrol not found)")
+        why = f" ({report.note})" if report.note else ""
+        raise TargetError(f"{label}: no Slurm on {report.host or at.label}{why}")
     return report
 
 

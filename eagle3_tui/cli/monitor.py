@@ -156,7 +156,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             app = make_app(
                 LocalTransport(target.run_dir),
                 control=slurmed(RunControl.for_target(target)),
-                note=place.note if place is not None else None,
+                note=place.note if place is not None else "",
                 compare=compare_source(ns, target),
                 open_run=open_run_for(target),
                 export_dir=local_export_dir(target.run_dir),

@@ -96,8 +96,8 @@ def watch_targets(ns: argparse.Namespace) -> list[WatchTarget]:
             out.append(WatchTarget(text, LocalTarget(Path(".")), discover=True))
             continue
         target = parse_target(text, opts)
-        discover = isinstance(target, SshTarget) and target.run_dir is None
-        if isinstance(target, LocalTarget) and not target.run_dir.exists():
+        discover = isinstance(target, SshTarget) and target.run_dir is None and not target.job
+        if isinstance(target, LocalTarget) and not target.job and not target.run_dir.exists():
             raise TargetError(f"{text}: no such directory (a run directory, HOST:DIR or HOST)")
         out.append(WatchTarget(text, target, discover))
     return out

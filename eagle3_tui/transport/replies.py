@@ -817,7 +817,9 @@ class JobsReport(Reply, kw_only=True):
     """``jobs``: the user's jobs the scheduler knows (one, when asked by id)."""
 
     slurm: bool = False
-    """Whether the host has Slurm's commands at all."""
+    """Whether the host is part of a Slurm cluster (its commands answer)."""
+    note: str | None = None
+    """Why not."""
     jobs: list[SlurmJob] = msgspec.field(default_factory=list)
     host: str | None = None
     user: str | None = None

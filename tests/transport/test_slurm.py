@@ -139,6 +139,8 @@ def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
         assert after["health"] == "stopped", after["reason"]
         assert after["slurm"]["state"] == slurm.state(job)
         assert after["slurm"]["exit_code"] is not None
+        watched = eagle(login, "watch", target, "--once", "--state", str(tmp_path / "w.json"))
+        assert watched.returncode == 7, watched.stdout + watched.stderr  # the job's run: stopped
 
         # r: requeued through Slurm; the library continues after the stop's step
         resumed = eagle(login, "resume", target)
@@ -166,8 +168,8 @@ def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
         wait_until(lambda: len(train_steps(run_dir)) > steps_before + 2, 60, "steps")
         tmux = Tmux(tmp_path / "tmux.sock")
         monitor = [sys.executable, "-m", "eagle3_tui", target, "-F", str(login.ssh_config)]
-        command = "env -u COLUMNS -u LINES TERM=xterm-256color " + shlex.join(monitor)
-        tmux.run("new-session", "-d", "-x", "120", "-y", "40", f"{command}; sleep 600")
+        shell = "env -u COLUMNS -u LINES TERM=xterm-256color " + shlex.join(monitor)
+        tmux.run("new-session", "-d", "-x", "120", "-y", "40", f"{shell}; sleep 600")
         try:
             tmux.wait(lambda s: "RUNNING" in s and "k Kill" in s, 60, "the job's run")
             tmux.keys("k")
