@@ -113,9 +113,29 @@ class Slurm:
         return "?"
 
     def stop(self) -> None:
+        """Every job cancelled (its processes ended by slurmstepd), then the daemons; what
+        of this Slurm still runs after that (a slurmstepd left without its controller) is
+        SIGKILLed: the processes whose environment names this configuration."""
         self.run("scancel", "--user", "root")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.run("squeue", "-h").stdout.strip():
+            time.sleep(0.3)
         for name in ("d.pid", "ctld.pid", "munge/pid"):
             path = self.root / name
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(path.read_text().strip()), signal.SIGTERM)
-        time.sleep(0.5)
+        time.sleep(1.0)
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def processes(self) -> list[int]:
+        mark = f"SLURM_CONF={self.conf}".encode()
+        out = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    out.append(int(entry))
+        return out
