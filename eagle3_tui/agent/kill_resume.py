@@ -55,6 +55,7 @@ from eagle3_tui.agent.restart import record as record_restart
 from eagle3_tui.agent.restart import redo as steps_redone
 from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
 from eagle3_tui.agent.saving import wait_for_save
+from eagle3_tui.agent.slurm import ended_job_of
 from eagle3_tui.agent.stopping import (
     after_stop,
     ask_for_stop,
@@ -443,6 +444,14 @@ def op_resume(req: dict[str, Any]) -> int:
     if not os.path.isdir(cwd):
         raise AgentError(ERR_REFUSED, f"{cwd}: the run's working directory is gone")
     env = _resume_environment(run_dir, m, launcher)
+    job = ended_job_of(env or {})
+    if job is not None:  # relaunched here, it would run outside any allocation
+        raise AgentError(
+            ERR_REFUSED,
+            f"this run was Slurm job {job}, which has ended: started here it would run "
+            f"outside any allocation; requeue the job (eagle3-tui HOST:job/{job}, then r; "
+            "or resume HOST:job/ID), or resume it from within a new allocation",
+        )
     untrusted = resume_problems(run_dir, m, cmd, cwd, env, latest)
     if untrusted:  # nothing runs that another user could have chosen
         raise AgentError(

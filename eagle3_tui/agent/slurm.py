@@ -370,6 +370,25 @@ def list_jobs(job_id: str | None, everyone: bool) -> dict[str, Any]:
     return out
 
 
+def ended_job_of(env: dict[str, str]) -> str | None:
+    """The Slurm job a run's saved environment names, when this host's Slurm says that
+    job has ended (or no longer knows it): relaunched here, the run would go on outside
+    any allocation. None where it is not a job's, the job is active, no Slurm answers,
+    or this agent itself runs inside an allocation (a resume from within a new one)."""
+    job = env.get("SLURM_JOB_ID")
+    if not job or not JOB_ID.match(job) or os.environ.get("SLURM_JOB_ID"):
+        return None
+    scontrol = command("scontrol")
+    if scontrol is None:
+        return None
+    try:
+        shown = _show(scontrol, job)
+    except (AgentError, NoClusterError):
+        return None
+    state = (shown[0].get("JobState") or "").split("+")[0] if shown else ""
+    return None if state in ACTIVE else job
+
+
 def op_jobs(req: dict[str, Any]) -> int:
     job_id = req.get("job")
     if job_id is not None and (not isinstance(job_id, str) or not JOB_ID.match(job_id)):

@@ -42,6 +42,11 @@ from eagle3_tui.transport.target import LocalTarget, SshTarget, Target
 REQUEUE_POLL_S = 1.0
 
 
+class NoTrainingYetError(TargetError):
+    """The job runs, but none of its processes is a speculators training yet (its
+    interpreter still starting, importing torch), or none at all."""
+
+
 @dataclass(frozen=True)
 class JobPlace:
     """Where a job's training is, as of one look."""
@@ -110,7 +115,7 @@ async def locate(t: Target, label: str | None = None) -> JobPlace:
         if job.training_row is not None:
             return _running(job, login, login, job.training_row)
         if job.here:
-            raise TargetError(
+            raise NoTrainingYetError(
                 f"{label}: {job.label} runs on {report.host}, but none of its processes is a "
                 "speculators training (yet: one still importing torch is not told apart)"
             )
@@ -121,7 +126,7 @@ async def locate(t: Target, label: str | None = None) -> JobPlace:
         there = await _one_job(at, job.id, label)
         found = there.jobs[0] if there.jobs else None
         if found is None or found.training_row is None:
-            raise TargetError(
+            raise NoTrainingYetError(
                 f"{label}: {job.label} runs on {node}, but none of its processes there is a "
                 "speculators training (yet)"
             )
@@ -200,7 +205,7 @@ async def requeue(t: Target, wait: float, label: str) -> tuple[SchedulerStep, Jo
     while True:
         try:
             again = await locate(t, label)
-        except TargetError:
+        except NoTrainingYetError:
             again = None  # running, its trainer still importing torch
         if again is not None:
             step = msgspec.structs.replace(step, state=again.job.state, reason=again.job.reason)

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +133,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     from eagle3_tui.transport import calls
     from eagle3_tui.transport.local import LocalTransport, check_run_dir
     from eagle3_tui.transport.replies import Choice
-    from eagle3_tui.transport.target import LocalTarget
+    from eagle3_tui.transport.target import LocalTarget, SshTarget
 
     pid = getattr(ns, "pid", None)
     place = await job_place(target) if target.job is not None else None
@@ -165,7 +166,23 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             await app.run_async()
             ns.fleet_requested = app.fleet_requested
             return app_exit_status(app)
-        chosen = await calls.choose(host, calls.run_dir_of(target), pid)
+        host_alone = isinstance(target, SshTarget) and target.run_dir is None and pid is None
+        try:
+            chosen = await calls.choose(host, calls.run_dir_of(target), pid)
+        except TargetError:
+            if not host_alone or place is not None:
+                raise
+            chosen = None  # nothing of the user's on the host itself: its Slurm jobs?
+        idle = chosen is None or (chosen.choice is Choice.RUN and chosen.row is None)
+        if host_alone and place is None and idle:
+            # no live training on the host itself (a login node): its Slurm jobs, if any
+            job = await slurm_jobs_shown(host)
+            if job == "":
+                return exits.SEVERAL
+            if job is not None:
+                return await monitor(replace(target, job=job), ns)
+        if chosen is None:  # no Slurm job either: the host's own answer
+            chosen = await calls.choose(host, calls.run_dir_of(target), pid)
         note, short = chosen.note, chosen.short
         row = chosen.row
         if chosen.choice is Choice.SEVERAL:
@@ -220,15 +237,48 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
     return app_exit_status(app)
 
 
+async def slurm_jobs_shown(host: Any) -> str | None:
+    """On a host without a live training of the user's (a login node): the user's Slurm
+    jobs that are speculators trainings and have not ended. One running: its id (the
+    monitor opens it); several, or pending ones: listed, with their state and reason,
+    and "" (the user picks one); none, or no Slurm: None."""
+    from eagle3_tui.slurm_text import slurm_lines
+    from eagle3_tui.transport.replies import DiscoverReport
+    from eagle3_tui.transport.slurm import slurm_jobs
+
+    try:
+        report = await slurm_jobs(host)
+    except TargetError:
+        return None
+    jobs = [j for j in report.jobs if j.training and j.active]
+    if not report.slurm or not jobs:
+        return None
+    if len(jobs) == 1 and jobs[0].running:
+        return jobs[0].array or jobs[0].id
+    listing = DiscoverReport(jobs=jobs, user=report.user, host=report.host)
+    lines = slurm_lines(listing)[1:]
+    lines[-1] = f"(open one: eagle3-tui {host.label}:job/ID)"
+    say("\n".join(lines))
+    return ""
+
+
 async def job_place(target: Target) -> Any:
-    """A Slurm job's place (``api/slurm.py``): where its training runs; a pending job is
-    waited for (its state said once, and again when it changes), an ended one without
-    a registered run is an error."""
+    """A Slurm job's place (``api/slurm.py``): where its training runs; a pending job, or
+    a running one whose training is still starting, is waited for (what it waits for
+    said once, and again when it changes); an ended one without a registered run is an
+    error."""
     from eagle3_tui.api import slurm
 
     said = None
     while True:
-        place = await slurm.locate(target)
+        try:
+            place = await slurm.locate(target)
+        except slurm.NoTrainingYetError as e:
+            if str(e) != said:
+                say(f"eagle3-tui: {e}; waiting for it (Ctrl+C to leave)", err=True)
+                said = str(e)
+            await asyncio.sleep(2.0)
+            continue
         if place.where is not None:
             return place
         if not place.job.active:

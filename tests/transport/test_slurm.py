@@ -9,6 +9,7 @@ line."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -22,8 +23,9 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent.slurm import parse_show_job
+from eagle3_tui.transport import calls
 from eagle3_tui.transport.replies import SlurmJob
-from eagle3_tui.transport.target import LocalTarget, SshTarget, parse_target
+from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, parse_target
 from tests.app.test_tmux import Tmux
 from tests.conftest import need, need_training, read_jsonl, wait_until
 from tests.slurm import Slurm, have_slurm
@@ -77,6 +79,16 @@ def eagle(login: Sshd, *args: str) -> Any:
     return cli(*args, "-F", str(login.ssh_config), timeout=240)
 
 
+async def jobs_shown(login: Sshd) -> str | None:
+    from eagle3_tui.cli.monitor import slurm_jobs_shown
+
+    host = calls.open_host(SshTarget(ALIAS, options=SshOptions(config=(str(login.ssh_config),))))
+    try:
+        return await slurm_jobs_shown(host)
+    finally:
+        await host.close()
+
+
 def flat(screen: str) -> str:
     """A screen's words on one line, a dialog's borders left out."""
     return " ".join(re.sub(r"[│┃║▌▐█▀▄]", " ", screen).split())
@@ -90,7 +102,7 @@ def train_steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
-    tmp_path: Path, slurm: Slurm, login: Sshd
+    tmp_path: Path, slurm: Slurm, login: Sshd, capsys: pytest.CaptureFixture[str]
 ) -> None:
     need_training()
     work = tmp_path / "work"
@@ -118,6 +130,13 @@ def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
         assert "RUNNING on" in rows[job] and "e3-tiny" in rows[job], listed.stdout
         assert "PENDING (JobHeldUser)" in rows[held], listed.stdout
         assert f"{work}/slurm-{job}.out" in rows[job]
+        # the login host alone, where no training of the user's runs on it: its jobs to
+        # pick from (what `eagle3-tui LOGIN` prints; here the job runs on the login host
+        # itself, and other tests' trainings may too, so the monitor would open one)
+        picked = asyncio.run(jobs_shown(login))
+        shown = capsys.readouterr().out
+        assert picked == "", shown  # two jobs: listed, none opened
+        assert "PENDING (JobHeldUser)" in shown and f"{ALIAS}:job/ID" in shown, shown
 
         wait_until(lambda: len(train_steps(run_dir)) >= 6, 120, lambda: slurm.state(job))
         read = eagle(login, "summary", "--json", target)
@@ -139,6 +158,10 @@ def test_a_job_listed_read_stopped_through_slurm_and_requeued_from_its_step(
         assert after["health"] == "stopped", after["reason"]
         assert after["slurm"]["state"] == slurm.state(job)
         assert after["slurm"]["exit_code"] is not None
+        # its run directory alone is not relaunched outside Slurm: the job has ended
+        outside = eagle(login, "resume", f"{ALIAS}:{run_dir}")
+        assert outside.returncode != 0, outside.stdout
+        assert f"this run was Slurm job {job}, which has ended" in outside.stderr + outside.stdout
         watched = eagle(login, "watch", target, "--once", "--state", str(tmp_path / "w.json"))
         assert watched.returncode == 7, watched.stdout + watched.stderr  # the job's run: stopped
 
