@@ -133,7 +133,7 @@ class Slurm:
         mark = f"SLURM_CONF={self.conf}".encode()
         out = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+            if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             with contextlib.suppress(OSError):
                 if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):

@@ -561,6 +561,9 @@ class Observer:
         self.stuck = StuckWatch(self.pid)
         self.cwd = row.get("cwd")
         self.started = row.get("started")
+        env = procs.environ(self.pid) or {}  # empty: not readable
+        job = env.get("SLURM_JOB_ID") if env.get("ENVIRONMENT") == "BATCH" else None
+        self.slurm_job = job.strip() or None if isinstance(job, str) else None  # a batch job's
         self.set_checkpoint_dir(row.get("checkpoint_dir"))
 
     def _events(self, path: str, cursor: dict[str, Any]) -> EventFollower:
@@ -860,6 +863,7 @@ class Observer:
             "cpu_pct": round(cpu, 1) if self.rounds > 1 else None,
             "launcher_pid": self.row.get("launcher_pid"),
             "stack_unavailable": self.stuck.unavailable or None,
+            "slurm_job": self.slurm_job,
             "handler": self.row.get("handler"),
             "metrics_file": self.row.get("metrics_file"),
             "metrics_problem": getattr(self.metrics, "problem", None)

@@ -376,7 +376,9 @@ def resume(
             message="" if found else "its training has not started yet",
             pid=place.pid if place is not None else None,
             confirmed=found,
-            run_dir=place.job.run_dir if place is not None else None,
+            run_dir=calls.run_dir_of(place.where)
+            if place is not None and place.telemetry and place.where is not None
+            else None,  # a training without telemetry writes no run
             slurm=step,
         )
 

@@ -58,6 +58,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     launcher_pid: int | None = None
     stack_unavailable: str | None = None
     """Why the agent cannot read where the trainer is stuck (py-spy missing, refused)."""
+    slurm_job: str | None = None
+    """The Slurm batch job it runs in (``SLURM_JOB_ID``, with sbatch's
+    ``ENVIRONMENT=BATCH``): a restart is then the scheduler's (a requeue runs its
+    script as it was, without telemetry); not in an interactive allocation."""
     handler: str | None = None
     """``json`` or ``printed``: a handler of the user's own writes its metric dicts (to
     :attr:`metrics_file`), read there; ``tensorboard``: speculators' own backend writes

@@ -51,6 +51,10 @@ REMEDY = (
     "Attach live (a, or eagle3-tui attach), or kill it with a checkpoint (k) and restart "
     "it with telemetry."
 )
+SLURM_REMEDY = (
+    "Attach live (a, or eagle3-tui attach): a stop and a requeue (k, then r) bring its "
+    "script back as it was, without telemetry."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +196,8 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "
-            f"{ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. " + REMEDY,
+            f"{ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. "
+            + (SLURM_REMEDY if info.slurm_job else REMEDY),
         )
     if ev.sampled and not ev.strong and not ev.weak and age >= limit:
         idle = (

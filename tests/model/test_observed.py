@@ -284,3 +284,18 @@ def test_an_event_file_that_cannot_be_read_further_is_said_so() -> None:
     s = summarize(o.run.state, o.t)
     assert s["observed"]["metrics_problem"] == broken["metrics_problem"]
     assert "not read: its framing is broken at byte 4,096" in format_text(s)
+
+
+def test_a_silent_slurm_batch_job_is_not_promised_a_restart_with_telemetry() -> None:
+    """A batch job's training comes back, requeued, as its script was: the remedy says
+    so, and offers what does add telemetry (attach)."""
+    o = Observed()
+    for _ in range(60):
+        o.feed(o.obs.at(o.t).proc(cpu_pct=100.0, started=o.started, slurm_job="4242"))
+        o.feed(o.obs.at(o.t).io(4096.0))
+        o.t += 1.0
+    d = diagnose(o.run.state, o.t)
+    assert d.health == Health.SILENT, d
+    assert HANDLER in d.reason and "Attach live" in d.reason, d.reason
+    assert "restart it with telemetry" not in d.reason, d.reason
+    assert "a stop and a requeue (k, then r) bring its script back as it was" in d.reason
