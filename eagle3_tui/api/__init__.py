@@ -368,19 +368,9 @@ def resume(
     t = target_or_here(where, pid, ssh)
     if t.job is not None:  # a Slurm job: requeued, its script runs again
         label = label_of(where, pid)
-        step, place = run_sync(slurm.requeue(t, wait, label))
+        report, place = run_sync(slurm.requeue_report(t, wait, label))
         tell(on_note, place.note if place is not None else None)
-        found = place is not None and place.pid is not None
-        return ResumeReport(
-            status="started",
-            message="" if found else "its training has not started yet",
-            pid=place.pid if place is not None else None,
-            confirmed=found,
-            run_dir=calls.run_dir_of(place.where)
-            if place is not None and place.telemetry and place.where is not None
-            else None,  # a training without telemetry writes no run
-            slurm=step,
-        )
+        return report
 
     async def one(host: Host, at: Target) -> ResumeReport:
         return await calls.resume_run(host, calls.run_dir_of(at), wait)

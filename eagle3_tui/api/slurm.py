@@ -33,6 +33,7 @@ from eagle3_tui.transport.replies import (
     JobControlReport,
     JobsReport,
     JobTraining,
+    ResumeReport,
     SchedulerStep,
     SlurmJob,
 )
@@ -214,3 +215,24 @@ async def requeue(t: Target, wait: float, label: str) -> tuple[SchedulerStep, Jo
         if time.monotonic() >= deadline:
             return step, None
         await asyncio.sleep(REQUEUE_POLL_S)
+
+
+async def requeue_report(
+    t: Target, wait: float, label: str
+) -> tuple[ResumeReport, JobPlace | None]:
+    """:func:`requeue`, as the resume report ``resume`` and ``r`` show (and the job's new
+    place, once its training runs)."""
+    step, place = await requeue(t, wait, label)
+    found = place is not None and place.pid is not None
+    run_dir = None  # a training without telemetry writes no run
+    if place is not None and place.telemetry and place.where is not None:
+        run_dir = calls.run_dir_of(place.where)
+    report = ResumeReport(
+        status="started",
+        message="" if found else "its training has not started yet",
+        pid=place.pid if place is not None else None,
+        confirmed=found,
+        run_dir=run_dir,
+        slurm=step,
+    )
+    return report, place

@@ -149,16 +149,8 @@ class RunControl:
     async def resume(self) -> ResumeReport:
         if self.job is not None and self.login is not None:
             target = replace(self.login, job=self.job.id)
-            step, place = await slurm.requeue(target, self.resume_wait_s, target.label)
-            found = place is not None and place.pid is not None
-            return ResumeReport(
-                status="started",
-                message="" if found else "its training has not started yet",
-                pid=place.pid if place is not None else None,
-                confirmed=found,
-                run_dir=self.run_dir,
-                slurm=step,
-            )
+            report, _ = await slurm.requeue_report(target, self.resume_wait_s, target.label)
+            return report
         if not self.nodes:
             return await calls.resume_run(
                 self.host, self.run_dir, self.resume_wait_s, process=self.process
