@@ -42,7 +42,7 @@ def slurm_lines(result: DiscoverReport) -> list[str]:
 
 def scheduler_lines(step: SchedulerStep) -> list[str]:
     """The scheduler's part of a report, for a person."""
-    name = f"job {step.job}" + (f" ({step.name})" if step.name else "")
+    name = printable(f"job {step.job}" + (f" ({step.name})" if step.name else ""))
     if step.action == "cancel":
         head = f"slurm    {name} cancelled through the scheduler (scancel)"
     elif step.action == "requeue":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ from eagle3_tui.agent.names import (
     OP_JOBS,
 )
 from eagle3_tui.agent.process_facts import user_name
+from eagle3_tui.telemetry.safefs import trust_problem
 
 SLURM_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 """Where Slurm's commands are looked for after ``PATH`` (a session over ssh often has a
@@ -67,12 +67,13 @@ class NoClusterError(Exception):
 
 
 def command(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    for folder in SLURM_DIRS:
+    """Slurm's command ``name``: the first in ``PATH``'s absolute folders, then in
+    :data:`SLURM_DIRS`, that nobody but root or this user could have put there (one in a
+    folder another user may write, or a relative ``PATH`` entry, is never run)."""
+    folders = [d for d in (os.environ.get("PATH") or "").split(os.pathsep) if os.path.isabs(d)]
+    for folder in (*folders, *SLURM_DIRS):
         path = os.path.join(folder, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
+        if os.path.isfile(path) and os.access(path, os.X_OK) and trust_problem(path) is None:
             return path
     return None
 
