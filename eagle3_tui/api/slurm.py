@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import msgspec
 
+from eagle3_tui.api.reading import pinned_to
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.replies import (
@@ -71,10 +71,6 @@ class JobPlace:
         if self.pid is not None:
             said += f", its trainer pid {self.pid}"
         return said
-
-
-def is_job(t: Target) -> bool:
-    return t.job is not None
 
 
 def login_of(t: Target) -> Target:
@@ -133,20 +129,14 @@ async def locate(t: Target, label: str | None = None) -> JobPlace:
             )
         return _running(job, login, at, found.training_row)
     if job.run_dir is not None:  # ended: the run registered as this job
-        return JobPlace(job, login, _pinned(login, job.run_dir), None)
+        return JobPlace(job, login, pinned_to(login, job.run_dir), None)
     return JobPlace(job, login, None, None)
 
 
 def _running(job: SlurmJob, login: Target, at: Target, row: JobTraining) -> JobPlace:
     if row.telemetry and row.run_dir:
-        return JobPlace(job, login, _pinned(at, row.run_dir), row.pid, telemetry=True)
+        return JobPlace(job, login, pinned_to(at, row.run_dir), row.pid, telemetry=True)
     return JobPlace(job, login, at, row.pid)
-
-
-def _pinned(login: Target, run_dir: str) -> Target:
-    if isinstance(login, LocalTarget):
-        return LocalTarget(Path(run_dir))
-    return replace(login, run_dir=run_dir, job=None)
 
 
 def no_run_error(place: JobPlace, label: str) -> TargetError:

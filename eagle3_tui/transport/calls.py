@@ -100,13 +100,14 @@ def where(target: Target, run_dir: str | None) -> str:
     return shown
 
 
-def _python(host: Host) -> str:
+def python_of(host: Host) -> str:
+    """The Python that runs the agent on ``host``."""
     return str(getattr(host, "python", "python3"))
 
 
 async def resolve(host: Host, run_dir: str | None) -> Resolved:
     """The run directory a target means, checked to exist (the latest run when None)."""
-    ev = await call_agent(host, {"op": OP_RESOLVE, "run_dir": run_dir}, python=_python(host))
+    ev = await call_agent(host, {"op": OP_RESOLVE, "run_dir": run_dir}, python=python_of(host))
     return decode(Resolved, ev.fields, host.label)
 
 
@@ -148,7 +149,7 @@ async def kill_run(
 
         request.update(pid=process.pid, start_ticks=process.start_ticks, boot_id=process.boot_id)
         request["lib"] = telemetry_library()
-    ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
+    ev = await call_agent(host, request, on_progress=on_progress, python=python_of(host))
     report = decode(KillReport, ev.fields, host.label)
     return report if first is None else msgspec.structs.replace(report, attached_first=first)
 
@@ -202,7 +203,7 @@ async def wait_for_save(
     request: dict[str, Any] = {"op": OP_SAVE_WAIT, "run_dir": run_dir}
     if save_wait_s is not None:
         request["save_wait_s"] = save_wait_s
-    ev = await call_agent(host, request, on_progress=on_progress, python=_python(host))
+    ev = await call_agent(host, request, on_progress=on_progress, python=python_of(host))
     return decode(SaveWaitReport, ev.fields, host.label)
 
 
@@ -242,7 +243,7 @@ async def resume_run(
         request["pid"] = pid
     if plan:
         request["plan"] = True
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(ResumeReport, ev.fields, host.label)
 
 
@@ -256,7 +257,7 @@ async def run_status(host: Host, run_dir: str | None, plan: bool = False) -> Sta
     if isinstance(host, LocalHost):
         return await asyncio.to_thread(local_status, run_dir, plan)
     request = {"op": OP_STATUS, "run_dir": run_dir, "plan": plan}
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(Status, ev.fields, host.label)
 
 
@@ -291,7 +292,7 @@ async def discover(host: Host, all_users: bool = False, prune: bool = False) -> 
     request: dict[str, Any] = {"op": OP_DISCOVER, "all": all_users}
     if prune:
         request["prune"] = True
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(DiscoverReport, ev.fields, host.label)
 
 
@@ -306,7 +307,7 @@ async def choose(
         request["pid"] = pid
     if purpose is not None:
         request["purpose"] = purpose
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(ChooseReply, ev.fields, host.label)
 
 
@@ -314,7 +315,7 @@ async def describe(host: Host, process: ProcessRow) -> Status:
     """A discovered training now: alive or not, why, its ``row``, a manifest-like
     identity, the host and its clock (as ``run_status`` for a registered run)."""
     request = {"op": OP_DESCRIBE, "pid": process.pid, "start_ticks": process.start_ticks}
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(Status, ev.fields, host.label)
 
 
@@ -333,7 +334,7 @@ async def observe_once(
         "start_ticks": process.start_ticks,
         "until_s": seconds,
     }
-    return await call_agent(host, request, on_data=on_data, python=_python(host))
+    return await call_agent(host, request, on_data=on_data, python=python_of(host))
 
 
 def several_error(result: ChooseReply, label: str) -> SeveralRunsError:
@@ -352,7 +353,7 @@ def describe_process(row: ProcessRow) -> str:
 
 async def list_runs(host: Host, all_users: bool = False) -> RunsReport:
     """The host's runs of the user we log in as (``all_users``: whoever owns them)."""
-    ev = await call_agent(host, {"op": OP_RUNS, "all": all_users}, python=_python(host))
+    ev = await call_agent(host, {"op": OP_RUNS, "all": all_users}, python=python_of(host))
     return decode(RunsReport, ev.fields, host.label)
 
 
@@ -374,7 +375,7 @@ async def read_file(
     }
     if file:
         request["file"] = file
-    return await call_agent(host, request, on_data=on_data, python=_python(host))
+    return await call_agent(host, request, on_data=on_data, python=python_of(host))
 
 
 # ---- the nodes of a multi-node run ----------------------------------------------------
@@ -522,7 +523,7 @@ async def attach_plan(
     """What attaching would do (every check done, nothing touched): the plan, or the
     refusal (``reason``: which check; ``choose``: the ``candidates``)."""
     request = attach_request("plan", run_dir, pid, mechanism=mechanism)
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode_plan(ev.fields, host.label)
 
 
@@ -532,5 +533,5 @@ async def attach_run(
     """Attach to the process ``plan`` showed (refused if the PID is another one now)."""
     request = attach_request("inject", None, None, plan)
     request.update(wait_s=wait_s, metric_wait_s=metric_wait_s)
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(AttachResult, ev.fields, host.label)

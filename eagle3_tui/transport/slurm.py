@@ -8,12 +8,9 @@ No textual here; asyncssh only when a host target is opened.
 from __future__ import annotations
 
 from eagle3_tui.agent.names import OP_JOB_CONTROL, OP_JOBS
+from eagle3_tui.transport.calls import python_of
 from eagle3_tui.transport.channel import Host, call_agent
 from eagle3_tui.transport.replies import JobControlReport, JobsReport, decode
-
-
-def _python(host: Host) -> str:
-    return str(getattr(host, "python", "python3"))
 
 
 async def slurm_jobs(host: Host, job: str | None = None, everyone: bool = False) -> JobsReport:
@@ -22,12 +19,12 @@ async def slurm_jobs(host: Host, job: str | None = None, everyone: bool = False)
     request: dict[str, object] = {"op": OP_JOBS, "all": everyone}
     if job is not None:
         request["job"] = job
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(JobsReport, ev.fields, host.label)
 
 
 async def job_control(host: Host, job: str, action: str) -> JobControlReport:
     """``cancel`` or ``requeue`` the job through the scheduler on ``host``."""
     request = {"op": OP_JOB_CONTROL, "job": job, "action": action}
-    ev = await call_agent(host, request, python=_python(host))
+    ev = await call_agent(host, request, python=python_of(host))
     return decode(JobControlReport, ev.fields, host.label)
