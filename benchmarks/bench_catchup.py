@@ -23,7 +23,7 @@ Everything goes through the relay, connection set-up included, and prints:
 
 The file is written as lines (not by the real writer, which keeps the companion as
 it writes), so its companion is made first with ``index_file``, as
-``python -m eagle3_tui.telemetry.columns RUN/metrics.jsonl`` makes one for a run
+``python -m eagle3_tui.telemetry.column_log RUN/metrics.jsonl`` makes one for a run
 written before the writer kept one.
 
 Rounds alternate (baseline, summary, frame, zlib, plain, ...) so all see the same
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.records import mixed_lines, train_line, train_lines
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
-from eagle3_tui.telemetry.columns import index_file
+from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.openssh import OpenSshHost
 from eagle3_tui.transport.ssh import SshTransport

@@ -49,7 +49,7 @@ from benchmarks.records import gpu_line, heartbeat_line, io_line, record_line, t
 from eagle3_tui.app.app import tune_collector
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
-from eagle3_tui.telemetry.columns import index_file
+from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.glancing import MIN_GLANCE_BYTES
 from eagle3_tui.transport.local import LocalTransport

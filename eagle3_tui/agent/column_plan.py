@@ -26,13 +26,39 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import zlib
-from typing import Any
+from bisect import bisect_left
+from itertools import count
+from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
-from eagle3_tui.telemetry.columns import Block, companion_path, pack_column, read_blocks
+from eagle3_tui.telemetry.columns import (
+    ENVELOPE,
+    MAGIC,
+    MARK_MAGIC,
+    NL_ENVELOPE,
+    PLAIN_TIME,
+    SAMPLE_MAGIC,
+    Block,
+    Samples,
+    block_of,
+    companion_path,
+    kind_of,
+    pack_column,
+    pack_envelopes,
+    walk_blocks,
+)
 from eagle3_tui.telemetry.safefs import open_file
+
+__all__ = [
+    "ENVELOPE",
+    "NL_ENVELOPE",
+    "Segment",
+    "Sent",
+    "column_plan",
+    "line_at",
+    "sample_cutoffs",
+]
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
@@ -41,25 +67,164 @@ CHUNK = 4 << 20
 MAX_COMPANION = 1 << 31
 
 
+Listed = Tuple[Samples, int, int]  # noqa: UP006 (evaluated: Python 3.8)
+"""Lines ``i`` to ``j`` (not included) of a sample block."""
+MAX_READ_LINES = 4096
+"""Events of an accounted segment read one by one at most: past that, its range is
+read whole and checked."""
+
+
+class Sent:
+    """The sample blocks a client holds (sent with an earlier frame of this stream):
+    it forgets each at the first columns frame that starts at or past its end, and so
+    does this."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[int, Samples]] = {}
+        """By the block's ``id()``: the number it was sent under, and the block."""
+
+    def update(self, start: int, listed: list[Listed]) -> list[tuple[int, Samples]]:
+        """Before the frame at ``start`` that lists ``listed``: the blocks to send with
+        it, each with the number the frame's ranges name it by."""
+        self._held = {k: v for k, v in self._held.items() if v[1].end > start}
+        new: list[tuple[int, Samples]] = []
+        for b, _, _ in listed:
+            if id(b) not in self._held:
+                self._held[id(b)] = (next(_NUMBERS), b)
+                new.append(self._held[id(b)])
+        return new
+
+    def number(self, block: Samples) -> int:
+        return self._held[id(block)][0]
+
+
+_NUMBERS = count()
+"""Sample blocks' numbers on the wire: never two alike in one agent."""
+
+
 class Segment:
-    """A block that stands for the bytes ``start``..``end`` of the file."""
+    """A block that stands for the bytes ``start``..``end`` of the file.
 
-    __slots__ = ("block", "data", "end", "lengths", "offsets", "start")
+    Checked (:meth:`check`), its range is read and each row found in it. *Accounted*
+    (``marks`` and ``samples`` set: the companion lists every line of the range, see
+    :class:`Listing`), only its events, its newest samples and the lines at its rows'
+    and samples' ends are read: the rest is what the companion says."""
 
-    def __init__(self, block: Block, offsets: list[int], lengths: list[int]) -> None:
+    __slots__ = (
+        "_lengths",
+        "_offsets",
+        "block",
+        "data",
+        "end",
+        "first_seq",
+        "marks",
+        "rows_bytes",
+        "rows_start",
+        "samples",
+        "start",
+        "text",
+    )
+
+    def __init__(self, block: Block, start: int, end: int, rows_bytes: int, first_seq: int) -> None:
         self.block = block
-        self.offsets = offsets
-        self.lengths = lengths
-        self.start = offsets[0]
-        self.end = offsets[-1] + lengths[-1]
+        self.rows_start = self.start = start
+        self.end = end
+        self.rows_bytes = rows_bytes
+        """The rows' lines' bytes (the block's header says, or its ``@len``)."""
+        self.first_seq = first_seq
+        self._offsets: list[int] | None = None
+        self._lengths: list[int] | None = None
         self.data = b""
+        self.marks: list[tuple[int, int, str]] | None = None
+        self.samples: list[Listed] = []
+        """An accounted segment's samples, as ranges of sample blocks."""
+        self.text: list[tuple[int, bytes]] = []
+        """An accounted segment's events read (offset, line), in file order."""
 
-    def check(self, fd: int) -> bool:
-        """Whether every row is a whole line of the file with the block's sequence number."""
+    @classmethod
+    def of(cls, block: Block) -> Segment | None:
+        """The segment of a block, from its header where it says where its rows are and
+        how many bytes they are (else from its ``@off`` and ``@len``); None when it cannot be."""
+        h = block.header
+        span, size, stats = h.get("span"), h.get("bytes"), h.get("stats")
+        seq = stats.get("seq") if isinstance(stats, dict) else None
+        if (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(type(v) is int for v in span)
+            and 0 <= span[0] < span[1]
+            and type(size) is int
+            and block.n <= size <= span[1] - span[0]
+            and isinstance(seq, list)
+            and seq
+            and type(seq[0]) is int
+        ):
+            return cls(block, span[0], span[1], size, seq[0])
         try:
+            offsets, lengths = block.ints("@off"), block.ints("@len")
+        except (ValueError, zlib.error):
+            return None
+        if offsets != sorted(offsets) or min(lengths) <= 0:
+            return None
+        seg = cls(block, offsets[0], offsets[-1] + lengths[-1], sum(lengths), -1)
+        seg._offsets, seg._lengths = offsets, lengths
+        return seg
+
+    @property
+    def offsets(self) -> list[int]:
+        if self._offsets is None:
+            self._offsets = self.block.ints("@off")
+        return self._offsets
+
+    @property
+    def lengths(self) -> list[int]:
+        if self._lengths is None:
+            self._lengths = self.block.ints("@len")
+        return self._lengths
+
+    def check(self, fd: int, cutoffs: dict[str, int] | None = None) -> bool:
+        """Whether every row is a whole line of the file with the block's sequence number
+        (an accounted segment: its rows' and samples' first and last, and every line it
+        reads). ``cutoffs``: see :meth:`payload` (the samples from them are read)."""
+        try:
+            if self.marks is not None:
+                return self._check_listed(fd, cutoffs or {})
             return self._check(fd)
-        except (OSError, ValueError, zlib.error):
+        except (OSError, ValueError, IndexError, zlib.error):
             return False
+
+    def _check_listed(self, fd: int, cutoffs: dict[str, int]) -> bool:
+        """An accounted segment's rows at its ends and its events, read and checked; a
+        segment with samples the client keeps whole (or of a kind it keeps none of, or
+        too many events) is read whole and checked instead."""
+        assert self.marks is not None
+        kinds = {k for b, _, _ in self.samples for k in b.kinds}
+        if len(self.marks) > MAX_READ_LINES or any(cutoffs.get(k, 0) < self.end for k in kinds):
+            self.marks = None
+            return self._check(fd)
+        # the rows' ends: a line of the first row's sequence number starts the rows, a
+        # newline ends them (the tiling says the rest)
+        at, end = self.rows_start, self.end
+        head = os.pread(fd, 65, at - 1) if at > 0 else b"\n" + os.pread(fd, 64, 0)
+        if head[:1] != b"\n" or os.pread(fd, 1, end - 1) != b"\n":
+            return False
+        seq = self.first_seq if self.first_seq >= 0 else self.block.ints("seq")[0]
+        if not head.startswith(b'\n{"v":1,"seq":%d,' % seq) and _seq_of(head, 1, 65) != seq:
+            return False
+        for b, i, j in self.samples:  # each block's first and last line here: a sample of it
+            for k in {i, j - 1}:
+                line = line_at(fd, b.offsets[k], b.lengths[k])
+                m = None if line is None else ENVELOPE.match(line)
+                if m is None or m.group(4).decode() not in b.kinds:
+                    return False
+        text: list[tuple[int, bytes]] = []
+        for off, n, kind in self.marks:
+            line = line_at(fd, off, n)
+            if line is None or kind_of(line) != kind:
+                return False
+            text.append((off, line))
+        self.text = text
+        return True
 
     def _check(self, fd: int) -> bool:
         before = 1 if self.start > 0 else 0  # the range must start a line too
@@ -67,10 +232,14 @@ class Segment:
         if len(data) != self.end - self.start + before or (before and data[0] != 10):
             return False
         data = data[before:]
-        seqs = self.block.ints("seq")
+        offsets, lengths, seqs = self.offsets, self.lengths, self.block.ints("seq")
+        if len(offsets) != self.block.n or len(lengths) != self.block.n:
+            return False
+        if offsets[0] < self.start or offsets[-1] + lengths[-1] != self.end:
+            return False
         base = self.start
         starts = data.startswith
-        for off, n, seq in zip(self.offsets, self.lengths, seqs):  # noqa: B905 (3.8: no strict)
+        for off, n, seq in zip(offsets, lengths, seqs):  # noqa: B905 (3.8: no strict)
             rel = off - base
             if n <= 0 or data[rel + n - 1] != 10 or (rel > 0 and data[rel - 1] != 10):
                 return False
@@ -80,13 +249,17 @@ class Segment:
         self.data = data
         return True
 
-    def payload(self, keep: dict[str, Any], cutoffs: dict[str, int] | None = None) -> bytes:
+    def payload(
+        self, keep: dict[str, Any], cutoffs: dict[str, int] | None = None, sent: Sent | None = None
+    ) -> bytes:
         """The C frame's payload; ``keep``: per group, the only fields to send;
         ``cutoffs``: per sampler kind, where the lines the client keeps begin (the ones
-        before go as envelopes, see :func:`sample_cutoffs`)."""
+        before go as envelopes, see :func:`sample_cutoffs`); ``sent``: the sample blocks
+        the client holds (an accounted segment's samples are sent as ranges of them)."""
         header = dict(self.block.header)
         header.pop("stats", None)  # a glance's (agent/glance.py): not the client's to keep
         header.pop("span", None)
+        header.pop("bytes", None)
         cols: list[list[Any]] = []
         parts: list[bytes] = []
         for path, (kind, packed) in self.block.chunks.items():
@@ -100,6 +273,32 @@ class Segment:
         runs: list[int] = []
         text: list[bytes] = []
         stubs = _Stubs()
+        if self.marks is not None:  # accounted: the events read, the samples listed
+            for off, line in self.text:
+                runs += [off - self.start, len(line)]
+                text.append(line)
+            if self.samples:
+                sent = sent if sent is not None else Sent()
+                new = sent.update(self.start, self.samples)
+                header["listings"] = [_listing(k, b) for k, b in new]
+                parts += [b.body for _, b in new]
+                header["listed"] = [[sent.number(b), i, j] for b, i, j in self.samples]
+        else:
+            self._others(cutoffs, runs, text, stubs)
+        if stubs.n:
+            header["stubs"] = stubs.header()
+            parts += stubs.parts
+        raw = b"".join(text)
+        packed_runs = pack_column("q", runs) if runs else b""
+        packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
+        header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
+        head = json.dumps(header, separators=(",", ":")).encode()
+        return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
+
+    def _others(
+        self, cutoffs: dict[str, int] | None, runs: list[int], text: list[bytes], stubs: _Stubs
+    ) -> None:
+        """The range's lines between the rows, from the range's bytes read."""
         cuts = {k.encode(): v for k, v in cutoffs.items() if v > 0} if cutoffs else {}
         at = 0  # in the range: the end of the last row
         data, base = self.data, self.start
@@ -112,25 +311,6 @@ class Segment:
                     runs += [at, rel - at]
                     text.append(data[at:rel])
             at = rel + n
-        if stubs.n:
-            header["stubs"] = stubs.header()
-            parts += stubs.parts
-        raw = b"".join(text)
-        packed_runs = pack_column("q", runs) if runs else b""
-        packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
-        header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
-
-
-ENVELOPE = re.compile(
-    rb'\{"v": ?1, ?"seq": ?(\d+), ?"w": ?"([^"\\]*)", ?"ts": ?([-0-9.eE+]+), ?"kind": ?"(\w+)"'
-)
-"""A line's envelope as our writer writes it (its fields first, in this order)."""
-_TIME = re.compile(rb"[1-9][0-9]{0,11}(\.[0-9]+)?")
-"""A time a stub may carry: positive, finite, plain decimal (else the line goes whole)."""
-NL_ENVELOPE = re.compile(b"\n" + ENVELOPE.pattern)
-"""The same after a newline: a literal start, which the regex engine scans for fast."""
 
 
 class _Stubs:
@@ -140,8 +320,8 @@ class _Stubs:
     times), so only their envelopes travel."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int, bytes, bytes, bytes, bytes]] = []
-        """(offset, length, kind, writer, seq, ts): the last four as written."""
+        self.rows: list[tuple[int, int, bytes, bytes, Any, Any]] = []
+        """(offset, length, kind, writer, seq, ts): seq and ts as written, or as numbers."""
         self.parts: list[bytes] = []
 
     @property
@@ -170,7 +350,7 @@ class _Stubs:
             if base + pos >= cutoffs.get(kind, 0):
                 continue
             nl = find(b"\n", m.end(), hi)
-            if nl < 0 or not _TIME.fullmatch(ts):
+            if nl < 0 or not PLAIN_TIME.fullmatch(ts):
                 continue
             if pos > run_start:
                 runs += [run_start, pos - run_start]
@@ -182,30 +362,17 @@ class _Stubs:
             text.append(data[run_start:hi])
 
     def header(self) -> dict[str, Any]:
-        offs, lens, kinds_b, ws_b, seqs, ts = zip(*self.rows)  # noqa: B905 (3.8: no strict)
-        kinds = {k: i for i, k in enumerate(dict.fromkeys(kinds_b))}
-        writers = {w: i for i, w in enumerate(dict.fromkeys(ws_b))}
-        cols = {
-            "@off": list(offs),
-            "@len": list(lens),
-            "kind": [kinds[k] for k in kinds_b],
-            "w": [writers[w] for w in ws_b],
-            "seq": list(map(int, seqs)),
-        }
-        meta: list[list[Any]] = []
-        for name, values in cols.items():
-            packed = pack_column("q", values, STUB_LEVEL)
-            meta.append([name, "q", len(packed)])
-            self.parts.append(packed)
-        packed = pack_column("d", list(map(float, ts)), STUB_LEVEL)
-        meta.append(["ts", "d", len(packed)])
-        self.parts.append(packed)
-        return {
-            "n": self.n,
-            "kinds": [k.decode() for k in kinds],
-            "writers": [w.decode("utf-8", "replace") for w in writers],
-            "cols": meta,
-        }
+        offs, lens, kinds, ws, seqs, ts = zip(*self.rows)  # noqa: B905 (3.8: no strict)
+        head, self.parts = pack_envelopes(
+            list(offs),
+            list(lens),
+            list(kinds),
+            list(ws),
+            list(map(int, seqs)),
+            list(map(float, ts)),
+            STUB_LEVEL,
+        )
+        return head
 
 
 def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:
@@ -246,37 +413,137 @@ def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:
     return cutoffs
 
 
+class Listing:
+    """What a companion lists of one file besides its rows: every writer's samples
+    (sample blocks) and events (marks). Where the rows of a block, the samples and the
+    marks inside a range add up to its every byte, the companion accounts for the
+    range: each byte is a line one of the file's writers wrote whole and listed."""
+
+    def __init__(self, samples: list[Samples], marks: list[tuple[int, int, str]]) -> None:
+        self.samples = sorted(samples, key=lambda b: b.start)
+        self.marks = sorted(set(marks))
+        self._mark_offsets = [m[0] for m in self.marks]
+        self._next = 0
+        self._active: list[Samples] = []
+
+    def lines_in(
+        self, a: int, b: int, rows: int
+    ) -> tuple[list[tuple[int, int, str]], list[Listed]] | None:
+        """The marks and samples inside ``a``..``b``, when with ``rows`` bytes of rows
+        they fill it and none crosses its ends; else None. Ranges are asked in file
+        order (a range before the last one asked may find nothing)."""
+        while self._next < len(self.samples) and self.samples[self._next].start < b:
+            self._active.append(self.samples[self._next])
+            self._next += 1
+        self._active = [x for x in self._active if x.end > a]
+        covered = rows
+        samples: list[Listed] = []
+        for blk in self._active:
+            i, j = bisect_left(blk.offsets, a), bisect_left(blk.offsets, b)
+            if i > 0 and blk.offsets[i - 1] + blk.lengths[i - 1] > a:
+                return None  # a line across the range's start
+            if j > i:
+                if blk.offsets[j - 1] + blk.lengths[j - 1] > b:
+                    return None
+                covered += sum(blk.lengths[i:j])
+                samples.append((blk, i, j))
+        i, j = bisect_left(self._mark_offsets, a), bisect_left(self._mark_offsets, b)
+        marks = self.marks[i:j]
+        if (i > 0 and sum(self.marks[i - 1][:2]) > a) or (marks and sum(marks[-1][:2]) > b):
+            return None
+        covered += sum(n for _, n, _ in marks)
+        return (marks, samples) if covered == b - a else None
+
+
+def _listing(number: int, b: Samples) -> dict[str, Any]:
+    return {"id": number, "n": b.n, "kinds": b.kinds, "writers": b.writers, "cols": b.cols}
+
+
 def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment]:
     """The segments that may stand for the file (open as ``fd``) from ``start`` to
     ``size``, in file order; empty when there is no usable companion. Each must pass
     :meth:`Segment.check` before it is sent (checked as they go, so that the first
-    ones travel while the later ones are checked)."""
+    ones travel while the later ones are checked). A segment the companion accounts
+    for reaches back to the end of the one before it (or ``start``), so that nothing
+    between them is read."""
     data = _read_companion(companion_path(jsonl_path))
     if not data:
         return []
     st = os.fstat(fd)
     candidates: list[Segment] = []
-    for block in read_blocks(data):
-        h = block.header
-        if h.get("dev") != st.st_dev or h.get("ino") != st.st_ino:
-            continue  # another file's (the run's file was replaced)
+    samples: list[Samples] = []
+    marks: list[tuple[int, int, str]] = []
+    for magic, head, body in walk_blocks(data):
         try:
-            offsets, lengths = block.ints("@off"), block.ints("@len")
-        except (ValueError, zlib.error):
+            h = json.loads(head)
+        except ValueError:
             continue
-        if len(offsets) != block.n or offsets != sorted(offsets):
+        if not isinstance(h, dict) or h.get("dev") != st.st_dev or h.get("ino") != st.st_ino:
+            continue  # another file's (the run's file was replaced)
+        if magic == MARK_MAGIC:
+            marks += marks_of(h) or ()
             continue
-        seg = Segment(block, offsets, lengths)
-        if seg.start >= start and seg.end <= size:
+        if magic == SAMPLE_MAGIC:
+            try:
+                listed = Samples(h, body)
+            except (ValueError, KeyError, TypeError, IndexError, zlib.error):
+                continue
+            if listed.end <= size:
+                samples.append(listed)
+            continue
+        block = block_of(h, body) if magic == MAGIC else None
+        if block is None:
+            continue
+        seg = Segment.of(block)
+        if seg is not None and seg.start >= start and seg.end <= size:
             candidates.append(seg)
     candidates.sort(key=lambda s: s.start)
+    listing = Listing(samples, marks)
     plan: list[Segment] = []
     at = start
     for seg in candidates[:-1]:  # the last block's steps go as JSON (the exact latest)
-        if seg.start >= at:  # not overlapping one taken (two writers' blocks)
-            plan.append(seg)
-            at = seg.end
+        if seg.start < at:
+            continue  # overlapping one taken (two writers' blocks)
+        for a in (at, seg.start) if at < seg.start else (at,):
+            found = listing.lines_in(a, seg.end, seg.rows_bytes)
+            if found is not None:
+                seg.start, (seg.marks, seg.samples) = a, found
+                break
+        plan.append(seg)
+        at = seg.end
     return plan
+
+
+def marks_of(header: dict[str, Any]) -> list[tuple[int, int, str]] | None:
+    """A mark block's marks (offset, length, kind), or None when they are not that."""
+    marks = header.get("marks")
+    if not isinstance(marks, list):
+        return None
+    out = []
+    for m in marks:
+        if not (isinstance(m, list) and len(m) == 3):
+            return None
+        off, n, kind = m
+        if type(off) is not int or type(n) is not int or off < 0 or n <= 0:
+            return None
+        if not isinstance(kind, str) or len(kind) > 40:
+            return None
+        out.append((off, n, kind))
+    return out
+
+
+def line_at(fd: int, off: int, n: int) -> bytes | None:
+    """The ``n`` bytes at ``off`` when they are one whole line of the file."""
+    before = 1 if off > 0 else 0
+    data = os.pread(fd, n + before, off - before)
+    if len(data) != n + before or (before and data[0] != 10) or data[-1] != 10:
+        return None
+    line = data[before:]
+    return None if b"\n" in line[:-1] else line
+
+
+def _seq_ok(line: bytes, seq: int) -> bool:
+    return line.startswith(b'{"v":1,"seq":%d,' % seq) or _seq_of(line, 0, len(line)) == seq
 
 
 def _seq_of(data: bytes, start: int, end: int) -> int | None:

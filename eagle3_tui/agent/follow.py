@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.column_plan import column_plan, sample_cutoffs
+from eagle3_tui.agent.column_plan import Sent, column_plan, sample_cutoffs
 from eagle3_tui.agent.diskspace import DiskWatch, disk_space
 from eagle3_tui.agent.frames import (
     AgentError,
@@ -169,13 +169,14 @@ def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[st
     size = os.fstat(fd).st_size
     plan = column_plan(fd, str(path), offset, size)
     cutoffs = sample_cutoffs(fd, size, req.get("samples")) if plan else {}
+    sent = Sent()
     for seg in plan:
-        if not seg.check(fd):
+        if not seg.check(fd, cutoffs):
             continue  # its lines go as lines
         offset = _pump(fd, offset, z, stop=seg.start)
         if client_gone() or offset != seg.start:
             return offset
-        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep, cutoffs))
+        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep, cutoffs, sent))
         offset = seg.end
     return offset
 

@@ -37,13 +37,14 @@ import os
 import zlib
 from typing import Any, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
-from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion
+from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion, line_at, marks_of
 from eagle3_tui.agent.frames import AgentError, emit, emit_zdata
 from eagle3_tui.agent.names import ERR_MISSING, EV_EOF, EV_GLANCE, EV_RESOLVED
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.columns import (
     ALL_WRITERS,
     MARK_MAGIC,
+    SAMPLE_MAGIC,
     Block,
     block_of,
     column_stats,
@@ -118,23 +119,6 @@ def _span(block: Block) -> tuple[int, int] | None:
     return (offs[0], offs[-1] + lens[-1]) if offs and lens else None
 
 
-def _marks_of(header: dict[str, Any]) -> list[tuple[int, int, str]] | None:
-    marks = header.get("marks")
-    if not isinstance(marks, list):
-        return None
-    out = []
-    for m in marks:
-        if not (isinstance(m, list) and len(m) == 3):
-            return None
-        off, n, kind = m
-        if type(off) is not int or type(n) is not int or off < 0 or n <= 0:
-            return None
-        if not isinstance(kind, str) or len(kind) > 40:
-            return None
-        out.append((off, n, kind))
-    return out
-
-
 def _stats(block: Block, path: str) -> list[Any] | None:
     stats = block.header.get("stats")
     if isinstance(stats, dict):
@@ -171,19 +155,11 @@ def _unpack(kind: str, packed: bytes, n: int) -> list[Any]:
 
 def _line_ok(fd: int, off: int, n: int, kind: str) -> bytes | None:
     """The line a mark names, if it is one: whole, and of the marked kind."""
-    before = 1 if off > 0 else 0
     try:
-        data = os.pread(fd, n + before, off - before)
+        line = line_at(fd, off, n)
     except OSError:
         return None
-    if len(data) != n + before or (before and data[0] != 10) or data[-1] != 10:
-        return None
-    line = data[before:]
-    if kind_of(line) != kind:
-        return None
-    if b"\n" in line[:-1]:
-        return None
-    return line
+    return line if line is not None and kind_of(line) == kind else None
 
 
 def _tail_writers(tail: bytes) -> dict[str, int]:
@@ -229,7 +205,7 @@ def glance(
             continue  # another file's (the run's file was replaced)
         if magic == MARK_MAGIC:
             w = header.get("w")
-            found = _marks_of(header)
+            found = marks_of(header)
             if not isinstance(w, str) or found is None:
                 continue
             if header.get("lost"):
@@ -237,6 +213,8 @@ def glance(
             marked.add(w)
             marks += found
             continue
+        if magic == SAMPLE_MAGIC:
+            continue  # samples: the tail's are read, the earlier ones not needed
         block = block_of(header, body)
         span = None if block is None else _span(block)
         if block is None or span is None or span[1] > size:

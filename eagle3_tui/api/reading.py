@@ -21,7 +21,7 @@ from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.calls import Report
 from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
-from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_chunks
+from eagle3_tui.transport.local import check_local_input, check_run_dir, iter_frames
 from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
 from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
 
@@ -91,8 +91,8 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
 def load_local(run_dir: Path) -> Run:
     path = check_run_dir(run_dir)
     run = Run()
-    for chunk in iter_chunks(path):
-        run.feed(chunk.offset, chunk.data)
+    for frame in iter_frames(path):
+        run.feed_frame(frame)
     return run
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class LineReader:
         self._line_no = 0  # lines completed so far
         self._skipping_long = False
         self.decoders = Decoders()
+        self.listings: dict[int, Any] = {}
+        """Sample blocks a columns frame of this stream sent for later frames to use
+        (model/segments.py); forgotten when the stream restarts."""
 
     @property
     def next_offset(self) -> int:
@@ -107,6 +111,7 @@ class LineReader:
             else:
                 reason = "truncated or replaced" if offset < self._buf_offset else "bytes skipped"
                 out.append(Restarted(offset, expected, reason))
+                self.listings = {}
                 self._buf = b""
                 self._buf_offset = offset
                 self._skipping_long = False

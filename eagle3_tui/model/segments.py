@@ -26,7 +26,6 @@ import numpy.typing as npt
 
 from eagle3_tui.model.reader import Item, LineReader
 from eagle3_tui.model.records import (
-    Deferred,
     Malformed,
     Profile,
     Record,
@@ -35,7 +34,7 @@ from eagle3_tui.model.records import (
 )
 from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.model.state import RunState
-from eagle3_tui.model.step_ingest import StepColumns
+from eagle3_tui.model.step_ingest import Envelopes, StepColumns
 
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}
@@ -74,9 +73,12 @@ def apply_segment(
         state.apply(seg)
         return len(restart) + 1
     rows = seg.step_columns()
-    if rows is None or not state.apply_steps(rows, seg.others, seg.before):
+    env = seg.envelopes
+    if rows is None or not state.apply_steps(
+        rows, seg.others, seg.before, env if env.n else None, seg.places
+    ):
         state.apply_all(seg.items())  # as records, line by line, in file order
-    return len(restart) + seg.n + len(seg.others)
+    return len(restart) + seg.n + len(seg.others) + env.n
 
 
 def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
@@ -113,6 +115,8 @@ class _Segment:
         cols: dict[str, npt.NDArray[Any]],
         others: list[Item],
         before: list[int],
+        places: list[int],
+        envelopes: Envelopes,
         lines: int,
     ) -> None:
         self.header = header
@@ -121,6 +125,10 @@ class _Segment:
         self.others = others
         self.before = before
         """How many steps come before each of ``others``."""
+        self.places = places
+        """Where each of ``others`` is in the file (its run's start: in file order with
+        the envelopes)."""
+        self.envelopes = envelopes
         self.lines = lines
 
     def teach(self, reader: LineReader) -> None:
@@ -159,11 +167,20 @@ class _Segment:
         )
 
     def items(self) -> list[Item]:
-        """Steps and other lines as records, in file order."""
+        """Steps, other lines and envelopes as records, in file order."""
         rows = _records(self.header, self.cols, self.n)
+        env = self.envelopes
+        if env.n:  # the envelopes among the other lines, by their places in the file
+            places = np.concatenate((np.asarray(self.places, dtype=np.int64), env.at))
+            order = np.argsort(places, kind="stable").tolist()
+            others = [*self.others, *env.items()]
+            before = [*self.before, *env.before.tolist()]
+            pairs = [(others[i], before[i]) for i in order]
+        else:
+            pairs = list(zip(self.others, self.before, strict=True))
         out: list[Item] = []
         r = 0
-        for item, b in zip(self.others, self.before, strict=True):
+        for item, b in pairs:
             if b > r:
                 out.extend(rows[r:b])
                 r = b
@@ -183,86 +200,153 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     for path, kind, size in header["cols"]:
         cols[path] = _column(kind, payload[at : at + size], n)
         at += size
-    stubs = _Stubs.none()
+    offsets, lengths = cols["@off"], cols["@len"]
+    parts: list[_Listed] = []
     if "stubs" in header:
-        stubs, at = _stubs(header["stubs"], payload, at, offset)
+        stubs, at = _listed(header["stubs"], payload, at)
+        stubs.offsets += offset
+        parts.append(stubs)
+    listings = _listings(reader, offset)
+    for meta in header.get("listings", ()):
+        listed, at = _listed(meta, payload, at)
+        listings[int(meta["id"])] = listed
+    for ident, i, j in header.get("listed", ()):
+        found = listings.get(ident)
+        if found is None or not 0 <= i < j <= len(found.offsets):
+            raise BadColumnsError(f"samples {ident}[{i}:{j}] not sent")
+        parts.append(found.part(i, j))
+    env, env_lengths = _envelopes(parts, offsets, offset, span)
+    env_size = int(env_lengths.sum())
     runs_size, text_size, text_len = header["gaps"]
     runs = _runs(payload[at : at + runs_size])
     at += runs_size
     text = zlib.decompress(payload[at : at + text_size]) if text_size else b""
     if len(text) != text_len or at + text_size != len(payload):
         raise BadColumnsError("the other lines do not add up")
-    offsets, lengths = cols["@off"], cols["@len"]
-    covered = int(lengths.sum()) + len(text) + stubs.size
+    covered = int(lengths.sum()) + len(text) + env_size
     if covered != span or int(offsets[0]) < offset:
         raise BadColumnsError("rows and lines do not cover the range")
-    # the other lines (runs of text, and samples as envelopes), in file order,
-    # numbered as the file numbers them; the envelopes by slices, not one by one
-    stub_before = np.searchsorted(offsets, stubs.offsets).tolist()
+    if env.n:  # and fill it: every byte once, rows, envelopes and runs of lines alike
+        starts = np.concatenate((offsets, env.at, offset + np.asarray([r for r, _ in runs])))
+        ends = starts + np.concatenate((lengths, env_lengths, [n for _, n in runs]))
+        order = np.argsort(starts, kind="stable")
+        if not (
+            int(starts[order[0]]) == offset
+            and bool((starts[order[1:]] == ends[order[:-1]]).all())
+            and int(ends[order[-1]]) == offset + span
+        ):
+            raise BadColumnsError("rows and lines that do not tile the range")
+    # the other lines (runs of text), in file order, numbered as the file numbers them
+    # (the envelopes among them counted by where they are)
     others: list[Item] = []
     before: list[int] = []
+    places: list[int] = []
     lines = 0
     pos = 0
-    si = 0
     for rel, size in runs:
         start = offset + rel
-        sj = int(np.searchsorted(stubs.offsets, start))
-        others.extend(stubs.items[si:sj])
-        before.extend(stub_before[si:sj])
-        lines += sj - si
-        si = sj
         r = int(np.searchsorted(offsets, start))  # the steps before this run
         chunk = text[pos : pos + size]
         pos += size
         if not chunk.endswith(b"\n"):
             raise BadColumnsError("a run of lines without its newline")
-        decoded = reader.decode_lines(start, chunk, line_no + r + lines)
+        env_before = int(np.searchsorted(env.at, start))
+        decoded = reader.decode_lines(start, chunk, line_no + r + lines + env_before)
         others.extend(decoded)
         before.extend([r] * len(decoded))
+        places.extend([start] * len(decoded))
         lines += chunk.count(b"\n")
-    others.extend(stubs.items[si:])
-    before.extend(stub_before[si:])
-    lines += len(stubs.items) - si
-    return _Segment(header, cols, others, before, n + lines)
+    return _Segment(header, cols, others, before, places, env, n + lines + env.n)
 
 
-class _Stubs:
-    """Samples sent as envelopes (agent/column_plan.py's ``_Stubs``): where they are, and
-    each as a :class:`Deferred` without its line, which only counts."""
+class _Listed:
+    """Samples listed by their envelopes (a frame's ``stubs``, or a sample block the
+    agent sent once, agent/column_plan.py), as arrays."""
 
-    def __init__(self, offsets: npt.NDArray[np.int64], size: int, items: list[Deferred]) -> None:
-        self.offsets = offsets
-        self.size = size
-        self.items = items
+    __slots__ = ("end", "kind", "kinds", "lengths", "offsets", "seq", "ts", "w", "writers")
 
-    @classmethod
-    def none(cls) -> _Stubs:
-        return cls(np.zeros(0, dtype=np.int64), 0, [])
+    def __init__(self, meta: dict[str, Any], cols: dict[str, npt.NDArray[Any]]) -> None:
+        self.kinds = tuple(str(k) for k in meta["kinds"])
+        self.writers = tuple(str(w) for w in meta["writers"])
+        if not set(self.kinds) <= set(SAMPLES_KEPT):
+            raise BadColumnsError(f"envelopes of {self.kinds}")
+        self.offsets: npt.NDArray[np.int64] = cols["@off"]
+        self.lengths: npt.NDArray[np.int64] = cols["@len"]
+        self.kind: npt.NDArray[np.int64] = cols["kind"]
+        self.w: npt.NDArray[np.int64] = cols["w"]
+        self.seq: npt.NDArray[np.int64] = cols["seq"]
+        self.ts: npt.NDArray[np.float64] = cols["ts"]
+        n = len(self.offsets)
+        bad = (self.kind < 0) | (self.kind >= len(self.kinds)) | (self.w < 0)
+        if bool((bad | (self.w >= len(self.writers)) | (self.lengths <= 0)).any()):
+            raise BadColumnsError("envelopes that name no kind or writer sent")
+        if n > 1 and not bool((self.offsets[1:] >= self.offsets[:-1] + self.lengths[:-1]).all()):
+            raise BadColumnsError("envelopes out of order")
+        self.end = int(self.offsets[-1] + self.lengths[-1])
+
+    def part(self, i: int, j: int) -> _Listed:
+        part = object.__new__(_Listed)
+        part.kinds, part.writers, part.end = self.kinds, self.writers, self.end
+        for name in ("offsets", "lengths", "kind", "w", "seq", "ts"):
+            setattr(part, name, getattr(self, name)[i:j])
+        return part
 
 
-def _stubs(meta: dict[str, Any], payload: bytes, at: int, offset: int) -> tuple[_Stubs, int]:
+def _listed(meta: dict[str, Any], payload: bytes, at: int) -> tuple[_Listed, int]:
     n = meta["n"]
-    kinds, writers = [str(k) for k in meta["kinds"]], [str(w) for w in meta["writers"]]
-    if not isinstance(n, int) or n <= 0 or not set(kinds) <= set(SAMPLES_KEPT):
-        raise BadColumnsError(f"envelopes of {kinds}")
+    if not isinstance(n, int) or n <= 0:
+        raise BadColumnsError(f"{n!r} envelopes")
     cols: dict[str, npt.NDArray[Any]] = {}
     for name, kind, size in meta["cols"]:
         cols[name] = _column(kind, payload[at : at + size], n)
         at += size
-    offsets = cols["@off"] + offset
-    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
-        raise BadColumnsError("envelopes out of order")
-    items = [
-        Deferred(kinds[k], seq, writers[w], ts, b"", 0, 0)
-        for k, w, seq, ts in zip(
-            cols["kind"].tolist(),
-            cols["w"].tolist(),
-            cols["seq"].astype(np.float64).tolist(),
-            cols["ts"].tolist(),
-            strict=True,
-        )
-    ]
-    return _Stubs(offsets, int(cols["@len"].sum()), items), at
+    return _Listed(meta, cols), at
+
+
+def _listings(reader: LineReader, offset: int) -> dict[int, _Listed]:
+    """The sample blocks the agent sent on this stream, less those wholly before
+    ``offset`` (the agent forgets them at the same frame)."""
+    kept = {k: v for k, v in reader.listings.items() if v.end > offset}
+    reader.listings = kept
+    return kept
+
+
+def _envelopes(
+    parts: list[_Listed], offsets: npt.NDArray[np.int64], offset: int, span: int
+) -> tuple[Envelopes, npt.NDArray[np.int64]]:
+    """The listed samples of a range as one :class:`Envelopes` in file order, and each
+    one's length."""
+    if not parts:
+        return _NO_ENVELOPES, np.zeros(0, dtype=np.int64)
+    kinds = tuple(dict.fromkeys(k for p in parts for k in p.kinds))
+    writers = tuple(dict.fromkeys(w for p in parts for w in p.writers))
+    kind_ix = [np.asarray([kinds.index(k) for k in p.kinds], dtype=np.int64) for p in parts]
+    w_ix = [np.asarray([writers.index(w) for w in p.writers], dtype=np.int64) for p in parts]
+    at = np.concatenate([p.offsets for p in parts])
+    order = np.argsort(at, kind="stable")
+    at = at[order]
+    lengths = np.concatenate([p.lengths for p in parts])[order]
+    if len(at) and (int(at[0]) < offset or int(at[-1] + lengths[-1]) > offset + span):
+        raise BadColumnsError("envelopes outside the range")
+    if len(at) > 1 and not bool((at[1:] >= at[:-1] + lengths[:-1]).all()):
+        raise BadColumnsError("envelopes that overlap")
+    env = Envelopes(
+        at,
+        np.searchsorted(offsets, at),
+        np.concatenate([ix[p.kind] for ix, p in zip(kind_ix, parts, strict=True)])[order],
+        kinds,
+        np.concatenate([ix[p.w] for ix, p in zip(w_ix, parts, strict=True)])[order],
+        writers,
+        np.concatenate([p.seq for p in parts])[order],
+        np.concatenate([p.ts for p in parts])[order],
+    )
+    return env, lengths
+
+
+_NO_ENVELOPES = Envelopes(
+    *(np.zeros(0, dtype=np.int64),) * 3, (), np.zeros(0, dtype=np.int64), (),
+    np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64),
+)  # fmt: skip
 
 
 def _runs(packed: bytes) -> list[tuple[int, int]]:

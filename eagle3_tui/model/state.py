@@ -71,6 +71,7 @@ from eagle3_tui.model.stack import stack_sample
 from eagle3_tui.model.step_ingest import (
     BATCH_MIN,
     Batch,
+    Envelopes,
     StepBlock,
     StepColumns,
     batch_block,
@@ -388,23 +389,36 @@ class RunState:
         self._apply_block(batch_block(batch), "v" in batch.cols, last, starts)
         return True
 
-    def apply_steps(self, rows: StepColumns, others: list[Item], before: list[int]) -> bool:
+    def apply_steps(
+        self,
+        rows: StepColumns,
+        others: list[Item],
+        before: list[int],
+        envelopes: Envelopes | None = None,
+        places: list[int] | None = None,
+    ) -> bool:
         """A columns frame (model/segments.py): its training steps as columns, and the
         range's other lines decoded (``others``, in file order; ``before[i]``: how many
         steps come before ``others[i]``), applied as :meth:`_apply_batch` applies the
-        lines themselves. False, with nothing applied, where it would not take them as
-        one batch (the caller then applies the steps as records, line by line)."""
+        lines themselves; ``envelopes``: its old samples, which only count (``places``:
+        where each of ``others`` is in the file). False, with nothing applied, where it
+        would not take them as one batch (the caller then applies the steps as records,
+        line by line)."""
         n = len(rows.steps)
         if n < BATCH_MIN or not rows.w or not rows_valid(rows):
             return False
-        recs = [r for r in others if type(r) is not Malformed]
+        good = [type(r) is not Malformed for r in others]
+        recs = [r for r, ok in zip(others, good, strict=True) if ok]
         if not others_apart(recs):
             return False
-        at = [b for r, b in zip(others, before, strict=True) if type(r) is not Malformed]
-        spans = row_spans(rows, recs, at, self.writers)
+        at = [b for b, ok in zip(before, good, strict=True) if ok]
+        where = None if places is None else [p for p, ok in zip(places, good, strict=True) if ok]
+        spans = row_spans(rows, recs, at, self.writers, envelopes, where)
         if spans is None:
             return False
         starts = self._apply_others(others_batch(recs, rows.steps) if recs else None)
+        if envelopes is not None:
+            self._count_envelopes(envelopes)
         self.writers.advance(spans)
         for bad in others:
             if type(bad) is Malformed:
@@ -412,6 +426,16 @@ class RunState:
         last = Record(kind="train", ts=float(rows.ts[-1]), epoch=int(rows.epoch[-1]), w=rows.w)
         self._apply_block(rows.block(), True, last, starts)
         return True
+
+    def _count_envelopes(self, env: Envelopes) -> None:
+        """Old samples by their envelopes: counted, their first and last times touched
+        (as :meth:`_apply_others` does each kind's), queued for no history (every one
+        of their kind that a history keeps comes after them)."""
+        self.records += env.n
+        for k in np.unique(env.kind).tolist():
+            idx = np.flatnonzero(env.kind == k)
+            self._touch(float(env.ts[idx[0]]))
+            self._touch(float(env.ts[idx[-1]]))
 
     def _apply_others(self, batch: Batch | None) -> list[float]:
         """The batch's records of other kinds (None: it has none): sampler records

@@ -89,6 +89,46 @@ class StepColumns:
         return step_block(self.steps, self.ts, self.columns, self.keys)
 
 
+@dataclass(frozen=True, slots=True)
+class Envelopes:
+    """Old samples of a columns frame by their envelopes alone (the client keeps the
+    newest few hundred of each kind; these only count: records, each writer's sequence
+    numbers, the run's first and last time). Arrays, one entry per sample, in file order."""
+
+    at: npt.NDArray[np.int64]
+    """Each one's offset in the file."""
+    before: npt.NDArray[np.int64]
+    """How many of the frame's steps come before each."""
+    kind: npt.NDArray[np.int64]
+    kinds: tuple[str, ...]
+    w: npt.NDArray[np.int64]
+    writers: tuple[str, ...]
+    seq: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.float64]
+
+    @property
+    def n(self) -> int:
+        return len(self.at)
+
+    def names(self) -> npt.NDArray[Any]:
+        """Each one's writer (str objects)."""
+        return np.asarray(self.writers, dtype=object)[self.w]
+
+    def items(self) -> list[Deferred]:
+        """Each as a :class:`Deferred` without its line (the record-by-record path)."""
+        kinds, writers = self.kinds, self.writers
+        return [
+            Deferred(kinds[k], seq, writers[w], ts, b"", 0, 0)
+            for k, w, seq, ts in zip(
+                self.kind.tolist(),
+                self.w.tolist(),
+                self.seq.astype(np.float64).tolist(),
+                self.ts.tolist(),
+                strict=True,
+            )
+        ]
+
+
 class StepBlock(NamedTuple):
     """Training steps as the table takes them at once: increasing ``steps``, their
     times, the table's columns by key, and the ``train`` keys."""
@@ -316,12 +356,18 @@ def batch_spans(batch: Batch, writers: Mapping[str, WriterSeq]) -> Spans | None:
 
 
 def row_spans(
-    rows: StepColumns, recs: list[Item], before: list[int], writers: Mapping[str, WriterSeq]
+    rows: StepColumns,
+    recs: list[Item],
+    before: list[int],
+    writers: Mapping[str, WriterSeq],
+    envelopes: Envelopes | None = None,
+    places: list[int] | None = None,
 ) -> Spans | None:
     """:func:`batch_spans` of a columns frame's steps and its other records, in file
-    order (``before[i]``: how many steps come before ``recs[i]``)."""
+    order (``before[i]``: how many steps come before ``recs[i]``); with ``envelopes``,
+    theirs too (``places``: where each record is in the file, to put them in order)."""
     groups = {rows.w: rows.seqs}
-    if recs:
+    if recs or envelopes is not None:
         try:  # a Deferred's seq_f is None without a seq: the careful path then
             seqs = np.fromiter(
                 (r.seq_f if type(r) is Deferred else _SEQ(r) for r in recs),
@@ -335,6 +381,15 @@ def row_spans(
         seqs_i = seqs.astype(np.int64)
         names = np.fromiter(map(_W, recs), object, len(recs))
         at = np.asarray(before, dtype=np.int64)
+        if envelopes is not None:
+            if places is None or len(places) != len(recs):
+                return None
+            order = np.argsort(
+                np.concatenate((np.asarray(places, dtype=np.int64), envelopes.at)), kind="stable"
+            )
+            seqs_i = np.concatenate((seqs_i, envelopes.seq))[order]
+            names = np.concatenate((names, envelopes.names()))[order]
+            at = np.concatenate((at, envelopes.before))[order]
         for w in set(names.tolist()):
             mask = names == w
             if w == rows.w:  # the steps' own writer: its other records among them

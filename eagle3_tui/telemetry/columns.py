@@ -54,6 +54,20 @@ when it first writes to a file, so that a glance knows every writer that has mar
 
 ``index_file`` writes one writer ``"*"`` for every line of the file it indexed.
 
+**Samples.** Each writer also lists its sampler lines (:data:`SAMPLED_KINDS`), by
+their envelopes, in sample blocks, so that the companion accounts for every byte of
+its lines: rows, samples and marks together tile the ranges they cover, and where
+they do, a reader needs none of those bytes but the events' (agent/column_plan.py)::
+
+    b"E3S1" | u32 header length | u32 body length | u32 crc32(header + body)
+    header: JSON {"dev", "ino", "n", "span", "bytes": the lines' bytes,
+                  "kinds", "writers", "cols": [[name, type, size], ...]}
+    body:   packed columns @off, @len, kind, w (indexes into "kinds" and
+            "writers"), seq (``q``) and ts (``d``)
+
+A sampler line without the envelope as our writer writes it is marked instead.
+Column blocks carry ``"bytes"`` (their rows' bytes) too.
+
 Standard library only (imported inside the trainer and by the agent); Python 3.8+.
 """
 
@@ -62,19 +76,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
-import time
 import zlib
 from array import array
 from itertools import accumulate
-from operator import sub
-from typing import Any, Callable, Tuple  # noqa: UP035 (Python 3.8 on the host)
-
-from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_aside, open_append
+from operator import add, gt, sub
+from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
 MARK_MAGIC = b"E3M1"
+SAMPLE_MAGIC = b"E3S1"
+MAGICS = (MAGIC, MARK_MAGIC, SAMPLE_MAGIC)
+SAMPLE_ROWS = 8192
+"""Sampler lines listed in one sample block at most (~6 KB packed)."""
 SAMPLED_KINDS = frozenset({"gpu", "io", "heartbeat", "proc", "progress"})
 """Sampler kinds: written every few seconds, the newest say what is kept (not marked)."""
 MARKS_PER_BLOCK = 4096
@@ -99,6 +115,16 @@ MONITOR_PROFILE = ("step_ms", "tokens_per_s", "fetch_frac")
 only ones it asks the agent to ship."""
 
 Shape = Tuple[Tuple[str, str], ...]  # noqa: UP006 (evaluated: Python 3.8 cannot subscript tuple)
+
+ENVELOPE = re.compile(
+    rb'\{"v": ?1, ?"seq": ?(\d+), ?"w": ?"([^"\\]*)", ?"ts": ?([-0-9.eE+]+), ?"kind": ?"(\w+)"'
+)
+"""A line's envelope as our writer writes it (its fields first, in this order)."""
+NL_ENVELOPE = re.compile(b"\n" + ENVELOPE.pattern)
+"""The same after a newline: a literal start, which the regex engine scans for fast."""
+PLAIN_TIME = re.compile(rb"[1-9][0-9]{0,11}(\.[0-9]+)?")
+"""A time an envelope listed without its line may carry: positive, finite, plain
+decimal (a sample whose time is written otherwise is marked, or sent whole)."""
 
 
 def companion_path(jsonl_path: str) -> str:
@@ -263,6 +289,7 @@ def encode_block(
             "order": [p for p, _ in shape],
             "cols": meta,
             "span": [offsets[0], offsets[-1] + lengths[-1]] if offsets else [0, 0],
+            "bytes": sum(lengths),
             "stats": {
                 path: column_stats(kind, values)
                 for (path, kind), values in zip(data_shape, cols)  # noqa: B905 (3.8)
@@ -274,6 +301,101 @@ def encode_block(
     body = b"".join(parts)
     crc = zlib.crc32(body, zlib.crc32(header))
     return HEAD.pack(MAGIC, len(header), len(body), crc) + header + body
+
+
+def pack_envelopes(
+    offsets: list[int],
+    lengths: list[int],
+    kinds: list[bytes],
+    writers: list[bytes],
+    seqs: list[int],
+    times: list[float],
+    level: int = ZLIB_LEVEL,
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Lines listed by their envelopes (a sample block's body, a columns frame's stubs):
+    the header's ``n``, ``kinds``, ``writers`` and ``cols``, and the packed columns."""
+    kind_ix = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
+    writer_ix = {w: i for i, w in enumerate(dict.fromkeys(writers))}
+    cols: list[tuple[str, str, list[Any]]] = [
+        ("@off", "q", offsets),
+        ("@len", "q", lengths),
+        ("kind", "q", [kind_ix[k] for k in kinds]),
+        ("w", "q", [writer_ix[w] for w in writers]),
+        ("seq", "q", seqs),
+        ("ts", "d", times),
+    ]
+    meta: list[list[Any]] = []
+    parts: list[bytes] = []
+    for name, kind, values in cols:
+        packed = pack_column(kind, values, level)
+        meta.append([name, kind, len(packed)])
+        parts.append(packed)
+    head = {
+        "n": len(offsets),
+        "kinds": [k.decode() for k in kind_ix],
+        "writers": [w.decode("utf-8", "replace") for w in writer_ix],
+        "cols": meta,
+    }
+    return head, parts
+
+
+def encode_samples(
+    ident: tuple[int, int],
+    offsets: list[int],
+    lengths: list[int],
+    kinds: list[bytes],
+    writers: list[bytes],
+    seqs: list[int],
+    times: list[float],
+) -> bytes:
+    """A sample block (see the module docstring)."""
+    head, parts = pack_envelopes(offsets, lengths, kinds, writers, seqs, times)
+    head.update(
+        dev=ident[0],
+        ino=ident[1],
+        span=[offsets[0], offsets[-1] + lengths[-1]],
+        bytes=sum(lengths),
+    )
+    header = json.dumps(head, separators=(",", ":")).encode()
+    body = b"".join(parts)
+    crc = zlib.crc32(body, zlib.crc32(header))
+    return HEAD.pack(SAMPLE_MAGIC, len(header), len(body), crc) + header + body
+
+
+class Samples:
+    """A sample block read back: where its lines are (one writer's, in file order),
+    the kinds it names, and its packed columns as written (sent on as they are)."""
+
+    __slots__ = ("body", "cols", "end", "kinds", "lengths", "n", "offsets", "start", "writers")
+
+    def __init__(self, header: dict[str, Any], body: memoryview) -> None:
+        """Raises ValueError (or KeyError, TypeError, zlib.error) for a block that is not one."""
+        n = header["n"]
+        if type(n) is not int or n <= 0:
+            raise ValueError(f"{n!r} lines")
+        self.kinds = [str(k) for k in header["kinds"]]
+        self.writers = [str(w) for w in header["writers"]]
+        self.cols: list[list[Any]] = header["cols"]
+        at = 0
+        packed: dict[str, bytes] = {}
+        for name, kind, size in self.cols:
+            if kind not in ("q", "d") or type(size) is not int or size < 0:
+                raise ValueError(f"column {name!r}")
+            packed[str(name)] = bytes(body[at : at + size])
+            at += size
+        if at != len(body) or set(packed) != {"@off", "@len", "kind", "w", "seq", "ts"}:
+            raise ValueError("not a sample block's columns")
+        self.n = n
+        self.body = bytes(body)
+        self.offsets: list[int] = unpack_ints(packed["@off"], n)
+        self.lengths: list[int] = unpack_ints(packed["@len"], n)
+        ends = list(map(add, self.offsets, self.lengths))
+        if min(self.lengths) <= 0 or any(map(gt, ends, self.offsets[1:])):
+            raise ValueError("lines out of order")
+        self.start = self.offsets[0]
+        self.end = ends[-1]
+        if self.start < 0 or header.get("span") != [self.start, self.end]:
+            raise ValueError("a span its lines do not have")
 
 
 class Block:
@@ -301,9 +423,9 @@ def encode_marks(ident: tuple[int, int], writer: str, marks: list[Any], lost: bo
 
 
 def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
-    """Every whole block of a companion's bytes, column blocks and mark blocks, as
+    """Every whole block of a companion's bytes, column, mark and sample blocks, as
     (magic, header, body: a view of ``data``, not a copy), in order: block to block by
-    their lengths; past a torn or damaged one, at the next magic of either kind."""
+    their lengths; past a torn or damaged one, at the next magic of any kind."""
     out: list[tuple[bytes, bytes, memoryview]] = []
     pos = 0
     size = len(data)
@@ -313,7 +435,7 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
         start = pos + HEAD.size
         end = start + hlen + blen
         if (
-            magic in (MAGIC, MARK_MAGIC)
+            magic in MAGICS
             and hlen <= MAX_HEADER
             and blen <= MAX_BODY
             and end <= size
@@ -322,7 +444,7 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
             out.append((magic, data[start : start + hlen], view[start + hlen : end]))
             pos = end
             continue
-        found = (data.find(MAGIC, pos + 1), data.find(MARK_MAGIC, pos + 1))
+        found = [data.find(m, pos + 1) for m in MAGICS]
         nexts = [at for at in found if at >= 0]
         if not nexts:
             break
@@ -381,219 +503,3 @@ def _parse_block(header_b: bytes, body: bytes) -> Block | None:
     except ValueError:
         return None
     return block_of(header, memoryview(body)) if isinstance(header, dict) else None
-
-
-# ---- the writer's side ------------------------------------------------------------------
-
-
-class ColumnLog:
-    """Keeps the companion of one ``metrics.jsonl`` as its writer appends to it.
-
-    :meth:`add` takes each line the writer appended, at its offset; rows collect
-    until a block is due. Errors are counted, never raised: the companion only
-    speeds up reading, and the lines are there either way.
-
-    The companion is opened as ``metrics.jsonl`` is (never through a link, never
-    another user's file: such an entry is moved aside, ``metrics.cols.refused-…``), and
-    made again when it was deleted or replaced. When the JSON lines' file changed under
-    the writer (deleted, replaced, truncated), :meth:`restart` empties it: its blocks
-    index a file that is no longer there as they say (an inode number can be reused).
-    """
-
-    def __init__(
-        self,
-        jsonl_path: str,
-        block_rows: int = BLOCK_ROWS,
-        on_error: Callable[[BaseException], None] | None = None,
-        rows: bool = True,
-        writer: str = "",
-    ) -> None:
-        self.path = companion_path(jsonl_path)
-        self.block_rows = block_rows
-        self.rows_kept = rows
-        """Training steps become rows (False: the sidecar's writer, which only marks)."""
-        self.writer = writer
-        self._marks: list[list[Any]] = []
-        self._mark_ident: tuple[int, int] | None = None
-        """The file this writer last marked lines of (it announces itself once per file)."""
-        self._unsaid: tuple[int, int] | None = None
-        """A file whose marks could not all be written (a full disk): said lost once the
-        companion can be written again, so that no glance trusts marks that miss events."""
-        self.on_error = on_error
-        """Told of each block that could not be written (the writer counts it)."""
-        self._fd: int | None = None
-        self._own: tuple[int, int] = (0, 0)
-        """The companion's own (device, inode), as opened."""
-        self._ident: tuple[int, int] = (0, 0)
-        self._shape: Shape | None = None
-        self._const: tuple[str, str] = ("", "")
-        self._offsets: list[int] = []
-        self._lengths: list[int] = []
-        self._rows: list[list[Any]] = []
-        self._since = 0.0
-        self.blocks = 0
-        self.errors = 0
-
-    def add(self, ident: tuple[int, int], offset: int, line: bytes) -> None:
-        """A line now at ``offset`` of the file ``ident`` (device, inode): a row, or a
-        mark when it is an event (call :meth:`end_batch` after a batch of lines)."""
-        if ident != self._mark_ident:
-            self.end_batch()
-            self._mark_ident = ident
-            self._write_marks(ident, [], False)  # this writer writes to this file
-        kind = kind_of(line)
-        if kind in SAMPLED_KINDS or (not kind and not line.strip()):
-            return  # a sample, or a blank line (no record)
-        flat = None
-        if kind == "train" and self.rows_kept:
-            try:
-                flat = flatten(json.loads(line))
-            except ValueError:
-                flat = None
-        if flat is None:
-            self._marks.append([offset, len(line), kind])  # an event: a glance reads it
-            if len(self._marks) >= MARKS_PER_BLOCK:
-                self.end_batch()
-            return
-        shape, const, values = flat
-        if self._rows and (shape != self._shape or const != self._const or ident != self._ident):
-            self.flush()
-        if not self._rows:
-            self._shape, self._const, self._ident = shape, const, ident
-            self._since = time.monotonic()
-        self._offsets.append(offset)
-        self._lengths.append(len(line))
-        self._rows.append(values)
-        if len(self._rows) >= self.block_rows:
-            self.flush()
-
-    def due(self) -> bool:
-        return bool(self._rows) and time.monotonic() - self._since >= BLOCK_AGE_S
-
-    def forget(self) -> None:
-        """Drop the rows not yet written (their lines did not all reach the file)."""
-        self._offsets, self._lengths, self._rows = [], [], []
-
-    def end_batch(self) -> None:
-        """The events marked since the last batch, as one mark block (and, first, that
-        marks were lost, while that could not be written)."""
-        if self._unsaid is not None:
-            self._write_marks(self._unsaid, [], True, count=False)  # counted when lost
-        if self._marks and self._mark_ident is not None:
-            self._write_marks(self._mark_ident, self._marks, False)
-        self._marks = []
-
-    def lose_marks(self, ident: tuple[int, int]) -> None:
-        """Lines of this writer landed where it cannot say: its marks of ``ident`` can
-        no longer stand for all its events (a glance of that file reads it whole)."""
-        self._marks = []
-        self._write_marks(ident, [], True)
-
-    def _write_marks(
-        self, ident: tuple[int, int], marks: list[Any], lost: bool, count: bool = True
-    ) -> None:
-        try:
-            fd = self._open()
-            view = memoryview(encode_marks(ident, self.writer, marks, lost))
-            while view:
-                view = view[os.write(fd, view) :]
-            if lost:
-                self._unsaid = None
-        except Exception as e:
-            self._unsaid = ident  # (a block cut short is skipped by its checksum)
-            if count:
-                self.errors += 1
-                if self.on_error is not None:
-                    self.on_error(e)
-
-    def restart(self) -> None:
-        """Forget the rows not yet written and empty the companion (the JSON lines' file
-        changed: what it indexes is gone or moved). Nothing is made where there is none."""
-        self.forget()
-        self._marks, self._mark_ident, self._unsaid = [], None, None
-        try:
-            if self._fd is None and not os.path.lexists(self.path):
-                return
-            os.ftruncate(self._open(), 0)
-        except Exception as e:
-            self.errors += 1
-            if self.on_error is not None:
-                self.on_error(e)
-
-    def _open(self) -> int:
-        """The companion's descriptor: the file still at the path, else opened again
-        (an entry that may not be written is moved aside and a new file made)."""
-        if self._fd is not None:
-            try:
-                st = os.lstat(self.path)
-                if (st.st_dev, st.st_ino) == self._own:
-                    return self._fd
-            except FileNotFoundError:
-                pass
-            os.close(self._fd)
-            self._fd = None
-        try:
-            fd, _ = open_append(self.path)
-        except UnsafeFileError:
-            st = os.lstat(self.path)
-            move_aside(self.path, "refused", (st.st_dev, st.st_ino))
-            fd = create_exclusive(self.path, 0o644, os.O_APPEND)
-            if self.on_error is not None:
-                self.on_error(UnsafeFileError(self.path, "moved aside (not written through)"))
-        st = os.fstat(fd)
-        self._fd, self._own = fd, (st.st_dev, st.st_ino)
-        return fd
-
-    def flush(self) -> None:
-        if not self._rows or self._shape is None:
-            return
-        try:
-            block = encode_block(
-                self._ident, self._const, self._shape, self._offsets, self._lengths, self._rows
-            )
-            fd = self._open()
-            view = memoryview(block)
-            while view:
-                view = view[os.write(fd, view) :]
-            self.blocks += 1
-        except Exception as e:
-            self.errors += 1
-            if self.on_error is not None:
-                self.on_error(e)
-        finally:
-            self.forget()
-
-    def close(self) -> None:
-        self.flush()
-        self.end_batch()
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                self.errors += 1
-            self._fd = None
-
-
-def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS) -> int:
-    """Write the companion of an existing ``metrics.jsonl`` (one written before the
-    writer kept one); returns the blocks written. The file must not be growing."""
-    log = ColumnLog(jsonl_path, block_rows, writer=ALL_WRITERS)
-    if os.path.exists(log.path):
-        os.unlink(log.path)
-    with open(jsonl_path, "rb") as f:
-        st = os.fstat(f.fileno())
-        ident = (st.st_dev, st.st_ino)
-        offset = 0
-        for line in f:
-            if line.endswith(b"\n"):
-                log.add(ident, offset, line)
-            offset += len(line)
-    log.close()
-    return log.blocks
-
-
-if __name__ == "__main__":  # python -m eagle3_tui.telemetry.columns RUN/metrics.jsonl
-    import sys
-
-    for name in sys.argv[1:]:
-        print(f"{companion_path(name)}: {index_file(name)} blocks")

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from eagle3_tui.telemetry.columns import ColumnLog
+from eagle3_tui.telemetry.column_log import ColumnLog
 from eagle3_tui.telemetry.runfile import FileChange, RunFile
 from eagle3_tui.telemetry.schema import SCHEMA_VERSION, Kind, scalar_or_list, to_jsonable
 

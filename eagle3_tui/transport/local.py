@@ -11,10 +11,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from eagle3_tui.agent.column_plan import Sent, column_plan, sample_cutoffs
 from eagle3_tui.agent.diskspace import DiskWatch
 from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
-from eagle3_tui.agent.names import ERR_PERMISSION, ERR_WRONG_KIND
+from eagle3_tui.agent.names import COLUMNS_WANTED, ERR_PERMISSION, ERR_WRONG_KIND
 from eagle3_tui.model.glance import GlanceData
+from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.telemetry.safefs import (
     open_file,
     open_regular,
@@ -32,6 +34,7 @@ from eagle3_tui.transport.base import (
     WrongKindError,
     printable,
 )
+from eagle3_tui.transport.channel import DataFrame
 from eagle3_tui.transport.glancing import glance_local
 
 READ_SIZE = 1024 * 1024
@@ -97,6 +100,43 @@ def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[
                 return
             yield Chunk(offset, data)
             offset += len(data)
+
+
+def iter_frames(path: Path) -> Iterator[DataFrame]:
+    """The file from its start to its end now, as the agent's ``read`` sends it: what
+    its companion stands for as columns frames (agent/column_plan.py: the steps'
+    columns, the events' lines and the samples' envelopes, where it accounts for every
+    byte of a range, nothing else of the range is read), the rest as the file's bytes."""
+    try:
+        f = open_file(path)
+    except OSError as e:
+        raise input_error(path, e) from None
+    with f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        plan = column_plan(fd, str(path), 0, size)
+        cutoffs = sample_cutoffs(fd, size, SAMPLES_KEPT) if plan else {}
+        offset = 0
+        sent = Sent()
+        for seg in plan:
+            if not seg.check(fd, cutoffs):
+                continue  # its lines go as lines
+            yield from _bytes(fd, offset, seg.start)
+            payload = seg.payload(COLUMNS_WANTED, cutoffs, sent)
+            yield DataFrame(seg.start, payload, seg.end - seg.start)
+            offset = seg.end
+        yield from _bytes(fd, offset, None)
+
+
+def _bytes(fd: int, offset: int, stop: int | None) -> Iterator[DataFrame]:
+    """The file's bytes from ``offset`` to ``stop`` (None: its end), a read at a time."""
+    while stop is None or offset < stop:
+        want = READ_SIZE if stop is None else min(READ_SIZE, stop - offset)
+        data = os.pread(fd, want, offset)
+        if not data:
+            return
+        yield DataFrame(offset, data)
+        offset += len(data)
 
 
 CATCH_UP_BYTES = 16 * READ_SIZE

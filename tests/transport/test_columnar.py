@@ -17,7 +17,8 @@ from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.model.summary import summarize
-from eagle3_tui.telemetry.columns import COLUMNS_FILE, index_file, read_blocks
+from eagle3_tui.telemetry.column_log import index_file
+from eagle3_tui.telemetry.columns import COLUMNS_FILE, read_blocks
 from eagle3_tui.telemetry.writer import JsonlWriter
 from eagle3_tui.transport.base import Link
 from eagle3_tui.transport.channel import DataFrame

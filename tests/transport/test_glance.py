@@ -25,6 +25,7 @@ from eagle3_tui.model.glance import GlanceData, glance_run
 from eagle3_tui.model.history import history_of
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.telemetry.columns import (
     COLUMNS_FILE,
     HEAD,
@@ -32,7 +33,6 @@ from eagle3_tui.telemetry.columns import (
     SAMPLED_KINDS,
     encode_marks,
     flatten,
-    index_file,
     read_blocks,
     walk_blocks,
 )

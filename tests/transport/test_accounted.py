@@ -1,0 +1,234 @@
+"""A companion that accounts for every byte (telemetry/columns.py's sample blocks,
+agent/column_plan.py's ``Listing``): the writers list their samples as well as their
+steps and events, and a range whose rows, samples and events add up to its every
+byte is read from the companion alone (its events, and the lines at its rows' ends,
+read and checked); anything else is read as before. Either way the model ends where
+the lines themselves take it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3_tui.agent import column_plan
+from eagle3_tui.agent.glance import _unpack
+from eagle3_tui.model.run import Run
+from eagle3_tui.telemetry.columns import (
+    COLUMNS_FILE,
+    HEAD,
+    MAGIC,
+    MARK_MAGIC,
+    SAMPLE_MAGIC,
+    SAMPLED_KINDS,
+    encode_samples,
+    walk_blocks,
+)
+from eagle3_tui.telemetry.writer import JsonlWriter
+from eagle3_tui.transport.channel import DataFrame
+from eagle3_tui.transport.local import iter_chunks, iter_frames
+from tests.transport.test_columnar import COLUMNS, state_of
+from tests.transport.test_compressed import agent_output, parse
+
+GPU = {"status": "ok", "devices": [{"index": i, "util": 90.0 + i} for i in range(8)]}
+
+
+def write_run(path: Path, steps: int, foreign: int = 0, seed: int = 1, every: int = 2) -> None:
+    """A trainer's writer (its steps, events and its own heartbeats) and a sidecar's
+    (GPU, read and heartbeat samples, after every ``every`` steps) writing into one
+    file, as a run does; ``foreign``: that many lines appended meanwhile by no writer."""
+    rng = random.Random(seed)
+    trainer = JsonlWriter(path, writer_id="rank0")
+    sidecar = JsonlWriter(path, writer_id="sidecar", columns=False, background=False)
+    foreign_at = set(rng.sample(range(steps), foreign))
+    for i in range(steps):
+        trainer.write_deferred(
+            "train",
+            {
+                "train": {"loss": 3.0 - i * 1e-4 + rng.random() * 0.1},
+                "epoch": i // 2000,
+                "lr": 1e-4,
+            },
+            step=i,
+        )
+        if i % every == 0:
+            sidecar.write("gpu", GPU)
+            sidecar.write("io", {"interval_s": 1.0, "bytes": 1e6, "files_read": 2, "workers": []})
+            sidecar.write("heartbeat", {"written": i, "dropped": 0, "bytes": 0})
+        if i % 7 == 0:
+            trainer.write("heartbeat", {"written": i, "dropped": 0, "bytes": 0})
+        if i % 1500 == 0:
+            trainer.write("ckpt", {"event": "saved", "path": f"/ckpt/{i}", "complete": True})
+            trainer.write("log", {"level": "INFO", "logger": "speculators", "msg": f"at {i}"})
+        if i in foreign_at:
+            trainer.flush()
+            with open(path, "ab") as f:
+                f.write(b'{"logger": "mine", "msg": "a line of no writer"}\n')
+    trainer.close()
+    sidecar.close()
+
+
+def companion(path: Path) -> list[tuple[bytes, dict[str, Any], memoryview]]:
+    blocks = walk_blocks(path.with_name(COLUMNS_FILE).read_bytes())
+    return [(magic, json.loads(head), body) for magic, head, body in blocks]
+
+
+def frames_read(monkeypatch: pytest.MonkeyPatch, path: Path) -> tuple[list[DataFrame], int]:
+    """This machine's columnar read of ``path``, and the bytes of it that were read."""
+    read = 0
+    real = os.pread
+
+    def counting(fd: int, n: int, offset: int) -> bytes:
+        nonlocal read
+        data = real(fd, n, offset)
+        if os.fstat(fd).st_ino == path.stat().st_ino:
+            read += len(data)
+        return data
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pread", counting)
+        frames = list(iter_frames(path))
+    return frames, read
+
+
+def plain_frames(path: Path) -> list[DataFrame]:
+    return [DataFrame(c.offset, c.data) for c in iter_chunks(path)]
+
+
+def listed_lines(h: dict[str, Any], body: memoryview) -> list[tuple[Any, ...]]:
+    """A sample block's lines: (offset, length, kind, writer, seq, ts) each."""
+    cols: dict[str, list[Any]] = {}
+    at = 0
+    for name, kind, size in h["cols"]:
+        cols[name] = _unpack(kind, bytes(body[at : at + size]), h["n"])
+        at += size
+    kinds = [h["kinds"][k] for k in cols["kind"]]
+    writers = [h["writers"][w] for w in cols["w"]]
+    return list(
+        zip(cols["@off"], cols["@len"], kinds, writers, cols["seq"], cols["ts"], strict=True)
+    )
+
+
+def test_the_writers_account_for_every_byte(tmp_path: Path) -> None:
+    """Rows, samples and events, each writer's own, add up to the whole file, and each
+    sample block names exactly the sampler lines of its writer: where each is, its
+    kind, writer, sequence number and time."""
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 5000)
+    data = path.read_bytes()
+    rows = samples = marks = 0
+    listed: dict[int, tuple[Any, ...]] = {}
+    for magic, h, body in companion(path):
+        if magic == MAGIC:
+            rows += h["bytes"]
+        elif magic == MARK_MAGIC:
+            marks += sum(n for _, n, _ in h["marks"])
+        elif magic == SAMPLE_MAGIC:
+            lines = listed_lines(h, body)
+            assert sum(x[1] for x in lines) == h["bytes"]
+            samples += h["bytes"]
+            listed.update((x[0], x[1:]) for x in lines)
+    assert rows + samples + marks == len(data), "every byte is a listed line"
+    found = 0
+    at = 0
+    for line in data.splitlines(keepends=True):
+        rec = json.loads(line)
+        if rec["kind"] in SAMPLED_KINDS:
+            want = (len(line), rec["kind"], rec["w"], rec["seq"], rec["ts"])
+            assert listed[at] == want
+            found += 1
+        at += len(line)
+    assert found == len(listed) > 7000, "the trainer's heartbeats and the sidecar's samples"
+
+
+def test_an_accounted_read_reads_only_the_events_and_ends_in_the_plain_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This machine's read (the summary's) and the agent's (over SSH): the same state
+    as reading every line, while of the file only its end, its events and the lines
+    at its blocks' edges are read; a sample block the sidecar wrote once serves the
+    frames of several of the trainer's blocks."""
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 20_000, every=1)
+    size = path.stat().st_size
+    monkeypatch.setattr(column_plan, "CHUNK", 256 << 10)  # the newest samples found so
+    frames, read = frames_read(monkeypatch, path)
+    assert sum(1 for f in frames if f.span >= 0) == 19, "every block but the last, as columns"
+    accounted = [f for f in frames if f.span >= 0 and b'"listed"' in f.data[:200_000]]
+    assert len(accounted) >= 17, "all but the blocks among the newest samples (read whole)"
+    # read: the blocks among the newest samples and the last block, whole; looking back
+    # for the newest samples; the events; a line at each accounted block's edges
+    assert read < size * 0.2, f"{read} of {size} bytes read"
+    want = state_of(plain_frames(path))
+    assert state_of(frames) == want
+    cols = parse(agent_output(tmp_path, **COLUMNS), [5000, 120_000, 300_001])
+    assert state_of(cols) == want
+    heads = [f.data[4 : 4 + int.from_bytes(f.data[:4], "little")] for f in cols if f.span >= 0]
+    listed = [h for h in map(json.loads, heads) if "listed" in h]
+    assert len(listed) >= 16 and not any("stubs" in h for h in listed)
+    sent = sum(len(h.get("listings", ())) for h in listed)
+    named = {i for h in listed for i, _, _ in h["listed"]}
+    assert sent == len(named) < sum(len(h["listed"]) for h in listed), "sent once, used again"
+
+
+def test_a_line_no_writer_listed_is_read_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines appended by no writer: the ranges that hold them do not add up, so they are
+    read whole (the plain state, the foreign lines counted as the plain read counts them)."""
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 9000, foreign=2, seed=4)
+    frames, read = frames_read(monkeypatch, path)
+    run = Run()
+    for f in frames:
+        run.feed_frame(f)
+    assert run.state.plain_records == 2
+    assert read > path.stat().st_size * 0.2, "the ranges with them were read"
+    assert state_of(frames) == state_of(plain_frames(path))
+
+
+def forge(lines: list[tuple[Any, ...]], ident: tuple[int, int], shift: int) -> bytes:
+    """A sample block listing ``lines`` (each ``shift`` bytes off) as of file ``ident``."""
+    offs, lens, kinds, writers, seqs, times = (list(c) for c in zip(*lines, strict=True))
+    return encode_samples(
+        ident,
+        [o + shift for o in offs],
+        lens,
+        [k.encode() for k in kinds],
+        [w.encode() for w in writers],
+        seqs,
+        times,
+    )
+
+
+@pytest.mark.parametrize("how", ["twice", "another_file", "shifted"])
+def test_a_listing_that_does_not_add_up_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A sample block appended twice (its lines listed twice), one naming another file,
+    one whose lines are not where it says (in its place): the plain read's state."""
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 6000)
+    comp = path.with_name(COLUMNS_FILE)
+    blocks = walk_blocks(comp.read_bytes())
+    k = next(i for i, b in enumerate(blocks) if b[0] == SAMPLE_MAGIC)
+    h = json.loads(blocks[k][1])
+    lines = listed_lines(h, blocks[k][2])
+    raw = [
+        HEAD.pack(m, len(hd), len(b), zlib.crc32(b, zlib.crc32(hd))) + hd + b for m, hd, b in blocks
+    ]
+    ident = (h["dev"], h["ino"] + (how == "another_file"))
+    if how == "shifted":
+        raw[k] = forge(lines, ident, 3)
+    else:
+        raw.append(forge(lines, ident, 0))
+    comp.write_bytes(b"".join(raw))
+    frames, _ = frames_read(monkeypatch, path)
+    plain = state_of(plain_frames(path))
+    assert state_of(frames) == plain
+    assert state_of(parse(agent_output(tmp_path, **COLUMNS), [])) == plain
