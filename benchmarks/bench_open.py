@@ -232,6 +232,59 @@ def run_child(run: Path, extra: list[str]) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+SAME = ("step", "global_step", "epoch", "loss", "ttt", "metrics", "validation", "checkpoint",
+        "records", "malformed_lines", "lost_records", "duplicate_records", "write_gaps",
+        "redone_steps", "anomalies")  # fmt: skip
+"""What a summary says that its reading decides (not its clock)."""
+
+
+def timed_summary(run: Path, ssh: list[str], like: dict[str, Any] | None = None) -> float:
+    """``eagle3-tui summary RUN --json`` (over the relay with ``ssh``), in its own process;
+    ``like``: the summary from every line, which it must match (:data:`SAME`)."""
+    target = f"{ALIAS}:{run}" if ssh else str(run)
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "summary", *ssh, target, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - t
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        raise RuntimeError(proc.stderr[-3000:]) from None
+    if not isinstance(out.get("step"), int):
+        raise RuntimeError(f"summary said {proc.stdout[:300]}")
+    differ = [k for k in SAME if like is not None and out.get(k) != like.get(k)]
+    if differ:
+        raise RuntimeError(f"summary {target} differs from every line's in {differ}")
+    return took
+
+
+def whole_summary(run: Path) -> tuple[float, dict[str, Any]]:
+    """The summary from every line of the file (what ``summary`` read before the
+    companion accounted for the samples), in its own process: its time and its JSON."""
+    code = (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from eagle3_tui.model.run import Run\n"
+        "from eagle3_tui.model.summary import summarize\n"
+        "from eagle3_tui.transport.local import iter_chunks\n"
+        "t = time.perf_counter()\n"
+        "run = Run()\n"
+        "for c in iter_chunks(Path(sys.argv[1]) / 'metrics.jsonl'):\n"
+        "    run.feed(c.offset, c.data)\n"
+        "out = summarize(run.state, 0.0)\n"
+        "print(json.dumps([time.perf_counter() - t, out], default=str))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(run)], capture_output=True, text=True, check=True
+    )
+    took, out = json.loads(proc.stdout)
+    return float(took), json.loads(json.dumps(out))
+
+
 def json_loop(path: Path) -> float:
     t = time.perf_counter()
     with open(path, "rb") as f:
@@ -245,6 +298,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--rate", type=float, default=12.5e6, help="bytes/s each way (100 Mbit/s)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--only",
+        choices=("monitor", "summary"),
+        help="measure the monitor's first frame, or summary, alone",
+    )
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--relay-stats", help=argparse.SUPPRESS)
@@ -263,14 +321,38 @@ def main() -> None:
         cfg = config_through(sshd, link.port, root)
         ssh = ["--config", str(cfg), "--relay-stats", str(link.stats)]
         rows: dict[str, list[dict[str, Any]]] = {}
+        big = f"{ns.steps // 1000}k"
+        whole: dict[str, Any] | None = None
         try:
+            if ns.only != "monitor":
+                took, whole = whole_summary(long_run)
+                rows["summary, every line, local " + big] = [{"first_s": took}]
+                print(f"  {big} summary from every line: {took:.2f} s", flush=True)
             for r in range(ns.rounds):
-                for name, run, extra in (
+                for name, run, extra in () if ns.only == "monitor" else (
                     ("local 1k", short_run, []),
-                    (f"local {ns.steps // 1000}k", long_run, []),
+                    (f"local {big}", long_run, []),
+                    ("relay 1k", short_run, ["-F", str(cfg)]),
+                    (f"relay {big}", long_run, ["-F", str(cfg)]),
+                ):  # fmt: skip
+                    link.idle()
+                    before = on_the_wire(link.stats)
+                    took = timed_summary(run, extra, whole if run is long_run else None)
+                    sent = on_the_wire(link.stats) - before if extra else None
+                    rows.setdefault("summary " + name, []).append(
+                        {"first_s": took} | ({"wire_first": sent} if extra else {})
+                    )
+                    print(
+                        f"  round {r + 1} summary {name:10} {took:5.2f} s"
+                        + (f", {sent / 1e6:.2f} MB on the wire" if sent is not None else ""),
+                        flush=True,
+                    )
+                for name, run, extra in () if ns.only == "summary" else (
+                    ("local 1k", short_run, []),
+                    (f"local {big}", long_run, []),
                     ("relay 1k", short_run, ssh),
-                    (f"relay {ns.steps // 1000}k", long_run, ssh),
-                ):
+                    (f"relay {big}", long_run, ssh),
+                ):  # fmt: skip
                     link.idle()
                     got = run_child(run, extra)
                     rows.setdefault(name, []).append(got)
@@ -314,7 +396,21 @@ def main() -> None:
         if "wire_first" in rows[name][0]:
             print(f"  {med(name, 'wire_first') / 1e6:6.2f} MB before the first frame", end="")
         print()
-    big = f"{ns.steps // 1000}k"
+    if ns.only != "monitor":
+        for where in ("local", "relay"):
+            took, small = (
+                med(f"summary {where} {big}", "first_s"),
+                med(f"summary {where} 1k", "first_s"),
+            )
+            print(
+                f"  summary {where}: {took:.3f} s (goal 1 s: {took:.2f}x), "
+                f"{took / small:.2f}x the 1k-step run's"
+            )
+        every = med("summary, every line, local " + big, "first_s")
+        here = med(f"summary local {big}", "first_s")
+        print(f"  summary from every line: {every:.2f} s ({here / every:.2f}x of it now)")
+    if ns.only == "summary":
+        return
     for where in ("local", "relay"):
         first, small = med(f"{where} {big}", "first_s"), med(f"{where} 1k", "first_s")
         print(

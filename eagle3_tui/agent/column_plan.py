@@ -28,10 +28,9 @@ import json
 import os
 import struct
 import zlib
-from bisect import bisect_left
-from itertools import count
-from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any
 
+from eagle3_tui.agent.listing import Listed, Listing, Sent, line_at, listing_header, marks_of
 from eagle3_tui.telemetry.columns import (
     ENVELOPE,
     MAGIC,
@@ -50,15 +49,7 @@ from eagle3_tui.telemetry.columns import (
 )
 from eagle3_tui.telemetry.safefs import open_file
 
-__all__ = [
-    "ENVELOPE",
-    "NL_ENVELOPE",
-    "Segment",
-    "Sent",
-    "column_plan",
-    "line_at",
-    "sample_cutoffs",
-]
+__all__ = ["ENVELOPE", "NL_ENVELOPE", "Segment", "Sent", "column_plan", "sample_cutoffs"]
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
@@ -67,39 +58,13 @@ CHUNK = 4 << 20
 MAX_COMPANION = 1 << 31
 
 
-Listed = Tuple[Samples, int, int]  # noqa: UP006 (evaluated: Python 3.8)
-"""Lines ``i`` to ``j`` (not included) of a sample block."""
 MAX_READ_LINES = 4096
 """Events of an accounted segment read one by one at most: past that, its range is
 read whole and checked."""
 
 
-class Sent:
-    """The sample blocks a client holds (sent with an earlier frame of this stream):
-    it forgets each at the first columns frame that starts at or past its end, and so
-    does this."""
-
-    def __init__(self) -> None:
-        self._held: dict[int, tuple[int, Samples]] = {}
-        """By the block's ``id()``: the number it was sent under, and the block."""
-
-    def update(self, start: int, listed: list[Listed]) -> list[tuple[int, Samples]]:
-        """Before the frame at ``start`` that lists ``listed``: the blocks to send with
-        it, each with the number the frame's ranges name it by."""
-        self._held = {k: v for k, v in self._held.items() if v[1].end > start}
-        new: list[tuple[int, Samples]] = []
-        for b, _, _ in listed:
-            if id(b) not in self._held:
-                self._held[id(b)] = (next(_NUMBERS), b)
-                new.append(self._held[id(b)])
-        return new
-
-    def number(self, block: Samples) -> int:
-        return self._held[id(block)][0]
-
-
-_NUMBERS = count()
-"""Sample blocks' numbers on the wire: never two alike in one agent."""
+_ENVELOPE_COLUMNS = {"@off", "@len", "v", "seq", "rank", "epoch", "step", "global_step", "ts"}
+"""What a block sends of each row under a request's ``"history"``, whatever it names."""
 
 
 class Segment:
@@ -117,7 +82,9 @@ class Segment:
         "data",
         "end",
         "first_seq",
+        "latest",
         "marks",
+        "newer",
         "rows_bytes",
         "rows_start",
         "samples",
@@ -135,6 +102,10 @@ class Segment:
         self._offsets: list[int] | None = None
         self._lengths: list[int] | None = None
         self.data = b""
+        self.newer = 0
+        """Rows in the blocks after this one (the plan's, and the last block's)."""
+        self.latest: frozenset[str] = frozenset()
+        """The columns of the file's last block (the metrics a run still logs)."""
         self.marks: list[tuple[int, int, str]] | None = None
         self.samples: list[Listed] = []
         """An accounted segment's samples, as ranges of sample blocks."""
@@ -250,22 +221,30 @@ class Segment:
         return True
 
     def payload(
-        self, keep: dict[str, Any], cutoffs: dict[str, int] | None = None, sent: Sent | None = None
+        self,
+        keep: dict[str, Any],
+        cutoffs: dict[str, int] | None = None,
+        sent: Sent | None = None,
+        history: Any = None,
     ) -> bytes:
         """The C frame's payload; ``keep``: per group, the only fields to send;
         ``cutoffs``: per sampler kind, where the lines the client keeps begin (the ones
         before go as envelopes, see :func:`sample_cutoffs`); ``sent``: the sample blocks
-        the client holds (an accounted segment's samples are sent as ranges of them)."""
+        the client holds (an accounted segment's samples are sent as ranges of them);
+        ``history``: a request's ``"history"`` (agent/names.py's ``SUMMARY_HISTORY``)."""
         header = dict(self.block.header)
         header.pop("stats", None)  # a glance's (agent/glance.py): not the client's to keep
         header.pop("span", None)
         header.pop("bytes", None)
+        only = self._history(history)
         cols: list[list[Any]] = []
         parts: list[bytes] = []
         for path, (kind, packed) in self.block.chunks.items():
             group, _, name = path.partition(".")
             wanted = keep.get(group) if name else None
             if isinstance(wanted, list) and name not in wanted:
+                continue
+            if only is not None and path not in only and path in self.latest:
                 continue
             cols.append([path, kind, len(packed)])
             parts.append(packed)
@@ -280,7 +259,7 @@ class Segment:
             if self.samples:
                 sent = sent if sent is not None else Sent()
                 new = sent.update(self.start, self.samples)
-                header["listings"] = [_listing(k, b) for k, b in new]
+                header["listings"] = [listing_header(k, b) for k, b in new]
                 parts += [b.body for _, b in new]
                 header["listed"] = [[sent.number(b), i, j] for b, i, j in self.samples]
         else:
@@ -294,6 +273,16 @@ class Segment:
         header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
         head = json.dumps(header, separators=(",", ":")).encode()
         return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
+
+    def _history(self, history: Any) -> set[str] | None:
+        """The only columns to send of a block older than the request's newest rows (with
+        the envelope and the rows' places); None: every one."""
+        if not isinstance(history, dict):
+            return None
+        paths, newest = history.get("paths"), history.get("newest")
+        if not isinstance(paths, list) or type(newest) is not int or self.newer < newest:
+            return None
+        return {str(p) for p in paths} | _ENVELOPE_COLUMNS
 
     def _others(
         self, cutoffs: dict[str, int] | None, runs: list[int], text: list[bytes], stubs: _Stubs
@@ -413,52 +402,6 @@ def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:
     return cutoffs
 
 
-class Listing:
-    """What a companion lists of one file besides its rows: every writer's samples
-    (sample blocks) and events (marks). Where the rows of a block, the samples and the
-    marks inside a range add up to its every byte, the companion accounts for the
-    range: each byte is a line one of the file's writers wrote whole and listed."""
-
-    def __init__(self, samples: list[Samples], marks: list[tuple[int, int, str]]) -> None:
-        self.samples = sorted(samples, key=lambda b: b.start)
-        self.marks = sorted(set(marks))
-        self._mark_offsets = [m[0] for m in self.marks]
-        self._next = 0
-        self._active: list[Samples] = []
-
-    def lines_in(
-        self, a: int, b: int, rows: int
-    ) -> tuple[list[tuple[int, int, str]], list[Listed]] | None:
-        """The marks and samples inside ``a``..``b``, when with ``rows`` bytes of rows
-        they fill it and none crosses its ends; else None. Ranges are asked in file
-        order (a range before the last one asked may find nothing)."""
-        while self._next < len(self.samples) and self.samples[self._next].start < b:
-            self._active.append(self.samples[self._next])
-            self._next += 1
-        self._active = [x for x in self._active if x.end > a]
-        covered = rows
-        samples: list[Listed] = []
-        for blk in self._active:
-            i, j = bisect_left(blk.offsets, a), bisect_left(blk.offsets, b)
-            if i > 0 and blk.offsets[i - 1] + blk.lengths[i - 1] > a:
-                return None  # a line across the range's start
-            if j > i:
-                if blk.offsets[j - 1] + blk.lengths[j - 1] > b:
-                    return None
-                covered += sum(blk.lengths[i:j])
-                samples.append((blk, i, j))
-        i, j = bisect_left(self._mark_offsets, a), bisect_left(self._mark_offsets, b)
-        marks = self.marks[i:j]
-        if (i > 0 and sum(self.marks[i - 1][:2]) > a) or (marks and sum(marks[-1][:2]) > b):
-            return None
-        covered += sum(n for _, n, _ in marks)
-        return (marks, samples) if covered == b - a else None
-
-
-def _listing(number: int, b: Samples) -> dict[str, Any]:
-    return {"id": number, "n": b.n, "kinds": b.kinds, "writers": b.writers, "cols": b.cols}
-
-
 def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment]:
     """The segments that may stand for the file (open as ``fd``) from ``start`` to
     ``size``, in file order; empty when there is no usable companion. Each must pass
@@ -498,6 +441,12 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
         if seg is not None and seg.start >= start and seg.end <= size:
             candidates.append(seg)
     candidates.sort(key=lambda s: s.start)
+    if candidates:
+        latest = frozenset(candidates[-1].block.chunks)
+        newer = 0
+        for seg in reversed(candidates):
+            seg.newer, seg.latest = newer, latest
+            newer += seg.block.n
     listing = Listing(samples, marks)
     plan: list[Segment] = []
     at = start
@@ -512,34 +461,6 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
         plan.append(seg)
         at = seg.end
     return plan
-
-
-def marks_of(header: dict[str, Any]) -> list[tuple[int, int, str]] | None:
-    """A mark block's marks (offset, length, kind), or None when they are not that."""
-    marks = header.get("marks")
-    if not isinstance(marks, list):
-        return None
-    out = []
-    for m in marks:
-        if not (isinstance(m, list) and len(m) == 3):
-            return None
-        off, n, kind = m
-        if type(off) is not int or type(n) is not int or off < 0 or n <= 0:
-            return None
-        if not isinstance(kind, str) or len(kind) > 40:
-            return None
-        out.append((off, n, kind))
-    return out
-
-
-def line_at(fd: int, off: int, n: int) -> bytes | None:
-    """The ``n`` bytes at ``off`` when they are one whole line of the file."""
-    before = 1 if off > 0 else 0
-    data = os.pread(fd, n + before, off - before)
-    if len(data) != n + before or (before and data[0] != 10) or data[-1] != 10:
-        return None
-    line = data[before:]
-    return None if b"\n" in line[:-1] else line
 
 
 def _seq_ok(line: bytes, seq: int) -> bool:

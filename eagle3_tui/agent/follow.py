@@ -176,7 +176,8 @@ def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[st
         offset = _pump(fd, offset, z, stop=seg.start)
         if client_gone() or offset != seg.start:
             return offset
-        emit_columns(seg.start, seg.end - seg.start, seg.payload(keep, cutoffs, sent))
+        payload = seg.payload(keep, cutoffs, sent, req.get("history"))
+        emit_columns(seg.start, seg.end - seg.start, payload)
         offset = seg.end
     return offset
 

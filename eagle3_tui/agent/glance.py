@@ -37,8 +37,9 @@ import os
 import zlib
 from typing import Any, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
-from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion, line_at, marks_of
+from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion
 from eagle3_tui.agent.frames import AgentError, emit, emit_zdata
+from eagle3_tui.agent.listing import line_at, marks_of
 from eagle3_tui.agent.names import ERR_MISSING, EV_EOF, EV_GLANCE, EV_RESOLVED
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.columns import (

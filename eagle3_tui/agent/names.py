@@ -19,6 +19,15 @@ COMPRESS_ZLIB = "zlib"
 COLUMNS_WANTED = {"profile": list(MONITOR_PROFILE)}
 """A follow or read request's ``"columns"``: send the steps the companion file indexes
 as C frames (agent/column_plan.py), with only these fields of these groups."""
+SUMMARY_HISTORY = {
+    "paths": ["train.loss", "profile.step_ms", "profile.tokens_per_s"],
+    "newest": 2048,
+}
+"""A read request's ``"history"``: of the steps before the newest ``newest``, only these
+columns (and each step's envelope, and any metric the newest block no longer has) --
+what a summary reads of a run's whole history: the loss (its anomalies), the steps and
+times (resumes, gaps, epochs) and the pace over the run; everything of the newest steps
+(the windows a verdict and the latest values read)."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 RUNS_FOLDER = "eagle3-runs"
 """In a trainer's working directory: the run directories eagle3-tui makes for a training

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui import exits, reports
-from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S
+from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S, SUMMARY_HISTORY
 from eagle3_tui.api import slurm
 from eagle3_tui.api.reading import (
     OBSERVE_S,
@@ -154,17 +154,22 @@ def open_run(
     ssh: SshOptions | None = None,
     label: str | None = None,
     on_note: Note | None = None,
+    whole_history: bool = True,
 ) -> OpenedRun:
     """Any run a target names, read once: a run directory's records (and manifest), or
     what the host says the target means (a process, a work directory, the host's live
     training: with telemetry or without, its metrics from its log, its own handler's
     file or its metric backend's files, watched for ``OBSERVE_S`` seconds). No target and
     a ``pid``: that process on this machine. ``on_note`` is told what the host chose
-    as soon as it has (also kept as ``note``)."""
+    as soon as it has (also kept as ``note``). ``whole_history`` False: of the older
+    steps, only what ``summary()`` reads (the loss, the steps and times, the pace's
+    timings: agent/names.py's ``SUMMARY_HISTORY``), so a long run's other metrics are
+    not read (nor sent) for it; the newest steps whole either way."""
     t = target_or_here(where, pid, ssh)
     label = label or label_of(where, pid)
+    history = None if whole_history else SUMMARY_HISTORY
     if t.job is not None:
-        return _open_job(t, label, on_note)
+        return _open_job(t, label, on_note, whole_history)
     notes: list[str] = []
 
     def noted(note: str) -> None:
@@ -173,16 +178,16 @@ def open_run(
             on_note(note)
 
     if not needs_choice(t, pid):
-        run, now = load_target(t, label)
+        run, now = load_target(t, label, history)
     else:
-        run, now = run_sync(load_chosen(t, pid, label, noted))
+        run, now = run_sync(load_chosen(t, pid, label, noted, history))
         state = run.state
         if state.records == 0 and state.malformed_count == 0 and state.observed is None:
             raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
     return OpenedRun(label, t, run, now, notes[-1] if notes else None)
 
 
-def _open_job(t: Target, label: str, on_note: Note | None) -> OpenedRun:
+def _open_job(t: Target, label: str, on_note: Note | None, whole_history: bool) -> OpenedRun:
     """A Slurm job's run: its training's (running), the one registered as it (ended), or
     none yet (pending: waiting, with the scheduler's reason)."""
     place = run_sync(slurm.locate(t, label))
@@ -192,7 +197,7 @@ def _open_job(t: Target, label: str, on_note: Note | None) -> OpenedRun:
             return OpenedRun(label, t, Run(), time.time(), place.note, place.job)
         raise slurm.no_run_error(place, label)
     pid = None if place.telemetry else place.pid
-    opened = open_run(place.where, pid=pid, label=label)
+    opened = open_run(place.where, pid=pid, label=label, whole_history=whole_history)
     return replace(opened, note=place.note, job=place.job)
 
 

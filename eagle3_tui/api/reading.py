@@ -88,15 +88,20 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
     state.liveness.set_process(status.alive, now, left)
 
 
-def load_local(run_dir: Path) -> Run:
+History = dict[str, Any] | None
+"""Of a run's older steps, only these columns (agent/names.py's ``SUMMARY_HISTORY``);
+None: every one."""
+
+
+def load_local(run_dir: Path, history: History = None) -> Run:
     path = check_run_dir(run_dir)
     run = Run()
-    for frame in iter_frames(path):
+    for frame in iter_frames(path, history):
         run.feed_frame(frame)
     return run
 
 
-async def load_remote(where: SshTarget) -> tuple[Run, float]:
+async def load_remote(where: SshTarget, history: History = None) -> tuple[Run, float]:
     """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
     lives (one connection), and the host's clock. A multi-node run's other nodes (its
     manifest names them) are read too, each over its own connection."""
@@ -104,7 +109,7 @@ async def load_remote(where: SshTarget) -> tuple[Run, float]:
 
     async def read(host: Host) -> tuple[float, Status | None]:
         with Feeder(run) as feed:
-            eof = await calls.read_file(host, where.run_dir, feed)
+            eof = await calls.read_file(host, where.run_dir, feed, history=history)
         note_disk(run, eof.get("disk"))
         return float(eof.get("now") or time.time()), await host_status(host, where.run_dir)
 
@@ -116,7 +121,7 @@ async def load_remote(where: SshTarget) -> tuple[Run, float]:
 
             async def read_node(host: Host, i: int = i, other: SshTarget = other) -> None:
                 with Feeder(run, i) as feed:
-                    await calls.read_file(host, other.run_dir, feed)
+                    await calls.read_file(host, other.run_dir, feed, history=history)
 
             await calls.on_host(other, read_node)
         apply_status(run.state, status, now)
@@ -183,15 +188,15 @@ def local_status(run: Run, run_dir: Path, now: float) -> None:
     apply_status(run.state, status, now)
 
 
-def load_target(where: Target, label: str) -> tuple[Run, float]:
+def load_target(where: Target, label: str, history: History = None) -> tuple[Run, float]:
     """A run's records, manifest and whether its trainer lives (the agent's ``status``
     on the run's host; in this process for a local run)."""
     if isinstance(where, LocalTarget):
-        run = load_local(where.run_dir)
+        run = load_local(where.run_dir, history)
         now = time.time()
         local_status(run, where.run_dir, now)
     else:
-        run, now = run_sync(load_remote(where))
+        run, now = run_sync(load_remote(where, history))
     if run.state.records == 0 and run.state.malformed_count == 0:
         raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
     return run, now
@@ -216,7 +221,11 @@ def needs_choice(where: Target, pid: int | None) -> bool:
 
 
 async def load_chosen(
-    where: Target, pid: int | None, label: str, on_note: Note | None = None
+    where: Target,
+    pid: int | None,
+    label: str,
+    on_note: Note | None = None,
+    history: History = None,
 ) -> tuple[Run, float]:
     """What the target means, read on its host over one connection: a run's
     metrics.jsonl (and manifest), or a few seconds' observation of a training without
@@ -233,7 +242,7 @@ async def load_chosen(
             # a process with telemetry is read as its run (as the monitor shows it)
             run_dir = row.run_dir if row is not None and row.run_dir else chosen.chosen_run_dir()
             with Feeder(run) as feed:
-                eof = await calls.read_file(host, run_dir, feed)
+                eof = await calls.read_file(host, run_dir, feed, history=history)
             note_disk(run, eof.get("disk"))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)

@@ -44,7 +44,9 @@ def run(ns: argparse.Namespace) -> int:
     from eagle3_tui import api
     from eagle3_tui.model.summary import format_text
 
-    opened = api.open_run(ns.target, pid=ns.pid, ssh=ssh_options(ns), on_note=say_chosen)
+    opened = api.open_run(
+        ns.target, pid=ns.pid, ssh=ssh_options(ns), on_note=say_chosen, whole_history=False
+    )
     summary = opened.summary()
     if ns.json:
         say_json(json.dumps(summary, indent=None, sort_keys=False))

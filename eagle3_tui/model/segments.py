@@ -144,16 +144,22 @@ class _Segment:
         h, cols = self.header, self.cols
         order: list[str] = h["order"]
         step = cols.get("step", cols.get("global_step"))
-        if step is None or "seq" not in cols or "epoch" not in cols or "lr" not in cols:
+        if step is None or "seq" not in cols or "epoch" not in cols:
+            return None
+        if "lr" not in order or "lr" in h.get("groups", ()):  # one float ``lr`` a step
             return None
         if "v" not in cols or "ts" not in cols or h["const"]["kind"] != "train":
             return None
         keys = tuple(p[6:] for p in order if p.startswith("train."))
-        columns: dict[str, npt.NDArray[Any]] = {"train/" + k: cols["train." + k] for k in keys}
+        # a column the request left out of an old block (agent/names.py's SUMMARY_HISTORY)
+        # is not there: that metric's old rows are not read
+        columns: dict[str, npt.NDArray[Any]] = {
+            "train/" + k: cols["train." + k] for k in keys if "train." + k in cols
+        }
         columns.update(
             ("profile/" + p[8:], cols[p]) for p in order if p.startswith("profile.") and p in cols
         )
-        columns["lr"] = cols["lr"]
+        columns["lr"] = cols["lr"] if "lr" in cols else np.full(self.n, np.nan, dtype=np.float32)
         columns["epoch"] = cols["epoch"].astype(np.float64)
         return StepColumns(
             str(h["const"]["w"]),
@@ -371,7 +377,7 @@ def _records(header: dict[str, Any], cols: dict[str, npt.NDArray[Any]], n: int) 
             fields[key] = cols[key].tolist()
     if "lr" in cols:
         fields["lr"] = cols["lr"].astype(np.float64).tolist()
-    train_keys = tuple(p[6:] for p in order if p.startswith("train."))
+    train_keys = tuple(p[6:] for p in order if p.startswith("train.") and p in cols)
     metrics = _metrics_type(train_keys)
     train_cols = [cols["train." + k].astype(np.float64).tolist() for k in train_keys]
     fields["train"] = list(map(metrics, *train_cols))
@@ -385,7 +391,7 @@ def _records(header: dict[str, Any], cols: dict[str, npt.NDArray[Any]], n: int) 
         else:
             fields["profile"] = [Profile()] * n
     if "lr" in groups:
-        names = [p[3:] for p in order if p.startswith("lr.")]
+        names = [p[3:] for p in order if p.startswith("lr.") and p in cols]
         lcols = [cols["lr." + k].astype(np.float64).tolist() for k in names]
         fields["lr"] = [dict(zip(names, vals, strict=True)) for vals in zip(*lcols, strict=True)]
     keys = list(fields)

@@ -362,10 +362,12 @@ async def read_file(
     run_dir: str | None,
     on_data: Callable[[DataFrame], object],
     file: str | None = None,
+    history: dict[str, Any] | None = None,
 ) -> Event:
     """Every byte of the run's file (metrics.jsonl) now; returns the ``eof`` event
     (``size``, and ``now``: the host's clock, for health judged against it). Frames
-    may carry columns (``span``): feed them with ``Run.feed_frame``."""
+    may carry columns (``span``): feed them with ``Run.feed_frame``. ``history``: of
+    the older steps, only these columns (agent/names.py's ``SUMMARY_HISTORY``)."""
     request: dict[str, Any] = {
         "op": "read",
         "run_dir": run_dir,
@@ -373,6 +375,8 @@ async def read_file(
         "columns": COLUMNS_WANTED,
         "samples": SAMPLES_KEPT,
     }
+    if history is not None:
+        request["history"] = history
     if file:
         request["file"] = file
     return await call_agent(host, request, on_data=on_data, python=python_of(host))

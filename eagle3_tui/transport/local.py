@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from eagle3_tui.agent.column_plan import Sent, column_plan, sample_cutoffs
 from eagle3_tui.agent.diskspace import DiskWatch
@@ -102,45 +103,57 @@ def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[
             offset += len(data)
 
 
-def iter_frames(path: Path) -> Iterator[DataFrame]:
-    """The file from its start to its end now, as the agent's ``read`` sends it: what
-    its companion stands for as columns frames (agent/column_plan.py: the steps'
-    columns, the events' lines and the samples' envelopes, where it accounts for every
-    byte of a range, nothing else of the range is read), the rest as the file's bytes."""
+def iter_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[DataFrame]:
+    """The file from its start to its end now, as the agent's ``read`` sends it (see
+    :func:`columnar`). ``history``: a read request's (agent/names.py's ``SUMMARY_HISTORY``)."""
     try:
         f = open_file(path)
     except OSError as e:
         raise input_error(path, e) from None
     with f:
         fd = f.fileno()
-        size = os.fstat(fd).st_size
-        plan = column_plan(fd, str(path), 0, size)
-        cutoffs = sample_cutoffs(fd, size, SAMPLES_KEPT) if plan else {}
-        offset = 0
-        sent = Sent()
-        for seg in plan:
-            if not seg.check(fd, cutoffs):
-                continue  # its lines go as lines
-            yield from _bytes(fd, offset, seg.start)
-            payload = seg.payload(COLUMNS_WANTED, cutoffs, sent)
-            yield DataFrame(seg.start, payload, seg.end - seg.start)
-            offset = seg.end
-        yield from _bytes(fd, offset, None)
+        for offset, data, span in columnar(fd, path, 0, None, history):
+            yield DataFrame(offset, data, span)
 
 
-def _bytes(fd: int, offset: int, stop: int | None) -> Iterator[DataFrame]:
+def columnar(
+    fd: int, path: Path, offset: int, stop: int | None, history: dict[str, Any] | None = None
+) -> Iterator[tuple[int, bytes, int]]:
+    """The file (open as ``fd``) from ``offset`` to ``stop`` (None: its end now) as
+    (offset, data, span): what its companion stands for as columns payloads
+    (agent/column_plan.py: the steps' columns, the events' lines and the samples'
+    envelopes; where it accounts for every byte of a range, nothing else of the range
+    is read), the rest as the file's bytes (span -1), a read at a time."""
+    size = os.fstat(fd).st_size if stop is None else stop
+    plan = column_plan(fd, str(path), offset, size)
+    cutoffs = sample_cutoffs(fd, size, SAMPLES_KEPT) if plan else {}
+    sent = Sent()
+    for seg in plan:
+        if not seg.check(fd, cutoffs):
+            continue  # its lines go as lines
+        yield from _bytes(fd, offset, seg.start)
+        payload = seg.payload(COLUMNS_WANTED, cutoffs, sent, history)
+        yield seg.start, payload, seg.end - seg.start
+        offset = seg.end
+    yield from _bytes(fd, offset, stop)
+
+
+def _bytes(fd: int, offset: int, stop: int | None) -> Iterator[tuple[int, bytes, int]]:
     """The file's bytes from ``offset`` to ``stop`` (None: its end), a read at a time."""
     while stop is None or offset < stop:
         want = READ_SIZE if stop is None else min(READ_SIZE, stop - offset)
         data = os.pread(fd, want, offset)
         if not data:
             return
-        yield DataFrame(offset, data)
+        yield offset, data, -1
         offset += len(data)
 
 
 CATCH_UP_BYTES = 16 * READ_SIZE
 """The most read in one go: a 2.5 GB file is not held whole while the model takes it."""
+COLUMNAR_MIN = 32 << 20
+"""A catch-up of at least this many bytes reads what the companion stands for as
+columns (:func:`columnar`), as the agent's catch-up does."""
 IDLE_POLL_S = 0.25
 """The longest wait between two looks at a file that stopped growing: a step written
 then is read within it, well inside the app's one-second picture of new data."""
@@ -165,12 +178,17 @@ class LocalTransport:
     """
 
     def __init__(
-        self, run_dir: Path, poll_interval: float = 0.05, idle_interval: float = IDLE_POLL_S
+        self,
+        run_dir: Path,
+        poll_interval: float = 0.05,
+        idle_interval: float = IDLE_POLL_S,
+        columnar_min: int = COLUMNAR_MIN,
     ) -> None:
         self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
         self.poll_interval = poll_interval
         self.idle_interval = max(poll_interval, idle_interval)
+        self.columnar_min = columnar_min
 
     @property
     def label(self) -> str:
@@ -178,7 +196,9 @@ class LocalTransport:
 
     def fork(self) -> LocalTransport:
         """A transport of its own for the same run (a second stream beside this one)."""
-        return LocalTransport(self.run_dir, self.poll_interval, self.idle_interval)
+        return LocalTransport(
+            self.run_dir, self.poll_interval, self.idle_interval, self.columnar_min
+        )
 
     async def glance(self, tail_rows: int, min_size: int) -> GlanceData | str:
         """The run at a glance (transport/glancing.py), or why there is none."""
@@ -232,6 +252,13 @@ class LocalTransport:
                 if size < offset:
                     yield FileChanged("truncated", time.time(), offset, size)
                     offset = 0
+                if size - offset >= self.columnar_min:  # what the companion stands for
+                    frames = columnar(fd, self.path, offset, size)
+                    while (got := await asyncio.to_thread(next, frames, None)) is not None:
+                        chunk = Chunk(got[0], got[1], span=got[2])
+                        yield chunk
+                        offset = chunk.end
+                    continue
                 if size > offset:  # a catch-up a few MB at a time: memory stays bounded
                     end = min(size, offset + CATCH_UP_BYTES)
                     for chunk in await asyncio.to_thread(_read, fd, offset, end):

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eagle3_tui.agent import column_plan
 from eagle3_tui.agent.glance import _unpack
+from eagle3_tui.agent.names import SUMMARY_HISTORY
 from eagle3_tui.model.run import Run
+from eagle3_tui.model.summary import summarize
+from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.telemetry.columns import (
     COLUMNS_FILE,
     HEAD,
@@ -30,9 +35,11 @@ from eagle3_tui.telemetry.columns import (
     walk_blocks,
 )
 from eagle3_tui.telemetry.writer import JsonlWriter
+from eagle3_tui.transport.base import Chunk
 from eagle3_tui.transport.channel import DataFrame
-from eagle3_tui.transport.local import iter_chunks, iter_frames
-from tests.transport.test_columnar import COLUMNS, state_of
+from eagle3_tui.transport.local import LocalTransport, iter_chunks, iter_frames
+from tests.records import Lines
+from tests.transport.test_columnar import COLUMNS, messy_run, state_of
 from tests.transport.test_compressed import agent_output, parse
 
 GPU = {"status": "ok", "devices": [{"index": i, "util": 90.0 + i} for i in range(8)]}
@@ -232,3 +239,66 @@ def test_a_listing_that_does_not_add_up_changes_nothing(
     plain = state_of(plain_frames(path))
     assert state_of(frames) == plain
     assert state_of(parse(agent_output(tmp_path, **COLUMNS), [])) == plain
+
+
+def summary_of(frames: list[DataFrame]) -> str:
+    run = Run()
+    for f in frames:
+        run.feed_frame(f)
+    out = json.dumps(summarize(run.state, 2_000_000.0), sort_keys=True, default=str)
+    # (a metric the last step lacks: null or NaN by how that step was decoded, as in
+    # test_columnar's state_of)
+    return out.replace('"NaN"', "null")
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(seed=st.integers(0, 10_000), steps=st.integers(3000, 8000), block=st.sampled_from([50, 300]))
+def test_a_summary_reads_of_the_older_steps_only_what_it_says_and_says_the_same(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, steps: int, block: int
+) -> None:
+    """``summary``'s read (SUMMARY_HISTORY: of the steps before the newest 2048 only the
+    loss, the envelope and the pace's timings; a metric the run stopped logging whole):
+    on messy runs (lost and repeated records, resumes, NaN losses, a metric that comes
+    and goes, samples), over the agent and on this machine, its summary is every line's."""
+    run_dir = tmp_path_factory.mktemp("history")
+    path = run_dir / "metrics.jsonl"
+    path.write_bytes(messy_run(steps, seed, samples=0.5))
+    index_file(str(path), block_rows=block)
+    want = summary_of(plain_frames(path))
+    narrow = agent_output(run_dir, **COLUMNS, history=SUMMARY_HISTORY)
+    frames = parse(narrow, [])
+    assert summary_of(frames) == want
+    assert summary_of(list(iter_frames(path, SUMMARY_HISTORY))) == want
+    full = parse(agent_output(run_dir, **COLUMNS), [])
+    assert sum(len(f.data) for f in frames) < sum(len(f.data) for f in full), "fewer bytes"
+
+
+async def test_the_monitor_catches_up_on_a_local_run_as_the_agent_would(tmp_path: Path) -> None:
+    """A local run's stream (the monitor's): a long catch-up takes what the companion
+    stands for as columns frames, the model ends in the plain state, and lines appended
+    after it come as bytes."""
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 6000)
+    size = path.stat().st_size
+    transport = LocalTransport(tmp_path, columnar_min=1 << 20)
+    chunks: list[Chunk] = []
+    stream = transport.stream()
+    try:
+        async for ev in stream:
+            if isinstance(ev, Chunk):
+                chunks.append(ev)
+                if ev.end == size:
+                    with path.open("ab") as f:  # a step appended after the catch-up
+                        f.write(Lines("late").train(9999, 1.0))
+                elif ev.end > size:
+                    break
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert sum(1 for c in chunks if c.span >= 0) == 5, "every block but the last, as columns"
+    assert chunks[-1].span < 0 and chunks[-1].end > size, "then the appended line, as bytes"
+    frames = [DataFrame(c.offset, c.data, c.span) for c in chunks]
+    assert state_of(frames) == state_of(plain_frames(path))
