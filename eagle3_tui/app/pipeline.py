@@ -188,6 +188,9 @@ class Pipeline:
         self._fill_wake = asyncio.Event()
         self._fill_room = asyncio.Event()
         self._fill_to = 0
+        self.filled = asyncio.Event()
+        """Set once a whole read behind a glance is shown and the heap it used handed
+        back (what the monitor then holds)."""
         self._fill_said: list[tuple[Status, float]] = []
         """What the host said while the run was read whole: applied to it before it shows."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -308,6 +311,7 @@ class Pipeline:
         if self._live_task is not None:
             self._live_task.cancel()
         await asyncio.to_thread(_give_back_memory)
+        self.filled.set()
 
     def _link_changed(self, event: LinkChanged) -> None:
         now = self.clock()
