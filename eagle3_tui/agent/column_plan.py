@@ -19,7 +19,21 @@ kinds, other writers' lines) as zlib-packed text with their offsets::
             "gaps": [runs size, text size packed, text size]
 
 ``runs`` is a packed ``q`` column of (offset in the range, length) pairs, one per
-run of consecutive other lines. Python 3.8+, standard library only.
+run of consecutive other lines.
+
+**Accounted segments.** Where the companion lists every line of a range (the block's
+rows, the writers' samples and events add up to its every byte: agent/listing.py), a
+segment reaches back to the previous one's end and its range is not read: only its
+events (each read and checked, sent as runs of text), the lines at its edges, and no
+sample line: the old samples go as ranges of the writers' sample blocks,
+``"listed": [[number, i, j], ...]``, each block sent once a stream as ``"listings":
+[{"id": number, "n", "kinds", "writers", "cols"}, ...]`` (its packed columns after the
+block's); the client forgets a block at the first frame that starts past its end, as
+:class:`~eagle3_tui.agent.listing.Sent` does here. A segment whose samples the client
+keeps whole (the newest: ``cutoffs``) is read and checked instead. A request's
+``"history"`` cuts an old block's columns further (agent/names.py's ``SUMMARY_HISTORY``).
+
+Python 3.8+, standard library only.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from eagle3_tui.agent.listing import Listed, Listing, Sent, line_at, listing_header, marks_of
@@ -49,7 +64,7 @@ from eagle3_tui.telemetry.columns import (
 )
 from eagle3_tui.telemetry.safefs import open_file
 
-__all__ = ["ENVELOPE", "NL_ENVELOPE", "Segment", "Sent", "column_plan", "sample_cutoffs"]
+__all__ = ["ENVELOPE", "NL_ENVELOPE", "Segment", "column_plan", "ready", "sample_cutoffs"]
 
 HEADER_LEN = struct.Struct("<I")
 TEXT_LEVEL = 1
@@ -461,6 +476,20 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
         plan.append(seg)
         at = seg.end
     return plan
+
+
+def ready(
+    fd: int, jsonl_path: str, start: int, size: int, samples: Any, keep: Any, history: Any = None
+) -> Iterator[tuple[Segment, bytes]]:
+    """The segments of :func:`column_plan` that passed their check, in file order, each
+    with its payload (``samples``, ``keep``, ``history``: a request's ``"samples"``,
+    ``"columns"`` and ``"history"``); the bytes between them are the caller's to send."""
+    plan = column_plan(fd, jsonl_path, start, size)
+    cutoffs = sample_cutoffs(fd, size, samples) if plan else {}
+    sent = Sent()
+    for seg in plan:
+        if seg.check(fd, cutoffs):  # else its lines go as lines
+            yield seg, seg.payload(keep, cutoffs, sent, history)
 
 
 def _seq_ok(line: bytes, seq: int) -> bool:

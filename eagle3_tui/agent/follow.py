@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.column_plan import Sent, column_plan, sample_cutoffs
+from eagle3_tui.agent.column_plan import ready
 from eagle3_tui.agent.diskspace import DiskWatch, disk_space
 from eagle3_tui.agent.frames import (
     AgentError,
@@ -167,16 +167,11 @@ def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[st
     if not isinstance(keep, dict):
         return offset
     size = os.fstat(fd).st_size
-    plan = column_plan(fd, str(path), offset, size)
-    cutoffs = sample_cutoffs(fd, size, req.get("samples")) if plan else {}
-    sent = Sent()
-    for seg in plan:
-        if not seg.check(fd, cutoffs):
-            continue  # its lines go as lines
+    history = req.get("history")
+    for seg, payload in ready(fd, str(path), offset, size, req.get("samples"), keep, history):
         offset = _pump(fd, offset, z, stop=seg.start)
         if client_gone() or offset != seg.start:
             return offset
-        payload = seg.payload(keep, cutoffs, sent, req.get("history"))
         emit_columns(seg.start, seg.end - seg.start, payload)
         offset = seg.end
     return offset

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from eagle3_tui.agent.column_plan import Sent, column_plan, sample_cutoffs
+from eagle3_tui.agent.column_plan import ready
 from eagle3_tui.agent.diskspace import DiskWatch
 from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
 from eagle3_tui.agent.names import COLUMNS_WANTED, ERR_PERMISSION, ERR_WRONG_KIND
@@ -125,14 +125,8 @@ def columnar(
     envelopes; where it accounts for every byte of a range, nothing else of the range
     is read), the rest as the file's bytes (span -1), a read at a time."""
     size = os.fstat(fd).st_size if stop is None else stop
-    plan = column_plan(fd, str(path), offset, size)
-    cutoffs = sample_cutoffs(fd, size, SAMPLES_KEPT) if plan else {}
-    sent = Sent()
-    for seg in plan:
-        if not seg.check(fd, cutoffs):
-            continue  # its lines go as lines
+    for seg, payload in ready(fd, str(path), offset, size, SAMPLES_KEPT, COLUMNS_WANTED, history):
         yield from _bytes(fd, offset, seg.start)
-        payload = seg.payload(COLUMNS_WANTED, cutoffs, sent, history)
         yield seg.start, payload, seg.end - seg.start
         offset = seg.end
     yield from _bytes(fd, offset, stop)
