@@ -324,8 +324,8 @@ class _Stubs:
     times), so only their envelopes travel."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int, bytes, bytes, Any, Any]] = []
-        """(offset, length, kind, writer, seq, ts): seq and ts as written, or as numbers."""
+        self.rows: list[tuple[int, int, bytes, bytes, bytes, bytes]] = []
+        """(offset, length, kind, writer, seq, ts): the last four as written."""
         self.parts: list[bytes] = []
 
     @property

@@ -89,6 +89,8 @@ class Listing:
 
 
 def listing_header(number: int, b: Samples) -> dict[str, Any]:
+    """A sample block as a columns frame's ``"listings"`` names it (its packed columns
+    follow the frame's own)."""
     return {"id": number, "n": b.n, "kinds": b.kinds, "writers": b.writers, "cols": b.cols}
 
 
