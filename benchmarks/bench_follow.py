@@ -27,7 +27,6 @@ Goals (issue 15): <= 3 % of a core without history, <= 5 % with 1M steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -137,7 +136,7 @@ class Feeder(threading.Thread):
 def frame_stats(path: Path, t0: float, t1: float) -> tuple[float, float, float] | None:
     """Frames per second, median and 95th-percentile frame time (ms) within [t0, t1]."""
     try:
-        frames = json.loads(path.read_text())
+        frames = [tuple(map(float, line.split())) for line in path.read_text().splitlines()]
     except (OSError, ValueError):
         return None
     took = sorted(d for end, d in frames if t0 <= end <= t1)
@@ -199,7 +198,6 @@ def measure(
         time.sleep(seconds)
         c1, own1, t1, w1 = cpu_seconds(pid), cpu_seconds(pid, False), time.monotonic(), time.time()
         rss = rss_mb(pid)
-        time.sleep(1.2)  # the probe writes its frames once a second
         screen = subprocess.run(
             [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
         ).stdout
@@ -273,7 +271,7 @@ def main() -> None:
     feeder = Feeder(path, args.history, seq0)
     feeder.start()
     probe = Path(__file__).resolve().parent / "frame_probe.py"
-    frames = run_dir / "frames.json"
+    frames = run_dir / "frames.txt"
     bare_py = run_dir / "bare.py"
     bare_py.write_text(BARE_APP)
     ratios: list[float] = []

@@ -57,6 +57,13 @@ class Samplers:
         default_factory=lambda: deque(maxlen=GPU_HISTORY)
     )
     """Per device index: (ts, reading), oldest first."""
+    _utils: dict[tuple[str, int], tuple[deque[int], deque[float]]] = field(
+        default_factory=dict, repr=False
+    )
+    """Each device's utilization readings and the serial number of their sample: what
+    :meth:`gpu_utils` hands out, less those older than the kept samples."""
+    _gpu_count: int = 0
+    """GPU samples applied so far (the next one's serial number)."""
     last_gpu_ts: float | None = None
     io_history: deque[IoPoint] = field(default_factory=lambda: deque(maxlen=IO_HISTORY))
     io_workers: dict[tuple[str, int], IoWorker] = field(default_factory=dict)
@@ -118,21 +125,31 @@ class Samplers:
         self.gpu_status = rec.status or "ok"
         self.gpu_error = rec.error
         host = rec.host or ""
+        serial = self._gpu_count
         for dev in devices:
             dev.host = host
             self.gpu_devices[(host, dev.index)] = dev
+            if dev.util is not None:
+                kept = self._utils.setdefault((host, dev.index), (deque(), deque()))
+                kept[0].append(serial)
+                kept[1].append(dev.util)
         self.gpu_samples.append((rec.ts, devices))
+        self._gpu_count += 1
         return None
 
-    def gpu_history(self, key: tuple[str, int]) -> list[tuple[float, GpuDevice]]:
-        """(ts, reading) of one device (host, NVML index), oldest first."""
-        host, index = key
-        return [
-            (ts, d)
-            for ts, devs in self.gpu_samples
-            for d in devs
-            if d.index == index and d.host == host
-        ]
+    def gpu_utils(self, key: tuple[str, int]) -> list[float]:
+        """One device's (host, NVML index) utilization readings in the kept samples,
+        oldest first (kept as they come: a snapshot a second need not walk 600 samples
+        of 8 devices for each device)."""
+        kept = self._utils.get(key)
+        if kept is None:
+            return []
+        serials, utils = kept
+        first = self._gpu_count - len(self.gpu_samples)  # the oldest kept sample's
+        while serials and serials[0] < first:
+            serials.popleft()
+            utils.popleft()
+        return list(utils)
 
     def _apply_io(self, rec: Record) -> str | None:
         self.last_io_ts = rec.ts

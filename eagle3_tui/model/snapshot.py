@@ -562,8 +562,7 @@ def _gpus(state: RunState, view: ViewParams) -> tuple[GpuView, ...]:
     several_hosts = len({host for host, _ in state.samplers.gpu_devices}) > 1
     for key in sorted(state.samplers.gpu_devices):
         d = state.samplers.gpu_devices[key]
-        hist = state.samplers.gpu_history(key)
-        spark = _spark([dev.util for _, dev in hist if dev.util is not None], view.spark_points)
+        spark = _spark(state.samplers.gpu_utils(key), view.spark_points)
         out.append(
             GpuView(
                 d.index,

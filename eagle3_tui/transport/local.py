@@ -157,9 +157,11 @@ class LocalTransport:
     """Follows ``run_dir/metrics.jsonl``: reads what is there, then polls for appends.
 
     It looks again ``poll_interval`` after an append, then twice as long after each
-    look that found nothing, up to ``idle_interval``: a burst is followed closely, and
-    a run that writes twice a second costs ~8 looks a second instead of 20 (each one a
-    wake-up of the app's event loop).
+    look that found nothing, up to ``idle_interval``. By default both are
+    ``IDLE_POLL_S``: a run that writes twice a second costs 4 looks a second (each one
+    a wake-up of the app's event loop; 0.05 s after an append cost ~10), and what it
+    writes is read within 0.25 s, inside the one-second picture of new data. Each
+    look reads all there is, so a fast run is read in as few looks.
 
     As the agent's ``follow`` does, it holds the file open: a file replaced or deleted
     under it is read to its end, then the file at the path now from 0, and it says
@@ -174,7 +176,7 @@ class LocalTransport:
     def __init__(
         self,
         run_dir: Path,
-        poll_interval: float = 0.05,
+        poll_interval: float = IDLE_POLL_S,
         idle_interval: float = IDLE_POLL_S,
         columnar_min: int = COLUMNAR_MIN,
     ) -> None:

@@ -124,7 +124,7 @@ def test_gpus_of_two_nodes_are_two_sets_and_reads_add_up_per_rank() -> None:
             )
     state = run_of(parts).state
     assert sorted(state.samplers.gpu_devices) == [("node0", 0), ("node1", 0)]
-    assert [ts for ts, _ in state.samplers.gpu_history(("node1", 0))] != []
+    assert state.samplers.gpu_utils(("node1", 0)) != []
     snap = build_snapshot(state, T0 + 30)
     assert [(g.host, g.index, g.util) for g in snap.gpus] == [("node0", 0, 90), ("node1", 0, 10)]
     assert snap.io is not None and snap.io.ranks == 2

@@ -84,7 +84,7 @@ def test_other_writers_lines_interleave_without_loss() -> None:
     state = run_of(b"".join(parts)).state
     assert state.lost_records == 0 and state.train_steps == 40
     assert (
-        len(state.samplers.gpu_history(("", 0))) == 14
+        len(state.samplers.gpu_utils(("", 0))) == 14
         and state.samplers.gpu_devices[("", 1)].util == 95.0
     )
 
@@ -308,3 +308,39 @@ def test_lr_per_optimizer_chunked_equals_line_by_line(seed: int, cuts: list[int]
     data = optimizer_stream(400, seed)
     chunked = assert_chunked_equals_line_by_line(data, cuts)
     assert steps(chunked.state) == list(range(400))
+
+
+def test_each_devices_utilization_is_what_the_kept_samples_say() -> None:
+    """``gpu_utils`` (kept as samples come) hands out exactly the readings of the
+    samples the bounded history still holds: two hosts' samplers interleaving, devices
+    coming and going, readings without a utilization, past the history's length."""
+    from eagle3_tui.model.samples import GPU_HISTORY
+
+    hosts = {"node0": Lines("s0"), "node1": Lines("s1")}
+    parts: list[bytes] = []
+    n = GPU_HISTORY + 250
+    for i in range(n):
+        host = "node0" if i % 3 else "node1"
+        devs = [
+            {"index": d, "name": "H100", "util": None if (i + d) % 7 == 0 else float(i % 100)}
+            for d in range(1 + (i // 50) % 3)
+        ]
+        parts.append(hosts[host].make("gpu", status="ok", host=host, devices=devs))
+    run, offset = Run(), 0
+    for i in range(0, n, 40):  # as a followed run's come: applied a few at a time
+        chunk = b"".join(parts[i : i + 40])
+        run.feed(offset, chunk)
+        offset += len(chunk)
+        assert run.state.samplers.gpu_samples  # settled: the samples applied
+    samplers = run.state.samplers
+    assert len(samplers.gpu_samples) == GPU_HISTORY
+    for key in [*samplers.gpu_devices, ("node9", 0)]:
+        expected = [
+            d.util
+            for _, devs in samplers.gpu_samples
+            for d in devs
+            if (d.host, d.index) == key and d.util is not None
+        ]
+        assert samplers.gpu_utils(key) == expected, key
+        assert samplers.gpu_utils(key) == expected, key  # asked again: the same
+    assert samplers.gpu_utils(("node0", 2)) != []

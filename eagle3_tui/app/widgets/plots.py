@@ -210,15 +210,15 @@ def matrix_strips(
 DATA_REDRAW_S = 1.0
 """New data rebuilds a chart at most this often (a plotext build is the costliest thing a
 refresh does); a key, a resize or a new window's lines draw at once."""
-CHART_SHARE = 0.0015
+CHART_SHARE = 0.0005
 """New data alone may cost a chart about this share of a core, counting its build (plotext
-and the cells: ``build_s``): a chart whose build takes 10 ms follows new data every
-6.7 s (between ``DATA_REDRAW_S`` and ``DATA_REDRAW_MAX_S``). A drawing costs the process
-about 2.5 times its build (Textual re-styles, composites and writes every line of the
-chart): measured with ``bench_follow.py --without charts``, charts at 0.25 % and a 4 s
-pace cost following a live run 1.1 % of a core, a third of it; at this share and an 8 s
-pace about half that. The header, the TTT table and the progress panel show each new
-step's figures within a second all the same."""
+and the cells: ``build_s``): a chart whose build takes 3 ms (this machine's at 120×40)
+follows new data every 6 s, one of 10 ms every ``DATA_REDRAW_MAX_S``. A drawing costs the
+process about 2.5 times its build (Textual re-styles, composites and writes every line of
+the chart). Following a live run at 120×40 (``bench_follow.py --pairs 3``, medians): at
+0.15 % a chart (a drawing every 2 s) 1.52 % of a core, at this share 1.25 %. The
+header, the TTT table, the progress, GPU and data panels show each second's figures all
+the same; a key, a resize or a new window's lines draw at once."""
 DATA_REDRAW_MAX_S = 8.0
 """New data is drawn within this, however slow the build (TensorBoard reloads every 30 s)."""
 TICK_SLACK_S = 0.5
