@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from eagle3_tui.app.text import inert
 from eagle3_tui.app.view import ViewState
-from eagle3_tui.app.widgets.panels import KeptLines, TextLines, lines_of
+from eagle3_tui.app.widgets.panels import KeptLines
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
@@ -86,12 +86,8 @@ class RunHeader(KeptLines):
             self._inputs = (key, key2)
             self.repaint_changed()
 
-    def render(self) -> Text | TextLines:
+    def render(self) -> Text:
         self.renders += 1
-        text = self._text()
-        return lines_of(text) or text
-
-    def _text(self) -> Text:
         snap, view = self.snapshot, self.view
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" eagle3-tui ", style="bold reverse")
