@@ -9,7 +9,8 @@ With ``E3_COSTS=FILE`` in the environment, the CPU time (``time.thread_time``) s
 a few places is summed and written to ``FILE`` with the frames: each widget class's
 renders, the charts' plotext builds and redraws, the app's tick; the screen updates as
 a whole; and how many lines of each widget class the compositor asked for and how many
-of them were styled anew (the rest came from Textual's cache). Cheap enough not to change the picture it measures.
+of them were styled anew (the rest came from Textual's cache). Cheap enough not to
+change the picture it measures.
 
 With ``E3_WITHOUT=charts,panels,pictures`` those parts are left out (``bench_follow.py
 --without``), to measure what each costs: no chart follows the data, the text panels

@@ -17,9 +17,7 @@ filesystem (``DiskSpace``) goes into the model in its place among the chunks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
-import ctypes
 import os
 import re
 import time
@@ -31,11 +29,13 @@ from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
+from eagle3_tui import heap
 from eagle3_tui.api.reading import apply_status
 from eagle3_tui.model.compare import Comparison, compare
 from eagle3_tui.model.glance import GlanceData, glance_run
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, SnapshotCache, ViewParams, build_snapshot
+from eagle3_tui.model.verdict import Diagnosis, Health
 from eagle3_tui.transport.base import (
     Chunk,
     DiskSpace,
@@ -134,8 +134,29 @@ def _take(pending: list[Fed], limit: int) -> list[Fed]:
 def _give_back_memory() -> None:
     """The heap the whole read's decoding used, handed back to the system (glibc keeps
     freed memory otherwise: a 1M-step run read locally held ~75 MB more)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL(None).malloc_trim(0)
+    heap.give_back()
+
+
+VERDICT_UNREAD = 8 << 20
+"""A run read from its start (no glance: no companion, or an older telemetry's) gets
+no verdict while more than this much of what its file held is still unread: the
+steps read so far are hours old, and judged as the latest they made the run of a
+live trainer STALLED for the 18 s its 1M steps took to read."""
+
+
+def _reading(snap: Snapshot, unread: tuple[int, int]) -> Snapshot:
+    """``snap`` while the history is still being read: how far, and no verdict yet."""
+    read, size = unread
+    part = f"{read / max(1, size):.0%}"
+    why = (
+        f"Reading what the run wrote before ({part} of {size / 1e6:,.0f} MB): the steps "
+        "read so far are not its latest, so no verdict until they are."
+    )
+    return replace(
+        snap,
+        history=f"reading the history: {part}",
+        diagnosis=Diagnosis(Health.WAITING, why, snap.diagnosis.link_down_since),
+    )
 
 
 def _join_and_feed(run: Run, chunks: list[Fed]) -> None:
@@ -394,8 +415,22 @@ class Pipeline:
             filling = self.filling
             if filling is not None:  # at a glance: the history in brief while it is read
                 snap = replace(snap, history=f"reading the whole history: {filling:.0%}")
+            unread = self.unread
+            if unread is not None:
+                snap = _reading(snap, unread)
             self._last = (snap, view)
         return snap, generation
+
+    @property
+    def unread(self) -> tuple[int, int] | None:
+        """While the file's first read (no glance) still has more than
+        :data:`VERDICT_UNREAD` bytes of what it held at the start to go: (bytes read,
+        its size then); else None."""
+        target = self._catch_up
+        if self.caught_up or target is None or self._fill is not None:
+            return None  # (at a glance: the tail read first is the latest)
+        read = self.run.reader.next_offset
+        return (read, target) if target - read > VERDICT_UNREAD else None
 
     async def set_status(self, status: Status, now: float) -> None:
         """Evidence from the host: the manifest, whether its trainer is alive, what of

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Collection, Sequence
 from types import ModuleType
 
-from eagle3_tui import exits
+from eagle3_tui import exits, heap
 from eagle3_tui.cli.common import drop_output, say
 from eagle3_tui.model.inert import printable
 from eagle3_tui.transport.base import TargetError
@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(args: list[str]) -> int:
+    heap.keep_large_blocks_apart()  # a command may read a long run; the monitor then stays
     try:
         if args and args[0] in COMMANDS:
             cmd = command(args[0])
