@@ -10,7 +10,8 @@ a few places is summed and written to ``FILE`` with the frames: each widget clas
 renders, the charts' plotext builds and redraws, the app's tick; the screen updates as
 a whole; and how many lines of each widget class the compositor asked for and how many
 of them were styled anew (the rest came from Textual's cache). Cheap enough not to
-change the picture it measures.
+change the picture it measures. ``E3_COSTS_FROM=SECONDS``: what came before that
+many seconds after the start is left out (a long history's read).
 
 With ``E3_WITHOUT=charts,panels,pictures`` those parts are left out (``bench_follow.py
 --without``), to measure what each costs: no chart follows the data, the text panels
@@ -55,6 +56,9 @@ if COSTS:
 
     SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     _dumped_costs = [0.0]
+    _costs_from = [time.time() + float(os.environ.get("E3_COSTS_FROM", "0")), False]
+    """Costs before this (``E3_COSTS_FROM`` seconds after the start) are dropped: the
+    read of a long history is not what following costs."""
 
     def _counted(name: str | None, fn: Any) -> Any:
         @functools.wraps(fn)  # Textual counts a watcher's parameters
@@ -69,6 +73,9 @@ if COSTS:
                 now = time.time()
                 if now - _dumped_costs[0] >= 1.0:
                     _dumped_costs[0] = now
+                    if not _costs_from[1] and now >= _costs_from[0]:  # the steady state
+                        _costs_from[1] = True
+                        SPENT.clear()
                     tmp = Path(COSTS).with_suffix(".tmp")
                     main_cpu = time.thread_time()  # the wrappers run in the main thread
                     tmp.write_text(json.dumps({"at": now, "main": main_cpu, "spent": SPENT}))

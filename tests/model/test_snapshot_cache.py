@@ -122,3 +122,29 @@ def test_lines_of_an_earlier_snapshot_are_kept_until_the_table_is_rewound() -> N
     fresh = build_snapshot(run.state, T0 + 2, view, SnapshotCache())
     assert line(rewound, "raw") == line(fresh, "raw")
     assert line(rewound, "raw")[0][-1] == ROWS - 5000
+
+
+def test_an_ended_runs_average_pace_is_kept_until_its_rows_change() -> None:
+    run, lines = long_run(2000)
+    run.feed(10**9, lines.event("finish", global_step=1999))
+    cache = SnapshotCache()
+    view = ViewParams(columns=55)
+
+    def pace_of(snap: Any) -> tuple[float | None, float | None]:
+        return snap.progress.steps_per_s, snap.progress.tokens_per_s
+
+    first = build_snapshot(run.state, T0 + 5000, view, cache)
+    again = build_snapshot(run.state, T0 + 5010, view, cache)
+    fresh = build_snapshot(run.state, T0 + 5010, view, SnapshotCache())
+    assert first.progress.steps_per_s is not None
+    assert pace_of(first) == pace_of(again) == pace_of(fresh)
+    # resumed from an earlier step at another pace, then finished: read anew
+    lines.at(T0 + 6000)
+    lines.dt = 2.0
+    parts = [lines.event("start", global_step=1500)]
+    parts += [lines.train(s, 1.0) for s in range(1500, 1600)]
+    parts.append(lines.event("finish", global_step=1599))
+    run.feed(2 * 10**9, b"".join(parts))
+    after = build_snapshot(run.state, T0 + 7000, view, cache)
+    fresh = build_snapshot(run.state, T0 + 7000, view, SnapshotCache())
+    assert pace_of(after) == pace_of(fresh) != pace_of(first)
