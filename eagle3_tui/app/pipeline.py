@@ -232,6 +232,9 @@ class Pipeline:
         self._catch_up: int | None = None
         """After a reconnection: the file's size then; the link is up once read to here."""
         self.caught_up = False
+        self._file_changed = False
+        """The file was truncated, replaced or deleted under the stream (its first read
+        no longer aims at the size it had: :attr:`unread`)."""
         """The stream connected once and what the file held then has been read."""
         self._cache = SnapshotCache()
         """Kept between snapshots: a long run's lines reduce only the rows since the last."""
@@ -245,6 +248,8 @@ class Pipeline:
             if self.glance_min is not None and hasattr(source, "glance"):
                 await self._at_a_glance(cast(Glancing, source), self.glance_min)
             async for event in source.stream(0):
+                if isinstance(event, FileChanged):
+                    self._file_changed = True  # what the first read aimed at is gone
                 if isinstance(event, Chunk | FileChanged | DiskSpace):
                     if self._fill is not None:
                         self._fill_pending.append(event)
@@ -425,9 +430,9 @@ class Pipeline:
     def unread(self) -> tuple[int, int] | None:
         """While the file's first read (no glance) still has more than
         :data:`VERDICT_UNREAD` bytes of what it held at the start to go: (bytes read,
-        its size then); else None."""
+        its size then); else None (also once the file changed under it)."""
         target = self._catch_up
-        if self.caught_up or target is None or self._fill is not None:
+        if self.caught_up or target is None or self._fill is not None or self._file_changed:
             return None  # (at a glance: the tail read first is the latest)
         read = self.run.reader.next_offset
         return (read, target) if target - read > VERDICT_UNREAD else None

@@ -57,3 +57,41 @@ async def test_no_verdict_until_the_history_is_read(
     # read: the verdict on the latest steps (days old: not running), no word of reading
     assert final.health not in (Health.WAITING, Health.RUNNING), final.diagnosis
     assert final.history is None and "Reading" not in final.diagnosis.reason
+
+
+async def test_a_file_truncated_while_it_is_read_gets_its_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size the first read aims at no longer holds once the file changed under it
+    (truncated, replaced): the verdict is not held back for good."""
+    monkeypatch.setattr(pipeline_module, "VERDICT_UNREAD", 1 << 20)
+    monkeypatch.setattr(local, "CATCH_UP_BYTES", 64 << 10)
+    lines = Lines(t0=time.time() - 3 * 86400, dt=0.5)
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(lines.train(step, 2.0) for step in range(12_000)))
+    pipeline = Pipeline(glance_min=None)
+    tasks = [
+        asyncio.ensure_future(pipeline.pump(LocalTransport(tmp_path), lambda _e: None)),
+        asyncio.ensure_future(pipeline.ingest()),
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        while pipeline.unread is None or not pipeline.run.unsettled.records:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        again = Lines(t0=time.time() - 3 * 86400, dt=0.5)
+        with path.open("r+b") as f:  # truncated in place: the reader starts over at 0
+            f.truncate(0)
+            f.write(b"".join(again.train(step, 2.0) for step in range(50)))
+        while True:
+            assert time.monotonic() < deadline, "the verdict stayed held back"
+            await asyncio.sleep(0.05)
+            snap, _ = await pipeline.snapshot(time.time(), ViewParams())
+            if snap.history is None:
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert "Reading" not in snap.diagnosis.reason
+    assert snap.health not in (Health.WAITING, Health.RUNNING), snap.diagnosis
