@@ -147,7 +147,8 @@ def test_every_key_on_a_live_demo(
     s.wait(lambda sc: "1 run(s) on" in sc and str(tiny_run) in sc, "the run picker")
     s.press("Enter")
     s.hold(lambda sc: "COMPARE" in sc and "aligned by global step" in sc, "the comparison")
-    compared = s.tmux.screen()
+    # the comparison shows as soon as it opens; what differs once both runs are read
+    compared = s.wait(lambda sc: "argv.--epochs: 40 | 3" in sc, "what differs")
     assert "argv.--epochs: 40 | 3" in compared  # what differs, both manifests read
     for axis in ("training tokens", "training time", "global step"):
         s.press("a")
