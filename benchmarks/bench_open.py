@@ -224,6 +224,7 @@ what the monitor holds while it follows (its snapshots' arrays come and go)."""
 
 def child(ns: argparse.Namespace) -> None:
     heap.keep_large_blocks_apart()  # as the command line does first
+    heap.collect_less()
     run = Path(ns.measure)
     if ns.config:
         target = SshTarget(ALIAS, None, str(run), SshOptions(config=(ns.config,)))

@@ -44,3 +44,17 @@ def test_large_blocks_freed_go_back_to_the_system() -> None:
     if plain < 32:  # this libc keeps no such holes: nothing to show
         pytest.skip(f"the plain heap kept only {plain:.0f} MB")
     assert grown_mb("fixed") < 8, "the freed 1 MB blocks stayed in the heap"
+
+
+def test_the_command_line_collects_young_objects_less_often() -> None:
+    """Every command (a summary of a long run among them) starts with the collector
+    set as the monitor runs: at Python's default it walked what was alive ~300 times
+    while ``summary`` read the 1M-step run."""
+    code = (
+        "import gc, sys; from eagle3_tui import cli; from eagle3_tui.heap import YOUNG_OBJECTS;"
+        "before = gc.get_threshold()[0];"
+        "cli._command(['help']);"
+        "print(before, gc.get_threshold()[0] == YOUNG_OBJECTS, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.split()[-2:] == ["700", "True"], out.stderr

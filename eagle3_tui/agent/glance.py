@@ -32,26 +32,30 @@ library only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import zlib
 from typing import Any, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
-from eagle3_tui.agent.column_plan import ENVELOPE, NL_ENVELOPE, _read_companion
+from eagle3_tui.agent.column_plan import ENVELOPE, MAX_COMPANION, NL_ENVELOPE
 from eagle3_tui.agent.frames import AgentError, emit, emit_zdata
 from eagle3_tui.agent.listing import line_at, marks_of
 from eagle3_tui.agent.names import ERR_MISSING, EV_EOF, EV_GLANCE, EV_RESOLVED
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.columns import (
     ALL_WRITERS,
+    HEAD,
     MARK_MAGIC,
+    MAX_BODY,
+    MAX_HEADER,
     SAMPLE_MAGIC,
     Block,
     block_of,
     column_stats,
     companion_path,
     kind_of,
-    walk_blocks,
+    scan_blocks,
 )
 from eagle3_tui.telemetry.safefs import open_regular
 
@@ -98,10 +102,44 @@ class Glance:
 
 
 class _Col:
-    __slots__ = ("block", "end", "start")
+    """A column block of the file: where its rows are, and the stats the digest takes
+    of it (its bytes are not kept: :meth:`offsets` reads them again)."""
 
-    def __init__(self, start: int, end: int, block: Block) -> None:
-        self.start, self.end, self.block = start, end, block
+    __slots__ = ("at", "end", "n", "paths", "start", "stats")
+
+    def __init__(self, start: int, end: int, block: Block, at: int, keys: list[str]) -> None:
+        self.start, self.end, self.n, self.at = start, end, block.n, at
+        """``at``: the block's offset in the companion."""
+        self.paths = [p for p in block.chunks if not p.startswith("@") and _wanted(p, keys)]
+        self.stats = {p: _stats(block, p) for p in ("step", "global_step", "ts", *self.paths)}
+
+    def offsets(self, fd: int) -> list[int]:
+        """Its rows' offsets, from the block read again (ValueError: not the block read
+        before: the companion changed under the glance)."""
+        head = os.pread(fd, HEAD.size, self.at)
+        if len(head) != HEAD.size:
+            raise ValueError("the companion changed")
+        _, hlen, blen, crc = HEAD.unpack(head)
+        if hlen > MAX_HEADER or blen > MAX_BODY:
+            raise ValueError("the companion changed")
+        data = os.pread(fd, hlen + blen, self.at + HEAD.size)
+        if zlib.crc32(data) != crc:
+            raise ValueError("the companion changed")
+        block = block_of(json.loads(data[:hlen]), memoryview(data)[hlen:])
+        if block is None or block.n != self.n:
+            raise ValueError("the companion changed")
+        return block.ints("@off")
+
+
+@functools.lru_cache(maxsize=4096)
+def _wanted_key(path: str, keys: tuple[str, ...]) -> bool:
+    return any(path == k or (k.endswith(".") and path.startswith(k)) for k in keys)
+
+
+def _wanted(path: str, keys: list[str]) -> bool:
+    """Whether the digest carries ``path``'s stats (``keys``: paths, or prefixes ending
+    in ``.``)."""
+    return _wanted_key(path, tuple(keys))
 
 
 def _span(block: Block) -> tuple[int, int] | None:
@@ -189,13 +227,35 @@ def glance(
     size = st.st_size
     if size < min_size:
         return f"{size} bytes: read whole"
-    data = _read_companion(companion_path(jsonl_path))
-    if not data:
+    try:
+        companion, cst = open_regular(companion_path(jsonl_path))
+    except OSError:
         return "no companion file"
+    if not 0 < cst.st_size <= MAX_COMPANION:
+        os.close(companion)
+        return "no companion file"
+    try:
+        return _glance(fd, st, companion, keys, tail_rows, max_tail)
+    finally:
+        os.close(companion)
+
+
+def _glance(
+    fd: int,
+    st: os.stat_result,
+    companion: int,
+    keys: list[str],
+    tail_rows: int,
+    max_tail: int,
+) -> Glance | str:
+    size = st.st_size
     cols: list[_Col] = []
     marks: list[tuple[int, int, str]] = []
     marked: set[str] = set()
-    for magic, head, body in walk_blocks(data):
+    length = os.fstat(companion).st_size
+    for magic, head, body, at in scan_blocks(companion, length):
+        if magic == SAMPLE_MAGIC:
+            continue  # samples: the tail's are read, the earlier ones not needed
         try:
             header = json.loads(head)
         except ValueError:
@@ -214,13 +274,11 @@ def glance(
             marked.add(w)
             marks += found
             continue
-        if magic == SAMPLE_MAGIC:
-            continue  # samples: the tail's are read, the earlier ones not needed
         block = block_of(header, body)
         span = None if block is None else _span(block)
         if block is None or span is None or span[1] > size:
             continue
-        cols.append(_Col(span[0], span[1], block))
+        cols.append(_Col(span[0], span[1], block, at, keys))
     if not cols:
         return "no column block of this file"
     cols.sort(key=lambda c: c.start)
@@ -232,11 +290,11 @@ def glance(
     for c in reversed(kept):
         if need <= 0:
             break
-        n = c.block.n
+        n = c.n
         tail_from = c.start
         if n > need:  # from the row that leaves ``tail_rows`` rows in the tail
-            with contextlib.suppress(ValueError, KeyError, zlib.error):
-                tail_from = c.block.ints("@off")[n - need]
+            with contextlib.suppress(OSError, ValueError, KeyError, zlib.error):
+                tail_from = c.offsets(companion)[n - need]
         need -= n
     if size - tail_from > max_tail:  # fewer steps at full resolution: bounded bytes
         tail_from = size - max_tail
@@ -268,7 +326,7 @@ def glance(
         tail_from,
         tail,
         lines,
-        _digest(digest_cols, keys),
+        _digest(digest_cols),
     )
 
 
@@ -288,22 +346,18 @@ def _line_start(fd: int, at: int, size: int) -> int:
     return size
 
 
-def _digest(cols: list[_Col], keys: list[str]) -> Digest:
-    def wanted(path: str) -> bool:
-        return any(path == k or (k.endswith(".") and path.startswith(k)) for k in keys)
-
+def _digest(cols: list[_Col]) -> Digest:
     blocks: list[list[Any]] = []
-    used: list[Block] = []
+    used: list[_Col] = []
     for c in cols:
-        b = c.block
-        step = _stats(b, "step") or _stats(b, "global_step")
-        ts = _stats(b, "ts")
+        step = c.stats["step"] or c.stats["global_step"]
+        ts = c.stats["ts"]
         if step is None or ts is None:
             continue
-        blocks.append([step[0], step[5], b.n, ts[0], ts[5], c.start, c.end])
-        used.append(b)
-    paths = sorted({p for b in used for p in b.chunks if not p.startswith("@") and wanted(p)})
-    stats = {p: [_stats(b, p) if p in b.chunks else None for b in used] for p in paths}
+        blocks.append([step[0], step[5], c.n, ts[0], ts[5], c.start, c.end])
+        used.append(c)
+    paths = sorted({p for c in used for p in c.paths})
+    stats = {p: [c.stats.get(p) for c in used] for p in paths}
     return {"blocks": blocks, "stats": stats}
 
 

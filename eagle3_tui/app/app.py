@@ -33,6 +33,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
+from eagle3_tui import heap
 from eagle3_tui.app.pipeline import (
     Pipeline,
     Source,
@@ -85,22 +86,14 @@ here, for a local run: every 30 s that was 0.5 % of a core, a sixth of what foll
 a live run may cost)."""
 
 
-YOUNG_OBJECTS = 10_000
-"""Allocations between two collections of the youngest objects (Python's default: 700):
-a snapshot a second allocates thousands of short-lived objects, freed by reference
-counting long before a collection; at 700 the collector ran ~3 times a second,
-walking each time what was still alive."""
-
-
 def tune_collector() -> None:
     """The collector for an app that runs all day: the objects of the start (widgets,
     styles, modules, the history read so far) live as long as the app, so they leave
     the collector's sight (``gc.freeze``; every full collection walked them all again,
     ~28 ms every ~20 s while following a run, 0.13 % of a core); the youngest objects
-    are collected every :data:`YOUNG_OBJECTS` allocations."""
+    are collected every :data:`~eagle3_tui.heap.YOUNG_OBJECTS` allocations."""
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_OBJECTS, older, oldest)
+    heap.collect_less()
 
 
 class MonitorApp(App[None]):

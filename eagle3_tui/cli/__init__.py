@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _command(args: list[str]) -> int:
     heap.keep_large_blocks_apart()  # a command may read a long run; the monitor then stays
+    heap.collect_less()
     try:
         if args and args[0] in COMMANDS:
             cmd = command(args[0])

@@ -82,7 +82,7 @@ import zlib
 from array import array
 from itertools import accumulate
 from operator import sub
-from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any, Iterator, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
@@ -449,6 +449,45 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
             break
         pos = min(nexts)
     return out
+
+
+def scan_blocks(fd: int, size: int) -> Iterator[tuple[bytes, bytes, memoryview, int]]:
+    """:func:`walk_blocks`'s blocks of the companion open as ``fd`` (its first ``size``
+    bytes), read one block at a time: (magic, header, body, the block's offset). Each
+    block's bytes are freed once the caller drops them: a companion of 77 MB is not
+    held whole, nor its pages touched anew (a read of it whole: ~50 ms of page faults)."""
+    pos = 0
+    while pos + HEAD.size <= size:
+        head = os.pread(fd, HEAD.size, pos)
+        if len(head) < HEAD.size:
+            return  # the file shrank
+        magic, hlen, blen, crc = HEAD.unpack(head)
+        end = pos + HEAD.size + hlen + blen
+        if magic in MAGICS and hlen <= MAX_HEADER and blen <= MAX_BODY and end <= size:
+            data = os.pread(fd, hlen + blen, pos + HEAD.size)
+            if len(data) == hlen + blen and zlib.crc32(data) == crc:
+                yield magic, data[:hlen], memoryview(data)[hlen:], pos
+                pos = end
+                continue
+        pos = _next_magic(fd, pos + 1, size)  # torn or damaged: the next block of any kind
+        if pos < 0:
+            return
+
+
+def _next_magic(fd: int, pos: int, size: int) -> int:
+    """The offset of the first magic of any kind at or after ``pos`` (-1: none)."""
+    overlap = len(MAGIC) - 1
+    while pos < size:
+        data = os.pread(fd, min(1 << 20, size - pos), pos)
+        if not data:
+            return -1
+        found = [at for at in (data.find(m) for m in MAGICS) if at >= 0]
+        if found:
+            return pos + min(found)
+        if pos + len(data) >= size:
+            return -1
+        pos += max(1, len(data) - overlap)
+    return -1
 
 
 def block_of(header: dict[str, Any], body: memoryview) -> Block | None:

@@ -268,7 +268,8 @@ async def test_the_collector_is_tuned_once_after_the_first_picture_in_the_apps_o
 
 def test_tune_collector_freezes_the_start_and_collects_young_objects_less_often() -> None:
     code = (
-        "import gc; from eagle3_tui.app.app import tune_collector, YOUNG_OBJECTS;"
+        "import gc; from eagle3_tui.app.app import tune_collector;"
+        "from eagle3_tui.heap import YOUNG_OBJECTS;"
         "assert gc.get_freeze_count() == 0; tune_collector();"
         "print(gc.get_freeze_count() > 1000, gc.get_threshold()[0] == YOUNG_OBJECTS)"
     )

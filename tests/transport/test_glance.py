@@ -34,6 +34,7 @@ from eagle3_tui.telemetry.columns import (
     encode_marks,
     flatten,
     read_blocks,
+    scan_blocks,
     walk_blocks,
 )
 from eagle3_tui.telemetry.writer import JsonlWriter
@@ -164,6 +165,44 @@ def test_no_glance_where_the_companion_cannot_stand_for_the_file(tmp_path: Path)
     fresh.write_bytes(path.read_bytes())
     os.replace(fresh, path)
     assert "no column block of this file" in str(glanced(path))
+
+
+def test_blocks_read_one_at_a_time_are_the_blocks_of_the_whole(tmp_path: Path) -> None:
+    """``scan_blocks`` (the glance's: one block's bytes at a time) finds what
+    ``walk_blocks`` finds in the bytes whole, past a torn block, a damaged one, junk
+    between blocks and a torn end: the same blocks, in the same order, at their places."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 7, samples=0.5))
+    index_file(str(path), block_rows=100)
+    comp = tmp_path / COLUMNS_FILE
+    good = comp.read_bytes()
+    whole = walk_blocks(good)
+    assert len(whole) > 20 and len({m for m, _, _ in whole}) == 3
+    starts = [
+        good.find(HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h)))) for m, h, b in whole
+    ]
+    a, b, c = starts[5], starts[9], starts[14]
+    damaged = bytearray(good)
+    damaged[b + HEAD.size + 3] ^= 0xFF  # a damaged header: its crc fails
+    broken = (
+        bytes(damaged[: a + HEAD.size + 10])  # a torn block (its head, a bit of its header)
+        + bytes(damaged[a:c])
+        + b"E3junk\x00E3C" * 3  # junk, magics' beginnings among it
+        + bytes(damaged[c:])
+        + bytes(damaged[starts[2] : starts[3] - 7])  # a torn end
+    )
+    comp.write_bytes(broken)
+    expected = [(m, h, bytes(body)) for m, h, body in walk_blocks(broken)]
+    fd = os.open(comp, os.O_RDONLY)
+    try:
+        found = list(scan_blocks(fd, len(broken)))
+    finally:
+        os.close(fd)
+    assert [(m, h, bytes(body)) for m, h, body, _ in found] == expected
+    assert len(expected) == len(whole) - 1  # the damaged one
+    for m, h, _, at in found:  # each at its place
+        assert broken[at : at + 4] == m
+        assert broken[at + HEAD.size : at + HEAD.size + len(h)] == h
 
 
 def test_a_writer_without_marks_in_the_tail_means_no_glance(tmp_path: Path) -> None:
