@@ -325,6 +325,34 @@ def test_a_digest_keeps_its_good_blocks_and_columns_only() -> None:
     assert pts is not None and list(pts[1]) == [1, 0.5, 2, 1]  # the non-finite one: left out
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [2.0, 1.0, 0, 3.0, 5, 2.5, 2.0]],  # all at once
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [1, math.inf, 0, 2, 1, 1, 1]],  # all at once, one NaN
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [1, math.nan, 0, 2, 1, 1, 1]],
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [True, 0.5, 3, 2, 4, 1, 1.1]],  # a bool: one by one
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [10**400, 0.5, 3, 2, 4, 1, 1.1]],  # no float holds it
+        [[1, 0.5, 3, 2, 4, 1, 1.1], ["1", 0.5, 3, 2, 4, 1, 1.1]],
+        [[1, 0.5, 3, 2, 4, 1, 1.1], [1, 0.5, 3, 2, 4, 1]],
+    ],
+)
+def test_a_digests_stats_are_kept_where_they_are_seven_finite_numbers(rows: Any) -> None:
+    """Whether read all at once or one by one, a block's stats are its row where they
+    are seven finite numbers (not bools, not strings), and NaN where they are not."""
+    h = history_of(
+        {"blocks": [[0, 9, 10, 1.0, 2.0], [10, 19, 10, 3.0, 4.0]], "stats": {"train.loss": rows}}
+    )
+    assert h is not None
+    got = h.stats["train/loss"]
+    for row, s in zip(got, rows, strict=True):
+        plain = all(type(v) in (int, float) and abs(v) < 1e300 and math.isfinite(v) for v in s)
+        if plain and len(s) == 7:
+            assert list(row) == [float(v) for v in s]
+        else:
+            assert np.isnan(row).all()
+
+
 def test_frames_that_do_not_add_up_are_no_glance() -> None:
     from eagle3_tui.transport.channel import DataFrame
 
