@@ -45,19 +45,16 @@ from eagle3_tui.agent.names import ERR_MISSING, EV_EOF, EV_GLANCE, EV_RESOLVED
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.columns import (
     ALL_WRITERS,
-    HEAD,
     MARK_MAGIC,
-    MAX_BODY,
-    MAX_HEADER,
     SAMPLE_MAGIC,
     Block,
-    block_of,
+    block_cols,
     column_stats,
     companion_path,
     kind_of,
-    scan_blocks,
 )
 from eagle3_tui.telemetry.safefs import open_regular
+from eagle3_tui.telemetry.scan import read_block, scan_headers
 
 TAIL_ROWS = 512
 """Training steps read whole at the end (at least: the steps after the companion's last
@@ -103,32 +100,59 @@ class Glance:
 
 class _Col:
     """A column block of the file: where its rows are, and the stats the digest takes
-    of it (its bytes are not kept: :meth:`offsets` reads them again)."""
+    of it, from its header where it has them (its body is not read: :meth:`offsets`
+    reads the block where its rows' places are needed)."""
 
     __slots__ = ("at", "end", "n", "paths", "start", "stats")
 
-    def __init__(self, start: int, end: int, block: Block, at: int, keys: list[str]) -> None:
-        self.start, self.end, self.n, self.at = start, end, block.n, at
+    def __init__(
+        self, start: int, end: int, n: int, at: int, paths: list[str], stats: dict[str, Any]
+    ) -> None:
+        self.start, self.end, self.n, self.at = start, end, n, at
         """``at``: the block's offset in the companion."""
-        self.paths = [p for p in block.chunks if not p.startswith("@") and _wanted(p, keys)]
-        self.stats = {p: _stats(block, p) for p in ("step", "global_step", "ts", *self.paths)}
+        self.paths = paths
+        self.stats = stats
+
+    @classmethod
+    def of(
+        cls, header: dict[str, Any], blen: int, at: int, companion: int, keys: list[str]
+    ) -> _Col | None:
+        """The block whose header is ``header`` (at ``at`` in the companion, its body
+        ``blen`` bytes); None when it is not a column block. A block written before its
+        header had its span and stats is read whole for them."""
+        cols = block_cols(header, blen)
+        if cols is None:
+            return None
+        paths = [p for p, _, _ in cols if not p.startswith("@") and _wanted(p, keys)]
+        wanted = ("step", "global_step", "ts", *paths)
+        span, stats = _header_span(header), header.get("stats")
+        if span is not None and isinstance(stats, dict):
+            return cls(span[0], span[1], header["n"], at, paths, _header_stats(stats, wanted))
+        block = read_block(companion, at)
+        if block is None or block.header != header:
+            return None
+        span = _span(block)
+        if span is None:
+            return None
+        return cls(span[0], span[1], block.n, at, paths, {p: _stats(block, p) for p in wanted})
 
     def offsets(self, fd: int) -> list[int]:
-        """Its rows' offsets, from the block read again (ValueError: not the block read
+        """Its rows' offsets, from the block read whole (ValueError: not the block seen
         before: the companion changed under the glance)."""
-        head = os.pread(fd, HEAD.size, self.at)
-        if len(head) != HEAD.size:
-            raise ValueError("the companion changed")
-        _, hlen, blen, crc = HEAD.unpack(head)
-        if hlen > MAX_HEADER or blen > MAX_BODY:
-            raise ValueError("the companion changed")
-        data = os.pread(fd, hlen + blen, self.at + HEAD.size)
-        if zlib.crc32(data) != crc:
-            raise ValueError("the companion changed")
-        block = block_of(json.loads(data[:hlen]), memoryview(data)[hlen:])
+        block = read_block(fd, self.at)
         if block is None or block.n != self.n:
             raise ValueError("the companion changed")
         return block.ints("@off")
+
+
+def _header_stats(stats: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """Of a header's stats, those of ``paths``, each as the writer wrote it (the client
+    checks every number), or None."""
+    out: dict[str, Any] = {}
+    for p in paths:
+        s = stats.get(p)
+        out[p] = s if isinstance(s, list) and len(s) == 7 else None
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -142,8 +166,8 @@ def _wanted(path: str, keys: list[str]) -> bool:
     return _wanted_key(path, tuple(keys))
 
 
-def _span(block: Block) -> tuple[int, int] | None:
-    span = block.header.get("span")
+def _header_span(header: dict[str, Any]) -> tuple[int, int] | None:
+    span = header.get("span")
     if (
         isinstance(span, list)
         and len(span) == 2
@@ -151,6 +175,13 @@ def _span(block: Block) -> tuple[int, int] | None:
         and 0 <= span[0] < span[1]
     ):
         return span[0], span[1]
+    return None
+
+
+def _span(block: Block) -> tuple[int, int] | None:
+    span = _header_span(block.header)
+    if span is not None:
+        return span
     try:  # a block written before spans: from its rows
         offs, lens = block.ints("@off"), block.ints("@len")
     except (ValueError, KeyError, zlib.error):
@@ -253,7 +284,7 @@ def _glance(
     marks: list[tuple[int, int, str]] = []
     marked: set[str] = set()
     length = os.fstat(companion).st_size
-    for magic, head, body, at in scan_blocks(companion, length):
+    for magic, head, at, blen in scan_headers(companion, length):
         if magic == SAMPLE_MAGIC:
             continue  # samples: the tail's are read, the earlier ones not needed
         try:
@@ -274,11 +305,9 @@ def _glance(
             marked.add(w)
             marks += found
             continue
-        block = block_of(header, body)
-        span = None if block is None else _span(block)
-        if block is None or span is None or span[1] > size:
-            continue
-        cols.append(_Col(span[0], span[1], block, at, keys))
+        col = _Col.of(header, blen, at, companion, keys)
+        if col is not None and col.end <= size:
+            cols.append(col)
     if not cols:
         return "no column block of this file"
     cols.sort(key=lambda c: c.start)

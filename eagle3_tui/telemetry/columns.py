@@ -82,7 +82,7 @@ import zlib
 from array import array
 from itertools import accumulate
 from operator import sub
-from typing import Any, Iterator, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
@@ -451,63 +451,39 @@ def walk_blocks(data: bytes) -> list[tuple[bytes, bytes, memoryview]]:
     return out
 
 
-def scan_blocks(fd: int, size: int) -> Iterator[tuple[bytes, bytes, memoryview, int]]:
-    """:func:`walk_blocks`'s blocks of the companion open as ``fd`` (its first ``size``
-    bytes), read one block at a time: (magic, header, body, the block's offset). Each
-    block's bytes are freed once the caller drops them: a companion of 77 MB is not
-    held whole, nor its pages touched anew (a read of it whole: ~50 ms of page faults)."""
-    pos = 0
-    while pos + HEAD.size <= size:
-        head = os.pread(fd, HEAD.size, pos)
-        if len(head) < HEAD.size:
-            return  # the file shrank
-        magic, hlen, blen, crc = HEAD.unpack(head)
-        end = pos + HEAD.size + hlen + blen
-        if magic in MAGICS and hlen <= MAX_HEADER and blen <= MAX_BODY and end <= size:
-            data = os.pread(fd, hlen + blen, pos + HEAD.size)
-            if len(data) == hlen + blen and zlib.crc32(data) == crc:
-                yield magic, data[:hlen], memoryview(data)[hlen:], pos
-                pos = end
-                continue
-        pos = _next_magic(fd, pos + 1, size)  # torn or damaged: the next block of any kind
-        if pos < 0:
-            return
-
-
-def _next_magic(fd: int, pos: int, size: int) -> int:
-    """The offset of the first magic of any kind at or after ``pos`` (-1: none)."""
-    overlap = len(MAGIC) - 1
-    while pos < size:
-        data = os.pread(fd, min(1 << 20, size - pos), pos)
-        if not data:
-            return -1
-        found = [at for at in (data.find(m) for m in MAGICS) if at >= 0]
-        if found:
-            return pos + min(found)
-        if pos + len(data) >= size:
-            return -1
-        pos += max(1, len(data) - overlap)
-    return -1
+def block_cols(header: dict[str, Any], body_len: int) -> list[tuple[str, str, int]] | None:
+    """A column block's columns (path, type, packed size) as its parsed header lists
+    them, where they add up to its body's ``body_len`` bytes and name its rows' places
+    and sequence numbers; None: not a column block's header."""
+    try:
+        cols: list[tuple[str, str, int]] = []
+        at = 0
+        for path, kind, size in header["cols"]:
+            if kind not in ("q", "d", "f") or not isinstance(size, int) or size < 0:
+                return None
+            cols.append((str(path), kind, size))
+            at += size
+        if at != body_len or not isinstance(header.get("n"), int) or header["n"] <= 0:
+            return None
+        if not {"@off", "@len", "seq"} <= {c[0] for c in cols}:
+            return None
+        return cols
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def block_of(header: dict[str, Any], body: memoryview) -> Block | None:
     """A column block from its parsed header and its body (None: not one); its
     columns are views of ``body`` (``Block.ints`` reads them as bytes would be)."""
-    try:
-        chunks: dict[str, tuple[str, Any]] = {}
-        at = 0
-        for path, kind, size in header["cols"]:
-            if kind not in ("q", "d", "f") or not isinstance(size, int) or size < 0:
-                return None
-            chunks[str(path)] = (kind, body[at : at + size])
-            at += size
-        if at != len(body) or not isinstance(header.get("n"), int) or header["n"] <= 0:
-            return None
-        if "@off" not in chunks or "@len" not in chunks or "seq" not in chunks:
-            return None
-        return Block(header, chunks)
-    except (ValueError, KeyError, TypeError):
+    cols = block_cols(header, len(body))
+    if cols is None:
         return None
+    chunks: dict[str, tuple[str, Any]] = {}
+    at = 0
+    for path, kind, size in cols:
+        chunks[path] = (kind, body[at : at + size])
+        at += size
+    return Block(header, chunks)
 
 
 def read_blocks(data: bytes) -> list[Block]:

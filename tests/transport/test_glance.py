@@ -34,9 +34,9 @@ from eagle3_tui.telemetry.columns import (
     encode_marks,
     flatten,
     read_blocks,
-    scan_blocks,
     walk_blocks,
 )
+from eagle3_tui.telemetry.scan import read_block, scan_headers
 from eagle3_tui.telemetry.writer import JsonlWriter
 from eagle3_tui.transport.base import StreamEvent
 from eagle3_tui.transport.glancing import assemble, glance_local, glance_remote
@@ -167,10 +167,12 @@ def test_no_glance_where_the_companion_cannot_stand_for_the_file(tmp_path: Path)
     assert "no column block of this file" in str(glanced(path))
 
 
-def test_blocks_read_one_at_a_time_are_the_blocks_of_the_whole(tmp_path: Path) -> None:
-    """``scan_blocks`` (the glance's: one block's bytes at a time) finds what
-    ``walk_blocks`` finds in the bytes whole, past a torn block, a damaged one, junk
-    between blocks and a torn end: the same blocks, in the same order, at their places."""
+def test_headers_read_block_to_block_are_the_blocks_of_the_whole(tmp_path: Path) -> None:
+    """``scan_headers`` (the glance's: header to header, bodies unread) finds what
+    ``walk_blocks`` finds in the bytes whole, past a torn block a later writer wrote
+    past, junk between blocks and a torn end. A block damaged where the chain of blocks
+    holds is listed as it reads (a body is not read; a header is the glance's to parse
+    or not), where walk_blocks leaves it out (its checksum fails)."""
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(messy_run(3000, 7, samples=0.5))
     index_file(str(path), block_rows=100)
@@ -178,31 +180,40 @@ def test_blocks_read_one_at_a_time_are_the_blocks_of_the_whole(tmp_path: Path) -
     good = comp.read_bytes()
     whole = walk_blocks(good)
     assert len(whole) > 20 and len({m for m, _, _ in whole}) == 3
-    starts = [
-        good.find(HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h)))) for m, h, b in whole
-    ]
-    a, b, c = starts[5], starts[9], starts[14]
+    starts = []
+    for m, h, body in whole:
+        starts.append(good.find(HEAD.pack(m, len(h), len(body), zlib.crc32(body, zlib.crc32(h)))))
+    a, b, c, d = starts[5], starts[9], starts[12], starts[14]
     damaged = bytearray(good)
-    damaged[b + HEAD.size + 3] ^= 0xFF  # a damaged header: its crc fails
+    damaged[c - 5] ^= 0xFF  # the body of the block before c
+    damaged[b + HEAD.size + 3] ^= 0xFF  # a header
     broken = (
         bytes(damaged[: a + HEAD.size + 10])  # a torn block (its head, a bit of its header)
-        + bytes(damaged[a:c])
+        + bytes(damaged[a:d])
         + b"E3junk\x00E3C" * 3  # junk, magics' beginnings among it
-        + bytes(damaged[c:])
+        + bytes(damaged[d:])
         + bytes(damaged[starts[2] : starts[3] - 7])  # a torn end
     )
     comp.write_bytes(broken)
-    expected = [(m, h, bytes(body)) for m, h, body in walk_blocks(broken)]
+    assert len(walk_blocks(broken)) == len(whole) - 2  # the two damaged ones
+    fixed = broken.replace(bytes(damaged[c - 5 : c]), good[c - 5 : c])
+    fixed = fixed.replace(bytes(damaged[b : b + 64]), good[b : b + 64])
+    expected = [(m, h) for m, h, _ in walk_blocks(fixed)]
+    assert expected == [(m, h) for m, h, _ in whole]
+    i = starts.index(b)
+    expected[i] = (expected[i][0], bytes(damaged[b + HEAD.size :][: len(expected[i][1])]))
     fd = os.open(comp, os.O_RDONLY)
     try:
-        found = list(scan_blocks(fd, len(broken)))
+        found = list(scan_headers(fd, len(broken)))
+        for m, h, at, blen in found:  # each at its place
+            assert broken[at : at + 4] == m and broken[at + HEAD.size :][: len(h)] == h
+            assert HEAD.unpack_from(broken, at)[1:3] == (len(h), blen)
+        first = starts[next(i for i, (m, _, _) in enumerate(whole) if m == MAGIC)]
+        assert first < a and read_block(fd, first) is not None  # a column block, whole
+        assert read_block(fd, first + 1) is None
     finally:
         os.close(fd)
-    assert [(m, h, bytes(body)) for m, h, body, _ in found] == expected
-    assert len(expected) == len(whole) - 1  # the damaged one
-    for m, h, _, at in found:  # each at its place
-        assert broken[at : at + 4] == m
-        assert broken[at + HEAD.size : at + HEAD.size + len(h)] == h
+    assert [(m, h) for m, h, _, _ in found] == expected
 
 
 def test_a_writer_without_marks_in_the_tail_means_no_glance(tmp_path: Path) -> None:
