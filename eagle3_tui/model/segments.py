@@ -50,7 +50,23 @@ def _metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
     return train_metrics_type(keys)
 
 
+_FEW_BYTES = 64
+"""A column packed into this few bytes is a constant or nearly (``v``, ``rank``, an
+epoch's ``epoch``, a sampler's writer and kinds): the same bytes block after block."""
+
+
 def _column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    if len(packed) <= _FEW_BYTES:  # inflated once (zlib makes a long run at ~460 MB/s)
+        return _repeated(kind, bytes(packed), n).copy()
+    return _inflate(kind, packed, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _repeated(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    return _inflate(kind, packed, n)
+
+
+def _inflate(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
     width = _WIDTH[kind]
     raw = zlib.decompress(packed, bufsize=n * width + 1)
     if len(raw) != n * width:
