@@ -453,6 +453,7 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
         if block is None:
             continue
         seg = Segment.of(block)
+        h.pop("stats", None)  # (a glance's; not sent: ~10 KB of objects a block, held)
         if seg is not None and seg.start >= start and seg.end <= size:
             candidates.append(seg)
     candidates.sort(key=lambda s: s.start)

@@ -246,6 +246,15 @@ def pack_column(kind: str, values: list[Any], level: int = ZLIB_LEVEL) -> bytes:
 
 def unpack_ints(packed: bytes, n: int) -> list[int]:
     """A ``q`` column's values (the agent reads ``seq``, ``@off`` and ``@len``)."""
+    return unpack_int_array(packed, n).tolist()
+
+
+def unpack_int_array(packed: bytes, n: int, ascending: bool = False) -> array[int]:
+    """:func:`unpack_ints` as an array: 8 bytes a value, where a list holds an int
+    object of ~32 bytes for each (what stays alive for long: a 1M-step run's sample
+    blocks list 3M places, and as lists they took ~120 MB of small-object memory that
+    the process kept after they were freed). ``ascending``: ValueError unless each
+    value is at least the one before."""
     raw = _unshuffle(zlib.decompress(packed), 8)
     diffs = array("q")
     diffs.frombytes(raw)
@@ -253,7 +262,12 @@ def unpack_ints(packed: bytes, n: int) -> list[int]:
         diffs.byteswap()
     if len(diffs) != n:
         raise ValueError(f"{len(diffs)} values, not {n}")
-    return list(accumulate(diffs))
+    if ascending and n > 1 and min(diffs[1:]) < 0:
+        raise ValueError("values out of order")
+    try:
+        return array("q", list(accumulate(diffs)))  # (from a list: ~30 % faster)
+    except OverflowError:
+        raise ValueError("values beyond 64 bits") from None
 
 
 def encode_block(
@@ -387,9 +401,9 @@ class Samples:
             raise ValueError("not a sample block's columns")
         self.n = n
         self.body = bytes(body)
-        self.offsets: list[int] = unpack_ints(packed["@off"], n)
-        self.lengths: list[int] = unpack_ints(packed["@len"], n)
-        if self.offsets != sorted(self.offsets) or min(self.lengths) <= 0:
+        self.offsets = unpack_int_array(packed["@off"], n, ascending=True)
+        self.lengths = unpack_int_array(packed["@len"], n)
+        if min(self.lengths) <= 0:
             raise ValueError("lines out of order")  # (overlaps: a reader checks what it is sent)
         self.start = self.offsets[0]
         self.end = self.offsets[-1] + self.lengths[-1]
