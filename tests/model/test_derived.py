@@ -98,6 +98,30 @@ def test_steps_per_epoch_is_inferred_from_the_epoch_column() -> None:
     assert steps_per_epoch(np.zeros(50), steps[:50]) is None
 
 
+def _first_change(epoch_col: np.ndarray, steps: np.ndarray) -> int | None:
+    """steps_per_epoch as it read every row at once (before windows)."""
+    for i in np.flatnonzero(np.diff(epoch_col) > 0):
+        nxt = epoch_col[i + 1]
+        if np.isfinite(nxt) and nxt >= 1:
+            return round(float(steps[i + 1]) / float(nxt))
+    return None
+
+
+@pytest.mark.parametrize("at", [1, 100, 16_383, 16_384, 16_385, 49_151, 49_152, 49_153, 300_000])
+def test_steps_per_epoch_finds_the_first_change_wherever_it_is(at: int) -> None:
+    """Looked for in windows that double from the start: a change on a window's edge,
+    after a NaN, or after a change to epoch 0 is found as reading every row found it."""
+    n = 400_000
+    steps = np.arange(n, dtype=np.int64)
+    epoch = np.zeros(n)
+    epoch[at:] = 3.0  # epoch 3 from row ``at``: 'at / 3' steps an epoch
+    assert steps_per_epoch(epoch, steps) == round(at / 3) == _first_change(epoch, steps)
+    epoch[at - 1] = np.nan  # NaN before the change: no change at ``at``, the next counts
+    epoch[at + 7 :] = 5.0
+    assert steps_per_epoch(epoch, steps) == round((at + 7) / 5) == _first_change(epoch, steps)
+    assert steps_per_epoch(np.zeros(n), steps) is None is _first_change(np.zeros(n), steps)
+
+
 # ---- downsampling -------------------------------------------------------------------
 
 
