@@ -119,15 +119,22 @@ class _Col:
     ) -> _Col | None:
         """The block whose header is ``header`` (at ``at`` in the companion, its body
         ``blen`` bytes); None when it is not a column block. A block written before its
-        header had its span and stats is read whole for them."""
+        header had its span and stats (or one without a wanted column's) is read whole
+        for them."""
         cols = block_cols(header, blen)
         if cols is None:
             return None
         paths = [p for p, _, _ in cols if not p.startswith("@") and _wanted(p, keys)]
         wanted = ("step", "global_step", "ts", *paths)
         span, stats = _header_span(header), header.get("stats")
-        if span is not None and isinstance(stats, dict):
+        named = {p for p, _, _ in cols}
+        if (
+            span is not None
+            and isinstance(stats, dict)
+            and all(p in stats for p in wanted if p in named)
+        ):
             return cls(span[0], span[1], header["n"], at, paths, _header_stats(stats, wanted))
+        # (a column whose stats the header lacks: from the column, as before)
         block = read_block(companion, at)
         if block is None or block.header != header:
             return None

@@ -148,6 +148,48 @@ def test_the_real_writers_mark_their_events_and_announce_themselves(tmp_path: Pa
     assert g.marks == events_before(data, g.tail_from)
 
 
+def test_blocks_written_before_their_headers_had_spans_or_stats_glance_the_same(
+    tmp_path: Path,
+) -> None:
+    """A glance reads a column block's span and stats from its header, its body unread;
+    a block of an older writer (no span, no stats, or stats without a column the digest
+    wants) is read whole for them: the glance is the same either way."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(4000, 4, samples=0.3))
+    index_file(str(path), block_rows=100)
+    comp = tmp_path / COLUMNS_FILE
+    good = comp.read_bytes()
+    before = glanced(path)
+    assert isinstance(before, Glance)
+    parts, k = [], 0
+    for magic, h, body in walk_blocks(good):
+        header = json.loads(h)
+        if magic == MAGIC:
+            k += 1
+            if k % 3 == 0:
+                del header["span"], header["stats"]
+            elif k % 3 == 1:
+                del header["stats"]["train.loss"]
+            h = json.dumps(header, separators=(",", ":")).encode()
+        parts.append(
+            HEAD.pack(magic, len(h), len(body), zlib.crc32(body, zlib.crc32(h))) + h + body
+        )
+    assert k > 20
+    comp.write_bytes(b"".join(parts))
+    after = glanced(path)
+    assert isinstance(after, Glance)
+    assert after.digest["blocks"] == before.digest["blocks"] and after.tail_from == before.tail_from
+    stats = before.digest["stats"]
+    assert after.digest["stats"].keys() == stats.keys() and "train.loss" in stats
+    for key, rows in stats.items():  # from a column: its float32 values, to 7 digits
+        for x, y in zip(rows, after.digest["stats"][key], strict=True):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert (x[2], x[4]) == (y[2], y[4])
+                assert y == pytest.approx(x, rel=2e-6, abs=1e-12)
+    assert after.marks == before.marks and after.tail == before.tail
+
+
 def test_no_glance_where_the_companion_cannot_stand_for_the_file(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(messy_run(3000, 5))
