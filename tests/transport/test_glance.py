@@ -148,17 +148,23 @@ def test_the_real_writers_mark_their_events_and_announce_themselves(tmp_path: Pa
     assert g.marks == events_before(data, g.tail_from)
 
 
+def indexed_run(tmp_path: Path, steps: int, seed: int, samples: float) -> tuple[Path, Path, bytes]:
+    """A messy run's file indexed in blocks of 100 rows: its path, its companion's and
+    the companion's bytes."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(steps, seed, samples=samples))
+    index_file(str(path), block_rows=100)
+    comp = tmp_path / COLUMNS_FILE
+    return path, comp, comp.read_bytes()
+
+
 def test_blocks_written_before_their_headers_had_spans_or_stats_glance_the_same(
     tmp_path: Path,
 ) -> None:
     """A glance reads a column block's span and stats from its header, its body unread;
     a block of an older writer (no span, no stats, or stats without a column the digest
     wants) is read whole for them: the glance is the same either way."""
-    path = tmp_path / "metrics.jsonl"
-    path.write_bytes(messy_run(4000, 4, samples=0.3))
-    index_file(str(path), block_rows=100)
-    comp = tmp_path / COLUMNS_FILE
-    good = comp.read_bytes()
+    path, comp, good = indexed_run(tmp_path, 4000, 4, 0.3)
     before = glanced(path)
     assert isinstance(before, Glance)
     parts, k = [], 0
@@ -215,11 +221,7 @@ def test_headers_read_block_to_block_are_the_blocks_of_the_whole(tmp_path: Path)
     past, junk between blocks and a torn end. A block damaged where the chain of blocks
     holds is listed as it reads (a body is not read; a header is the glance's to parse
     or not), where walk_blocks leaves it out (its checksum fails)."""
-    path = tmp_path / "metrics.jsonl"
-    path.write_bytes(messy_run(3000, 7, samples=0.5))
-    index_file(str(path), block_rows=100)
-    comp = tmp_path / COLUMNS_FILE
-    good = comp.read_bytes()
+    _, comp, good = indexed_run(tmp_path, 3000, 7, 0.5)
     whole = walk_blocks(good)
     assert len(whole) > 20 and len({m for m, _, _ in whole}) == 3
     starts = []
