@@ -273,7 +273,7 @@ def glance(
         os.close(companion)
         return "no companion file"
     try:
-        return _glance(fd, st, companion, keys, tail_rows, max_tail)
+        return _glance(fd, st, companion, cst.st_size, keys, tail_rows, max_tail)
     finally:
         os.close(companion)
 
@@ -282,15 +282,16 @@ def _glance(
     fd: int,
     st: os.stat_result,
     companion: int,
+    length: int,
     keys: list[str],
     tail_rows: int,
     max_tail: int,
 ) -> Glance | str:
+    """:func:`glance` with the companion open (``length`` bytes)."""
     size = st.st_size
     cols: list[_Col] = []
     marks: list[tuple[int, int, str]] = []
     marked: set[str] = set()
-    length = os.fstat(companion).st_size
     for magic, head, at, blen in scan_headers(companion, length):
         if magic == SAMPLE_MAGIC:
             continue  # samples: the tail's are read, the earlier ones not needed
