@@ -133,14 +133,14 @@ class _Col:
             and isinstance(stats, dict)
             and all(p in stats for p in wanted if p in named)
         ):
-            return cls(span[0], span[1], header["n"], at, paths, _header_stats(stats, wanted))
-        # (a column whose stats the header lacks: from the column, as before)
-        block = read_block(companion, at)
-        if block is None or block.header != header:
-            return None
-        span = _span(block)
-        if span is None:
-            return None
+            block = Block(header, {})  # its stats from the header alone: all are there
+        else:  # a column whose stats (or span) the header lacks: from the block read whole
+            read = read_block(companion, at)
+            if read is None or read.header != header:
+                return None
+            block, span = read, _span(read)
+            if span is None:
+                return None
         return cls(span[0], span[1], block.n, at, paths, {p: _stats(block, p) for p in wanted})
 
     def offsets(self, fd: int) -> list[int]:
@@ -150,16 +150,6 @@ class _Col:
         if block is None or block.n != self.n:
             raise ValueError("the companion changed")
         return block.ints("@off")
-
-
-def _header_stats(stats: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
-    """Of a header's stats, those of ``paths``, each as the writer wrote it (the client
-    checks every number), or None."""
-    out: dict[str, Any] = {}
-    for p in paths:
-        s = stats.get(p)
-        out[p] = s if isinstance(s, list) and len(s) == 7 else None
-    return out
 
 
 @functools.lru_cache(maxsize=4096)
