@@ -78,6 +78,7 @@ import math
 import os
 import re
 import struct
+import sys
 import zlib
 from array import array
 from itertools import accumulate
@@ -255,6 +256,11 @@ def unpack_int_array(packed: bytes, n: int, ascending: bool = False) -> array[in
     blocks list 3M places, and as lists they took ~120 MB of small-object memory that
     the process kept after they were freed). ``ascending``: ValueError unless each
     value is at least the one before."""
+    np = sys.modules.get("numpy")
+    if np is not None:  # a process that has numpy (a local read): ~8x faster
+        fast = _numpy_sums(np, packed, n, ascending)
+        if fast is not None:
+            return fast
     diffs = _diffs(packed, n)
     if ascending and n > 1 and min(diffs[1:]) < 0:
         raise ValueError("values out of order")
@@ -262,6 +268,26 @@ def unpack_int_array(packed: bytes, n: int, ascending: bool = False) -> array[in
         return array("q", list(accumulate(diffs)))  # (from a list: ~30 % faster)
     except OverflowError:
         raise ValueError("values beyond 64 bits") from None
+
+
+def _numpy_sums(np: Any, packed: bytes, n: int, ascending: bool) -> array[int] | None:
+    """:func:`unpack_int_array` with numpy (never imported here: a process that already
+    has it, a client reading a local run, gets the sums ~8x faster than a list's); None
+    where the sums might not fit in 64 bits (the standard-library path tells)."""
+    raw = zlib.decompress(packed)
+    if len(raw) != 8 * n:
+        raise ValueError(f"{len(raw) / 8:g} values, not {n}")
+    if not n:
+        return array("q")
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(8, n)
+    diffs = np.ascontiguousarray(planes.T).view("<i8").reshape(n)
+    if ascending and n > 1 and int(diffs[1:].min()) < 0:
+        raise ValueError("values out of order")
+    if max(abs(int(diffs.max())), abs(int(diffs.min()))) * n >= 1 << 63:
+        return None  # a sum might wrap around: told exactly without numpy
+    out = array("q")
+    out.frombytes(np.cumsum(diffs).astype("=i8").tobytes())
+    return out
 
 
 def _diffs(packed: bytes, n: int) -> array[int]:

@@ -3,6 +3,7 @@ never a value read from the wrong place."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import msgspec
@@ -142,3 +143,65 @@ def test_a_column_packed_small_is_inflated_once_and_each_caller_gets_its_own() -
     big = pack_column("d", [float(i) ** 0.5 for i in range(1024)])
     assert len(big) > segments._FEW_BYTES
     assert segments._column("d", big, 1024)[4] == 2.0
+
+
+def _unpacked(packed: bytes, n: int, ascending: bool) -> list[int] | str:
+    from eagle3_tui.telemetry.columns import unpack_int_array
+
+    try:
+        return unpack_int_array(packed, n, ascending).tolist()
+    except ValueError:
+        return "ValueError"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(-(1 << 63), (1 << 63) - 1), min_size=1, max_size=50),
+    st.booleans(),
+    st.integers(-1, 1),
+)
+def test_a_process_with_numpy_unpacks_sums_as_the_standard_library_does(
+    values: list[int], ascending: bool, off_by: int
+) -> None:
+    """A sample block's places (telemetry/columns.py's ``unpack_int_array``) unpack
+    with numpy where the process has it, else with the standard library alone (the
+    agent on a host): the same values, or the same refusal (out of order, a sum past 64
+    bits, not ``n`` of them)."""
+    import sys
+
+    from eagle3_tui.telemetry.columns import pack_column
+
+    diffs = [values[0], *(b - a for a, b in itertools.pairwise(values))]
+    if not all(-(1 << 63) <= d < 1 << 63 for d in diffs):
+        return  # differences past 64 bits: packed as the writer never would
+    packed = pack_column("q", values)
+    n = len(values) + off_by
+    with_numpy = _unpacked(packed, n, ascending)
+    saved = sys.modules["numpy"]
+    sys.modules["numpy"] = None  # type: ignore[assignment]
+    try:
+        without = _unpacked(packed, n, ascending)
+    finally:
+        sys.modules["numpy"] = saved
+    assert with_numpy == without
+    if off_by == 0 and not (ascending and values != sorted(values)):
+        assert without == values
+
+
+def test_unpacked_sums_near_64_bits_are_exact_or_refused_with_numpy_too() -> None:
+    """Where numpy's sums might wrap around, the standard library's say: exact values
+    that fit, a ValueError for a sum past 64 bits (numpy would wrap it around)."""
+    import zlib
+
+    from eagle3_tui.telemetry.columns import _shuffle, pack_column, unpack_int_array
+
+    top = (1 << 63) - 1
+    near = [top - 5, top - 2, top]
+    assert unpack_int_array(pack_column("q", near), 3, ascending=True).tolist() == near
+    raw = b"".join(d.to_bytes(8, "little", signed=True) for d in (top, top))
+    try:
+        unpack_int_array(zlib.compress(_shuffle(raw, 8)), 2)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a sum past 64 bits was taken")
