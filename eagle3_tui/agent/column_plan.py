@@ -45,7 +45,16 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from eagle3_tui.agent.listing import Listed, Listing, Sent, line_at, listing_header, marks_of
+from eagle3_tui.agent.listing import (
+    Listed,
+    Listing,
+    Sent,
+    Unread,
+    line_at,
+    listing_header,
+    marks_of,
+    unread_samples,
+)
 from eagle3_tui.telemetry.columns import (
     ENVELOPE,
     MAGIC,
@@ -54,7 +63,6 @@ from eagle3_tui.telemetry.columns import (
     PLAIN_TIME,
     SAMPLE_MAGIC,
     Block,
-    Samples,
     block_of,
     companion_path,
     kind_of,
@@ -424,12 +432,18 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
     ones travel while the later ones are checked). A segment the companion accounts
     for reaches back to the end of the one before it (or ``start``), so that nothing
     between them is read."""
+    return list(planned(fd, jsonl_path, start, size))
+
+
+def planned(fd: int, jsonl_path: str, start: int, size: int) -> Iterator[Segment]:
+    """:func:`column_plan`'s segments, each as soon as it is planned: its sample blocks
+    are read as the ranges reach them."""
     data = _read_companion(companion_path(jsonl_path))
     if not data:
-        return []
+        return
     st = os.fstat(fd)
     candidates: list[Segment] = []
-    samples: list[Samples] = []
+    samples: list[Unread] = []
     marks: list[tuple[int, int, str]] = []
     for magic, head, body in walk_blocks(data):
         try:
@@ -442,12 +456,9 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
             marks += marks_of(h) or ()
             continue
         if magic == SAMPLE_MAGIC:
-            try:
-                listed = Samples(h, body)
-            except (ValueError, KeyError, TypeError, IndexError, zlib.error):
-                continue
-            if listed.end <= size:
-                samples.append(listed)
+            unread = unread_samples(h, body)
+            if unread is not None and unread[1] <= size:
+                samples.append(unread)
             continue
         block = block_of(h, body) if magic == MAGIC else None
         if block is None:
@@ -464,7 +475,6 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
             seg.newer, seg.latest = newer, latest
             newer += seg.block.n
     listing = Listing(samples, marks)
-    plan: list[Segment] = []
     at = start
     for seg in candidates[:-1]:  # the last block's steps go as JSON (the exact latest)
         if seg.start < at:
@@ -474,9 +484,8 @@ def column_plan(fd: int, jsonl_path: str, start: int, size: int) -> list[Segment
             if found is not None:
                 seg.start, (seg.marks, seg.samples) = a, found
                 break
-        plan.append(seg)
+        yield seg
         at = seg.end
-    return plan
 
 
 def ready(
@@ -485,10 +494,11 @@ def ready(
     """The segments of :func:`column_plan` that passed their check, in file order, each
     with its payload (``samples``, ``keep``, ``history``: a request's ``"samples"``,
     ``"columns"`` and ``"history"``); the bytes between them are the caller's to send."""
-    plan = column_plan(fd, jsonl_path, start, size)
-    cutoffs = sample_cutoffs(fd, size, samples) if plan else {}
+    cutoffs: dict[str, int] | None = None
     sent = Sent()
-    for seg in plan:
+    for seg in planned(fd, jsonl_path, start, size):
+        if cutoffs is None:
+            cutoffs = sample_cutoffs(fd, size, samples)
         if seg.check(fd, cutoffs):  # else its lines go as lines
             yield seg, seg.payload(keep, cutoffs, sent, history)
 

@@ -325,3 +325,42 @@ def test_a_plan_holds_its_sample_blocks_places_in_arrays_not_objects(tmp_path: P
         os.close(fd)
     assert len(plan) > 5 and any(seg.samples for seg in plan)
     assert held < samples / 2, f"{held} objects held for {samples} samples' places"
+
+
+def test_a_plan_gives_its_first_segments_before_it_reads_the_later_sample_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample block is read (its places unpacked and checked) when a range first
+    reaches it, not all before the first segment (a 1M-step run's 977 blocks took the
+    agent ~0.25 s before its first frame): the first frames travel while later ones
+    are planned, and the plan is the same."""
+    from eagle3_tui.agent import listing
+
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 12_000, every=1)
+    blocks = sum(1 for m, _, _ in companion(path) if m == SAMPLE_MAGIC)
+    reads: list[int] = []
+    real = listing._read
+
+    def read(unread: listing.Unread) -> object:
+        reads.append(unread[0])
+        return real(unread)
+
+    monkeypatch.setattr(listing, "_read", read)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        segments = column_plan.planned(fd, str(path), 0, size)
+        first = next(segments)
+        early = len(reads)
+        planned = [first, *segments]
+        in_plan = reads[:]
+        whole = column_plan.column_plan(fd, str(path), 0, size)
+    finally:
+        os.close(fd)
+    assert blocks >= 4 and first.samples
+    assert early <= 2, f"{early} of {blocks} sample blocks read before the first segment"
+    assert len(set(in_plan)) == len(in_plan) > early, "each read once, as the ranges reach it"
+    assert [(s.start, s.end, len(s.samples)) for s in planned] == [
+        (s.start, s.end, len(s.samples)) for s in whole
+    ]
