@@ -1,0 +1,152 @@
+"""transport/forked.py: a long local read made in a forked child gives what a read in
+one process gives, whether the child ends, fails mid-way or is left early. Each case
+runs in a process of its own with one thread, as the command line does (a pytest
+worker has threads of its own: there the read stays in one process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.transport.test_accounted import write_run
+
+READ = """
+import json, os, sys
+from pathlib import Path
+import eagle3_tui.transport.forked as forked
+from eagle3_tui.agent.names import SUMMARY_HISTORY
+from eagle3_tui.model.run import Run
+from eagle3_tui.model.summary import summarize
+from eagle3_tui.transport.local import iter_frames
+
+path, case = Path(sys.argv[1]), sys.argv[2]
+forked.FORK_MIN = 0
+parent = os.getpid()
+forks = []
+real_fork = os.fork
+def fork():
+    pid = real_fork()
+    if pid:
+        forks.append(pid)
+    return pid
+os.fork = fork
+if case == "fails":  # the child fails after its third frame
+    real_columnar = forked.columnar
+    def columnar(*args):
+        for i, frame in enumerate(real_columnar(*args)):
+            if os.getpid() != parent and i == 3:
+                raise OSError("a read failed")
+            yield frame
+    forked.columnar = columnar
+
+def state(frames):
+    run = Run()
+    n = 0
+    for frame in frames:
+        run.feed_frame(frame)
+        n += 1
+    s = summarize(run.state, 2e9)
+    return n, {k: s[k] for k in ("step", "loss", "records", "malformed_lines", "lost_records",
+                                 "duplicate_records", "checkpoint", "anomalies", "ttt")}
+
+out = {}
+if case == "early":
+    frames = forked.read_frames(path, SUMMARY_HISTORY)
+    out["first"] = [next(frames).offset, next(frames).offset]
+    frames.close()
+    try:
+        out["left"] = os.waitpid(-1, os.WNOHANG)[0]
+    except ChildProcessError:
+        out["left"] = None
+else:
+    ours = list(forked.read_frames(path, SUMMARY_HISTORY))
+    out["frames"] = [[f.offset, f.span, len(f.data)] for f in ours]
+    out["state"] = state(ours)
+    alone = list(iter_frames(path, SUMMARY_HISTORY))
+    out["alone_frames"] = [[f.offset, f.span, len(f.data)] for f in alone]
+    out["same_bytes"] = [f.data for f in ours] == [f.data for f in alone]
+    out["alone_state"] = state(alone)
+out["forks"] = len(forks)
+print(json.dumps(out))
+"""
+
+
+def _read(path: Path, case: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", READ, str(path), case],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+def _run(tmp_path: Path) -> Path:
+    path = tmp_path / "metrics.jsonl"
+    write_run(path, 12_000, every=1)
+    assert (tmp_path / "metrics.cols").exists()
+    return path
+
+
+def test_a_read_made_in_a_child_is_the_read_made_alone(tmp_path: Path) -> None:
+    out = _read(_run(tmp_path), "ends")
+    assert out["forks"] == 1
+    assert sum(1 for _, span, _ in out["frames"] if span >= 0) >= 5, "columns frames"
+    assert out["frames"] == out["alone_frames"] and out["same_bytes"]
+    assert out["state"] == out["alone_state"]
+    assert out["state"][1]["records"] > 40_000 and out["state"][1]["step"] == 12_000
+
+
+def test_a_child_that_fails_mid_way_leaves_the_rest_of_the_read_to_its_parent(
+    tmp_path: Path,
+) -> None:
+    """Its frames up to the failure count; the rest is read (and planned) from there,
+    in the parent: the same run, nothing lost or counted twice."""
+    out = _read(_run(tmp_path), "fails")
+    assert out["forks"] == 1
+    assert out["frames"] != out["alone_frames"], "the rest read again from its place"
+    places = [f[:2] for f in out["frames"]]  # (a sample block's number may differ)
+    assert places[:3] == [f[:2] for f in out["alone_frames"][:3]]
+    state = out["state"][1]
+    assert state == out["alone_state"][1]
+    assert state["lost_records"] == 0 and state["duplicate_records"] == 0
+
+
+def test_a_read_left_early_leaves_no_child_behind(tmp_path: Path) -> None:
+    out = _read(_run(tmp_path), "early")
+    assert out["forks"] == 1
+    assert out["first"][0] == 0 and out["first"][1] > 0
+    assert out["left"] is None, "the child was killed and reaped"
+
+
+def test_a_small_file_or_a_process_with_threads_reads_in_one_process(tmp_path: Path) -> None:
+    """No child where it would not pay (a file under FORK_MIN) or not be safe (another
+    thread, as in this pytest worker, could hold a lock the child would need)."""
+    import threading
+
+    from eagle3_tui.transport import forked
+
+    path = _run(tmp_path)
+    assert not forked._worth_a_child(path)  # under FORK_MIN
+    small = forked.FORK_MIN
+    try:
+        forked.FORK_MIN = 0
+        others = threading.active_count() > 1
+        if not others:  # a thread of our own, alive while it is asked
+            stop = threading.Event()
+            t = threading.Thread(target=stop.wait)
+            t.start()
+        try:
+            assert not forked._worth_a_child(path)
+        finally:
+            if not others:
+                stop.set()
+                t.join()
+    finally:
+        forked.FORK_MIN = small
