@@ -12,10 +12,13 @@ where that is safe and pays: one thread alive (a fork copies no other thread, an
 lock one held would stay held in the child), a second CPU, and a file of at least
 :data:`FORK_MIN` bytes with a companion (without one there are no columns to plan).
 The child only reads; it leaves with ``os._exit`` (no handler, no buffer of this
-process runs twice). Each frame goes as ``offset, span, length`` and its bytes; an
-offset of -1 ends the read. Where the child stops short of that (it failed, or was
-killed), the read goes on here from the last whole frame, as :func:`iter_frames`
-reads, so that a failure is raised here as it would be without a child.
+process runs twice). It sends each columns payload as ``offset, span, length`` and
+its bytes, each range of lines between them as ``offset, length, -1`` (this process
+reads those itself: through a pipe they would cost a copy each way, and a run whose
+companion names another file, a copied run's, is all lines); an offset of -1 ends
+the read. Where the child stops short of that (it failed, or was killed), the read
+goes on here from the last whole part, as :func:`iter_frames` reads, so that a
+failure is raised here as it would be without a child.
 
 No textual here.
 """
@@ -35,14 +38,20 @@ from typing import Any, BinaryIO
 from eagle3_tui.telemetry.columns import companion_path
 from eagle3_tui.telemetry.safefs import open_file
 from eagle3_tui.transport.channel import DataFrame
-from eagle3_tui.transport.local import columnar, input_error, iter_frames
+from eagle3_tui.transport.local import (
+    columnar,
+    columnar_parts,
+    file_bytes,
+    input_error,
+    iter_frames,
+)
 
 FORK_MIN = 64 << 20
 """A file smaller than this is read in one process (a fork's cost, a few ms, would be
 most of the gain)."""
 PIPE_SIZE = 1 << 20
 """The pipe's buffer: the child runs this far ahead (the default 64 KiB is ~4 frames)."""
-_HEAD = struct.Struct("<qqQ")
+_HEAD = struct.Struct("<qqq")
 _END = -1
 _F_SETPIPE_SZ = 1031  # Linux's fcntl
 
@@ -78,11 +87,18 @@ def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[D
         at = 0
         try:
             with os.fdopen(r, "rb", buffering=PIPE_SIZE) as pipe:
-                for frame in _received(pipe):
-                    if frame is None:
-                        return  # the child read to the end
-                    yield frame
-                    at = frame.offset + (frame.span if frame.span >= 0 else len(frame.data))
+                for part in _received(pipe):
+                    if part is None:
+                        return  # the child planned to the end
+                    start, payload, span = part
+                    if payload is not None:
+                        yield DataFrame(start, payload, span)
+                        at = start + span
+                        continue
+                    stop = None if span < 0 else start + span
+                    for offset, data, _ in file_bytes(fd, start, stop):
+                        yield DataFrame(offset, data)
+                        at = offset + len(data)
             # the child stopped short: the rest is read here (a failure is raised here)
             for offset, data, span in columnar(fd, path, at, None, history):
                 yield DataFrame(offset, data, span)
@@ -114,17 +130,18 @@ def _child(
         with contextlib.suppress(OSError):  # else a smaller pipe: the child runs less ahead
             fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
         with os.fdopen(w, "wb", buffering=PIPE_SIZE) as out:
-            for offset, data, span in columnar(fd, path, 0, None, history):
-                out.write(_HEAD.pack(offset, span, len(data)))
-                out.write(data)
+            for offset, payload, span in columnar_parts(fd, path, 0, None, history):
+                out.write(_HEAD.pack(offset, span, -1 if payload is None else len(payload)))
+                out.write(payload or b"")
             out.write(_HEAD.pack(_END, 0, 0))
         code = 0
     finally:
         os._exit(code)
 
 
-def _received(pipe: BinaryIO) -> Iterator[DataFrame | None]:
-    """The child's frames, then None at its end; nothing more where it stopped short."""
+def _received(pipe: BinaryIO) -> Iterator[tuple[int, bytes | None, int] | None]:
+    """The child's parts (:func:`~eagle3_tui.transport.local.columnar_parts`), then None
+    at its end; nothing more where it stopped short."""
     while True:
         head = pipe.read(_HEAD.size)
         if len(head) != _HEAD.size:
@@ -133,10 +150,13 @@ def _received(pipe: BinaryIO) -> Iterator[DataFrame | None]:
         if offset == _END:
             yield None
             return
+        if n < 0:  # a range of the file's bytes: read here
+            yield offset, None, span
+            continue
         data = pipe.read(n)
         if len(data) != n or offset < 0:
             return
-        yield DataFrame(offset, data, span)
+        yield offset, data, span
 
 
 def _end(pid: int) -> None:

@@ -124,15 +124,30 @@ def columnar(
     (agent/column_plan.py: the steps' columns, the events' lines and the samples'
     envelopes; where it accounts for every byte of a range, nothing else of the range
     is read), the rest as the file's bytes (span -1), a read at a time."""
+    for start, payload, span in columnar_parts(fd, path, offset, stop, history):
+        if payload is None:
+            yield from file_bytes(fd, start, None if span < 0 else start + span)
+        else:
+            yield start, payload, span
+
+
+def columnar_parts(
+    fd: int, path: Path, offset: int, stop: int | None, history: dict[str, Any] | None = None
+) -> Iterator[tuple[int, bytes | None, int]]:
+    """:func:`columnar`'s parts unread: each columns payload as (offset, payload, span),
+    each range of bytes between them as (offset, None, length), the last one's length
+    -1 where it goes to the file's end (``stop`` None)."""
     size = os.fstat(fd).st_size if stop is None else stop
     for seg, payload in ready(fd, str(path), offset, size, SAMPLES_KEPT, COLUMNS_WANTED, history):
-        yield from _bytes(fd, offset, seg.start)
+        if seg.start > offset:
+            yield offset, None, seg.start - offset
         yield seg.start, payload, seg.end - seg.start
         offset = seg.end
-    yield from _bytes(fd, offset, stop)
+    if stop is None or offset < stop:
+        yield offset, None, -1 if stop is None else stop - offset
 
 
-def _bytes(fd: int, offset: int, stop: int | None) -> Iterator[tuple[int, bytes, int]]:
+def file_bytes(fd: int, offset: int, stop: int | None) -> Iterator[tuple[int, bytes, int]]:
     """The file's bytes from ``offset`` to ``stop`` (None: its end), a read at a time."""
     while stop is None or offset < stop:
         want = READ_SIZE if stop is None else min(READ_SIZE, stop - offset)
