@@ -77,15 +77,16 @@ def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[D
             pid = -1
         if pid == 0:  # pragma: no cover (the child: measured by its parent's tests)
             _child(fd, path, (r, w), mask, history)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid < 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(r)
             os.close(w)
             yield from iter_frames(path, history)
             return
-        os.close(w)
         at = 0
         try:
+            os.close(w)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C now: reaped)
             with os.fdopen(r, "rb", buffering=PIPE_SIZE) as pipe:
                 for part in _received(pipe):
                     if part is None:
