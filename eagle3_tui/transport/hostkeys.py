@@ -11,8 +11,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-import asyncssh
-
+from eagle3_tui.transport.sshlib import asyncssh
 from eagle3_tui.transport.target import SshOptions
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")

@@ -29,8 +29,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-import asyncssh
-
 from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.glance import GlanceData
@@ -61,6 +59,7 @@ from eagle3_tui.transport.channel import (
 from eagle3_tui.transport.glancing import glance_remote
 from eagle3_tui.transport.hostkeys import HostKeyCheck, HostKeyClient, known_hosts_files
 from eagle3_tui.transport.reconnect import BACKOFF, Reconnecting, StreamOver
+from eagle3_tui.transport.sshlib import asyncssh
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEEPALIVE_COUNT_MAX,

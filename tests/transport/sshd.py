@@ -71,7 +71,7 @@ def free_port() -> int:
 
 def _keypair(path: Path) -> str:
     """Write an ed25519 private key at ``path`` (OpenSSH format); returns the public line."""
-    import asyncssh
+    from eagle3_tui.transport.sshlib import asyncssh
 
     key = asyncssh.generate_private_key("ssh-ed25519")
     key.write_private_key(str(path))

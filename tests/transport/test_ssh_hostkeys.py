@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import asyncssh
 import pytest
 
+from eagle3_tui.transport.sshlib import asyncssh
 from tests.transport.conftest import cli
 from tests.transport.sshd import Sshd, free_port
 

@@ -340,7 +340,7 @@ async def test_the_app_monitors_a_run_over_ssh(sshd: Sshd, tmp_path: Path) -> No
 async def test_a_changed_host_key_ends_the_stream_as_refused(
     sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
-    import asyncssh
+    from eagle3_tui.transport.sshlib import asyncssh
 
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     known = tmp_path / "known_hosts"
