@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -136,22 +138,36 @@ def hang_up_after_a_step(run_dir: Path, argv: list[str], env: dict[str, str]) ->
     if pid == 0:  # the child: the pty is its controlling terminal
         os.execvpe(argv[0], argv, env)
     screen = bytearray()
+    hang_up = threading.Event()
 
-    def drain() -> None:  # the demo draws; a full pty would block it
+    def drain() -> None:
+        """Read what the demo draws (a full pty would block it), and close the terminal
+        when asked: here, with no read of it under way in another thread (a close then
+        leaves the terminal open until that read returns, and no hang-up comes)."""
+        import select
+
         try:
-            while chunk := os.read(master, 65536):
-                screen.extend(chunk)
+            while not hang_up.is_set():
+                if select.select([master], [], [], 0.1)[0]:
+                    chunk = os.read(master, 65536)
+                    if not chunk:
+                        break
+                    screen.extend(chunk)
         except OSError:
             pass
+        finally:
+            os.close(master)  # the terminal is gone: the kernel hangs up its session
 
-    threading.Thread(target=drain, daemon=True).start()
+    closer = threading.Thread(target=drain, daemon=True)
+    closer.start()
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and b'"kind":"train"' in metrics.read_bytes()):
         assert time.monotonic() < deadline, bytes(screen[-2000:])
         assert os.waitpid(pid, os.WNOHANG) == (0, 0), bytes(screen[-2000:])
         time.sleep(0.2)
-    os.close(master)  # the terminal is gone: the kernel hangs up its session
+    hang_up.set()
+    closer.join(5)
     deadline = time.monotonic() + 180  # a save and its check: seconds, more on a busy CI box
     while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
         assert time.monotonic() < deadline, (
@@ -177,6 +193,46 @@ def test_closing_the_demos_terminal_stops_its_training(tmp_path: Path) -> None:
         os.kill(p, signal.SIGKILL)
     assert left == [], "the demo's training outlived the demo's terminal"
     assert json.loads((out / "run.json").read_text())["status"] in ("interrupted", "finished")
+
+
+@pytest.mark.slow
+def test_a_hang_up_before_the_monitor_is_up_stops_the_training_too(tmp_path: Path) -> None:
+    """A closed terminal (or a kill) between the training's start and the monitor's
+    mount: the demo died of the default SIGHUP and left its training running (in a
+    session of its own). Now it stops it, and says it was interrupted."""
+    import pty
+
+    need_training()
+    out = tmp_path / "demo"
+    env = dict(os.environ, TERM="xterm-256color", XDG_STATE_HOME=str(tmp_path / "state"))
+    argv = [sys.executable, "-m", "eagle3_tui", "demo", "--out", str(out), "--step-delay", "0.3"]
+    marker = f"EAGLE3_TUI_RUN_DIR={out.resolve()}".encode()
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in processes.all_procs() if processes.has_marker(p, marker)]:
+            assert time.monotonic() < deadline, "no training started"
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGHUP)  # the training has just started: the monitor is not up
+        status = None
+        deadline = time.monotonic() + 180
+        while status is None:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = code
+            assert time.monotonic() < deadline, "the demo outlived its hang-up by 180 s"
+            with contextlib.suppress(OSError):  # what it draws: a full pty would block it
+                if select.select([master], [], [], 0.2)[0]:
+                    os.read(master, 65536)
+    finally:
+        os.close(master)
+    left = [p for p in processes.all_procs() if processes.has_marker(p, marker)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], "the demo's training outlived a hang-up before the monitor was up"
+    assert os.waitstatus_to_exitcode(status) == 130
 
 
 @pytest.mark.slow

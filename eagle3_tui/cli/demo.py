@@ -87,26 +87,42 @@ def run(ns: argparse.Namespace) -> int:
         )
     if ns.headless:
         return demo_headless(run_dir, proc, log_path)
-    from eagle3_tui.app.app import make_app
-    from eagle3_tui.app.run_control import RunControl
-    from eagle3_tui.cli.monitor import app_exit_status, local_export_dir, open_run_for
-    from eagle3_tui.transport.local import LocalTransport
     from eagle3_tui.transport.target import LocalTarget
 
     demo_target = LocalTarget(run_dir)
-    app = make_app(
-        LocalTransport(run_dir),
-        control=RunControl.for_target(demo_target),
-        open_run=open_run_for(demo_target),
-        export_dir=local_export_dir(run_dir),
-        quit_stops_run=True,
-    )
+    # a closed terminal, a kill or Ctrl-C before the app takes them (its mount) stops
+    # the training as well (it runs in a session of its own, which they do not reach)
+    for hang_up in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(hang_up, _interrupted)
     try:
+        from eagle3_tui.app.app import make_app
+        from eagle3_tui.app.run_control import RunControl
+        from eagle3_tui.cli.monitor import app_exit_status, local_export_dir, open_run_for
+        from eagle3_tui.transport.local import LocalTransport
+
+        app = make_app(
+            LocalTransport(run_dir),
+            control=RunControl.for_target(demo_target),
+            open_run=open_run_for(demo_target),
+            export_dir=local_export_dir(run_dir),
+            quit_stops_run=True,
+        )
         app.run()
-    finally:
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the stop is not cut short
         stop_demo_run(demo_target, proc)
+        say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+        return exits.INTERRUPTED
+    except BaseException:
+        stop_demo_run(demo_target, proc)
+        raise
+    stop_demo_run(demo_target, proc)
     say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
     return app_exit_status(app)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> int:
@@ -118,13 +134,10 @@ def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) 
     from eagle3_tui.model.summary import format_text
     from eagle3_tui.transport.target import LocalTarget
 
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
     target = LocalTarget(run_dir)
     say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
     for hang_up in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(hang_up, interrupted)
+        signal.signal(hang_up, _interrupted)
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
