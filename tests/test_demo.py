@@ -196,10 +196,16 @@ def test_closing_the_demos_terminal_stops_its_training(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_hang_up_before_the_monitor_is_up_stops_the_training_too(tmp_path: Path) -> None:
-    """A closed terminal (or a kill) between the training's start and the monitor's
-    mount: the demo died of the default SIGHUP and left its training running (in a
-    session of its own). Now it stops it, and says it was interrupted."""
+@pytest.mark.parametrize(
+    ("how", "after"), [(signal.SIGHUP, 0.0), (signal.SIGTERM, 0.15), (signal.SIGINT, 0.3)]
+)
+def test_a_hang_up_before_the_monitor_is_up_stops_the_training_too(
+    tmp_path: Path, how: signal.Signals, after: float
+) -> None:
+    """A closed terminal, a kill or Ctrl-C between the training's start and the
+    monitor's mount: the demo died of the default SIGHUP and left its training running
+    (in a session of its own); one that came inside an import left that package half
+    made and the stop failed on it. Now it stops it, and says it was interrupted."""
     import pty
 
     need_training()
@@ -215,7 +221,8 @@ def test_a_hang_up_before_the_monitor_is_up_stops_the_training_too(tmp_path: Pat
         while not [p for p in processes.all_procs() if processes.has_marker(p, marker)]:
             assert time.monotonic() < deadline, "no training started"
             time.sleep(0.02)
-        os.kill(pid, signal.SIGHUP)  # the training has just started: the monitor is not up
+        time.sleep(after)  # the training has just started: the monitor is not up
+        os.kill(pid, how)
         status = None
         deadline = time.monotonic() + 180
         while status is None:

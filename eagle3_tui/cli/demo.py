@@ -75,26 +75,33 @@ def run(ns: argparse.Namespace) -> int:
 
     # The run marker is in the trainer's own /proc/PID/environ, not only its children's.
     env = dict(os.environ, **launch_env(run_dir))
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=run_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
+    # A closed terminal, a kill or Ctrl-C from the training's start until the app takes
+    # them (its mount) stops the training as well: it runs in a session of its own,
+    # which they do not reach. One that comes while it starts is held until it has.
+    stops = _HeldStops()
+    try:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=run_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+    except BaseException:
+        stops.restore()
+        raise
     if ns.headless:
-        return demo_headless(run_dir, proc, log_path)
+        return demo_headless(run_dir, proc, log_path, stops)
     from eagle3_tui.transport.target import LocalTarget
 
     demo_target = LocalTarget(run_dir)
-    # a closed terminal, a kill or Ctrl-C before the app takes them (its mount) stops
-    # the training as well (it runs in a session of its own, which they do not reach)
-    for hang_up in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(hang_up, _interrupted)
     try:
+        # imported with the stops held: one raised inside an import leaves its package
+        # half made (asyncio's, then the stop's own import of it, failed so)
+        _import_the_stop()
         from eagle3_tui.app.app import make_app
         from eagle3_tui.app.run_control import RunControl
         from eagle3_tui.cli.monitor import app_exit_status, local_export_dir, open_run_for
@@ -107,25 +114,73 @@ def run(ns: argparse.Namespace) -> int:
             export_dir=local_export_dir(run_dir),
             quit_stops_run=True,
         )
+        stops.arm()
         app.run()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the stop is not cut short
+        _hold_hang_ups()  # the stop is not cut short
         stop_demo_run(demo_target, proc)
         say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
         return exits.INTERRUPTED
     except BaseException:
+        _hold_hang_ups()
         stop_demo_run(demo_target, proc)
         raise
+    _hold_hang_ups()
     stop_demo_run(demo_target, proc)
     say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
     return app_exit_status(app)
+
+
+class _HeldStops:
+    """SIGHUP, SIGTERM and SIGINT held (noted, not acted on) from before the training
+    starts until ``arm``, inside the ``try`` that stops it: one that came in between
+    would have ended the demo and left the training running."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.before = {s: signal.signal(s, self._hold) for s in _STOPS}
+
+    def _hold(self, signum: int, frame: object) -> None:
+        self.pending.append(signum)
+
+    def restore(self) -> None:
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
+
+    def arm(self) -> None:
+        """From here a stop raises KeyboardInterrupt; one held raises it now."""
+        signal.signal(signal.SIGINT, self.before[signal.SIGINT])
+        for hang_up in (signal.SIGHUP, signal.SIGTERM):
+            signal.signal(hang_up, _interrupted)
+        if self.pending:
+            raise KeyboardInterrupt
+
+
+_STOPS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+def _hold_hang_ups() -> None:
+    """While the demo stops its run, a closed terminal or a kill does not cut the stop
+    short (a second Ctrl-C still does: someone asked for it)."""
+    for hang_up in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(hang_up, signal.SIG_IGN)
+
+
+def _import_the_stop() -> None:
+    """What ``stop_demo_run`` imports, imported before a stop may raise."""
+    import asyncio  # noqa: F401
+
+    import eagle3_tui.reports
+    import eagle3_tui.transport.calls  # noqa: F401
 
 
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> int:
+def demo_headless(
+    run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path, stops: _HeldStops
+) -> int:
     """Train to completion, then print the run's summary (as ``summary`` does; its exit
     status too) and, on stderr, where the run is. Ctrl-C, a closed terminal (SIGHUP) or
     SIGTERM stop the training as well (it runs in a session of its own, which they do
@@ -135,12 +190,13 @@ def demo_headless(run_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) 
     from eagle3_tui.transport.target import LocalTarget
 
     target = LocalTarget(run_dir)
-    say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
-    for hang_up in (signal.SIGHUP, signal.SIGTERM):
-        signal.signal(hang_up, _interrupted)
+    _import_the_stop()
     try:
+        stops.arm()
+        say(f"eagle3-tui demo: training in {run_dir} (pid {proc.pid}, log {log_path})", err=True)
         rc = proc.wait()
     except KeyboardInterrupt:
+        _hold_hang_ups()
         stop_demo_run(target, proc)
         say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
         return exits.INTERRUPTED
