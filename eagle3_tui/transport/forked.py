@@ -36,14 +36,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from eagle3_tui.telemetry.columns import companion_path
-from eagle3_tui.telemetry.safefs import open_file
 from eagle3_tui.transport.channel import DataFrame
 from eagle3_tui.transport.local import (
     columnar,
     columnar_parts,
     file_bytes,
-    input_error,
     iter_frames,
+    open_input,
 )
 
 FORK_MIN = 64 << 20
@@ -62,11 +61,7 @@ def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[D
     if not _worth_a_child(path):
         yield from iter_frames(path, history)
         return
-    try:
-        f = open_file(path)
-    except OSError as e:
-        raise input_error(path, e) from None
-    with f:
+    with open_input(path) as f:
         fd = f.fileno()
         r, w = os.pipe()
         # a Ctrl-C waits until the child can take it as its own (it leaves at once)

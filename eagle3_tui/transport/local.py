@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from eagle3_tui.agent.column_plan import ready
 from eagle3_tui.agent.diskspace import DiskWatch
@@ -60,6 +60,15 @@ def input_error(path: Path, e: OSError) -> TargetError:
     return _error(input_problem(str(path), e))
 
 
+def open_input(path: Path) -> BinaryIO:
+    """``path`` opened to be read (a regular file, opened without blocking: a FIFO put
+    there since it was checked is refused, not waited on), or :func:`input_error`'s."""
+    try:
+        return open_file(path)
+    except OSError as e:
+        raise input_error(path, e) from None
+
+
 def check_local_input(path: Path) -> None:
     """A local TARGET as this user can read it, before anything is read (the agent's
     :func:`~eagle3_tui.agent.inputs.check_input`, which a host's agent does there): a
@@ -87,13 +96,8 @@ def check_run_dir(run_dir: Path) -> Path:
 
 def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[Chunk]:
     """The file from ``offset`` to its current end, a chunk at a time (a catch-up
-    holds one chunk, not the whole file). A regular file only (opened without blocking:
-    a FIFO put there since it was checked is refused, not waited on)."""
-    try:
-        f = open_file(path)
-    except OSError as e:
-        raise input_error(path, e) from None
-    with f:
+    holds one chunk, not the whole file). A regular file only (:func:`open_input`)."""
+    with open_input(path) as f:
         f.seek(offset)
         while True:
             data = f.read(size)
@@ -106,11 +110,7 @@ def iter_chunks(path: Path, offset: int = 0, size: int = READ_SIZE) -> Iterator[
 def iter_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[DataFrame]:
     """The file from its start to its end now, as the agent's ``read`` sends it (see
     :func:`columnar`). ``history``: a read request's (agent/names.py's ``SUMMARY_HISTORY``)."""
-    try:
-        f = open_file(path)
-    except OSError as e:
-        raise input_error(path, e) from None
-    with f:
+    with open_input(path) as f:
         fd = f.fileno()
         for offset, data, span in columnar(fd, path, 0, None, history):
             yield DataFrame(offset, data, span)
