@@ -297,11 +297,17 @@ class SshHost(TargetNames):
         conn = await self.connect()
         try:
             proc = await conn.create_process(self.command(), encoding=None)
+        except (asyncssh.Error, OSError) as e:
+            # other channels may share the connection: connect() remakes it once closed
+            raise connect_error(e, self.target, None) from None
+        try:
             proc.stdin.write(agent_payload(request))
             if not keeps_stdin(request):
                 proc.stdin.write_eof()
+        except BrokenPipeError:
+            pass  # the command ended before its request went (no such --remote-python):
+            # its exit status and stderr say why (SshChannel.finish, agent_error)
         except (asyncssh.Error, OSError) as e:
-            # other channels may share the connection: connect() remakes it once closed
             raise connect_error(e, self.target, None) from None
         return SshChannel(proc)
 

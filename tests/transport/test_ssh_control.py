@@ -11,14 +11,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
 from eagle3_tui.transport.base import Chunk, TargetError
-from eagle3_tui.transport.calls import kill_run
-from eagle3_tui.transport.channel import Event
+from eagle3_tui.transport.calls import kill_run, list_runs
+from eagle3_tui.transport.channel import AgentFailedError, Event
 from eagle3_tui.transport.ssh import SshHost, SshTransport
 from tests.records import Lines
 from tests.transport.conftest import cli, remote_env, ssh_target
@@ -163,3 +164,26 @@ def test_the_remote_interpreter_option_is_quoted_too(sshd: Sshd, tmp_path: Path)
     assert proc.returncode == 2 and "not found" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
     assert pwned(tmp_path, Path.home(), Path("/")) == before
+
+
+async def test_an_interpreter_gone_before_its_request_is_named_not_a_lost_link(
+    sshd: Sshd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing ``--remote-python`` can end its channel before the request is written
+    (CI, once): the write's "Channel not open for sending" was reported as the link's
+    failure. The command's own end (status 127, the shell's words) says why."""
+    host = SshHost(ssh_target(sshd, remote_python="no-such-python3"))
+    conn = await host.connect()
+    real = conn.create_process
+
+    async def ended_first(*args: Any, **kwargs: Any) -> Any:
+        proc = await real(*args, **kwargs)
+        await proc.wait_closed()  # the command has ended: its channel takes no more
+        return proc
+
+    monkeypatch.setattr(conn, "create_process", ended_first)
+    try:
+        with pytest.raises(AgentFailedError, match=r"no-such-python3 not found .*not found"):
+            await list_runs(host)
+    finally:
+        await host.close()
