@@ -21,7 +21,7 @@ from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.calls import Report
 from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
-from eagle3_tui.transport.forked import read_frames
+from eagle3_tui.transport.forked import read_inflated
 from eagle3_tui.transport.local import check_local_input, check_run_dir
 from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
 from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
@@ -97,8 +97,8 @@ None: every one."""
 def load_local(run_dir: Path, history: History = None) -> Run:
     path = check_run_dir(run_dir)
     run = Run()
-    for frame in read_frames(path, history):
-        run.feed_frame(frame)
+    for frame, ahead in read_inflated(path, history):
+        run.feed(frame.offset, frame.data, 0, frame.span, ahead)
     return run
 
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from eagle3_tui.model.files import DiskSpace, FileChanged, FileNotice, Outcome
 from eagle3_tui.model.reader import Item, LineReader, Restarted
 from eagle3_tui.model.records import Deferred, Malformed, Record, TrainStep, record_problem
-from eagle3_tui.model.segments import apply_segment, segment_items
+from eagle3_tui.model.segments import Inflated, apply_segment, segment_items
 from eagle3_tui.model.state import RunState
 
 SLICE = 1024 * 1024
@@ -89,10 +89,18 @@ class Run:
         reader outside the lock that needs no sampler history, e.g. the latest step."""
         return self._state
 
-    def feed(self, offset: int, data: bytes, stream: int = 0, span: int = -1) -> int:
+    def feed(
+        self,
+        offset: int,
+        data: bytes,
+        stream: int = 0,
+        span: int = -1,
+        ahead: Inflated | None = None,
+    ) -> int:
         """Feed a chunk; returns how many items (records, malformed lines) it completed.
         ``span`` >= 0: ``data`` is a columns payload standing for ``span`` bytes of the
-        file (a ``C`` frame: see :mod:`eagle3_tui.model.segments`).
+        file (a ``C`` frame: see :mod:`eagle3_tui.model.segments`); ``ahead``: its
+        columns inflated beforehand (``segments.inflate_ahead``), or None.
 
         A big chunk (a catch-up) is fed in slices of ~1 MiB, without copying
         them: decoding and the column path run fastest on batches whose decoded
@@ -106,10 +114,10 @@ class Run:
         if span >= 0:
             if stream in self._held or stream in self._ignored or offset < reader.complete_offset:
                 # whose it is is not known yet (or the file started over): as records
-                items = segment_items(reader, offset, span, data)
+                items = segment_items(reader, offset, span, data, ahead)
                 self._take(items, stream)
                 return len(items)
-            return apply_segment(reader, self._state, offset, span, data)
+            return apply_segment(reader, self._state, offset, span, data, ahead)
         for start in range(0, max(len(data), 1), SLICE):
             items = reader.feed(offset + start, data, start, min(start + SLICE, len(data)))
             self._take(items, stream)

@@ -39,6 +39,8 @@ from eagle3_tui.model.step_ingest import Envelopes, StepColumns
 _HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}
 _DTYPE = {"q": "<i8", "d": "<f8", "f": "<f4"}
+DTYPES = {k: np.dtype(v) for k, v in _DTYPE.items()}
+"""The values of each type of column, inflated."""
 
 
 class BadColumnsError(ValueError):
@@ -53,6 +55,44 @@ def _metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
 _FEW_BYTES = 64
 """A column packed into this few bytes is a constant or nearly (``v``, ``rank``, an
 epoch's ``epoch``, a sampler's writer and kinds): the same bytes block after block."""
+
+
+Inflated = dict[tuple[int, str, int, int], npt.NDArray[Any]]
+"""A payload's columns inflated ahead (:func:`inflate_ahead`), by place, type, size
+and length in the payload."""
+
+
+def inflate_ahead(payload: bytes) -> Inflated | None:
+    """Each column of a columns payload that is not a few bytes, inflated: what
+    :func:`apply_segment` would inflate, done beforehand in another thread (zlib and
+    numpy leave the GIL while they work, so it runs beside the applying of the frame
+    before). None where the payload does not read as one: its applying says why."""
+    try:
+        (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
+        header = json.loads(payload[4 : 4 + hlen])
+        out: Inflated = {}
+        at = 4 + hlen
+        metas = [header, *([header["stubs"]] if "stubs" in header else ())]
+        for meta in [*metas, *header.get("listings", ())]:
+            n = meta["n"]
+            for _name, kind, size in meta["cols"]:
+                packed = payload[at : at + size]
+                if len(packed) > _FEW_BYTES:
+                    out[at, kind, size, n] = _inflate(kind, packed, n)
+                at += size
+        return out
+    except Exception:  # anything: the applying decides, and says why
+        return None
+
+
+def _column_at(
+    kind: str, payload: bytes, at: int, size: int, n: int, ahead: Inflated | None
+) -> npt.NDArray[Any]:
+    if ahead is not None:
+        got = ahead.pop((at, kind, size, n), None)
+        if got is not None:
+            return got
+    return _column(kind, payload[at : at + size], n)
 
 
 def _column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
@@ -77,13 +117,18 @@ def _inflate(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
 
 
 def apply_segment(
-    reader: LineReader, state: RunState, offset: int, span: int, payload: bytes
+    reader: LineReader,
+    state: RunState,
+    offset: int,
+    span: int,
+    payload: bytes,
+    ahead: Inflated | None = None,
 ) -> int:
     """Apply the ``span`` bytes at ``offset`` that ``payload`` stands for to ``state``;
     the reader's position moves past them. Returns the items applied. A payload that
     cannot be read is one malformed line naming the range (its lines are not in the
     state: never half of them)."""
-    restart, seg = _read(reader, offset, span, payload)
+    restart, seg = _read(reader, offset, span, payload, ahead)
     state.apply_all(restart)
     if isinstance(seg, Malformed):
         state.apply(seg)
@@ -97,22 +142,24 @@ def apply_segment(
     return len(restart) + seg.n + len(seg.others) + env.n
 
 
-def segment_items(reader: LineReader, offset: int, span: int, payload: bytes) -> list[Item]:
+def segment_items(
+    reader: LineReader, offset: int, span: int, payload: bytes, ahead: Inflated | None = None
+) -> list[Item]:
     """What :func:`apply_segment` applies, as items in file order (the steps as
     records): for a reader of records rather than of state."""
-    restart, seg = _read(reader, offset, span, payload)
+    restart, seg = _read(reader, offset, span, payload, ahead)
     return [*restart, seg] if isinstance(seg, Malformed) else restart + seg.items()
 
 
 def _read(
-    reader: LineReader, offset: int, span: int, payload: bytes
+    reader: LineReader, offset: int, span: int, payload: bytes, ahead: Inflated | None
 ) -> tuple[list[Item], _Segment | Malformed]:
     """A restart, if the stream jumped; then the payload decoded, or the one malformed
     line that stands for it. Either way the reader moves past the range."""
     restart: list[Item] = reader.feed(offset, b"")
     line_no = reader.line_no
     try:
-        seg = _decode(reader, offset, span, payload, line_no)
+        seg = _decode(reader, offset, span, payload, line_no, ahead)
     except (BadColumnsError, ValueError, KeyError, TypeError, zlib.error) as e:
         reader.skip(offset, span, 1)
         reason = f"bytes {offset}..{offset + span}: unreadable columns frame ({e})"
@@ -211,7 +258,14 @@ class _Segment:
         return out
 
 
-def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no: int) -> _Segment:
+def _decode(
+    reader: LineReader,
+    offset: int,
+    span: int,
+    payload: bytes,
+    line_no: int,
+    ahead: Inflated | None = None,
+) -> _Segment:
     (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
     header = json.loads(payload[4 : 4 + hlen])
     n = header["n"]
@@ -220,17 +274,17 @@ def _decode(reader: LineReader, offset: int, span: int, payload: bytes, line_no:
     at = 4 + hlen
     cols: dict[str, npt.NDArray[Any]] = {}
     for path, kind, size in header["cols"]:
-        cols[path] = _column(kind, payload[at : at + size], n)
+        cols[path] = _column_at(kind, payload, at, size, n, ahead)
         at += size
     offsets, lengths = cols["@off"], cols["@len"]
     parts: list[_Listed] = []
     if "stubs" in header:
-        stubs, at = _listed(header["stubs"], payload, at)
+        stubs, at = _listed(header["stubs"], payload, at, ahead)
         stubs.offsets += offset
         parts.append(stubs)
     listings = _listings(reader, offset)
     for meta in header.get("listings", ()):
-        listed, at = _listed(meta, payload, at)
+        listed, at = _listed(meta, payload, at, ahead)
         listings[int(meta["id"])] = listed
     for ident, i, j in header.get("listed", ()):
         found = listings.get(ident)
@@ -314,13 +368,15 @@ class _Listed:
         return part
 
 
-def _listed(meta: dict[str, Any], payload: bytes, at: int) -> tuple[_Listed, int]:
+def _listed(
+    meta: dict[str, Any], payload: bytes, at: int, ahead: Inflated | None
+) -> tuple[_Listed, int]:
     n = meta["n"]
     if not isinstance(n, int) or n <= 0:
         raise BadColumnsError(f"{n!r} envelopes")
     cols: dict[str, npt.NDArray[Any]] = {}
     for name, kind, size in meta["cols"]:
-        cols[name] = _column(kind, payload[at : at + size], n)
+        cols[name] = _column_at(kind, payload, at, size, n, ahead)
         at += size
     return _Listed(meta, cols), at
 

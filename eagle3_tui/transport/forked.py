@@ -7,6 +7,11 @@ run) and then their decoding and applying (~0.8 s), one after the other. Here a
 forked child makes the frames and writes them into a pipe while this process applies
 the ones before: ~0.25 s less for that run where the machine has a second core.
 
+The child also inflates each payload's columns (``segments.inflate_ahead``): zlib, the
+unshuffling and the sums were a third of this process's applying, while the child,
+done planning, idled. They come after the payload as their values, which this process
+applies as they are (``apply_segment``'s ``ahead``).
+
 The child is this process forked (no interpreter to start, nothing to import), only
 where that is safe and pays: one thread alive (a fork copies no other thread, and a
 lock one held would stay held in the child), a second CPU, and a file of at least
@@ -27,14 +32,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import signal
 import struct
+import termios
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
+from eagle3_tui.model.segments import DTYPES, Inflated, inflate_ahead
 from eagle3_tui.telemetry.columns import companion_path
 from eagle3_tui.transport.channel import DataFrame
 from eagle3_tui.transport.local import (
@@ -50,7 +60,14 @@ FORK_MIN = 64 << 20
 most of the gain)."""
 PIPE_SIZE = 1 << 20
 """The pipe's buffer: the child runs this far ahead (the default 64 KiB is ~4 frames)."""
+INFLATE_AHEAD_OF = 256 << 10
+"""The child inflates a payload's columns while at least this much of what it sent is
+unread (the parent has work; otherwise the parent is waiting and inflates it itself)."""
+_WRITE_BUFFER = _READ_BUFFER = 64 << 10  # what is unread stays in the pipe (_unread)
 _HEAD = struct.Struct("<qqq")
+_COLUMN = struct.Struct("<qqq1s")  # an inflated column: place, size, length, type
+_MOST = 1 << 32
+"""No inflated column is longer (a frame of the pipe that says so is not one)."""
 _END = -1
 _F_SETPIPE_SZ = 1031  # Linux's fcntl
 
@@ -58,8 +75,22 @@ _F_SETPIPE_SZ = 1031  # Linux's fcntl
 def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[DataFrame]:
     """:func:`~eagle3_tui.transport.local.iter_frames` of ``path``: the same frames,
     made in a forked child where that is safe and pays (see the module's docstring)."""
+    frames = read_inflated(path, history)
+    try:
+        for frame, _ in frames:
+            yield frame
+    finally:
+        frames.close()
+
+
+def read_inflated(
+    path: Path, history: dict[str, Any] | None = None
+) -> Generator[tuple[DataFrame, Inflated | None], None, None]:
+    """:func:`read_frames`, each with its columns inflated by the child (None: to be
+    inflated as it is applied)."""
     if not _worth_a_child(path):
-        yield from iter_frames(path, history)
+        for frame in iter_frames(path, history):
+            yield frame, None
         return
     with open_input(path) as f:
         fd = f.fileno()
@@ -76,28 +107,29 @@ def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[D
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(r)
             os.close(w)
-            yield from iter_frames(path, history)
+            for frame in iter_frames(path, history):
+                yield frame, None
             return
         at = 0
         try:
             os.close(w)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C now: reaped)
-            with os.fdopen(r, "rb", buffering=PIPE_SIZE) as pipe:
+            with io.BufferedReader(io.FileIO(r, "rb"), _READ_BUFFER) as pipe:
                 for part in _received(pipe):
                     if part is None:
                         return  # the child planned to the end
-                    start, payload, span = part
+                    start, payload, span, ahead = part
                     if payload is not None:
-                        yield DataFrame(start, payload, span)
+                        yield DataFrame(start, payload, span), ahead
                         at = start + span
                         continue
                     stop = None if span < 0 else start + span
                     for offset, data, _ in file_bytes(fd, start, stop):
-                        yield DataFrame(offset, data)
+                        yield DataFrame(offset, data), None
                         at = offset + len(data)
             # the child stopped short: the rest is read here (a failure is raised here)
             for offset, data, span in columnar(fd, path, at, None, history):
-                yield DataFrame(offset, data, span)
+                yield DataFrame(offset, data, span), None
         finally:
             _end(pid)
 
@@ -125,19 +157,67 @@ def _child(
         os.close(r)
         with contextlib.suppress(OSError):  # else a smaller pipe: the child runs less ahead
             fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
-        with os.fdopen(w, "wb", buffering=PIPE_SIZE) as out:
+        with os.fdopen(w, "wb", buffering=_WRITE_BUFFER) as out:
             for offset, payload, span in columnar_parts(fd, path, 0, None, history):
                 out.write(_HEAD.pack(offset, span, -1 if payload is None else len(payload)))
-                out.write(payload or b"")
+                if payload is not None:
+                    out.write(payload)
+                    # inflated here while the parent has frames to apply; where it waits
+                    # for this one, it inflates it itself
+                    ahead = _unread(w) >= INFLATE_AHEAD_OF
+                    _send_inflated(out, (inflate_ahead(payload) if ahead else None) or {})
             out.write(_HEAD.pack(_END, 0, 0))
         code = 0
     finally:
         os._exit(code)
 
 
-def _received(pipe: BinaryIO) -> Iterator[tuple[int, bytes | None, int] | None]:
-    """The child's parts (:func:`~eagle3_tui.transport.local.columnar_parts`), then None
-    at its end; nothing more where it stopped short."""
+def _unread(fd: int) -> int:
+    """The bytes in the pipe the parent has not read (Linux's FIONREAD); 0 if unknown."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    except OSError:
+        return 0
+
+
+def _send_inflated(out: BinaryIO, inflated: Inflated) -> None:
+    out.write(struct.pack("<q", len(inflated)))
+    for (at, kind, size, n), values in inflated.items():
+        out.write(_COLUMN.pack(at, size, n, kind.encode()))
+        out.write(values.data)
+
+
+def _received_inflated(pipe: io.BufferedReader[Any]) -> Inflated | None:
+    """A payload's columns as the child inflated them; None where the pipe ends or
+    says what no child sends."""
+    head = pipe.read(8)
+    if len(head) != 8:
+        return None
+    (count,) = struct.unpack("<q", head)
+    if not 0 <= count <= 4096:
+        return None
+    inflated: Inflated = {}
+    for _ in range(count):
+        head = pipe.read(_COLUMN.size)
+        if len(head) != _COLUMN.size:
+            return None
+        at, size, n, code = _COLUMN.unpack(head)
+        dtype = DTYPES.get(code.decode("ascii", "replace"))
+        if dtype is None or not 0 < n <= _MOST:
+            return None
+        raw = bytearray(n * dtype.itemsize)  # writable, as inflated arrays are
+        if pipe.readinto(raw) != len(raw):
+            return None
+        inflated[at, code.decode(), size, n] = np.frombuffer(raw, dtype=dtype)
+    return inflated
+
+
+def _received(
+    pipe: io.BufferedReader[Any],
+) -> Iterator[tuple[int, bytes | None, int, Inflated | None] | None]:
+    """The child's parts (:func:`~eagle3_tui.transport.local.columnar_parts`), each
+    payload with its columns inflated, then None at its end; nothing more where it
+    stopped short."""
     while True:
         head = pipe.read(_HEAD.size)
         if len(head) != _HEAD.size:
@@ -147,12 +227,15 @@ def _received(pipe: BinaryIO) -> Iterator[tuple[int, bytes | None, int] | None]:
             yield None
             return
         if n < 0:  # a range of the file's bytes: read here
-            yield offset, None, span
+            yield offset, None, span, None
             continue
         data = pipe.read(n)
         if len(data) != n or offset < 0:
             return
-        yield offset, data, span
+        inflated = _received_inflated(pipe)
+        if inflated is None:
+            return
+        yield offset, data, span, inflated
 
 
 def _end(pid: int) -> None:

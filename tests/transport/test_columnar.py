@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.samples import SAMPLES_KEPT
+from eagle3_tui.model.segments import inflate_ahead
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.telemetry.columns import COLUMNS_FILE, read_blocks
@@ -38,11 +39,18 @@ __all__ = ["client"]  # the fixture, used by name
 COLUMNS = {"compress": COMPRESS_ZLIB, "columns": COLUMNS_WANTED, "samples": SAMPLES_KEPT}
 
 
-def state_of(frames: list[DataFrame]) -> tuple[object, ...]:
-    """Everything the model holds after these frames, exactly (floats unrounded)."""
+def state_of(frames: list[DataFrame], ahead: bool = False) -> tuple[object, ...]:
+    """Everything the model holds after these frames, exactly (floats unrounded).
+    ``ahead``: each columns frame's columns inflated beforehand, as a long local read
+    inflates them in a thread (every one of them used)."""
     run = Run()
     for f in frames:
-        run.feed_frame(f)
+        if ahead and f.span >= 0:
+            inflated = inflate_ahead(f.data)
+            run.feed(f.offset, f.data, 0, f.span, inflated)
+            assert inflated == {} or inflated is None, "an inflated column left unused"
+        else:
+            run.feed_frame(f)
     s = run.state
     return (
         list(s.table.steps),
@@ -164,7 +172,9 @@ def test_the_columnar_catch_up_gives_exactly_the_state_of_the_plain_one(
     ends = [f.offset + (f.span if f.span >= 0 else len(f.data)) for f in frames]
     assert [f.offset for f in frames[1:]] == ends[:-1], "frames tile the file"
     assert (ends[-1] if ends else 0) == len(data)
-    assert state_of(frames) == state_of(parse(plain, []))
+    want = state_of(parse(plain, []))
+    assert state_of(frames) == want
+    assert state_of(frames, ahead=True) == want
 
 
 @settings(
@@ -194,6 +204,9 @@ def test_old_samples_sent_as_envelopes_leave_exactly_the_plain_state(
     assert any(b'"stubs"' in f.data[:2000] for f in frames if f.span >= 0), "envelopes sent"
     got, want = state_of(frames), state_of(parse(plain, []))
     assert got == want
+    assert state_of(frames, ahead=True) == want
+    inflated = [inflate_ahead(f.data) for f in frames if b'"stubs"' in f.data[:2000]]
+    assert block < 100 or any(inflated), "envelopes' columns inflated ahead too"
     run = Run()
     for f in frames:
         run.feed_frame(f)
@@ -287,13 +300,15 @@ def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Pat
     i = spans[0]
     bad = frames[i].data[:40] + b"\x00" * 8 + frames[i].data[48:]
     frames[i] = DataFrame(frames[i].offset, bad, frames[i].span)
-    run = Run()
-    for f in frames:
-        run.feed_frame(f)
-    s = run.state
-    assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
-    assert s.train_steps == 600, "the frame's 300 steps are missing, nothing else"
-    assert run.reader.complete_offset == len(path.read_bytes())
+    for ahead in (False, True):  # its columns inflated ahead: the same
+        run = Run()
+        for f in frames:
+            pre = inflate_ahead(f.data) if ahead and f.span >= 0 else None
+            run.feed(f.offset, f.data, 0, f.span, pre)
+        s = run.state
+        assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
+        assert s.train_steps == 600, "the frame's 300 steps are missing, nothing else"
+        assert run.reader.complete_offset == len(path.read_bytes())
 
 
 @pytest.mark.slow

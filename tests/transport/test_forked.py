@@ -51,11 +51,13 @@ def received(pipe):
         yield part
 forked._received = received
 
-def state(frames):
+def state(frames, inflated=None):
     run = Run()
     n = 0
     for frame in frames:
-        run.feed_frame(frame)
+        ahead = None if inflated is None else inflated[n]
+        run.feed(frame.offset, frame.data, 0, frame.span, ahead)
+        assert not ahead, "every column the child inflated is used"
         n += 1
     s = summarize(run.state, 2e9)
     return n, {k: s[k] for k in ("step", "loss", "records", "malformed_lines", "lost_records",
@@ -71,9 +73,12 @@ if case == "early":
     except ChildProcessError:
         out["left"] = None
 else:
-    ours = list(forked.read_frames(path, SUMMARY_HISTORY))
+    forked.INFLATE_AHEAD_OF = 0 if case == "inflates" else forked.INFLATE_AHEAD_OF
+    pairs = list(forked.read_inflated(path, SUMMARY_HISTORY))
+    ours = [f for f, _ in pairs]
+    out["inflated"] = sum(1 for _, ahead in pairs if ahead)
     out["frames"] = [[f.offset, f.span, len(f.data)] for f in ours]
-    out["state"] = state(ours)
+    out["state"] = state(ours, [ahead for _, ahead in pairs])
     alone = list(iter_frames(path, SUMMARY_HISTORY))
     out["alone_frames"] = [[f.offset, f.span, len(f.data)] for f in alone]
     out["same_bytes"] = [f.data for f in ours] == [f.data for f in alone]
@@ -102,6 +107,18 @@ def _run(tmp_path: Path) -> Path:
     write_run(path, 12_000, every=1)
     assert (tmp_path / "metrics.cols").exists()
     return path
+
+
+def test_columns_the_child_inflates_leave_the_state_of_the_read_made_alone(
+    tmp_path: Path,
+) -> None:
+    """The child inflates each payload's columns (here always: in a real read, while
+    the parent has frames to apply) and the parent applies them as they come."""
+    out = _read(_run(tmp_path), "inflates")
+    spans = sum(1 for _, span, _ in out["frames"] if span >= 0)
+    assert spans >= 5 and out["inflated"] == spans, "each payload came inflated"
+    assert out["frames"] == out["alone_frames"] and out["same_bytes"]
+    assert out["state"] == out["alone_state"]
 
 
 def test_a_read_made_in_a_child_is_the_read_made_alone(tmp_path: Path) -> None:
