@@ -78,7 +78,7 @@ def test_the_companion_indexes_every_training_step_with_its_values(tiny_run: Pat
 
     import numpy as np
 
-    from eagle3_tui.model.segments import _column  # the client's own unpacking
+    from eagle3_tui.model.inflate import column as _column  # the client's own unpacking
     from eagle3_tui.telemetry.columns import COLUMNS_FILE, read_blocks
 
     data = (tiny_run / "metrics.jsonl").read_bytes()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from eagle3_tui.cli.common import (
     INPUT_EXITS,
@@ -16,6 +17,7 @@ from eagle3_tui.cli.common import (
     say_json,
     ssh_options,
 )
+from eagle3_tui.telemetry.schema import METRICS_FILE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(ns: argparse.Namespace) -> int:
+    _start_reading(ns)
     from eagle3_tui import api
     from eagle3_tui.model.summary import format_text
 
@@ -53,3 +56,16 @@ def run(ns: argparse.Namespace) -> int:
     else:
         say(format_text(summary))
     return opened.exit_status
+
+
+def _start_reading(ns: argparse.Namespace) -> None:
+    """A local run's long read starts now, beside the imports the summary needs
+    (transport/forked.py's ``start_early``); anything else is the API's to decide."""
+    if ns.pid is not None or not ns.target:
+        return
+    path = Path(ns.target) / METRICS_FILE
+    if path.is_file():
+        from eagle3_tui.agent.names import SUMMARY_HISTORY
+        from eagle3_tui.transport.forked import start_early
+
+        start_early(path, SUMMARY_HISTORY)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eagle3_tui.model.files import DiskSpace, FileChanged, FileNotice, Outcome
+from eagle3_tui.model.inflate import Inflated
 from eagle3_tui.model.reader import Item, LineReader, Restarted
 from eagle3_tui.model.records import Deferred, Malformed, Record, TrainStep, record_problem
-from eagle3_tui.model.segments import Inflated, apply_segment, segment_items
+from eagle3_tui.model.segments import apply_segment, segment_items
 from eagle3_tui.model.state import RunState
 
 SLICE = 1024 * 1024
@@ -100,7 +101,7 @@ class Run:
         """Feed a chunk; returns how many items (records, malformed lines) it completed.
         ``span`` >= 0: ``data`` is a columns payload standing for ``span`` bytes of the
         file (a ``C`` frame: see :mod:`eagle3_tui.model.segments`); ``ahead``: its
-        columns inflated beforehand (``segments.inflate_ahead``), or None.
+        columns inflated beforehand (``inflate.inflate_ahead``), or None.
 
         A big chunk (a catch-up) is fed in slices of ~1 MiB, without copying
         them: decoding and the column path run fastest on batches whose decoded

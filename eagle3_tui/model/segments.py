@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
 import zlib
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.model.inflate import (
+    HEADER_LEN,
+    BadColumnsError,
+    Inflated,
+    column,
+)
 from eagle3_tui.model.reader import Item, LineReader
 from eagle3_tui.model.records import (
     Malformed,
@@ -36,53 +41,10 @@ from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.step_ingest import Envelopes, StepColumns
 
-_HEADER_LEN = struct.Struct("<I")
-_WIDTH = {"q": 8, "d": 8, "f": 4}
-_DTYPE = {"q": "<i8", "d": "<f8", "f": "<f4"}
-DTYPES = {k: np.dtype(v) for k, v in _DTYPE.items()}
-"""The values of each type of column, inflated."""
-
-
-class BadColumnsError(ValueError):
-    """A payload that cannot be what the agent sends."""
-
 
 @functools.cache
 def _metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
     return train_metrics_type(keys)
-
-
-_FEW_BYTES = 64
-"""A column packed into this few bytes is a constant or nearly (``v``, ``rank``, an
-epoch's ``epoch``, a sampler's writer and kinds): the same bytes block after block."""
-
-
-Inflated = dict[tuple[int, str, int, int], npt.NDArray[Any]]
-"""A payload's columns inflated ahead (:func:`inflate_ahead`), by place, type, size
-and length in the payload."""
-
-
-def inflate_ahead(payload: bytes) -> Inflated | None:
-    """Each column of a columns payload that is not a few bytes, inflated: what
-    :func:`apply_segment` would inflate, done beforehand in another thread (zlib and
-    numpy leave the GIL while they work, so it runs beside the applying of the frame
-    before). None where the payload does not read as one: its applying says why."""
-    try:
-        (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
-        header = json.loads(payload[4 : 4 + hlen])
-        out: Inflated = {}
-        at = 4 + hlen
-        metas = [header, *([header["stubs"]] if "stubs" in header else ())]
-        for meta in [*metas, *header.get("listings", ())]:
-            n = meta["n"]
-            for _name, kind, size in meta["cols"]:
-                packed = payload[at : at + size]
-                if len(packed) > _FEW_BYTES:
-                    out[at, kind, size, n] = _inflate(kind, packed, n)
-                at += size
-        return out
-    except Exception:  # anything: the applying decides, and says why
-        return None
 
 
 def _column_at(
@@ -92,28 +54,7 @@ def _column_at(
         got = ahead.pop((at, kind, size, n), None)
         if got is not None:
             return got
-    return _column(kind, payload[at : at + size], n)
-
-
-def _column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
-    if len(packed) <= _FEW_BYTES:  # inflated once (zlib makes a long run at ~460 MB/s)
-        return _repeated(kind, bytes(packed), n).copy()
-    return _inflate(kind, packed, n)
-
-
-@functools.lru_cache(maxsize=256)
-def _repeated(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
-    return _inflate(kind, packed, n)
-
-
-def _inflate(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
-    width = _WIDTH[kind]
-    raw = zlib.decompress(packed, bufsize=n * width + 1)
-    if len(raw) != n * width:
-        raise BadColumnsError(f"a column of {len(raw)} bytes, not {n} values")
-    planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, n)
-    values = np.ascontiguousarray(planes.T).view(_DTYPE[kind]).reshape(n)
-    return np.cumsum(values) if kind == "q" else values
+    return column(kind, payload[at : at + size], n)
 
 
 def apply_segment(
@@ -266,7 +207,7 @@ def _decode(
     line_no: int,
     ahead: Inflated | None = None,
 ) -> _Segment:
-    (hlen,) = _HEADER_LEN.unpack_from(payload, 0)
+    (hlen,) = HEADER_LEN.unpack_from(payload, 0)
     header = json.loads(payload[4 : 4 + hlen])
     n = header["n"]
     if not isinstance(n, int) or n <= 0:
@@ -433,7 +374,7 @@ def _runs(packed: bytes) -> list[tuple[int, int]]:
     raw = zlib.decompress(packed)
     if len(raw) % 16:
         raise BadColumnsError("runs of odd length")
-    flat = _column("q", packed, len(raw) // 8).tolist()
+    flat = column("q", packed, len(raw) // 8).tolist()
     return list(zip(flat[0::2], flat[1::2], strict=True))
 
 

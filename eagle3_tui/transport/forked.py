@@ -7,7 +7,7 @@ run) and then their decoding and applying (~0.8 s), one after the other. Here a
 forked child makes the frames and writes them into a pipe while this process applies
 the ones before: ~0.25 s less for that run where the machine has a second core.
 
-The child also inflates each payload's columns (``segments.inflate_ahead``): zlib, the
+The child also inflates each payload's columns (``inflate.inflate_ahead``): zlib, the
 unshuffling and the sums were a third of this process's applying, while the child,
 done planning, idled. They come after the payload as their values, which this process
 applies as they are (``apply_segment``'s ``ahead``).
@@ -25,11 +25,19 @@ the read. Where the child stops short of that (it failed, or was killed), the re
 goes on here from the last whole part, as :func:`iter_frames` reads, so that a
 failure is raised here as it would be without a child.
 
-No textual here.
+A command that knows it will read a long local run (``summary DIR``) starts the child
+before it imports the model (:func:`start_early`): the child, which imports only the
+agent's side (transport/parts.py), plans its first frames meanwhile (~0.2 s for a
+1M-step run), and the read takes it up. One never taken is ended when the process
+exits.
+
+No textual here; light to import (numpy, the model and asyncio only where the parent
+reads).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import io
@@ -40,20 +48,15 @@ import termios
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-
-from eagle3_tui.model.segments import DTYPES, Inflated, inflate_ahead
 from eagle3_tui.telemetry.columns import companion_path
-from eagle3_tui.transport.channel import DataFrame
-from eagle3_tui.transport.local import (
-    columnar,
-    columnar_parts,
-    file_bytes,
-    iter_frames,
-    open_input,
-)
+from eagle3_tui.telemetry.safefs import open_file
+from eagle3_tui.transport.parts import columnar_parts, file_bytes
+
+if TYPE_CHECKING:
+    from eagle3_tui.model.inflate import Inflated
+    from eagle3_tui.transport.channel import DataFrame
 
 FORK_MIN = 64 << 20
 """A file smaller than this is read in one process (a fork's cost, a few ms, would be
@@ -88,12 +91,52 @@ def read_inflated(
 ) -> Generator[tuple[DataFrame, Inflated | None], None, None]:
     """:func:`read_frames`, each with its columns inflated by the child (None: to be
     inflated as it is applied)."""
-    if not _worth_a_child(path):
+    from eagle3_tui.transport.channel import DataFrame
+    from eagle3_tui.transport.local import columnar, iter_frames, open_input
+
+    child = _take_early(path, history)
+    if child is None and _worth_a_child(path):
+        with open_input(path) as f:
+            child = _Child.start(f, path, history)
+    if child is None:
         for frame in iter_frames(path, history):
             yield frame, None
         return
-    with open_input(path) as f:
-        fd = f.fileno()
+    at = 0
+    try:
+        fd = child.file.fileno()
+        for part in _received(child.pipe):
+            if part is None:
+                return  # the child planned to the end
+            start, payload, span, ahead = part
+            if payload is not None:
+                yield DataFrame(start, payload, span), ahead
+                at = start + span
+                continue
+            stop = None if span < 0 else start + span
+            for offset, data, _ in file_bytes(fd, start, stop):
+                yield DataFrame(offset, data), None
+                at = offset + len(data)
+        # the child stopped short: the rest is read here (a failure is raised here)
+        for offset, data, span in columnar(fd, path, at, None, history):
+            yield DataFrame(offset, data, span), None
+    finally:
+        child.end()
+
+
+class _Child:
+    """A forked child reading a file for this process: its pid, the pipe this process
+    reads, and the file (its own handle: the ranges of lines are read here)."""
+
+    def __init__(self, pid: int, pipe: io.BufferedReader[Any], file: BinaryIO) -> None:
+        self.pid, self.pipe, self.file = pid, pipe, file
+        st = os.fstat(file.fileno())
+        self.ident = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def start(cls, f: BinaryIO, path: Path, history: Any) -> _Child | None:
+        """The child of a read of ``f`` (``path``, open); None where it cannot fork."""
+        fd = os.dup(f.fileno())
         r, w = os.pipe()
         # a Ctrl-C waits until the child can take it as its own (it leaves at once)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -103,35 +146,64 @@ def read_inflated(
             pid = -1
         if pid == 0:  # pragma: no cover (the child: measured by its parent's tests)
             _child(fd, path, (r, w), mask, history)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C now: reaped)
+        os.close(w)
         if pid < 0:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(r)
-            os.close(w)
-            for frame in iter_frames(path, history):
-                yield frame, None
+            os.close(fd)
+            return None
+        return cls(pid, io.BufferedReader(io.FileIO(r, "rb"), _READ_BUFFER), os.fdopen(fd, "rb"))
+
+    def end(self) -> None:
+        """The child gone and reaped (killed where the read ended early), its pipe and
+        file closed."""
+        _end(self.pid)
+        self.pipe.close()
+        self.file.close()
+
+
+_early: dict[tuple[str, str], _Child] = {}
+
+
+def start_early(path: Path, history: dict[str, Any] | None = None) -> None:
+    """Start the child of a read of ``path`` that this process will make (before the
+    imports a read needs: see the module's docstring). Nothing where a child would not
+    be, or ``path`` cannot be opened (the read says why); never raises."""
+    try:
+        if not _worth_a_child(path):
             return
-        at = 0
-        try:
-            os.close(w)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C now: reaped)
-            with io.BufferedReader(io.FileIO(r, "rb"), _READ_BUFFER) as pipe:
-                for part in _received(pipe):
-                    if part is None:
-                        return  # the child planned to the end
-                    start, payload, span, ahead = part
-                    if payload is not None:
-                        yield DataFrame(start, payload, span), ahead
-                        at = start + span
-                        continue
-                    stop = None if span < 0 else start + span
-                    for offset, data, _ in file_bytes(fd, start, stop):
-                        yield DataFrame(offset, data), None
-                        at = offset + len(data)
-            # the child stopped short: the rest is read here (a failure is raised here)
-            for offset, data, span in columnar(fd, path, at, None, history):
-                yield DataFrame(offset, data, span), None
-        finally:
-            _end(pid)
+        with open_file(path) as f:
+            child = _Child.start(f, path, history)
+    except OSError:
+        return
+    if child is not None:
+        if not _early:
+            atexit.register(_end_early)
+        _early[_key(path, history)] = child
+
+
+def _key(path: Path, history: Any) -> tuple[str, str]:
+    return os.path.realpath(path), repr(history)
+
+
+def _take_early(path: Path, history: Any) -> _Child | None:
+    """The child :func:`start_early` started for this read, if it reads this file."""
+    child = _early.pop(_key(path, history), None)
+    if child is None:
+        return None
+    try:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) == child.ident:
+            return child
+    except OSError:
+        pass
+    child.end()  # the path names another file now
+    return None
+
+
+def _end_early() -> None:
+    while _early:
+        _early.popitem()[1].end()
 
 
 def _worth_a_child(path: Path) -> bool:
@@ -165,11 +237,17 @@ def _child(
                     # inflated here while the parent has frames to apply; where it waits
                     # for this one, it inflates it itself
                     ahead = _unread(w) >= INFLATE_AHEAD_OF
-                    _send_inflated(out, (inflate_ahead(payload) if ahead else None) or {})
+                    _send_inflated(out, _inflated(payload) if ahead else {})
             out.write(_HEAD.pack(_END, 0, 0))
         code = 0
     finally:
         os._exit(code)
+
+
+def _inflated(payload: bytes) -> Inflated:
+    from eagle3_tui.model.inflate import inflate_ahead  # (numpy: where it is needed)
+
+    return inflate_ahead(payload) or {}
 
 
 def _unread(fd: int) -> int:
@@ -190,6 +268,10 @@ def _send_inflated(out: BinaryIO, inflated: Inflated) -> None:
 def _received_inflated(pipe: io.BufferedReader[Any]) -> Inflated | None:
     """A payload's columns as the child inflated them; None where the pipe ends or
     says what no child sends."""
+    import numpy as np
+
+    from eagle3_tui.model.inflate import DTYPES
+
     head = pipe.read(8)
     if len(head) != 8:
         return None

@@ -12,12 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from eagle3_tui.agent.column_plan import ready
 from eagle3_tui.agent.diskspace import DiskWatch
 from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
-from eagle3_tui.agent.names import COLUMNS_WANTED, ERR_PERMISSION, ERR_WRONG_KIND
+from eagle3_tui.agent.names import ERR_PERMISSION, ERR_WRONG_KIND
 from eagle3_tui.model.glance import GlanceData
-from eagle3_tui.model.samples import SAMPLES_KEPT
 from eagle3_tui.telemetry.safefs import (
     open_file,
     open_regular,
@@ -37,10 +35,7 @@ from eagle3_tui.transport.base import (
 )
 from eagle3_tui.transport.channel import DataFrame
 from eagle3_tui.transport.glancing import glance_local
-
-READ_SIZE = 1024 * 1024
-"""Reads of a few MiB: the freed buffer is reused for the next read, where a 16 MiB
-read gets fresh pages from the kernel each time (35 MB read in 5 ms, not 25 ms)."""
+from eagle3_tui.transport.parts import READ_SIZE, columnar_parts, file_bytes
 
 
 def _error(problem: BadInputError) -> TargetError:
@@ -129,33 +124,6 @@ def columnar(
             yield from file_bytes(fd, start, None if span < 0 else start + span)
         else:
             yield start, payload, span
-
-
-def columnar_parts(
-    fd: int, path: Path, offset: int, stop: int | None, history: dict[str, Any] | None = None
-) -> Iterator[tuple[int, bytes | None, int]]:
-    """:func:`columnar`'s parts unread: each columns payload as (offset, payload, span),
-    each range of bytes between them as (offset, None, length), the last one's length
-    -1 where it goes to the file's end (``stop`` None)."""
-    size = os.fstat(fd).st_size if stop is None else stop
-    for seg, payload in ready(fd, str(path), offset, size, SAMPLES_KEPT, COLUMNS_WANTED, history):
-        if seg.start > offset:
-            yield offset, None, seg.start - offset
-        yield seg.start, payload, seg.end - seg.start
-        offset = seg.end
-    if stop is None or offset < stop:
-        yield offset, None, -1 if stop is None else stop - offset
-
-
-def file_bytes(fd: int, offset: int, stop: int | None) -> Iterator[tuple[int, bytes, int]]:
-    """The file's bytes from ``offset`` to ``stop`` (None: its end), a read at a time."""
-    while stop is None or offset < stop:
-        want = READ_SIZE if stop is None else min(READ_SIZE, stop - offset)
-        data = os.pread(fd, want, offset)
-        if not data:
-            return
-        yield offset, data, -1
-        offset += len(data)
 
 
 CATCH_UP_BYTES = 16 * READ_SIZE

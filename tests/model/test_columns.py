@@ -119,30 +119,30 @@ def test_many_rows_and_a_wide_struct() -> None:
 
 def test_a_column_packed_small_is_inflated_once_and_each_caller_gets_its_own() -> None:
     """A near-constant column (``v``, ``rank``, a sampler's writer) is the same bytes in
-    every block: inflated once (segments._column), each caller gets its own array (one
+    every block: inflated once (inflate.column), each caller gets its own array (one
     changed in place changes no other's), and a bad one still raises each time."""
-    from eagle3_tui.model import segments
+    from eagle3_tui.model import inflate
     from eagle3_tui.telemetry.columns import pack_column
 
     packed = pack_column("q", [7] * 1024)
-    assert len(packed) <= segments._FEW_BYTES
-    segments._repeated.cache_clear()
-    a = segments._column("q", packed, 1024)
-    b = segments._column("q", packed, 1024)
-    assert segments._repeated.cache_info().hits == 1
+    assert len(packed) <= inflate.FEW_BYTES
+    inflate._repeated.cache_clear()
+    a = inflate.column("q", packed, 1024)
+    b = inflate.column("q", packed, 1024)
+    assert inflate._repeated.cache_info().hits == 1
     assert a.tolist() == [7] * 1024 == b.tolist()
     a[0] = 99
-    assert segments._column("q", packed, 1024)[0] == 7 and b[0] == 7
+    assert inflate.column("q", packed, 1024)[0] == 7 and b[0] == 7
     for _ in range(2):
         try:
-            segments._column("q", packed, 1000)  # not 1000 values
-        except segments.BadColumnsError:
+            inflate.column("q", packed, 1000)  # not 1000 values
+        except inflate.BadColumnsError:
             pass
         else:
             raise AssertionError("a column of the wrong length was taken")
     big = pack_column("d", [float(i) ** 0.5 for i in range(1024)])
-    assert len(big) > segments._FEW_BYTES
-    assert segments._column("d", big, 1024)[4] == 2.0
+    assert len(big) > inflate.FEW_BYTES
+    assert inflate.column("d", big, 1024)[4] == 2.0
 
 
 def _unpacked(packed: bytes, n: int, ascending: bool) -> list[int] | str:

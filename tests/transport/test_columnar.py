@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eagle3_tui.agent.names import COLUMNS_WANTED, COMPRESS_ZLIB
+from eagle3_tui.model.inflate import inflate_ahead
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.samples import SAMPLES_KEPT
-from eagle3_tui.model.segments import inflate_ahead
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.telemetry.columns import COLUMNS_FILE, read_blocks

@@ -64,7 +64,49 @@ def state(frames, inflated=None):
                                  "duplicate_records", "checkpoint", "anomalies", "ttt")}
 
 out = {}
-if case == "early":
+if case.startswith("started "):  # a read started before the imports (summary DIR)
+    started = []
+    def checked():  # at exit, after the reads' own handler (atexit: last in, first out)
+        reaped = True
+        for pid in started:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                reaped = False  # still this process's: running, or ended and not reaped
+            except ChildProcessError:
+                pass
+        print(json.dumps({"reaped": reaped, "started": started}))
+    import atexit
+    atexit.register(checked)
+    forked.start_early(path, SUMMARY_HISTORY)
+    started += forks
+    how = case.split()[1]
+    if how == "unread":
+        raise SystemExit(0)
+    if how == "replaced":  # the path names another file by the time it is read
+        copy = path.with_name("copy")
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    ours = list(forked.read_frames(path, SUMMARY_HISTORY))
+    out["left"] = [pid for pid in started if os.path.exists(f"/proc/{pid}")]
+    out["frames"] = [[f.offset, f.span, len(f.data)] for f in ours]
+    out["state"] = state(ours)
+    alone = list(iter_frames(path, SUMMARY_HISTORY))
+    out["alone_frames"] = [[f.offset, f.span, len(f.data)] for f in alone]
+    out["alone_state"] = state(alone)
+elif case == "cli":  # eagle3-tui summary DIR, in this process
+    import contextlib, io
+    from eagle3_tui.cli import main
+    real_take = forked._take_early
+    def take(p, h):
+        child = real_take(p, h)
+        out["taken"] = child is not None
+        return child
+    forked._take_early = take
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["summary", "--json", str(path.parent)])
+    out["step"] = json.loads(printed.getvalue())["step"]
+elif case == "early":
     frames = forked.read_frames(path, SUMMARY_HISTORY)
     out["first"] = [next(frames).offset, next(frames).offset]
     frames.close()
@@ -85,7 +127,7 @@ else:
     out["alone_state"] = state(alone)
 out["forks"] = len(forks)
 out["piped"] = piped
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
 """
 
 
@@ -98,7 +140,9 @@ def _read(path: Path, case: str) -> dict[str, Any]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    out: dict[str, Any] = json.loads(done.stdout)
+    out: dict[str, Any] = {}
+    for line in done.stdout.splitlines():  # the read's, then what was left at exit
+        out.update(json.loads(line))
     return out
 
 
@@ -166,6 +210,43 @@ def test_a_child_that_fails_mid_way_leaves_the_rest_of_the_read_to_its_parent(
     state = out["state"][1]
     assert state == out["alone_state"][1]
     assert state["lost_records"] == 0 and state["duplicate_records"] == 0
+
+
+def test_a_read_started_before_its_imports_is_taken_up_by_the_read(tmp_path: Path) -> None:
+    """``summary DIR`` starts the child before it imports the model: the read takes
+    that child (no second fork) and gets what a read alone gets."""
+    out = _read(_run(tmp_path), "started read")
+    assert out["forks"] == 1 and len(out["started"]) == 1, "one child, started early"
+    assert sum(1 for n in out["piped"] if n is not None) >= 5, "its payloads were read"
+    assert out["frames"] == out["alone_frames"] and out["state"] == out["alone_state"]
+    assert out["left"] == [] and out["reaped"]
+
+
+def test_summary_of_a_local_run_starts_its_read_before_its_imports(tmp_path: Path) -> None:
+    out = _read(_run(tmp_path), "cli")
+    assert out["forks"] == 1 and out["taken"], "the read took the child started first"
+    assert out["step"] == 12_000
+
+
+def test_a_read_started_early_and_never_made_leaves_no_child(tmp_path: Path) -> None:
+    """The command decided otherwise (the target was a host after all): the child is
+    killed and reaped as the process exits."""
+    out = _read(_run(tmp_path), "started unread")
+    assert len(out["started"]) == 1
+    assert out["reaped"], "the child outlived its parent's exit handlers"
+
+
+def test_a_read_started_early_of_a_file_since_replaced_reads_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The path names another file when the read comes: the early child (of the old
+    one) is ended, and the new file is read as it is (here a copy: its companion names
+    the old file, so all of it is lines)."""
+    out = _read(_run(tmp_path), "started replaced")
+    assert out["forks"] == 2, "the early child is not used for another file"
+    assert all(span < 0 for _, span, _ in out["frames"])
+    assert out["frames"] == out["alone_frames"] and out["state"] == out["alone_state"]
+    assert out["left"] == [] and out["reaped"]
 
 
 def test_a_read_left_early_leaves_no_child_behind(tmp_path: Path) -> None:

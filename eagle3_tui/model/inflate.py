@@ -1,0 +1,82 @@
+"""A columns payload's columns inflated (a ``C`` frame, agent/column_plan.py): the
+values of each, as :mod:`eagle3_tui.model.segments` applies them.
+
+Light on purpose (numpy and the standard library): a forked read's child
+(transport/forked.py) inflates payloads ahead of its parent without the model.
+
+Pure: no textual, no asyncssh.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+HEADER_LEN = struct.Struct("<I")
+_WIDTH = {"q": 8, "d": 8, "f": 4}
+_DTYPE = {"q": "<i8", "d": "<f8", "f": "<f4"}
+DTYPES = {k: np.dtype(v) for k, v in _DTYPE.items()}
+"""The values of each type of column, inflated."""
+FEW_BYTES = 64
+"""A column packed into this few bytes is a constant or nearly (``v``, ``rank``, an
+epoch's ``epoch``, a sampler's writer and kinds): the same bytes block after block."""
+
+
+class BadColumnsError(ValueError):
+    """A payload that cannot be what the agent sends."""
+
+
+Inflated = dict[tuple[int, str, int, int], npt.NDArray[Any]]
+"""A payload's columns inflated ahead (:func:`inflate_ahead`), by place, type, size
+and length in the payload."""
+
+
+def inflate_ahead(payload: bytes) -> Inflated | None:
+    """Each column of a columns payload that is not a few bytes, inflated: what
+    ``segments.apply_segment`` would inflate, done beforehand (a forked read's child
+    does it while its parent applies the frames before). None where the payload does
+    not read as one: its applying says why."""
+    try:
+        (hlen,) = HEADER_LEN.unpack_from(payload, 0)
+        header = json.loads(payload[4 : 4 + hlen])
+        out: Inflated = {}
+        at = 4 + hlen
+        metas = [header, *([header["stubs"]] if "stubs" in header else ())]
+        for meta in [*metas, *header.get("listings", ())]:
+            n = meta["n"]
+            for _name, kind, size in meta["cols"]:
+                packed = payload[at : at + size]
+                if len(packed) > FEW_BYTES:
+                    out[at, kind, size, n] = inflate(kind, packed, n)
+                at += size
+        return out
+    except Exception:  # anything: the applying decides, and says why
+        return None
+
+
+def column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    """A column's ``n`` values (BadColumnsError, or zlib.error: not that)."""
+    if len(packed) <= FEW_BYTES:  # inflated once (zlib makes a long run at ~460 MB/s)
+        return _repeated(kind, bytes(packed), n).copy()
+    return inflate(kind, packed, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _repeated(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    return inflate(kind, packed, n)
+
+
+def inflate(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
+    width = _WIDTH[kind]
+    raw = zlib.decompress(packed, bufsize=n * width + 1)
+    if len(raw) != n * width:
+        raise BadColumnsError(f"a column of {len(raw)} bytes, not {n} values")
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, n)
+    values = np.ascontiguousarray(planes.T).view(_DTYPE[kind]).reshape(n)
+    return np.cumsum(values) if kind == "q" else values
