@@ -64,8 +64,12 @@ def _start_reading(ns: argparse.Namespace) -> None:
     if ns.pid is not None or not ns.target:
         return
     path = Path(ns.target) / METRICS_FILE
-    if path.is_file():
-        from eagle3_tui.agent.names import SUMMARY_HISTORY
-        from eagle3_tui.transport.forked import start_early
+    try:
+        if not path.is_file():
+            return
+    except OSError:  # (no permission: the read says so, in its words)
+        return
+    from eagle3_tui.agent.names import SUMMARY_HISTORY
+    from eagle3_tui.transport.forked import start_early
 
-        start_early(path, SUMMARY_HISTORY)
+    start_early(path, SUMMARY_HISTORY)
