@@ -5,7 +5,7 @@ process (transport/local.py's :func:`~eagle3_tui.transport.local.iter_frames`): 
 plan and payloads of the file's columns (agent/column_plan.py, ~0.35 s for a 1M-step
 run) and then their decoding and applying (~0.8 s), one after the other. Here a
 forked child makes the frames and writes them into a pipe while this process applies
-the ones before: ~0.25 s less for that run where the machine has a second core.
+the ones before, where the machine has a second core.
 
 The child also inflates each payload's columns (``inflate.inflate_ahead``): zlib, the
 unshuffling and the sums were a third of this process's applying, while the child,
@@ -75,22 +75,13 @@ _END = -1
 _F_SETPIPE_SZ = 1031  # Linux's fcntl
 
 
-def read_frames(path: Path, history: dict[str, Any] | None = None) -> Iterator[DataFrame]:
-    """:func:`~eagle3_tui.transport.local.iter_frames` of ``path``: the same frames,
-    made in a forked child where that is safe and pays (see the module's docstring)."""
-    frames = read_inflated(path, history)
-    try:
-        for frame, _ in frames:
-            yield frame
-    finally:
-        frames.close()
-
-
 def read_inflated(
     path: Path, history: dict[str, Any] | None = None
 ) -> Generator[tuple[DataFrame, Inflated | None], None, None]:
-    """:func:`read_frames`, each with its columns inflated by the child (None: to be
-    inflated as it is applied)."""
+    """:func:`~eagle3_tui.transport.local.iter_frames` of ``path``, the same frames
+    made in a forked child where that is safe and pays (see the module's docstring),
+    each with its columns inflated by the child (None: to be inflated as it is
+    applied)."""
     from eagle3_tui.transport.channel import DataFrame
     from eagle3_tui.transport.local import columnar, iter_frames, open_input
 

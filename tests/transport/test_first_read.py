@@ -15,6 +15,7 @@ from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.snapshot import ViewParams
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport import local
+from eagle3_tui.transport.base import Chunk
 from eagle3_tui.transport.local import LocalTransport
 from tests.records import Lines
 
@@ -24,6 +25,13 @@ async def test_no_verdict_until_the_history_is_read(
 ) -> None:
     monkeypatch.setattr(pipeline_module, "VERDICT_UNREAD", 1 << 20)
     monkeypatch.setattr(local, "CATCH_UP_BYTES", 64 << 10)  # read as a longer file's is
+    real_read = local._read
+
+    def slow_read(fd: int, offset: int, end: int) -> list[Chunk]:
+        time.sleep(0.01)  # ~0.7 s for the file: pictures while most is unread, under load too
+        return real_read(fd, offset, end)
+
+    monkeypatch.setattr(local, "_read", slow_read)
     lines = Lines(t0=time.time() - 3 * 86400, dt=0.5)  # steps of days ago, no end
     body = b"".join(lines.train(step, 2.0) for step in range(12_000))
     (tmp_path / "metrics.jsonl").write_bytes(body)

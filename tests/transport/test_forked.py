@@ -86,7 +86,7 @@ if case.startswith("started "):  # a read started before the imports (summary DI
         copy = path.with_name("copy")
         copy.write_bytes(path.read_bytes())
         os.replace(copy, path)
-    ours = list(forked.read_frames(path, SUMMARY_HISTORY))
+    ours = [f for f, _ in forked.read_inflated(path, SUMMARY_HISTORY)]
     out["left"] = [pid for pid in started if os.path.exists(f"/proc/{pid}")]
     out["frames"] = [[f.offset, f.span, len(f.data)] for f in ours]
     out["state"] = state(ours)
@@ -107,8 +107,8 @@ elif case == "cli":  # eagle3-tui summary DIR, in this process
         main(["summary", "--json", str(path.parent)])
     out["step"] = json.loads(printed.getvalue())["step"]
 elif case == "early":
-    frames = forked.read_frames(path, SUMMARY_HISTORY)
-    out["first"] = [next(frames).offset, next(frames).offset]
+    frames = forked.read_inflated(path, SUMMARY_HISTORY)
+    out["first"] = [next(frames)[0].offset, next(frames)[0].offset]
     frames.close()
     try:
         out["left"] = os.waitpid(-1, os.WNOHANG)[0]
