@@ -207,8 +207,8 @@ def _unpack(kind: str, packed: bytes, n: int) -> list[Any]:
 
     from eagle3_tui.telemetry.columns import _unshuffle, unpack_ints
 
-    if kind == "q":
-        return unpack_ints(packed, n)
+    if kind in ("q", "a"):
+        return unpack_ints(packed, n, kind)
     width = 8 if kind == "d" else 4
     raw = _unshuffle(zlib.decompress(packed), width)
     values = array(kind)

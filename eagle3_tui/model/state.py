@@ -432,10 +432,17 @@ class RunState:
         (as :meth:`_apply_others` does each kind's), queued for no history (every one
         of their kind that a history keeps comes after them)."""
         self.records += env.n
-        for k in np.unique(env.kind).tolist():
-            idx = np.flatnonzero(env.kind == k)
-            self._touch(float(env.ts[idx[0]]))
-            self._touch(float(env.ts[idx[-1]]))
+        kind, ts = env.kind, env.ts
+        if not len(kind):
+            return
+        lo, hi = int(kind.min()), int(kind.max())
+        # a few kinds, numbered from 0: each one's first and last by argmax, no sort
+        for k in range(lo, hi + 1) if hi - lo < 16 else np.unique(kind).tolist():
+            hit = kind == k
+            first = int(hit.argmax())
+            if hit[first]:
+                self._touch(float(ts[first]))
+                self._touch(float(ts[len(hit) - 1 - int(hit[::-1].argmax())]))
 
     def _apply_others(self, batch: Batch | None) -> list[float]:
         """The batch's records of other kinds (None: it has none): sampler records

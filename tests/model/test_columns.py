@@ -205,3 +205,117 @@ def test_unpacked_sums_near_64_bits_are_exact_or_refused_with_numpy_too() -> Non
         pass
     else:
         raise AssertionError("a sum past 64 bits was taken")
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.one_of(
+        st.tuples(
+            st.integers(-(1 << 63), (1 << 63) - 1),
+            st.integers(-(1 << 20), 1 << 20),
+            st.integers(1, 3000),
+        ).map(lambda t: [t[0] + t[1] * i for i in range(t[2])]),
+        st.lists(st.integers(-(1 << 40), 1 << 40), min_size=1, max_size=60),
+    )
+)
+def test_an_int_column_is_stepped_only_where_its_values_step_evenly(values: list[int]) -> None:
+    """An int64 column whose values step evenly (a block's ``seq``, ``step``, ``v``) is
+    written as its first value and step (type ``a``, 16 bytes); any other as ``q``.
+    Either reads back as the same values everywhere: the agent's lists and arrays, the
+    client's inflating (numpy), a forked read's inflating ahead."""
+    from eagle3_tui.model import inflate
+    from eagle3_tui.telemetry.columns import pack_ints, unpack_int_array, unpack_ints
+
+    if not all(-(1 << 63) <= v < 1 << 63 for v in values):
+        return  # not int64 values: no writer packs them
+    diffs = {b - a for a, b in itertools.pairwise(values)}
+    if any(not -(1 << 63) <= d < 1 << 63 for d in diffs):
+        return
+    kind, packed = pack_ints(values)
+    assert kind == ("a" if len(diffs) <= 1 else "q")
+    assert len(packed) == 16 or kind == "q"
+    n = len(values)
+    assert unpack_ints(packed, n, kind) == values
+    assert unpack_int_array(packed, n, kind=kind).tolist() == values
+    assert inflate.inflate(kind, packed, n).tolist() == values
+    assert inflate.column(kind, packed, n).tolist() == values
+
+
+def test_a_stepped_column_that_is_not_one_is_refused_by_every_reader() -> None:
+    """A column of type ``a`` of the wrong size, or whose values would pass 64 bits, or
+    a type no writer writes: a ValueError for the agent, BadColumnsError for the client
+    (its frame one malformed line), never values read from the wrong place."""
+    import struct
+
+    from eagle3_tui.model import inflate
+    from eagle3_tui.telemetry.columns import unpack_int_array, unpack_ints
+
+    top = (1 << 63) - 1
+    cases = [
+        ("a", struct.pack("<qq", 1, 1)[:12], 4),  # torn
+        ("a", struct.pack("<qq", 1, 1) + b"\0", 4),  # too long
+        ("a", struct.pack("<qq", top - 2, 1), 4),  # the fourth value past 64 bits
+        ("a", struct.pack("<qq", -top, -1), 3),
+        ("a", struct.pack("<qq", 1, 1), 0),
+        ("z", struct.pack("<qq", 1, 1), 4),
+    ]
+    for kind, packed, n in cases:
+        for read in (unpack_ints, lambda p, m, k: unpack_int_array(p, m, kind=k)):
+            try:
+                read(packed, n, kind)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError(f"{kind} {packed!r} {n} was taken by the agent")
+        if kind == "z" or n == 0:
+            continue
+        try:
+            inflate.inflate(kind, packed, n)
+        except inflate.BadColumnsError:
+            pass
+        else:
+            raise AssertionError(f"{kind} {packed!r} {n} was taken by the client")
+    assert unpack_ints(struct.pack("<qq", top - 3, 1), 4, "a")[-1] == top
+    assert inflate.inflate("a", struct.pack("<qq", top - 3, 1), 4)[-1] == top
+
+
+def test_a_block_and_a_sample_block_write_stepped_columns_and_read_them_back() -> None:
+    """The writer's blocks (``encode_block``, ``encode_samples``) step their counting
+    columns: a block's ``seq``, ``step``, ``v``, a sample block's writer; ``@off`` (lines
+    of differing lengths) stays ``q``. Read back, every column is what was written."""
+    import json
+
+    from eagle3_tui.telemetry.columns import (
+        HEAD,
+        Samples,
+        encode_block,
+        encode_samples,
+        read_blocks,
+    )
+
+    n = 300
+    lengths = [40 + i % 7 for i in range(n)]
+    offsets = list(itertools.accumulate([0, *lengths[:-1]]))
+    shape = (("v", "q"), ("seq", "q"), ("step", "q"), ("epoch", "q"), ("train.loss", "f"))
+    rows = [[1, 10 + i, 500 + 2 * i, i // 100, 0.5] for i in range(n)]
+    data = encode_block((1, 2), ("w", "train"), shape, offsets, lengths, rows)
+    (block,) = read_blocks(data)
+    kinds = {path: kind for path, (kind, _) in block.chunks.items()}
+    assert kinds == {
+        "@off": "q", "@len": "q", "v": "a", "seq": "a", "step": "a", "epoch": "q", "train.loss": "f"
+    }  # fmt: skip
+    assert block.ints("seq") == [10 + i for i in range(n)]
+    assert block.ints("step") == [500 + 2 * i for i in range(n)]
+    assert block.ints("epoch") == [i // 100 for i in range(n)]
+    assert block.ints("@off") == offsets
+    kinds_b = [b"gpu", b"io"] * (n // 2)
+    sample = encode_samples(
+        (1, 2), offsets, lengths, kinds_b, [b"w"] * n, list(range(n)), [1.0 * i for i in range(n)]
+    )
+    _, hlen, _, _ = HEAD.unpack_from(sample, 0)
+    header = json.loads(sample[HEAD.size : HEAD.size + hlen])
+    assert {c[0]: c[1] for c in header["cols"]} == {
+        "@off": "q", "@len": "q", "kind": "q", "w": "a", "seq": "a", "ts": "d"
+    }  # fmt: skip
+    got = Samples(header, memoryview(sample)[HEAD.size + hlen :])
+    assert got.offsets.tolist() == offsets and got.lengths.tolist() == lengths
