@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -371,3 +373,51 @@ def test_a_companion_that_cannot_be_written_is_counted_and_the_lines_are_whole(
     # the writer's first mark block (it writes to this file), two full blocks, one at close
     assert sum(w.stats.errors.values()) == 4, w.stats.errors
     assert len(path.read_bytes().splitlines()) == 2100
+
+
+def restamp(path: Path, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Each column block's header of ``path``'s companion as ``change`` makes it (the
+    block's checksum made anew: a header the writer did not write, but whole)."""
+    import zlib
+
+    from eagle3_tui.telemetry.columns import HEAD, MAGIC, walk_blocks
+
+    comp = path.with_name(COLUMNS_FILE)
+    out = []
+    for magic, head, body in walk_blocks(comp.read_bytes()):
+        if magic == MAGIC:
+            head = json.dumps(change(json.loads(head)), separators=(",", ":")).encode()
+        crc = zlib.crc32(bytes(body), zlib.crc32(head))
+        out.append(HEAD.pack(magic, len(head), len(body), crc) + head + bytes(body))
+    comp.write_bytes(b"".join(out))
+
+
+def stats_first(h: dict[str, Any]) -> dict[str, Any]:
+    return {"stats": h.pop("stats"), **h}
+
+
+def seq_off_by_one(h: dict[str, Any]) -> dict[str, Any]:
+    h["stats"]["seq"][0] += 1
+    return h
+
+
+@pytest.mark.parametrize("change", [stats_first, seq_off_by_one])
+def test_a_block_header_the_writer_did_not_write_is_read_whole_or_checked_out(
+    tmp_path: Path, change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """The plan parses a block's header without its stats where the writer put them
+    (last), and takes the first row's sequence number from them: a header with its
+    stats elsewhere is parsed whole (its blocks still go as columns); stats whose first
+    sequence number is not the first row's fail the block's check against the file
+    (its lines go as lines). Either way, the plain read's state."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(3000, 11, samples=0.5))
+    assert index_file(str(path), block_rows=200) > 5
+    plain = state_of(parse(agent_output(tmp_path), []))
+    written = frame_kinds(agent_output(tmp_path, **COLUMNS)).count("C")
+    restamp(path, change)
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert state_of(parse(cols, [])) == plain
+    sent = frame_kinds(cols).count("C")
+    # (a block the companion does not account for is checked row by row: still sent)
+    assert sent == written if change is stats_first else sent < written
