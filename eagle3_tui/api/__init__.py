@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eagle3_tui import exits, reports
+from eagle3_tui import exits
 from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S, SUMMARY_HISTORY
 from eagle3_tui.api import slurm
 from eagle3_tui.api.reading import (
@@ -47,8 +47,6 @@ from eagle3_tui.api.reading import (
     target_or_here,
     tell,
 )
-from eagle3_tui.model.compare import Comparison
-from eagle3_tui.model.compare import compare as compare_states
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
 from eagle3_tui.model.state import RunState
@@ -76,6 +74,9 @@ from eagle3_tui.transport.target import (
     parse_host,
     parse_target,
 )
+
+if TYPE_CHECKING:
+    from eagle3_tui.model.compare import Comparison
 
 __all__ = [
     "OBSERVE_S",
@@ -267,6 +268,8 @@ def compare(
         raise TargetError(f"{a} and {b} are the same run ({same}): compare it with another run")
     run_a = open_run(ta, label=str(a), on_note=on_note)
     run_b = open_run(tb, label=str(b), on_note=on_note)
+    from eagle3_tui.model.compare import compare as compare_states  # (not a summary's)
+
     return compare_states(run_a.state, run_b.state, axis=axis, labels=(str(a), str(b)))
 
 
@@ -465,4 +468,6 @@ def attach(
 def exit_status(error: TargetError) -> int:
     """The exit status the CLI gives an error (``eagle3_tui/exits.py``: 21 no
     permission, 22 no such process, 25 not a regular file, 2 otherwise...)."""
+    from eagle3_tui import reports  # (its report texts: not a summary's to import)
+
     return reports.exit_status_of(error)
