@@ -200,3 +200,24 @@ def test_spikes_are_those_of_the_definition_scanned_whole_or_as_they_come() -> N
         assert found, seed  # the premise: spikes were made
         from_live = [a for a in live.anomalies if a.said.startswith("loss spike")]
         assert [a.said for a in from_live] == [a["said"] for a in whole], seed
+
+
+def test_the_spike_candidates_hold_every_loss_far_above_its_window_median() -> None:
+    """The candidates' bound (each pair of blocks' lower half) never drops a position
+    whose loss is at least SPIKE_FACTOR times its window's median, from any first
+    position on, whatever the column's length; and names no position before it."""
+    from eagle3_tui.model.anomalies import SPIKE_FACTOR, SPIKE_WINDOW, _candidates
+
+    rng = np.random.default_rng(5)
+    w = SPIKE_WINDOW
+    for trial in range(400):
+        n = int(rng.integers(0, 7 * w))
+        f = rng.random(n) * 2 - (0.5 if trial % 4 == 0 else 0.0)  # some at or below 0
+        f[rng.random(n) < 0.05] *= 12
+        first = int(rng.integers(0, n + 2))
+        got = _candidates(f, first).tolist()
+        assert got == sorted(set(got)) and all(first <= p < n for p in got), (n, first)
+        for p in range(max(first, 1), n):
+            med = float(np.median(f[max(0, p - w) : p]))
+            if med <= 0 or f[p] >= SPIKE_FACTOR * med:
+                assert p in got, (trial, n, first, p)
