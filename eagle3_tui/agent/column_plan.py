@@ -386,14 +386,21 @@ class _Stubs:
         return head
 
 
+SAMPLES_MARGIN = 64
+"""Lines of a sampler kind sent whole beyond the ones the client keeps: a line it does
+not keep (a repeated record, a malformed one) still counts here, and without a margin
+its history would hold that many fewer than a read of the lines (exact while the
+newest lines hold at most this many)."""
+
+
 def sample_cutoffs(fd: int, size: int, keep: Any) -> dict[str, int]:
     """Per sampler kind the client keeps ``keep[kind]`` of, the offset of the first of
-    the newest that many lines of that kind (0: the file has no more than that): the
-    lines of that kind before it may go as envelopes. Read backwards, line by line only
-    in chunks that name a kind still counted."""
+    the newest that many lines of that kind and :data:`SAMPLES_MARGIN` more (0: the
+    file has no more than that): the lines of that kind before it may go as envelopes.
+    Read backwards, line by line only in chunks that name a kind still counted."""
     if not isinstance(keep, dict):
         return {}
-    left = {str(k): v for k, v in keep.items() if isinstance(v, int) and v > 0}
+    left = {str(k): v + SAMPLES_MARGIN for k, v in keep.items() if isinstance(v, int) and v > 0}
     cutoffs = {k: 0 for k in left}
     hi = size
     while left and hi > 0:

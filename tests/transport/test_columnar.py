@@ -421,3 +421,35 @@ def test_a_block_header_the_writer_did_not_write_is_read_whole_or_checked_out(
     sent = frame_kinds(cols).count("C")
     # (a block the companion does not account for is checked row by row: still sent)
     assert sent == written if change is stats_first else sent < written
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_samples_of_several_writers_sent_as_envelopes_keep_each_writers_count(
+    tmp_path: Path, seed: int
+) -> None:
+    """Two sidecars' samples interleaved (one losing records, one repeating one) and
+    the trainer's own heartbeats among its steps, far more than the histories keep: the
+    envelopes are told apart by writer, each writer's sequence numbers counted as the
+    plain read counts them (lost, repeated), the trainer's among its steps."""
+    rng = random.Random(seed)
+    trainer, a, b = Lines("rank0"), Lines("side-a"), Lines("side-b")
+    parts: list[bytes] = []
+    for step in range(2500):
+        parts.append(trainer.train(step, rng.uniform(0, 3)))
+        for side in rng.sample([a, b], rng.randint(0, 2)):
+            parts.append(side.gpu(rng.uniform(0, 100)) if rng.random() < 0.6 else side.heartbeat())
+        if rng.random() < 0.01:
+            a.seq += 2  # side-a loses records
+        if rng.random() < 0.005 and b.seq > 3:
+            b.seq -= 1  # side-b repeats one
+        if rng.random() < 0.05:
+            parts.append(trainer.heartbeat(written=step))  # the steps' writer's own sample
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(parts))
+    assert index_file(str(path), block_rows=150) > 5
+    frames = parse(agent_output(tmp_path, **COLUMNS), [])
+    assert any(b'"listed"' in f.data[:4000] or b'"stubs"' in f.data[:4000] for f in frames)
+    want = state_of(parse(agent_output(tmp_path), []))
+    assert state_of(frames) == want
+    writers = want[7]
+    assert isinstance(writers, dict) and writers["side-a"][1] > 0 and writers["side-b"][2] > 0
