@@ -110,10 +110,6 @@ class Envelopes:
     def n(self) -> int:
         return len(self.at)
 
-    def names(self) -> npt.NDArray[Any]:
-        """Each one's writer (str objects)."""
-        return np.asarray(self.writers, dtype=object)[self.w]
-
     def items(self) -> list[Deferred]:
         """Each as a :class:`Deferred` without its line (the record-by-record path)."""
         kinds, writers = self.kinds, self.writers
@@ -379,7 +375,12 @@ def row_spans(
         if not bool(np.isfinite(seqs).all()):
             return None
         seqs_i = seqs.astype(np.int64)
-        names = np.fromiter(map(_W, recs), object, len(recs))
+        names = list(map(_W, recs))
+        # each one's writer by number (a few writers; the envelopes' by their index):
+        # masks of ints, not of str objects compared one by one
+        known = list(dict.fromkeys([*names, *(envelopes.writers if envelopes is not None else ())]))
+        number = {w: i for i, w in enumerate(known)}
+        codes = np.fromiter(map(number.__getitem__, names), np.int64, len(names))
         at = np.asarray(before, dtype=np.int64)
         if envelopes is not None:
             if places is None or len(places) != len(recs):
@@ -387,11 +388,14 @@ def row_spans(
             order = np.argsort(
                 np.concatenate((np.asarray(places, dtype=np.int64), envelopes.at)), kind="stable"
             )
+            env_codes = np.asarray([number[w] for w in envelopes.writers], dtype=np.int64)
             seqs_i = np.concatenate((seqs_i, envelopes.seq))[order]
-            names = np.concatenate((names, envelopes.names()))[order]
+            codes = np.concatenate((codes, env_codes[envelopes.w]))[order]
             at = np.concatenate((at, envelopes.before))[order]
-        for w in set(names.tolist()):
-            mask = names == w
+        for i, w in enumerate(known):
+            mask = codes == i
+            if not mask.any():
+                continue
             if w == rows.w:  # the steps' own writer: its other records among them
                 groups[w] = np.insert(rows.seqs, at[mask], seqs_i[mask])
             else:
