@@ -342,9 +342,15 @@ def _envelopes(
     kind_ix = [np.asarray([kinds.index(k) for k in p.kinds], dtype=np.int64) for p in parts]
     w_ix = [np.asarray([writers.index(w) for w in p.writers], dtype=np.int64) for p in parts]
     at = np.concatenate([p.offsets for p in parts])
-    order = np.argsort(at, kind="stable")
-    at = at[order]
-    lengths = np.concatenate([p.lengths for p in parts])[order]
+    # in file order already (the parts' ranges in order, as the agent sends them): kept
+    ordered = len(at) < 2 or bool((at[1:] >= at[:-1]).all())
+    order = None if ordered else np.argsort(at, kind="stable")
+
+    def in_order(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return values if order is None else values[order]
+
+    at = in_order(at)
+    lengths = in_order(np.concatenate([p.lengths for p in parts]))
     if len(at) and (int(at[0]) < offset or int(at[-1] + lengths[-1]) > offset + span):
         raise BadColumnsError("envelopes outside the range")
     if len(at) > 1 and not bool((at[1:] >= at[:-1] + lengths[:-1]).all()):
@@ -352,12 +358,12 @@ def _envelopes(
     env = Envelopes(
         at,
         np.searchsorted(offsets, at),
-        np.concatenate([ix[p.kind] for ix, p in zip(kind_ix, parts, strict=True)])[order],
+        in_order(np.concatenate([ix[p.kind] for ix, p in zip(kind_ix, parts, strict=True)])),
         kinds,
-        np.concatenate([ix[p.w] for ix, p in zip(w_ix, parts, strict=True)])[order],
+        in_order(np.concatenate([ix[p.w] for ix, p in zip(w_ix, parts, strict=True)])),
         writers,
-        np.concatenate([p.seq for p in parts])[order],
-        np.concatenate([p.ts for p in parts])[order],
+        in_order(np.concatenate([p.seq for p in parts])),
+        in_order(np.concatenate([p.ts for p in parts])),
     )
     return env, lengths
 
