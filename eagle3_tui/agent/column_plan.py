@@ -69,6 +69,7 @@ from eagle3_tui.telemetry.columns import (
     kind_of,
     pack_column,
     pack_envelopes,
+    seq_fits,
     walk_blocks,
 )
 from eagle3_tui.telemetry.safefs import open_file
@@ -361,8 +362,8 @@ class _Stubs:
             if base + pos >= cutoffs.get(kind, 0):
                 continue
             nl = find(b"\n", m.end(), hi)
-            if nl < 0 or not PLAIN_TIME.fullmatch(ts):
-                continue
+            if nl < 0 or not PLAIN_TIME.fullmatch(ts) or not seq_fits(seq):
+                continue  # (a line of the run's text)
             if pos > run_start:
                 runs += [run_start, pos - run_start]
                 text.append(data[run_start:pos])

@@ -715,6 +715,9 @@ class Deferred(msgspec.Struct, gc=False):
     @property
     def seq(self) -> int:
         seq = _as_int(self.seq_f)
+        if seq is not None and abs(seq) >= 1 << 53 and not self.stub:
+            full = self.resolve()  # past a float's exact integers: the line's own digits
+            seq = full.seq if isinstance(full, Record) else None
         return -1 if seq is None else seq
 
     @property

@@ -322,6 +322,13 @@ def spans(
     return out
 
 
+def _exact_seqs(seqs: npt.NDArray[np.float64]) -> bool:
+    """Whether every sequence number is one a float64 holds exactly (finite, below
+    2**53): a line may say any number of digits, which the careful path counts as the
+    line says them."""
+    return bool((np.abs(seqs) < 2.0**53).all())  # (NaN compares False)
+
+
 def batch_spans(batch: Batch, writers: Mapping[str, WriterSeq]) -> Spans | None:
     """Each writer's first and last sequence number in ``batch``; None unless they
     are consecutive and continue the writer's (a repeat: the careful path drops it)."""
@@ -338,7 +345,7 @@ def batch_spans(batch: Batch, writers: Mapping[str, WriterSeq]) -> Spans | None:
             )
         except (TypeError, ValueError):  # a missing seq (None)
             return None
-        if not np.isfinite(floats).all():  # a seq the record did not have (NaN)
+        if not _exact_seqs(floats):  # a seq the record did not have (NaN), or not exact
             return None
         seqs = floats.astype(np.int64)
     names = list(map(_W, recs))
@@ -372,7 +379,7 @@ def row_spans(
             )
         except (TypeError, ValueError):
             return None
-        if not bool(np.isfinite(seqs).all()):
+        if not _exact_seqs(seqs):
             return None
         seqs_i = seqs.astype(np.int64)
         names = list(map(_W, recs))

@@ -29,6 +29,7 @@ from eagle3_tui.telemetry.columns import (
     encode_samples,
     flatten,
     kind_of,
+    seq_fits,
 )
 from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_aside, open_append
 
@@ -125,7 +126,12 @@ class ColumnLog:
         """List a sampler line by its envelope (False: it has not our writer's, or its
         time is not a plain number: it is marked instead)."""
         m = ENVELOPE.match(line)
-        if m is None or m.group(4) != kind.encode() or not PLAIN_TIME.fullmatch(m.group(3)):
+        if (
+            m is None
+            or m.group(4) != kind.encode()
+            or not PLAIN_TIME.fullmatch(m.group(3))
+            or not seq_fits(m.group(1))
+        ):
             return False
         s = self._samples
         if s[0] and ident != self._sample_ident:

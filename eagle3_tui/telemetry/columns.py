@@ -195,6 +195,14 @@ def flatten(rec: Any) -> tuple[Shape, tuple[str, str], list[Any]] | None:
     return tuple(shape), (w, "train"), values
 
 
+def seq_fits(seq: bytes) -> bool:
+    """Whether an envelope's ``seq`` (its digits, as :data:`ENVELOPE` matched them) is
+    one a reader holds exactly, as an int64 and as a float64 (below 2**53): a longer
+    one is listed as a line, not by its envelope (packing one past 64 bits raised, and
+    took the agent's read down with it)."""
+    return len(seq) <= 15
+
+
 def kind_of(line: bytes) -> str:
     """The ``kind`` a line names ("" when it names none), spelled compactly as our
     writer writes it or with spaces (a file written by another tool)."""

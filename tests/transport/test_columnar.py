@@ -453,3 +453,34 @@ def test_samples_of_several_writers_sent_as_envelopes_keep_each_writers_count(
     assert state_of(frames) == want
     writers = want[7]
     assert isinstance(writers, dict) and writers["side-a"][1] > 0 and writers["side-b"][2] > 0
+
+
+@pytest.mark.parametrize("base", [(1 << 53) + 1, 10**25])
+def test_a_sampler_line_with_a_sequence_number_past_a_float_is_counted_exactly(
+    tmp_path: Path, base: int
+) -> None:
+    """A run's line may say any sequence number: one past a float's exact integers
+    (2**53) or past 64 bits goes as a line, not by its envelope (packed, one past 64
+    bits raised in the agent and ended its read), and every read counts it as its
+    digits say: the same state from the columns and from the lines, the writer's next
+    number exact, no record called a duplicate."""
+    trainer, side = Lines("rank0"), Lines("side")
+    parts: list[bytes] = []
+    for step in range(3000):
+        parts.append(trainer.train(step, 1.0))
+        if step % 2 == 0:
+            parts.append(side.gpu(50.0))
+        if step in (100, 101):
+            parts.append(
+                b'{"v":1,"seq":%d,"w":"odd","ts":1000100.0,"kind":"gpu","gpus":[]}\n'
+                % (base + step)
+            )
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(parts))
+    assert index_file(str(path), block_rows=200) > 5
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert "C" in frame_kinds(cols)
+    want = state_of(parse(agent_output(tmp_path), []))
+    assert state_of(parse(cols, [])) == want
+    writers = want[7]
+    assert isinstance(writers, dict) and writers["odd"] == (base + 102, 0, 0)
