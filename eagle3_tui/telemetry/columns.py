@@ -172,7 +172,7 @@ def flatten(rec: Any) -> tuple[Shape, tuple[str, str], list[Any]] | None:
             shape.append(("ts", "d"))
             values.append(v)
         elif key in ENVELOPE_INTS:
-            if type(v) is not int or not -(1 << 62) <= v <= (1 << 62):
+            if type(v) is not int or not -(1 << 53) < v < (1 << 53):  # a float's exact ints
                 return None
             shape.append((key, "q"))
             values.append(v)

@@ -484,3 +484,17 @@ def test_a_sampler_line_with_a_sequence_number_past_a_float_is_counted_exactly(
     assert state_of(parse(cols, [])) == want
     writers = want[7]
     assert isinstance(writers, dict) and writers["odd"] == (base + 102, 0, 0)
+
+
+def test_training_steps_numbered_past_a_float_go_as_lines_and_read_alike(tmp_path: Path) -> None:
+    """A trainer whose sequence numbers pass 2**53 (a float's exact integers): its steps
+    are no block's rows (the companion would hold them exactly, a line's reader not),
+    so columns and lines give one state."""
+    trainer = Lines("rank0")
+    trainer.seq = (1 << 53) - 300
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(trainer.train(step, 1.0 + step % 7) for step in range(1200)))
+    index_file(str(path), block_rows=200)
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert frame_kinds(cols).count("C") == 1  # the first block's rows, all below 2**53
+    assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
