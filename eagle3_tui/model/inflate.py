@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from eagle3_tui.telemetry.columns import stepped
+
 HEADER_LEN = struct.Struct("<I")
 _WIDTH = {"q": 8, "d": 8, "f": 4}
 _DTYPE = {"q": "<i8", "a": "<i8", "d": "<f8", "f": "<f4"}
-_STEPPED = struct.Struct("<qq")  # an ``a`` column (telemetry/columns.py's STEPPED)
-_INT64 = 1 << 63
 DTYPES = {k: np.dtype(v) for k, v in _DTYPE.items()}
 """The values of each type of column, inflated."""
 FEW_BYTES = 64
@@ -76,11 +76,10 @@ def _repeated(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
 
 def inflate(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:
     if kind == "a":  # values that step evenly: the first and the step
-        if len(packed) != _STEPPED.size:
-            raise BadColumnsError(f"a stepped column of {len(packed)} bytes")
-        first, step = _STEPPED.unpack(packed)
-        if not -_INT64 <= first + step * (n - 1) < _INT64:
-            raise BadColumnsError("values beyond 64 bits")
+        try:
+            first, step = stepped(packed, n)
+        except ValueError as e:
+            raise BadColumnsError(str(e)) from None
         values: npt.NDArray[np.int64] = np.arange(n, dtype=np.int64) * step + first
         return values
     width = _WIDTH[kind]
