@@ -145,6 +145,7 @@ class MonitorApp(App[None]):
         note: str = "",
         chosen: str = "",
         quit_stops_run: bool = False,
+        on_hang_up: Callable[[], None] | None = None,
         glance_min: int | None = MIN_GLANCE_BYTES,
     ) -> None:
         """The monitor of ``source``.
@@ -155,7 +156,8 @@ class MonitorApp(App[None]):
         chosen (a host's live training, its latest run) and why, ``chosen`` in a few words
         for the header; ``quit_stops_run``:
         the caller stops the run after ``q`` (the demo), and after SIGHUP (its terminal
-        closed) or SIGTERM, on which the app quits as on ``q``; ``glance_min``: a file at
+        closed) or SIGTERM, on which the app quits as on ``q`` (``on_hang_up`` is
+        called first: the demo starts stopping its run there); ``glance_min``: a file at
         least this long is shown at a glance while it is read whole (app/pipeline.py).
         """
         super().__init__()
@@ -175,6 +177,7 @@ class MonitorApp(App[None]):
         """Opens another run of the same host by its directory (the compare picker)."""
         self.quit_stops_run = quit_stops_run
         """``q`` also stops the run (the demo owns its run); the help says which."""
+        self.on_hang_up = on_hang_up
         self.fleet_requested = False
         """``F`` ended the monitor: the command line shows the fleet of this host next."""
         self.compare_source = compare
@@ -241,16 +244,21 @@ class MonitorApp(App[None]):
         if self.quit_stops_run:  # the terminal closed, or a kill: as on q, the run stops too
             loop = asyncio.get_running_loop()
             for hang_up in (signal.SIGHUP, signal.SIGTERM):
-                loop.add_signal_handler(hang_up, self.exit)
+                loop.add_signal_handler(hang_up, self._hung_up)
+
+    def _hung_up(self) -> None:
+        if self.on_hang_up is not None:
+            self.on_hang_up()
+        self.exit()
 
     def on_unmount(self) -> None:
         if self.quit_stops_run:
             loop = asyncio.get_running_loop()
             for hang_up in (signal.SIGHUP, signal.SIGTERM):
                 loop.remove_signal_handler(hang_up)
-            # the caller stops the run next: a hang-up then (the terminal closing after
-            # q) must not cut that short and leave the training behind
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                # the caller stops the run next: a hang-up or a kill then (the terminal
+                # closing after q) must not cut that short and leave the training behind
+                signal.signal(hang_up, signal.SIG_IGN)
 
     def _start_probing(self) -> None:
         """The host is asked now, then every ``status_interval`` (see :meth:`_probe_tick`)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +100,7 @@ def run(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.target import LocalTarget
 
     demo_target = LocalTarget(run_dir)
+    hung_up = _StopOnHangUp(demo_target, proc, run_dir)
     try:
         # imported with the stops held: one raised inside an import leaves its package
         # half made (asyncio's, then the stop's own import of it, failed so)
@@ -113,22 +116,72 @@ def run(ns: argparse.Namespace) -> int:
             open_run=open_run_for(demo_target),
             export_dir=local_export_dir(run_dir),
             quit_stops_run=True,
+            on_hang_up=hung_up.start,
         )
-        stops.arm()
+        stops.arm(hung_up.start)
         app.run()
     except KeyboardInterrupt:
         _hold_hang_ups()  # the stop is not cut short
-        stop_demo_run(demo_target, proc)
-        say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
+        if not hung_up.wait():
+            stop_demo_run(demo_target, proc)
+            say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
         return exits.INTERRUPTED
     except BaseException:
         _hold_hang_ups()
-        stop_demo_run(demo_target, proc)
+        if not hung_up.wait():
+            stop_demo_run(demo_target, proc)
         raise
     _hold_hang_ups()
+    if hung_up.wait():
+        return exits.INTERRUPTED
     stop_demo_run(demo_target, proc)
     say(f"eagle3-tui demo: the run is in {run_dir}", err=True)
     return app_exit_status(app)
+
+
+EXIT_GRACE_S = 10.0
+"""After a hang-up's stop, how long the demo's own exit may take before it is cut."""
+
+
+class _StopOnHangUp:
+    """A closed terminal or a kill (SIGHUP, SIGTERM) while the app runs: the run is
+    stopped at once, from a thread of its own, while the app quits. The app's exit on a
+    terminal that is gone can hang (measured: ~1 in 30 after a KeyboardInterrupt
+    raised mid-task, asyncio's shutdown waits on a task forever; Textual's input thread
+    reads the hung-up terminal's end of file forever unless the app's exit stops it),
+    and the training must not wait on it: ``EXIT_GRACE_S`` after the stop the process
+    leaves, whether or not its main thread got there (exit status 130)."""
+
+    def __init__(self, target: LocalTarget, proc: subprocess.Popen[bytes], run_dir: Path):
+        import threading
+
+        self.target, self.proc, self.run_dir = target, proc, run_dir
+        self.thread: threading.Thread | None = None
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        """Called on the main thread (a signal's handler): the stop's thread, once."""
+        import threading
+
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._stop, name="demo-stop", daemon=True)
+            self.thread.start()
+
+    def wait(self) -> bool:
+        """Whether a hang-up stopped the run (it is, when this returns True)."""
+        if self.thread is None:
+            return False
+        self.stopped.wait()
+        return True
+
+    def _stop(self) -> None:
+        try:
+            stop_demo_run(self.target, self.proc)
+            say(f"eagle3-tui demo: the run is in {self.run_dir}", err=True)
+        finally:
+            self.stopped.set()
+        time.sleep(EXIT_GRACE_S)  # the main thread's own exit, where it can
+        os._exit(exits.INTERRUPTED)
 
 
 class _HeldStops:
@@ -147,11 +200,18 @@ class _HeldStops:
         for s, handler in self.before.items():
             signal.signal(s, handler)
 
-    def arm(self) -> None:
-        """From here a stop raises KeyboardInterrupt; one held raises it now."""
+    def arm(self, on_hang_up: Callable[[], None] | None = None) -> None:
+        """From here a stop raises KeyboardInterrupt (a hang-up or a kill calls
+        ``on_hang_up`` first); one held raises it now."""
+
+        def interrupted(signum: int, frame: object) -> None:
+            if on_hang_up is not None:
+                on_hang_up()
+            raise KeyboardInterrupt
+
         signal.signal(signal.SIGINT, self.before[signal.SIGINT])
         for hang_up in (signal.SIGHUP, signal.SIGTERM):
-            signal.signal(hang_up, _interrupted)
+            signal.signal(hang_up, interrupted)
         if self.pending:
             raise KeyboardInterrupt
 
@@ -172,10 +232,6 @@ def _import_the_stop() -> None:
 
     import eagle3_tui.reports
     import eagle3_tui.transport.calls  # noqa: F401
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def demo_headless(
