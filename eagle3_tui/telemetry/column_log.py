@@ -123,8 +123,9 @@ class ColumnLog:
             self.flush()
 
     def _sample(self, ident: tuple[int, int], offset: int, line: bytes, kind: str) -> bool:
-        """List a sampler line by its envelope (False: it has not our writer's, or its
-        time is not a plain number: it is marked instead)."""
+        """List a sampler line by its envelope (False: it has not our writer's, its
+        time is not a plain number, or its sequence number is longer than a sample
+        block holds exactly (``seq_fits``): it is marked instead)."""
         m = ENVELOPE.match(line)
         if (
             m is None
