@@ -106,7 +106,13 @@ class _Col:
     __slots__ = ("at", "end", "n", "paths", "start", "stats")
 
     def __init__(
-        self, start: int, end: int, n: int, at: int, paths: list[str], stats: dict[str, Any]
+        self,
+        start: int,
+        end: int,
+        n: int,
+        at: int,
+        paths: tuple[str, ...],
+        stats: dict[str, Any],
     ) -> None:
         self.start, self.end, self.n, self.at = start, end, n, at
         """``at``: the block's offset in the companion."""
@@ -147,24 +153,39 @@ class _Col:
         return block.ints("@off")
 
 
-@functools.lru_cache(maxsize=64)
+PLANNED_COLUMNS = 256
+"""Blocks of at most this many columns share one :func:`_plan` (a companion's headers
+are the run's to write: what is kept of them stays small)."""
+
+
 def _plan(
     names: tuple[str, ...], keys: tuple[str, ...]
-) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """For a block of these columns: the paths whose stats the digest carries
     (``keys``: paths, or prefixes ending in ``.``), with the steps' and times' (the
     stats taken), and those of them the block has (the stats its header must hold).
     A writer's blocks mostly share their columns: worked out once for them all (was
     ~20 ms of the 1M-step run's glance)."""
-    paths = [
+    if len(names) <= PLANNED_COLUMNS:
+        return _planned(names, keys)
+    return _plan_of(names, keys)
+
+
+def _plan_of(
+    names: tuple[str, ...], keys: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    paths = tuple(
         p
         for p in names
         if not p.startswith("@")
         and any(p == k or (k.endswith(".") and p.startswith(k)) for k in keys)
-    ]
+    )
     wanted = ("step", "global_step", "ts", *paths)
     have = set(names)
     return paths, wanted, tuple(p for p in wanted if p in have)
+
+
+_planned = functools.lru_cache(maxsize=64)(_plan_of)
 
 
 def _header_stats(stats: dict[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
