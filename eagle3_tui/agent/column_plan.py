@@ -1,5 +1,7 @@
 """The columnar catch-up: ship ``metrics.cols`` blocks instead of the lines they index.
 
+Over 600 lines: the plan, its checks and the payloads are one protocol, read together.
+
 :func:`column_plan` reads the companion (telemetry/columns.py) of the file being
 sent and keeps the blocks that can stand for their lines: blocks of this very file
 (device and inode), after the client's offset, inside the file as it is now, not
@@ -20,6 +22,13 @@ kinds, other writers' lines) as zlib-packed text with their offsets::
 
 ``runs`` is a packed ``q`` column of (offset in the range, length) pairs, one per
 run of consecutive other lines.
+
+**Frames of several blocks.** Consecutive accounted segments (below) of blocks alike
+(the same header but for their rows, the same columns sent) share one frame of up to
+:data:`GROUP_ROWS` rows (:func:`group_payload`): each column's pieces, one a block,
+back to back, ``"pieces": [[rows, [[type, size], ...]], ...]`` (each block's rows and
+its columns' types and sizes, in ``"cols"``' order; ``"cols"`` then gives no type:
+a block's ``seq`` or ``epoch`` may be ``a`` where the next one's is ``q``).
 
 **Accounted segments.** Where the companion lists every line of a range (the block's
 rows, the writers' samples and events add up to its every byte: agent/listing.py), a
@@ -81,6 +90,15 @@ TEXT_LEVEL = 1
 STUB_LEVEL = 1
 CHUNK = 4 << 20
 MAX_COMPANION = 1 << 31
+
+
+GROUP_ROWS = 8192
+"""Rows of consecutive blocks sent as one C frame at most: a frame's decoding and
+applying cost as much again per frame as per 1,024 rows (a 1M-step run's ~980 to
+~1,670 blocks, as a live writer closes them), and a frame this long is still ~50 ms of
+the 100 Mbit/s link."""
+_PER_BLOCK = frozenset({"n", "cols", "stats", "span", "bytes"})
+"""A block header's fields that are its own (the rest its frame's: :func:`group_payload`)."""
 
 
 MAX_READ_LINES = 4096
@@ -255,13 +273,32 @@ class Segment:
         before go as envelopes, see :func:`sample_cutoffs`); ``sent``: the sample blocks
         the client holds (an accounted segment's samples are sent as ranges of them);
         ``history``: a request's ``"history"`` (agent/names.py's ``SUMMARY_HISTORY``)."""
-        header = dict(self.block.header)
-        header.pop("stats", None)  # a glance's (agent/glance.py): not the client's to keep
-        header.pop("span", None)
-        header.pop("bytes", None)
+        kept = self.kept(keep, history)
+        sent = sent if sent is not None else Sent()
+        if self.marks is not None:  # accounted: the events read, the samples listed
+            return group_payload([self], [kept], sent)
+        header = self.shared_header()
+        header["n"] = self.block.n
+        header["cols"] = [[path, kind, len(packed)] for path, kind, packed in kept]
+        parts = [packed for _, _, packed in kept]
+        runs: list[int] = []
+        text: list[bytes] = []
+        stubs = _Stubs()
+        self._others(cutoffs, runs, text, stubs)
+        if stubs.n:
+            header["stubs"] = stubs.header()
+            parts += stubs.parts
+        return _framed(header, parts, runs, text)
+
+    def shared_header(self) -> dict[str, Any]:
+        """The block's header less what is its own (its rows, columns, stats): what the
+        blocks of one frame share (:func:`group_payload`)."""
+        return {k: v for k, v in self.block.header.items() if k not in _PER_BLOCK}
+
+    def kept(self, keep: dict[str, Any], history: Any = None) -> list[tuple[str, str, bytes]]:
+        """The columns sent, each as (path, type, packed bytes): see :meth:`payload`."""
         only = self._history(history)
-        cols: list[list[Any]] = []
-        parts: list[bytes] = []
+        out: list[tuple[str, str, bytes]] = []
         for path, (kind, packed) in self.block.chunks.items():
             group, _, name = path.partition(".")
             wanted = keep.get(group) if name else None
@@ -269,33 +306,8 @@ class Segment:
                 continue
             if only is not None and path not in only and path in self.latest:
                 continue
-            cols.append([path, kind, len(packed)])
-            parts.append(packed)
-        header["cols"] = cols
-        runs: list[int] = []
-        text: list[bytes] = []
-        stubs = _Stubs()
-        if self.marks is not None:  # accounted: the events read, the samples listed
-            for off, line in self.text:
-                runs += [off - self.start, len(line)]
-                text.append(line)
-            if self.samples:
-                sent = sent if sent is not None else Sent()
-                new = sent.update(self.start, self.samples)
-                header["listings"] = [listing_header(k, b) for k, b in new]
-                parts += [b.body for _, b in new]
-                header["listed"] = [[sent.number(b), i, j] for b, i, j in self.samples]
-        else:
-            self._others(cutoffs, runs, text, stubs)
-        if stubs.n:
-            header["stubs"] = stubs.header()
-            parts += stubs.parts
-        raw = b"".join(text)
-        packed_runs = pack_column("q", runs) if runs else b""
-        packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
-        header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
+            out.append((path, kind, packed))
+        return out
 
     def _history(self, history: Any) -> set[str] | None:
         """The only columns to send of a block older than the request's newest rows (with
@@ -493,17 +505,94 @@ def planned(fd: int, jsonl_path: str, start: int, size: int) -> Iterator[Segment
 
 def ready(
     fd: int, jsonl_path: str, start: int, size: int, samples: Any, keep: Any, history: Any = None
-) -> Iterator[tuple[Segment, bytes]]:
-    """The segments of :func:`column_plan` that passed their check, in file order, each
-    with its payload (``samples``, ``keep``, ``history``: a request's ``"samples"``,
-    ``"columns"`` and ``"history"``); the bytes between them are the caller's to send."""
+) -> Iterator[tuple[int, int, bytes]]:
+    """The segments of :func:`column_plan` that passed their check, in file order, as
+    the C frames' ranges (start, end) and payloads (``samples``, ``keep``,
+    ``history``: a request's ``"samples"``, ``"columns"`` and ``"history"``); the bytes
+    between them are the caller's to send. Consecutive accounted segments of blocks
+    alike share a frame, up to :data:`GROUP_ROWS` rows (:func:`group_payload`)."""
     cutoffs: dict[str, int] | None = None
     sent = Sent()
+    group: list[Segment] = []
+    kepts: list[list[tuple[str, str, bytes]]] = []
+    shared: tuple[dict[str, Any], list[str]] | None = None
+    rows = 0
     for seg in planned(fd, jsonl_path, start, size):
         if cutoffs is None:
             cutoffs = sample_cutoffs(fd, size, samples)
-        if seg.check(fd, cutoffs):  # else its lines go as lines
-            yield seg, seg.payload(keep, cutoffs, sent, history)
+        if not seg.check(fd, cutoffs):
+            continue  # its lines go as lines
+        if seg.marks is None:  # read and checked: a frame alone
+            if group:
+                yield group[0].start, group[-1].end, group_payload(group, kepts, sent)
+                group, kepts, rows = [], [], 0
+            yield seg.start, seg.end, seg.payload(keep, cutoffs, sent, history)
+            continue
+        kept = seg.kept(keep, history)
+        mine = (seg.shared_header(), [path for path, _, _ in kept])
+        if group and (
+            mine != shared or seg.start != group[-1].end or rows + seg.block.n > GROUP_ROWS
+        ):
+            yield group[0].start, group[-1].end, group_payload(group, kepts, sent)
+            group, kepts, rows = [], [], 0
+        group.append(seg)
+        kepts.append(kept)
+        shared = mine
+        rows += seg.block.n
+    if group:
+        yield group[0].start, group[-1].end, group_payload(group, kepts, sent)
+
+
+def group_payload(
+    segs: list[Segment], kepts: list[list[tuple[str, str, bytes]]], sent: Sent
+) -> bytes:
+    """One C frame's payload for consecutive accounted segments of blocks alike (the
+    same header but for their rows, the same columns sent: ``kepts``, each one's
+    :meth:`Segment.kept`): each column's pieces one after the other, and where there
+    are several, ``"pieces"``: each block's rows and its pieces' types and sizes, in
+    the columns' order (``"cols"`` then gives no type). Their events are one frame's
+    runs, their samples one frame's ranges."""
+    first = segs[0]
+    header = first.shared_header()
+    header["n"] = sum(seg.block.n for seg in segs)
+    cols: list[list[Any]] = []
+    parts: list[bytes] = []
+    several = len(segs) > 1
+    for c, (path, kind, _) in enumerate(kepts[0]):
+        pieces = [kept[c][2] for kept in kepts]
+        cols.append([path, None if several else kind, sum(map(len, pieces))])
+        parts += pieces
+    header["cols"] = cols
+    if several:  # each block's rows and columns (a column's type may differ: q or a)
+        header["pieces"] = [
+            [seg.block.n, [[kind, len(packed)] for _, kind, packed in kept]]
+            for seg, kept in zip(segs, kepts)  # noqa: B905 (3.8: no strict)
+        ]
+    runs: list[int] = []
+    text: list[bytes] = []
+    for seg in segs:
+        for off, line in seg.text:
+            runs += [off - first.start, len(line)]
+            text.append(line)
+    samples = [listed for seg in segs for listed in seg.samples]
+    if samples:
+        new = sent.update(first.start, samples)
+        header["listings"] = [listing_header(k, b) for k, b in new]
+        parts += [b.body for _, b in new]
+        header["listed"] = [[sent.number(b), i, j] for b, i, j in samples]
+    return _framed(header, parts, runs, text)
+
+
+def _framed(
+    header: dict[str, Any], parts: list[bytes], runs: list[int], text: list[bytes]
+) -> bytes:
+    """A payload: the header (with ``"gaps"``), the columns' bytes, the runs, the text."""
+    raw = b"".join(text)
+    packed_runs = pack_column("q", runs) if runs else b""
+    packed_text = zlib.compress(raw, TEXT_LEVEL) if raw else b""
+    header["gaps"] = [len(packed_runs), len(packed_text), len(raw)]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([HEADER_LEN.pack(len(head)), head, *parts, packed_runs, packed_text])
 
 
 _STATS = b',"stats":{'

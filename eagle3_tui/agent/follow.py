@@ -168,12 +168,14 @@ def _catch_up(fd: int, path: Path, offset: int, z: Deflater | None, req: dict[st
         return offset
     size = os.fstat(fd).st_size
     history = req.get("history")
-    for seg, payload in ready(fd, str(path), offset, size, req.get("samples"), keep, history):
-        offset = _pump(fd, offset, z, stop=seg.start)
-        if client_gone() or offset != seg.start:
+    for start, end, payload in ready(
+        fd, str(path), offset, size, req.get("samples"), keep, history
+    ):
+        offset = _pump(fd, offset, z, stop=start)
+        if client_gone() or offset != start:
             return offset
-        emit_columns(seg.start, seg.end - seg.start, payload)
-        offset = seg.end
+        emit_columns(start, end - start, payload)
+        offset = end
     return offset
 
 

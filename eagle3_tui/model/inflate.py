@@ -51,15 +51,58 @@ def inflate_ahead(payload: bytes) -> Inflated | None:
         at = 4 + hlen
         metas = [header, *([header["stubs"]] if "stubs" in header else ())]
         for meta in [*metas, *header.get("listings", ())]:
-            n = meta["n"]
-            for _name, kind, size in meta["cols"]:
-                packed = payload[at : at + size]
-                if len(packed) > FEW_BYTES:
-                    out[at, kind, size, n] = inflate(kind, packed, n)
-                at += size
+            for _name, pieces in column_pieces(meta):
+                for kind, n, size in pieces:
+                    packed = payload[at : at + size]
+                    if len(packed) > FEW_BYTES:
+                        out[at, kind, size, n] = inflate(kind, packed, n)
+                    at += size
         return out
     except Exception:  # anything: the applying decides, and says why
         return None
+
+
+def column_pieces(meta: dict[str, Any]) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """Each column a payload's header (or its stubs' or a listing's) names, as its
+    path and pieces: each piece's type, rows and packed size, in order. One piece but
+    where the frame holds several blocks (``"pieces"``: each block's rows and its
+    columns' types and sizes, agent/column_plan.py's ``group_payload``; the columns'
+    own types are then null). BadColumnsError where they do not add up."""
+    n, cols, pieces = meta["n"], meta["cols"], meta.get("pieces")
+    if type(n) is not int or n <= 0:
+        raise BadColumnsError(f"{n!r} rows")
+    if pieces is None:
+        return [(path, [(kind, n, size)]) for path, kind, size in cols]
+    if not (
+        isinstance(pieces, list)
+        and pieces
+        and all(
+            isinstance(p, list)
+            and len(p) == 2
+            and type(p[0]) is int
+            and p[0] > 0
+            and isinstance(p[1], list)
+            and len(p[1]) == len(cols)
+            and all(_piece(c) for c in p[1])
+            for p in pieces
+        )
+        and sum(p[0] for p in pieces) == n
+    ):
+        raise BadColumnsError("pieces that do not add up to the rows")
+    out: list[tuple[str, list[tuple[str, int, int]]]] = []
+    for c, (path, _, size) in enumerate(cols):
+        got = [(p[1][c][0], p[0], p[1][c][1]) for p in pieces]
+        if sum(g[2] for g in got) != size:
+            raise BadColumnsError(f"pieces of {path!r} that do not add up to it")
+        out.append((path, got))
+    return out
+
+
+def _piece(c: Any) -> bool:
+    """A piece of a column: [type, size]."""
+    return (
+        isinstance(c, list) and len(c) == 2 and c[0] in DTYPES and type(c[1]) is int and c[1] >= 0
+    )
 
 
 def column(kind: str, packed: bytes, n: int) -> npt.NDArray[Any]:

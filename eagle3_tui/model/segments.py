@@ -28,6 +28,7 @@ from eagle3_tui.model.inflate import (
     BadColumnsError,
     Inflated,
     column,
+    column_pieces,
 )
 from eagle3_tui.model.reader import Item, LineReader
 from eagle3_tui.model.records import (
@@ -209,14 +210,15 @@ def _decode(
 ) -> _Segment:
     (hlen,) = HEADER_LEN.unpack_from(payload, 0)
     header = json.loads(payload[4 : 4 + hlen])
-    n = header["n"]
-    if not isinstance(n, int) or n <= 0:
-        raise BadColumnsError(f"{n!r} rows")
     at = 4 + hlen
     cols: dict[str, npt.NDArray[Any]] = {}
-    for path, kind, size in header["cols"]:
-        cols[path] = _column_at(kind, payload, at, size, n, ahead)
-        at += size
+    for path, pieces in column_pieces(header):
+        got = []
+        for kind, rows, size in pieces:  # one a block (a frame of several: agent/column_plan.py)
+            got.append(_column_at(kind, payload, at, size, rows, ahead))
+            at += size
+        cols[path] = got[0] if len(got) == 1 else np.concatenate(got)
+    n: int = header["n"]
     offsets, lengths = cols["@off"], cols["@len"]
     parts: list[_Listed] = []
     if "stubs" in header:

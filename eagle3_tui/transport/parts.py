@@ -29,11 +29,13 @@ def columnar_parts(
     as (offset, None, length), the last one's length -1 where it goes to the file's
     end (``stop`` None)."""
     size = os.fstat(fd).st_size if stop is None else stop
-    for seg, payload in ready(fd, str(path), offset, size, SAMPLES_KEPT, COLUMNS_WANTED, history):
-        if seg.start > offset:
-            yield offset, None, seg.start - offset
-        yield seg.start, payload, seg.end - seg.start
-        offset = seg.end
+    for start, end, payload in ready(
+        fd, str(path), offset, size, SAMPLES_KEPT, COLUMNS_WANTED, history
+    ):
+        if start > offset:
+            yield offset, None, start - offset
+        yield start, payload, end - start
+        offset = end
     if stop is None or offset < stop:
         yield offset, None, -1 if stop is None else stop - offset
 

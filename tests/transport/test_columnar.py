@@ -28,7 +28,7 @@ from eagle3_tui.transport.channel import DataFrame
 from tests.records import Lines
 from tests.transport.conftest import ssh_target
 from tests.transport.sshd import Sshd
-from tests.transport.test_compressed import agent_output, frame_kinds, parse
+from tests.transport.test_compressed import agent_output, frame_kinds, parse, payload_blocks
 from tests.transport.test_ssh_stream import (
     Follower,
     client,
@@ -252,8 +252,25 @@ def test_the_writer_keeps_the_companion_as_it_writes(tmp_path: Path) -> None:
             assert data[off + n - 1 : off + n] == b"\n" and (off == 0 or data[off - 1] == 10)
             assert (rec["kind"], rec["seq"], rec["w"]) == ("train", seq, b.header["const"]["w"])
     cols = agent_output(tmp_path, **COLUMNS)
-    assert frame_kinds(cols).count("C") == 3, "every block but the last"
+    sent = c_blocks(cols)
+    assert [n for frame in sent for n in frame] == [1024, 1024, 452], "every block but the last"
+    assert max(map(len, sent)) > 1, "consecutive blocks of one writer share a frame"
     assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
+
+
+def c_blocks(output: bytes) -> list[list[int]]:
+    """Each C frame of the agent's output as the rows of each block it carries."""
+    out: list[list[int]] = []
+    pos = 0
+    while pos < len(output):
+        end = output.index(b"\n", pos)
+        head = output[pos:end].split(b" ")
+        n = int(head[2]) if head[0] == b"D" else int(head[3]) if head[0] in (b"Z", b"C") else 0
+        pos = end + 1
+        if head[0] == b"C":
+            out.append(payload_blocks(output[pos : pos + n]))
+        pos += n
+    return out
 
 
 def damage(path: Path, how: str, rng: random.Random) -> None:
@@ -300,6 +317,7 @@ def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Pat
     spans = [i for i, f in enumerate(frames) if f.span >= 0]
     assert spans
     i = spans[0]
+    lost = sum(payload_blocks(frames[i].data))
     bad = frames[i].data[:40] + b"\x00" * 8 + frames[i].data[48:]
     frames[i] = DataFrame(frames[i].offset, bad, frames[i].span)
     for ahead in (False, True):  # its columns inflated ahead: the same
@@ -309,7 +327,78 @@ def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Pat
             run.feed(f.offset, f.data, 0, f.span, pre)
         s = run.state
         assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
-        assert s.train_steps == 600, "the frame's 300 steps are missing, nothing else"
+        assert lost in (300, 600), "a block, or two blocks alike in one frame"
+        assert s.train_steps == 900 - lost, "the frame's steps are missing, nothing else"
+        assert run.reader.complete_offset == len(path.read_bytes())
+
+
+def _reheaded(payload: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
+    hlen = int.from_bytes(payload[:4], "little")
+    header = json.loads(payload[4 : 4 + hlen])
+    change(header)
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(4, "little") + head + payload[4 + hlen :]
+
+
+def _rows_off(h: dict[str, Any]) -> None:
+    h["pieces"][0][0] += 1
+
+
+def _bad_type(h: dict[str, Any]) -> None:
+    h["pieces"][1][1][0][0] = "x"
+
+
+def _sizes_moved(h: dict[str, Any]) -> None:  # the column's total right, its pieces not
+    h["pieces"][0][1][0][1] += 1
+    h["pieces"][1][1][0][1] -= 1
+
+
+def _a_piece_short(h: dict[str, Any]) -> None:
+    h["pieces"][1][1].pop()
+
+
+def _typed_column(h: dict[str, Any]) -> None:  # pieces with one type too many
+    h["pieces"][0][1][2] = ["f", h["pieces"][0][1][2][1], "f"]
+
+
+@pytest.mark.parametrize(
+    "change", [_rows_off, _bad_type, _sizes_moved, _a_piece_short, _typed_column]
+)
+def test_a_frame_of_several_blocks_that_does_not_add_up_is_one_malformed_line(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None]
+) -> None:
+    """Consecutive blocks alike travel in one frame, each column in pieces (one a
+    block); pieces that do not say the rows, types and sizes they hold lose that
+    frame's steps as one malformed line, and nothing else."""
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines()
+    # an epoch ends in the second block: its epochs a column of values (q), the
+    # other blocks' one value (a): one frame all the same
+    path.write_bytes(b"".join(lines.train(i, float(i), epoch=i // 450) for i in range(1200)))
+    index_file(str(path), block_rows=300)
+    frames = parse(agent_output(tmp_path, **COLUMNS), [])
+    grouped = [i for i, f in enumerate(frames) if f.span >= 0 and len(payload_blocks(f.data)) > 1]
+    assert grouped, "the first three blocks in one frame"
+    i = grouped[0]
+    lost = sum(payload_blocks(frames[i].data))
+    assert lost == 900
+    hlen = int.from_bytes(frames[i].data[:4], "little")
+    pieces = json.loads(frames[i].data[4 : 4 + hlen])["pieces"]
+    assert len({tuple(t for t, _ in p[1]) for p in pieces}) > 1, "types that differ by block"
+    whole = Run()
+    for f in frames:
+        whole.feed(f.offset, f.data, 0, f.span)
+    assert state_of(frames) == state_of(parse(agent_output(tmp_path), []))
+    assert whole.state.train_steps == 1200 and whole.state.malformed_count == 0
+    frames[i] = DataFrame(frames[i].offset, _reheaded(frames[i].data, change), frames[i].span)
+    for ahead in (False, True):
+        run = Run()
+        for f in frames:
+            pre = inflate_ahead(f.data) if ahead and f.span >= 0 else None
+            run.feed(f.offset, f.data, 0, f.span, pre)
+        s = run.state
+        assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
+        assert s.train_steps == 1200 - lost
         assert run.reader.complete_offset == len(path.read_bytes())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import subprocess
 import sys
 import zlib
@@ -68,6 +69,14 @@ def parse(output: bytes, cuts: list[int]) -> list[DataFrame]:
         prev = p
     assert not parser.partial
     return frames
+
+
+def payload_blocks(payload: bytes) -> list[int]:
+    """The blocks a C frame's payload carries, by their rows (agent/column_plan.py:
+    consecutive blocks alike share a frame)."""
+    (hlen,) = struct.unpack_from("<I", payload)
+    h = json.loads(payload[4 : 4 + hlen])
+    return [p[0] for p in h["pieces"]] if "pieces" in h else [h["n"]]
 
 
 def frame_kinds(output: bytes) -> list[str]:

@@ -17,6 +17,7 @@ READ = """
 import json, os, sys
 from pathlib import Path
 import eagle3_tui.transport.forked as forked
+from eagle3_tui.agent import column_plan
 from eagle3_tui.agent.names import SUMMARY_HISTORY
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
@@ -24,6 +25,7 @@ from eagle3_tui.transport.local import iter_frames
 
 path, case = Path(sys.argv[1]), sys.argv[2]
 forked.FORK_MIN = 0
+column_plan.GROUP_ROWS = 2048  # two blocks a frame: a 12,000-step run is several frames
 parent = os.getpid()
 forks = []
 real_fork = os.fork
