@@ -55,8 +55,11 @@ class ColumnLog:
         on_error: Callable[[BaseException], None] | None = None,
         rows: bool = True,
         writer: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = companion_path(jsonl_path)
+        self._clock = clock
+        """What a block's age is told by (:func:`index_file`: its lines' own times)."""
         self.block_rows = block_rows
         self.rows_kept = rows
         """Training steps become rows (False: the sidecar's writer, which only marks)."""
@@ -115,7 +118,7 @@ class ColumnLog:
             self.flush()
         if not self._rows:
             self._shape, self._const, self._ident = shape, const, ident
-            self._since = time.monotonic()
+            self._since = self._clock()
         self._offsets.append(offset)
         self._lengths.append(len(line))
         self._rows.append(values)
@@ -139,7 +142,7 @@ class ColumnLog:
             self._flush_samples()
         if not s[0]:
             self._sample_ident = ident
-            self._samples_since = time.monotonic()
+            self._samples_since = self._clock()
         s[0].append(offset)
         s[1].append(len(line))
         s[2].append(m.group(4))
@@ -151,7 +154,7 @@ class ColumnLog:
         return True
 
     def due(self) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         return (bool(self._rows) and now - self._since >= BLOCK_AGE_S) or (
             bool(self._samples[0]) and now - self._samples_since >= BLOCK_AGE_S
         )
@@ -273,10 +276,15 @@ class ColumnLog:
             self._fd = None
 
 
-def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS) -> int:
+def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS, as_written: bool = False) -> int:
     """Write the companion of an existing ``metrics.jsonl`` (one written before the
-    writer kept one); returns the blocks written. The file must not be growing."""
-    log = ColumnLog(jsonl_path, block_rows, writer=ALL_WRITERS)
+    writer kept one); returns the blocks written. The file must not be growing.
+    ``as_written``: close blocks as the writer did while the lines came, by their own
+    times (:data:`BLOCK_AGE_S` after a block's first line, as well as every
+    ``block_rows`` rows): a run of 2 steps a second has blocks of ~600 rows, not 1,024."""
+    now = [0.0]
+    clock = (lambda: now[0]) if as_written else time.monotonic
+    log = ColumnLog(jsonl_path, block_rows, writer=ALL_WRITERS, clock=clock)
     if os.path.exists(log.path):
         os.unlink(log.path)
     with open(jsonl_path, "rb") as f:
@@ -285,7 +293,13 @@ def index_file(jsonl_path: str, block_rows: int = BLOCK_ROWS) -> int:
         offset = 0
         for line in f:
             if line.endswith(b"\n"):
+                if as_written:
+                    m = ENVELOPE.match(line)
+                    if m is not None and PLAIN_TIME.fullmatch(m.group(3)):
+                        now[0] = max(now[0], float(m.group(3)))
                 log.add(ident, offset, line)
+                if as_written and log.due():
+                    log.flush()
             offset += len(line)
     log.close()
     return log.blocks

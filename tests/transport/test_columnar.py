@@ -258,6 +258,25 @@ def test_the_writer_keeps_the_companion_as_it_writes(tmp_path: Path) -> None:
     assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
 
 
+def test_a_file_indexed_as_written_has_the_blocks_its_writer_would_have_closed(
+    tmp_path: Path,
+) -> None:
+    """``index_file(as_written=True)`` closes a block ``BLOCK_AGE_S`` (300 s) after its
+    first row by the lines' own times, as the live writer does by its clock: at 2
+    steps a second, 600 rows a block (benchmarks/bench_open.py's run is made so)."""
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines(dt=0.5)
+    path.write_bytes(b"".join(lines.train(i, float(i)) for i in range(1500)))
+    assert index_file(str(path)) == 2
+    assert [b.n for b in read_blocks((tmp_path / COLUMNS_FILE).read_bytes())] == [1024, 476]
+    assert index_file(str(path), as_written=True) == 3
+    blocks = read_blocks((tmp_path / COLUMNS_FILE).read_bytes())
+    assert [b.n for b in blocks] == [601, 601, 298], "the row at 300 s closes its block"
+    cols = agent_output(tmp_path, **COLUMNS)
+    assert [n for frame in c_blocks(cols) for n in frame] == [601, 601]
+    assert state_of(parse(cols, [])) == state_of(parse(agent_output(tmp_path), []))
+
+
 def c_blocks(output: bytes) -> list[list[int]]:
     """Each C frame of the agent's output as the rows of each block it carries."""
     out: list[list[int]] = []
