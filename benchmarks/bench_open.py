@@ -7,7 +7,8 @@ trainer's writer), every second an 8-GPU sample, an 8-worker read sample and a
 heartbeat (the sidecar's), and per epoch of 15,000 steps its events (a validation,
 a checkpoint's save started/finished, three log lines); its companion is made as
 the writer would have made it while the run went (``index_file(as_written=True)``:
-columns, stats and marks, a block closed 300 s after its first row, ~600 rows). ``--steps 1000000`` is ~2.6 GB, made once and kept in the temporary directory.
+columns, stats and marks, a block closed 300 s after its first row, ~600 rows).
+``--steps 1000000`` is ~2.6 GB, made once and kept in the temporary directory.
 
 Each measurement runs in a process of its own (its memory is its own) and takes the
 monitor's data path (app/pipeline.py with the monitor's glance threshold): from

@@ -47,6 +47,7 @@ Python 3.8+, standard library only.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -106,7 +107,9 @@ MAX_READ_LINES = 4096
 read whole and checked."""
 
 
-_ENVELOPE_COLUMNS = {"@off", "@len", "v", "seq", "rank", "epoch", "step", "global_step", "ts"}
+_ENVELOPE_COLUMNS = frozenset(
+    {"@off", "@len", "v", "seq", "rank", "epoch", "step", "global_step", "ts"}
+)
 """What a block sends of each row under a request's ``"history"``, whatever it names."""
 
 
@@ -298,18 +301,14 @@ class Segment:
     def kept(self, keep: dict[str, Any], history: Any = None) -> list[tuple[str, str, bytes]]:
         """The columns sent, each as (path, type, packed bytes): see :meth:`payload`."""
         only = self._history(history)
-        out: list[tuple[str, str, bytes]] = []
-        for path, (kind, packed) in self.block.chunks.items():
-            group, _, name = path.partition(".")
-            wanted = keep.get(group) if name else None
-            if isinstance(wanted, list) and name not in wanted:
-                continue
-            if only is not None and path not in only and path in self.latest:
-                continue
-            out.append((path, kind, packed))
-        return out
+        paths = tuple(path for path, _, _ in self.block.cols)
+        wanted = tuple(
+            (str(g), tuple(x for x in v if isinstance(x, str)) if isinstance(v, list) else None)
+            for g, v in keep.items()
+        )
+        return self.block.packed(_kept(paths, wanted, only, self.latest))
 
-    def _history(self, history: Any) -> set[str] | None:
+    def _history(self, history: Any) -> frozenset[str] | None:
         """The only columns to send of a block older than the request's newest rows (with
         the envelope and the rows' places); None: every one."""
         if not isinstance(history, dict):
@@ -317,7 +316,7 @@ class Segment:
         paths, newest = history.get("paths"), history.get("newest")
         if not isinstance(paths, list) or type(newest) is not int or self.newer < newest:
             return None
-        return {str(p) for p in paths} | _ENVELOPE_COLUMNS
+        return frozenset(str(p) for p in paths) | _ENVELOPE_COLUMNS
 
     def _others(
         self, cutoffs: dict[str, int] | None, runs: list[int], text: list[bytes], stubs: _Stubs
@@ -541,6 +540,30 @@ def ready(
         rows += seg.block.n
     if group:
         yield group[0].start, group[-1].end, group_payload(group, kepts, sent)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept(
+    paths: tuple[str, ...],
+    keep: tuple[tuple[str, tuple[str, ...] | None], ...],
+    only: frozenset[str] | None,
+    latest: frozenset[str],
+) -> tuple[int, ...]:
+    """Which of a block's columns (``paths``) are sent (:meth:`Segment.kept`): worked
+    out once for the blocks that share their columns (a writer's, mostly). ``keep``:
+    per group, the only fields wanted (None: all); ``only``: of an old block, the
+    columns a history sends; ``latest``: the last block's columns."""
+    fields = dict(keep)
+    out: list[int] = []
+    for i, path in enumerate(paths):
+        group, _, name = path.partition(".")
+        wanted = fields.get(group) if name else None
+        if wanted is not None and name not in wanted:
+            continue
+        if only is not None and path not in only and path in latest:
+            continue
+        out.append(i)
+    return tuple(out)
 
 
 def group_payload(

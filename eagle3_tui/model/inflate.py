@@ -98,6 +98,30 @@ def column_pieces(meta: dict[str, Any]) -> list[tuple[str, list[tuple[str, int, 
     return out
 
 
+def inflate_joined(kind: str, packed: list[bytes], rows: list[int]) -> npt.NDArray[Any]:
+    """The values of a column's pieces (``q``, ``d`` or ``f``, each ``rows[i]`` values)
+    one after the other: :func:`inflate` of each, concatenated, with one unshuffling
+    and one sum for them all (a frame of several blocks)."""
+    width = _WIDTH[kind]
+    planes = []
+    for p, n in zip(packed, rows, strict=True):
+        raw = zlib.decompress(p, bufsize=n * width + 1)
+        if len(raw) != n * width:
+            raise BadColumnsError(f"a column of {len(raw)} bytes, not {n} values")
+        planes.append(np.frombuffer(raw, dtype=np.uint8).reshape(width, n))
+    joined = np.concatenate(planes, axis=1)  # each byte plane of every piece, then unshuffled
+    values = np.ascontiguousarray(joined.T).view(_DTYPE[kind]).reshape(-1)
+    if kind != "q":
+        return values
+    # each piece's first difference is from 0: the sums less the sum before the piece
+    # (wrapped as each piece's own sum wraps: the same values, bit for bit)
+    sums = np.cumsum(values)
+    ends = np.cumsum(rows)[:-1]
+    before = np.concatenate((np.zeros(1, dtype=np.int64), sums[ends - 1]))
+    out: npt.NDArray[np.int64] = sums - np.repeat(before, rows)
+    return out
+
+
 def _piece(c: Any) -> bool:
     """A piece of a column: [type, size]."""
     return (

@@ -24,11 +24,13 @@ import numpy as np
 import numpy.typing as npt
 
 from eagle3_tui.model.inflate import (
+    FEW_BYTES,
     HEADER_LEN,
     BadColumnsError,
     Inflated,
     column,
     column_pieces,
+    inflate_joined,
 )
 from eagle3_tui.model.reader import Item, LineReader
 from eagle3_tui.model.records import (
@@ -56,6 +58,32 @@ def _column_at(
         if got is not None:
             return got
     return column(kind, payload[at : at + size], n)
+
+
+def _pieces_at(
+    pieces: list[tuple[str, int, int]], payload: bytes, at: int, ahead: Inflated | None
+) -> tuple[npt.NDArray[Any], int]:
+    """A column's values from its pieces at ``at`` in the payload, and where the next
+    column starts: inflated together where they are alike and none was inflated ahead
+    (``inflate_joined``: one unshuffling and one sum), else one by one."""
+    kind = pieces[0][0]
+    if (
+        len(pieces) > 1
+        and not ahead
+        and kind in ("q", "d", "f")
+        and all(k == kind and size > FEW_BYTES for k, _, size in pieces)
+    ):
+        packed, rows = [], []
+        for _, n, size in pieces:
+            packed.append(payload[at : at + size])
+            rows.append(n)
+            at += size
+        return inflate_joined(kind, packed, rows), at
+    got = []
+    for k, n, size in pieces:
+        got.append(_column_at(k, payload, at, size, n, ahead))
+        at += size
+    return (got[0] if len(got) == 1 else np.concatenate(got)), at
 
 
 def apply_segment(
@@ -212,12 +240,8 @@ def _decode(
     header = json.loads(payload[4 : 4 + hlen])
     at = 4 + hlen
     cols: dict[str, npt.NDArray[Any]] = {}
-    for path, pieces in column_pieces(header):
-        got = []
-        for kind, rows, size in pieces:  # one a block (a frame of several: agent/column_plan.py)
-            got.append(_column_at(kind, payload, at, size, rows, ahead))
-            at += size
-        cols[path] = got[0] if len(got) == 1 else np.concatenate(got)
+    for path, pieces in column_pieces(header):  # one a block (agent/column_plan.py)
+        cols[path], at = _pieces_at(pieces, payload, at, ahead)
     n: int = header["n"]
     offsets, lengths = cols["@off"], cols["@len"]
     parts: list[_Listed] = []

@@ -297,32 +297,41 @@ def unpack_ints(packed: bytes, n: int, kind: str = "q") -> list[int]:
     return list(accumulate(_diffs(packed, n)))
 
 
-def unpack_int_array(packed: bytes, n: int, ascending: bool = False, kind: str = "q") -> array[int]:
+def unpack_int_array(
+    packed: bytes, n: int, ascending: bool = False, kind: str = "q", positive: bool = False
+) -> array[int]:
     """:func:`unpack_ints` as an array: 8 bytes a value, where a list holds an int
     object of ~32 bytes for each (what stays alive for long: a 1M-step run's sample
     blocks list 3M places, and as lists they took ~120 MB of small-object memory that
-    the process kept after they were freed). ``ascending``: ValueError unless each
-    value is at least the one before."""
+    the process kept after they were freed). ValueError unless each value is at least
+    the one before (``ascending``), or above 0 (``positive``)."""
     if kind != "q":
         values = unpack_ints(packed, n, kind)
         if ascending and n > 1 and values[1] < values[0]:
             raise ValueError("values out of order")
+        if positive and values and min(values) <= 0:
+            raise ValueError("values not above 0")
         return array("q", values)
     np = sys.modules.get("numpy")
     if np is not None:  # a process that has numpy (a local read): ~8x faster
-        fast = _numpy_sums(np, packed, n, ascending)
+        fast = _numpy_sums(np, packed, n, ascending, positive)
         if fast is not None:
             return fast
     diffs = _diffs(packed, n)
     if ascending and n > 1 and min(diffs[1:]) < 0:
         raise ValueError("values out of order")
     try:
-        return array("q", list(accumulate(diffs)))  # (from a list: ~30 % faster)
+        out = array("q", list(accumulate(diffs)))  # (from a list: ~30 % faster)
     except OverflowError:
         raise ValueError("values beyond 64 bits") from None
+    if positive and out and min(out) <= 0:
+        raise ValueError("values not above 0")
+    return out
 
 
-def _numpy_sums(np: Any, packed: bytes, n: int, ascending: bool) -> array[int] | None:
+def _numpy_sums(
+    np: Any, packed: bytes, n: int, ascending: bool, positive: bool = False
+) -> array[int] | None:
     """:func:`unpack_int_array` with numpy (never imported here: a process that already
     has it, a client reading a local run, gets the sums ~8x faster than a list's); None
     where the sums might not fit in 64 bits (the standard-library path tells)."""
@@ -337,8 +346,11 @@ def _numpy_sums(np: Any, packed: bytes, n: int, ascending: bool) -> array[int] |
         raise ValueError("values out of order")
     if max(abs(int(diffs.max())), abs(int(diffs.min()))) * n >= 1 << 63:
         return None  # a sum might wrap around: told exactly without numpy
+    sums = np.cumsum(diffs)
+    if positive and int(sums.min()) <= 0:
+        raise ValueError("values not above 0")
     out = array("q")
-    out.frombytes(np.cumsum(diffs).astype("=i8").tobytes())
+    out.frombytes(sums.astype("=i8").tobytes())
     return out
 
 
@@ -498,9 +510,8 @@ class Samples:
         ):
             raise ValueError("not a sample block's columns")
         self.offsets = unpack_int_array(packed["@off"], n, True, kinds["@off"])
-        self.lengths = unpack_int_array(packed["@len"], n, kind=kinds["@len"])
-        if min(self.lengths) <= 0:
-            raise ValueError("lines out of order")  # (overlaps: a reader checks what it is sent)
+        # (lines of no length: not one; overlaps: a reader checks what it is sent)
+        self.lengths = unpack_int_array(packed["@len"], n, kind=kinds["@len"], positive=True)
         self.start = self.offsets[0]
         self.end = self.offsets[-1] + self.lengths[-1]
         if self.start < 0 or header.get("span") != [self.start, self.end]:
@@ -510,13 +521,48 @@ class Samples:
 class Block:
     """One block read back: its header and each column's packed bytes."""
 
-    __slots__ = ("chunks", "header", "n")
+    __slots__ = ("_body", "_chunks", "_cols", "header", "n")
 
-    def __init__(self, header: dict[str, Any], chunks: dict[str, tuple[str, bytes]]) -> None:
+    def __init__(
+        self, header: dict[str, Any], cols: list[tuple[str, str, int]], body: memoryview
+    ) -> None:
         self.header = header
         self.n: int = header["n"]
-        self.chunks = chunks
-        """path -> (type, packed bytes)"""
+        self._cols, self._body = cols, body
+        self._chunks: dict[str, tuple[str, Any]] | None = None
+
+    @property
+    def cols(self) -> list[tuple[str, str, int]]:
+        """Its columns (path, type, packed size), in the body's order."""
+        return self._cols
+
+    def packed(self, indices: tuple[int, ...]) -> list[tuple[str, str, Any]]:
+        """The columns at these places of :attr:`cols` (in ascending order), each as
+        (path, type, packed bytes: a view of the body)."""
+        out: list[tuple[str, str, Any]] = []
+        at = 0
+        want = iter(indices)
+        nxt = next(want, -1)
+        for i, (path, kind, size) in enumerate(self._cols):
+            if i == nxt:
+                out.append((path, kind, self._body[at : at + size]))
+                nxt = next(want, -1)
+            at += size
+        return out
+
+    @property
+    def chunks(self) -> dict[str, tuple[str, Any]]:
+        """path -> (type, packed bytes: a view of the body), made when first asked (a
+        plan walks ~1,700 blocks of a 1M-step run before its first frame, and uses
+        each block's columns only when it sends it)."""
+        if self._chunks is None:
+            chunks: dict[str, tuple[str, Any]] = {}
+            at, body = 0, self._body
+            for path, kind, size in self._cols:
+                chunks[path] = (kind, body[at : at + size])
+                at += size
+            self._chunks = chunks
+        return self._chunks
 
     def ints(self, path: str) -> list[int]:
         kind, packed = self.chunks[path]
@@ -587,14 +633,7 @@ def block_of(header: dict[str, Any], body: memoryview) -> Block | None:
     """A column block from its parsed header and its body (None: not one); its
     columns are views of ``body`` (``Block.ints`` reads them as bytes would be)."""
     cols = block_cols(header, len(body))
-    if cols is None:
-        return None
-    chunks: dict[str, tuple[str, Any]] = {}
-    at = 0
-    for path, kind, size in cols:
-        chunks[path] = (kind, body[at : at + size])
-        at += size
-    return Block(header, chunks)
+    return None if cols is None else Block(header, cols, body)
 
 
 def read_blocks(data: bytes) -> list[Block]:
