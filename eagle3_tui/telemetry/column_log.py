@@ -17,6 +17,7 @@ from eagle3_tui.telemetry.columns import (
     ALL_WRITERS,
     BLOCK_AGE_S,
     BLOCK_ROWS,
+    DIGEST_BLOCKS,
     ENVELOPE,
     MARKS_PER_BLOCK,
     PLAIN_TIME,
@@ -25,10 +26,12 @@ from eagle3_tui.telemetry.columns import (
     Shape,
     companion_path,
     encode_block,
+    encode_digest,
     encode_marks,
     encode_samples,
     flatten,
     kind_of,
+    merge_stats,
     seq_fits,
 )
 from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_aside, open_append
@@ -87,6 +90,10 @@ class ColumnLog:
         kinds, writers, sequence numbers, times."""
         self._sample_ident: tuple[int, int] = (0, 0)
         self._samples_since = 0.0
+        self._digest_key: tuple[Any, ...] | None = None
+        self._digested: list[tuple[list[int], int, dict[str, list[Any]]]] = []
+        """The blocks written since the last digest (span, rows, stats), of one file and
+        shape (``_digest_key``)."""
         self.blocks = 0
         self.errors = 0
 
@@ -201,6 +208,7 @@ class ColumnLog:
         changed: what it indexes is gone or moved). Nothing is made where there is none."""
         self.forget()
         self._marks, self._mark_ident, self._unsaid = [], None, None
+        self._digest_key, self._digested = None, []
         try:
             if self._fd is None and not os.path.lexists(self.path):
                 return
@@ -242,8 +250,27 @@ class ColumnLog:
         ident, const, shape = self._ident, self._const, self._shape
         offsets, lengths, rows = self._offsets, self._lengths, self._rows
         self._offsets, self._lengths, self._rows = [], [], []
-        if self._append(lambda: encode_block(ident, const, shape, offsets, lengths, rows)):
+        stats: dict[str, list[Any]] = {}
+        if self._append(lambda: encode_block(ident, const, shape, offsets, lengths, rows, stats)):
             self.blocks += 1
+            self._digest((ident, shape), [offsets[0], offsets[-1] + lengths[-1]], len(rows), stats)
+
+    def _digest(
+        self, key: tuple[Any, ...], span: list[int], n: int, stats: dict[str, list[Any]]
+    ) -> None:
+        """A block written: after :data:`DIGEST_BLOCKS` in a row of one file and shape,
+        their digest (telemetry/columns.py)."""
+        if key != self._digest_key:
+            self._digest_key, self._digested = key, []
+        self._digested.append((span, n, stats))
+        if len(self._digested) < DIGEST_BLOCKS:
+            return
+        done, self._digested = self._digested, []
+        ident, shape = key
+        kinds = dict(shape)
+        merged = merge_stats([(m, st) for _, m, st in done], kinds)
+        spans = [sp for sp, _, _ in done]
+        self._append(lambda: encode_digest(ident, spans, sum(m for _, m, _ in done), merged))
 
     def _flush_samples(self) -> None:
         s, ident = self._samples, self._sample_ident

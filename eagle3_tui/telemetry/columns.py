@@ -71,6 +71,14 @@ they do, a reader needs none of those bytes but the events' (agent/column_plan.p
 A sampler line without the envelope as our writer writes it is marked instead.
 Column blocks carry ``"bytes"`` (their rows' bytes) too.
 
+**Digests.** After every :data:`DIGEST_BLOCKS` column blocks of one shape, a writer
+appends the stats of them all, merged (what a glance draws a long history from,
+agent/glance.py, without parsing each block's stats)::
+
+    b"E3D1" | u32 header length | u32 0 | u32 crc32(header)
+    header: JSON {"dev", "ino", "n": their rows, "spans": [[start, end], ...] (each
+                  block's "span"), "stats": per column, as a block's, of them all}
+
 Over 600 lines: the companion's one format, written (the trainer's writer) and read
 back (the agent, the client) in one place, so that each type and check is spelled once.
 
@@ -95,7 +103,10 @@ COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
 MARK_MAGIC = b"E3M1"
 SAMPLE_MAGIC = b"E3S1"
-MAGICS = (MAGIC, MARK_MAGIC, SAMPLE_MAGIC)
+DIGEST_MAGIC = b"E3D1"
+MAGICS = (MAGIC, MARK_MAGIC, SAMPLE_MAGIC, DIGEST_MAGIC)
+DIGEST_BLOCKS = 16
+"""Column blocks a digest stands for (a 1M-step run's ~1,700 blocks: ~100 digests)."""
 SAMPLE_ROWS = 8192
 """Sampler lines listed in one sample block at most (~6 KB packed)."""
 SAMPLED_KINDS = frozenset({"gpu", "io", "heartbeat", "proc", "progress"})
@@ -373,7 +384,9 @@ def encode_block(
     offsets: list[int],
     lengths: list[int],
     rows: list[list[Any]],
+    stats_out: dict[str, list[Any]] | None = None,
 ) -> bytes:
+    """A column block (see the module docstring); ``stats_out`` gets its stats."""
     cols: list[list[Any]] = []
     parts: list[bytes] = []
     meta: list[list[Any]] = []
@@ -392,6 +405,13 @@ def encode_block(
             packed = pack_column(kind, values)
         parts.append(packed)
         meta.append([path, kind, len(packed)])
+    stats = {
+        path: column_stats(kind, values)
+        for (path, kind), values in zip(data_shape, cols)  # noqa: B905 (3.8)
+        if values
+    }
+    if stats_out is not None:
+        stats_out.update(stats)
     header = json.dumps(
         {
             "dev": ident[0],
@@ -403,17 +423,58 @@ def encode_block(
             "cols": meta,
             "span": [offsets[0], offsets[-1] + lengths[-1]] if offsets else [0, 0],
             "bytes": sum(lengths),
-            "stats": {
-                path: column_stats(kind, values)
-                for (path, kind), values in zip(data_shape, cols)  # noqa: B905 (3.8)
-                if values
-            },
+            "stats": stats,
         },
         separators=(",", ":"),
     ).encode()
     body = b"".join(parts)
     crc = zlib.crc32(body, zlib.crc32(header))
     return HEAD.pack(MAGIC, len(header), len(body), crc) + header + body
+
+
+def merge_stats(
+    blocks: list[tuple[int, dict[str, list[Any]]]], kinds: dict[str, str]
+) -> dict[str, list[Any]]:
+    """The stats of consecutive blocks' rows taken together, from each block's rows
+    and stats (:func:`column_stats`; ``kinds``: each column's type): the first of the
+    first, the least and the greatest with their rows (the first such), the last of the
+    last, the mean weighted by rows. Only the columns every block has."""
+    paths = set(blocks[0][1])
+    for _, stats in blocks[1:]:
+        paths &= set(stats)
+    out: dict[str, list[Any]] = {}
+    for path in sorted(paths):
+        lo = hi = None
+        ilo = ihi = at = 0
+        total = 0.0
+        for n, stats in blocks:
+            s = stats[path]
+            if lo is None or s[1] < lo:
+                lo, ilo = s[1], at + s[2]
+            if hi is None or s[3] > hi:
+                hi, ihi = s[3], at + s[4]
+            total += s[6] * n
+            at += n
+        mean = total / at
+        out[path] = [
+            blocks[0][1][path][0],
+            lo,
+            ilo,
+            hi,
+            ihi,
+            blocks[-1][1][path][5],
+            _f7(mean) if kinds.get(path) == "f" else mean,
+        ]
+    return out
+
+
+def encode_digest(
+    ident: tuple[int, int], spans: list[list[int]], n: int, stats: dict[str, list[Any]]
+) -> bytes:
+    """A digest block (see the module docstring)."""
+    head = {"dev": ident[0], "ino": ident[1], "n": n, "spans": spans, "stats": stats}
+    header = json.dumps(head, separators=(",", ":")).encode()
+    return HEAD.pack(DIGEST_MAGIC, len(header), 0, zlib.crc32(header)) + header
 
 
 def pack_envelopes(

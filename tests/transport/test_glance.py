@@ -28,6 +28,8 @@ from eagle3_tui.model.snapshot import ViewParams, build_snapshot
 from eagle3_tui.telemetry.column_log import index_file
 from eagle3_tui.telemetry.columns import (
     COLUMNS_FILE,
+    DIGEST_BLOCKS,
+    DIGEST_MAGIC,
     HEAD,
     MAGIC,
     SAMPLED_KINDS,
@@ -85,6 +87,7 @@ def test_a_glance_is_the_files_end_every_event_before_it_and_its_blocks_stats(
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(messy_run(4000, seed, samples=0.3))
     assert index_file(str(path), block_rows=100) > 10
+    without_digests(tmp_path / COLUMNS_FILE)  # block by block (digests: below)
     data = path.read_bytes()
     g = glanced(path)
     assert isinstance(g, Glance), g
@@ -105,6 +108,127 @@ def test_a_glance_is_the_files_end_every_event_before_it_and_its_blocks_stats(
         assert s[3] == pytest.approx(float(values.max()), rel=1e-6)
         assert values[s[2]] == values.min() and values[s[4]] == values.max()
         assert s[6] == pytest.approx(float(values.astype(np.float64).mean()), rel=1e-5)
+
+
+def without_digests(comp: Path) -> bytes:
+    """The companion as a writer before digests wrote it (returns its bytes before)."""
+    before = comp.read_bytes()
+    kept = [
+        HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b
+        for m, h, b in walk_blocks(before)
+        if m != DIGEST_MAGIC
+    ]
+    comp.write_bytes(b"".join(kept))
+    return before
+
+
+def test_a_writers_digest_is_the_stats_of_its_blocks_rows_together(tmp_path: Path) -> None:
+    """Every DIGEST_BLOCKS column blocks of a shape, the writer appends their stats
+    merged: the first and last values, the least and greatest at their rows (the first
+    such), the mean of all their rows."""
+    path = tmp_path / "metrics.jsonl"
+    lines = Lines()
+    rng = random.Random(5)
+    path.write_bytes(b"".join(lines.train(i, rng.random()) for i in range(7000)))
+    index_file(str(path), block_rows=200)
+    data = path.read_bytes()
+    found = walk_blocks((tmp_path / COLUMNS_FILE).read_bytes())
+    blocks = {tuple(json.loads(h)["span"]): json.loads(h) for m, h, _ in found if m == MAGIC}
+    blocks_by_span = {span: b for span, b in blocks.items()}
+    digests = [json.loads(h) for m, h, _ in found if m == DIGEST_MAGIC]
+    assert len(digests) == 35 // DIGEST_BLOCKS == 2
+    for d in digests:
+        assert len(d["spans"]) == DIGEST_BLOCKS
+        covered = [blocks_by_span[tuple(sp)] for sp in d["spans"]]
+        assert d["n"] == sum(b["n"] for b in covered) == 200 * DIGEST_BLOCKS
+        start, end = d["spans"][0][0], d["spans"][-1][1]
+        recs = [json.loads(x) for x in data[start:end].splitlines()]
+        loss = np.array([r["train"]["loss"] for r in recs], dtype=np.float32)
+        steps = [r["step"] for r in recs]
+        s = d["stats"]["train.loss"]
+        assert s[0] == pytest.approx(float(loss[0]), rel=1e-6)
+        assert s[5] == pytest.approx(float(loss[-1]), rel=1e-6)
+        assert s[1] == pytest.approx(float(loss.min()), rel=1e-6) and loss[s[2]] == loss.min()
+        assert s[3] == pytest.approx(float(loss.max()), rel=1e-6) and loss[s[4]] == loss.max()
+        assert s[6] == pytest.approx(float(loss.astype(np.float64).mean()), rel=1e-5)
+        assert d["stats"]["step"][:6] == [
+            steps[0], steps[0], 0, steps[-1], len(steps) - 1, steps[-1]
+        ]  # fmt: skip
+
+
+def plain_run(tmp_path: Path) -> tuple[Path, Path]:
+    """6,000 steps, a GPU sample every 10 and an epoch's events every 1,000, indexed in
+    blocks of 100 rows (three digests): its path and its companion's."""
+    path = tmp_path / "metrics.jsonl"
+    lines, side = Lines("rank0"), Lines("sidecar")
+    rng = random.Random(8)
+    parts = [lines.event("start", pid=1, global_step=0, run_id="r")]
+    for step in range(6000):
+        parts.append(lines.train(step, rng.uniform(1, 3), epoch=step // 1000))
+        if step % 10 == 0:
+            parts.append(side.gpu(95.0))
+        if step % 1000 == 999:
+            parts.append(lines.ckpt("save_finished", f"/c/{step // 1000}", complete=True))
+    path.write_bytes(b"".join(parts))
+    index_file(str(path), block_rows=100)
+    return path, tmp_path / COLUMNS_FILE
+
+
+def test_a_glance_through_digests_draws_the_same_history_from_fewer_headers(
+    tmp_path: Path,
+) -> None:
+    """The blocks a digest stands for are not parsed (their headers read by pattern):
+    the glance sends one entry for them, with the same steps, rows and extremes at the
+    same steps as the blocks one by one."""
+    path, comp = plain_run(tmp_path)
+    quick = glanced(path)
+    without_digests(comp)
+    slow = glanced(path)
+    assert isinstance(quick, Glance) and isinstance(slow, Glance)
+    assert (quick.tail_from, quick.tail, quick.marks) == (slow.tail_from, slow.tail, slow.marks)
+    fast, full = history_of(quick.digest), history_of(slow.digest)
+    assert fast is not None and full is not None
+    assert fast.blocks == full.blocks - 3 * (DIGEST_BLOCKS - 1) and fast.steps == full.steps
+    assert (fast.first[0], fast.last[-1]) == (full.first[0], full.last[-1])
+    for key in full.stats:
+        got, want = fast.points(key, 0, 1e12), full.points(key, 0, 1e12)
+        assert got is not None and want is not None
+        (x1, y1), (x0, y0) = got, want
+        assert np.nanmin(y1) == np.nanmin(y0) and x1[np.nanargmin(y1)] == x0[np.nanargmin(y0)]
+        assert np.nanmax(y1) == np.nanmax(y0) and x1[np.nanargmax(y1)] == x0[np.nanargmax(y0)]
+
+
+def _tampered(h: dict[str, Any], how: str) -> dict[str, Any]:
+    if how == "rows":
+        h["n"] += 1
+    elif how == "span":
+        h["spans"][3][1] -= 1
+    elif how == "order":
+        h["spans"].reverse()
+    elif how == "stats":
+        h["stats"] = [1, 2]
+    elif how == "file":
+        h["ino"] += 1
+    return h
+
+
+@pytest.mark.parametrize("how", ["rows", "span", "order", "stats", "file"])
+def test_a_digest_that_does_not_stand_for_its_blocks_is_not_used(tmp_path: Path, how: str) -> None:
+    """A digest is the companion's, untrusted: one whose spans, rows or file are not
+    exactly its blocks' leaves them parsed one by one (the glance of no digest)."""
+    path, comp = plain_run(tmp_path)
+    good = without_digests(comp)
+    slow = glanced(path)
+    parts = []
+    for m, h, b in walk_blocks(good):
+        if m == DIGEST_MAGIC:
+            h = json.dumps(_tampered(json.loads(h), how), separators=(",", ":")).encode()
+        parts.append(HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b)
+    comp.write_bytes(b"".join(parts))
+    assert sum(1 for m, _, _ in walk_blocks(comp.read_bytes()) if m == DIGEST_MAGIC) == 3
+    tampered = glanced(path)
+    assert isinstance(slow, Glance) and isinstance(tampered, Glance)
+    assert tampered.digest == slow.digest and tampered.tail_from == slow.tail_from
 
 
 def test_the_real_writers_mark_their_events_and_announce_themselves(tmp_path: Path) -> None:
@@ -223,7 +347,7 @@ def test_headers_read_block_to_block_are_the_blocks_of_the_whole(tmp_path: Path)
     or not), where walk_blocks leaves it out (its checksum fails)."""
     _, comp, good = indexed_run(tmp_path, 3000, 7, 0.5)
     whole = walk_blocks(good)
-    assert len(whole) > 20 and len({m for m, _, _ in whole}) == 3
+    assert len(whole) > 20 and len({m for m, _, _ in whole}) == 4  # rows, marks, samples, digest
     starts = []
     for m, h, body in whole:
         starts.append(good.find(HEAD.pack(m, len(h), len(body), zlib.crc32(body, zlib.crc32(h)))))
@@ -346,7 +470,8 @@ def test_a_glance_shows_what_the_whole_read_shows_of_the_run_now(tmp_path: Path)
     whole_loss = next(line for line in b.loss_lines if line.label == "loss")
     assert max(loss.y) == pytest.approx(max(whole_loss.y), rel=1e-6)
     assert min(loss.y) == pytest.approx(min(whole_loss.y), rel=1e-6)
-    assert a.tau_line is None or min(a.tau_line.x) < 1000
+    # τ from the history's means: the first at the middle of its first entry (a digest's)
+    assert a.tau_line is None or min(a.tau_line.x) <= (history.first[0] + history.last[0]) / 2
 
 
 @pytest.mark.parametrize(
