@@ -67,6 +67,7 @@ from eagle3_tui.agent.listing import (
     unread_samples,
 )
 from eagle3_tui.telemetry.columns import (
+    DIGEST_MAGIC,
     ENVELOPE,
     MAGIC,
     MARK_MAGIC,
@@ -464,6 +465,8 @@ def planned(fd: int, jsonl_path: str, start: int, size: int) -> Iterator[Segment
     samples: list[Unread] = []
     marks: list[tuple[int, int, str]] = []
     for magic, head, body in walk_blocks(data):
+        if magic == DIGEST_MAGIC:
+            continue  # a glance's (agent/glance.py)
         h, first_seq = _header(head) if magic == MAGIC else (_parsed(head), None)
         if h is None or h.get("dev") != st.st_dev or h.get("ino") != st.st_ino:
             continue  # another file's (the run's file was replaced)
