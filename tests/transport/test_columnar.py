@@ -327,6 +327,16 @@ def test_a_damaged_or_stale_companion_changes_nothing(tmp_path: Path, how: str) 
         assert "C" not in frame_kinds(cols)
 
 
+def fed(frames: list[DataFrame], ahead: bool) -> Run:
+    """A run fed these frames (``ahead``: each payload's columns inflated beforehand, as
+    a forked read's child inflates them)."""
+    run = Run()
+    for f in frames:
+        pre = inflate_ahead(f.data) if ahead and f.span >= 0 else None
+        run.feed(f.offset, f.data, 0, f.span, pre)
+    return run
+
+
 def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     lines = Lines()
@@ -340,10 +350,7 @@ def test_a_garbled_columns_frame_is_one_malformed_line_not_a_crash(tmp_path: Pat
     bad = frames[i].data[:40] + b"\x00" * 8 + frames[i].data[48:]
     frames[i] = DataFrame(frames[i].offset, bad, frames[i].span)
     for ahead in (False, True):  # its columns inflated ahead: the same
-        run = Run()
-        for f in frames:
-            pre = inflate_ahead(f.data) if ahead and f.span >= 0 else None
-            run.feed(f.offset, f.data, 0, f.span, pre)
+        run = fed(frames, ahead)
         s = run.state
         assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
         assert lost in (300, 600), "a block, or two blocks alike in one frame"
@@ -404,17 +411,12 @@ def test_a_frame_of_several_blocks_that_does_not_add_up_is_one_malformed_line(
     hlen = int.from_bytes(frames[i].data[:4], "little")
     pieces = json.loads(frames[i].data[4 : 4 + hlen])["pieces"]
     assert len({tuple(t for t, _ in p[1]) for p in pieces}) > 1, "types that differ by block"
-    whole = Run()
-    for f in frames:
-        whole.feed(f.offset, f.data, 0, f.span)
+    whole = fed(frames, False)
     assert state_of(frames) == state_of(parse(agent_output(tmp_path), []))
     assert whole.state.train_steps == 1200 and whole.state.malformed_count == 0
     frames[i] = DataFrame(frames[i].offset, _reheaded(frames[i].data, change), frames[i].span)
     for ahead in (False, True):
-        run = Run()
-        for f in frames:
-            pre = inflate_ahead(f.data) if ahead and f.span >= 0 else None
-            run.feed(f.offset, f.data, 0, f.span, pre)
+        run = fed(frames, ahead)
         s = run.state
         assert s.malformed_count == 1 and "unreadable columns frame" in s.malformed[0].reason
         assert s.train_steps == 1200 - lost
