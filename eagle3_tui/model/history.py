@@ -1,11 +1,12 @@
 """A long run's history in brief: what a glance (agent/glance.py) says of the training
 steps before the ones it read whole.
 
-Per column block of the companion (1,024 steps, telemetry/columns.py): its first and
-last step, its rows, its first and last time, and per column ``[first, min, index of
-the min, max, index of the max, last, mean]``. A chart of the whole run draws four
-points a block (first, min, max, last, in step order: what M4 keeps of them) before
-the table's rows; τ comes from the blocks' mean accuracies. It stands in only until
+Per column block of the companion (up to 1,024 steps, telemetry/columns.py), or per
+run of blocks a writer's digest stands for (16 of them): its first and last step, its
+rows, its first and last time, and per column ``[first, min, index of the min, max,
+index of the max, last, mean]``. A chart of the whole run draws four points an
+entry (first, min, max, last, in step order: what M4 keeps of them) before the
+table's rows; τ comes from the entries' mean accuracies. It stands in only until
 the whole file has been read (app/pipeline.py), and nothing but the charts uses it:
 every count, verdict and figure comes from lines that were read.
 
