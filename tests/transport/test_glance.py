@@ -110,14 +110,16 @@ def test_a_glance_is_the_files_end_every_event_before_it_and_its_blocks_stats(
         assert s[6] == pytest.approx(float(values.astype(np.float64).mean()), rel=1e-5)
 
 
+def block_bytes(magic: bytes, header: bytes, body: bytes | memoryview) -> bytes:
+    """A companion block as a writer writes it (its head, with the checksum)."""
+    crc = zlib.crc32(body, zlib.crc32(header))
+    return HEAD.pack(magic, len(header), len(body), crc) + header + body
+
+
 def without_digests(comp: Path) -> bytes:
     """The companion as a writer before digests wrote it (returns its bytes before)."""
     before = comp.read_bytes()
-    kept = [
-        HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b
-        for m, h, b in walk_blocks(before)
-        if m != DIGEST_MAGIC
-    ]
+    kept = [block_bytes(m, h, b) for m, h, b in walk_blocks(before) if m != DIGEST_MAGIC]
     comp.write_bytes(b"".join(kept))
     return before
 
@@ -223,7 +225,7 @@ def test_a_digest_that_does_not_stand_for_its_blocks_is_not_used(tmp_path: Path,
     for m, h, b in walk_blocks(good):
         if m == DIGEST_MAGIC:
             h = json.dumps(_tampered(json.loads(h), how), separators=(",", ":")).encode()
-        parts.append(HEAD.pack(m, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b)
+        parts.append(block_bytes(m, h, b))
     comp.write_bytes(b"".join(parts))
     assert sum(1 for m, _, _ in walk_blocks(comp.read_bytes()) if m == DIGEST_MAGIC) == 3
     tampered = glanced(path)
@@ -301,9 +303,7 @@ def test_blocks_written_before_their_headers_had_spans_or_stats_glance_the_same(
             elif k % 3 == 1:
                 del header["stats"]["train.loss"]
             h = json.dumps(header, separators=(",", ":")).encode()
-        parts.append(
-            HEAD.pack(magic, len(h), len(body), zlib.crc32(body, zlib.crc32(h))) + h + body
-        )
+        parts.append(block_bytes(magic, h, body))
     assert k > 20
     comp.write_bytes(b"".join(parts))
     after = glanced(path)
@@ -393,7 +393,7 @@ def test_a_writer_without_marks_in_the_tail_means_no_glance(tmp_path: Path) -> N
     comp = tmp_path / COLUMNS_FILE
     comp.write_bytes(
         b"".join(
-            HEAD.pack(magic, len(h), len(b), zlib.crc32(b, zlib.crc32(h))) + h + b
+            block_bytes(magic, h, b)
             for magic, h, b in walk_blocks(comp.read_bytes())
             if magic == MAGIC
         )
