@@ -88,7 +88,7 @@ def verdict_of(snap: Snapshot, manifest: dict[str, Any] | None) -> Verdict:
         observed=observed is not None,
         handler=observed.handler if observed is not None else None,
         link_down_since=snap.diagnosis.link_down_since,
-        leftovers=bool(snap.leftovers),
+        leftovers=any(not x.gone for x in snap.leftovers),
     )
 
 

@@ -532,6 +532,8 @@ class Observer:
         self.end = ended
         """How it ended (``ended_at``, ``exit_status``, ``leftovers``, ``watched``), once
         a look found it gone."""
+        self.gone: set[tuple[Any, Any]] = set()
+        """Of its leftovers, those a look since found gone (PID and start time)."""
         self.pidfd = open_pidfd(self.pid) if ended is None else None
         if self.pidfd is not None and not procs.alive(self.pid, self.start):
             os.close(self.pidfd)  # not the process described: its end is not ours to read
@@ -876,15 +878,24 @@ class Observer:
         }
         if self.end is not None:  # how it ended; what of it was still alive then
             process.update({k: self.end.get(k) for k in ("exit_status", "ended_at", "last_alive")})
+            left = [x for x in self.end.get("leftovers") or [] if isinstance(x, dict)]
+            for x in left:  # each looked at again until gone: k offers only what lives
+                key = (x.get("pid"), x.get("start_ticks"))
+                if key not in self.gone and not _still_alive(x):
+                    self.gone.add(key)
             members = [
                 {
                     "pid": x.get("pid"),
                     "role": x.get("role"),
                     "comm": x.get("comm"),
                     "rss": x.get("rss_bytes"),
+                    **(
+                        {"state": "gone"}
+                        if (x.get("pid"), x.get("start_ticks")) in self.gone
+                        else {}
+                    ),
                 }
-                for x in self.end.get("leftovers") or []
-                if isinstance(x, dict)
+                for x in left
             ]
         self.sink.write(Kind.PROC, {"alive": self.alive, "process": process, "processes": members})
         if self.recorder is not None:
@@ -1051,3 +1062,11 @@ def post_mortem(timeline: Timeline, cursor: dict[str, Any], interval: float) -> 
         obs.close()
     emit(EV_ENDED, pid=obs.pid, now=time.time(), size=offset)
     return 0
+
+
+def _still_alive(left: dict[str, Any]) -> bool:
+    """A leftover of the run (its PID and start time) still running."""
+    pid, start = left.get("pid"), left.get("start_ticks")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    return procs.alive(pid, start if isinstance(start, int) else None)

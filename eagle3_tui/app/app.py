@@ -319,7 +319,7 @@ class MonitorApp(App[None]):
             return f"{action}: this view has no run host to act on"
         snap = self.snapshot
         health, observed = snap.health, snap.observed
-        if action == "kill" and health in ENDED and not snap.leftovers:
+        if action == "kill" and health in ENDED and all(x.gone for x in snap.leftovers):
             return f"kill: the run {health.value}: nothing to kill"
         if action == "resume":
             return self._resume_refusal(snap)

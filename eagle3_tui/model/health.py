@@ -128,7 +128,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
         done = f"after {count:,} steps" if count else "before any step"
         if diverged is not None:
             return Diagnosis(Health.DIVERGED, f"Training finished {done}, diverged: {diverged}")
-        return Diagnosis(Health.FINISHED, f"Training finished {done}.")
+        return Diagnosis(Health.FINISHED, f"Training finished {done}.{leftovers_sentence(state)}")
     if last is not None and last.event == "crash":
         err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
         at_step = f"after step {count}" if step is not None else "before its first step"

@@ -27,6 +27,8 @@ class Leftover:
     gpu_bytes: int | None
     """GPU memory it holds, summed over devices (None: NVML cannot say)."""
     gpus: tuple[int, ...] = ()
+    gone: bool = False
+    """Found gone by a later look (kept: what was alive when the trainer ended)."""
 
 
 @dataclass

@@ -247,11 +247,10 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     last_epoch = seen is not None and epochs and seen.bar.done and seen.bar.epoch + 1 >= epochs
     progress = _progress(state, epochs)
     if status == 0 or (status is None and last_epoch and not _errors(state)):
-        return Diagnosis(
-            Health.FINISHED,
-            f"{who} finished {when}{how}{progress}.",
-        )
-    left = leftovers_sentence(state, "Still alive when it ended", "")
+        # its helpers can outlive it a moment (k ends them): said while they do
+        left = leftovers_sentence(state)
+        return Diagnosis(Health.FINISHED, f"{who} finished {when}{how}{progress}.{left}")
+    left = leftovers_sentence(state, "Still alive when it ended", "", gone_too=True)
     errors = _errors(state)
     if errors:
         last = errors[-1].msg.strip().splitlines()[0][:160]

@@ -774,7 +774,7 @@ def _observed(state: RunState) -> ObservedView | None:
         log_file=info.log_file,
         checkpoint_dir=info.checkpoint_dir,
         cpu_pct=info.cpu_pct,
-        members=obs.members,
+        members=tuple(m for m in obs.members if m.state != "gone"),
         handler=info.handler,
         metrics_file=info.metrics_file,
         metrics_problem=info.metrics_problem,

@@ -726,6 +726,7 @@ class RunState:
 
 
 def _leftover(m: ObservedMember) -> Leftover:
-    """A process of an observed run alive when its trainer was found gone."""
+    """A process of an observed run alive when its trainer was found gone (``gone``: a
+    later look found it gone too)."""
     rss = int(m.rss) if m.rss is not None and math.isfinite(m.rss) else None
-    return Leftover(m.pid, m.comm[:32], rss, None)
+    return Leftover(m.pid, m.comm[:32], rss, None, gone=m.state == "gone")

@@ -142,7 +142,13 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "disk": _disk(snap),
         "redone_steps": [{"first": r.first, "last": r.last} for r in snap.redos],
         "leftovers": [
-            {"pid": x.pid, "comm": x.comm, "rss_bytes": x.rss_bytes, "gpu_bytes": x.gpu_bytes}
+            {
+                "pid": x.pid,
+                "comm": x.comm,
+                "rss_bytes": x.rss_bytes,
+                "gpu_bytes": x.gpu_bytes,
+                "alive": not x.gone,
+            }
             for x in snap.leftovers
         ],
         "telemetry": snap.observed is None,

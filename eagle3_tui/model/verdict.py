@@ -151,13 +151,18 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
 
 
 def leftovers_sentence(
-    state: RunState, lead: str = "Left behind, still alive", hint: str = " (k ends them)"
+    state: RunState,
+    lead: str = "Left behind, still alive",
+    hint: str = " (k ends them)",
+    gone_too: bool = False,
 ) -> str:
-    """The run's processes that outlived its trainer (dataloader workers...), by name."""
-    if not state.liveness.leftovers:
+    """The run's processes that outlived its trainer (dataloader workers...), by name:
+    those alive at the last look, or (``gone_too``) all that were when it ended."""
+    kept = [x for x in state.liveness.leftovers if gone_too or not x.gone]
+    if not kept:
         return ""
     shown = []
-    for left in state.liveness.leftovers[:6]:
+    for left in kept[:6]:
         parts = [f"pid {left.pid} {left.comm}"]
         if left.rss_bytes is not None:
             parts.append(f"{size(left.rss_bytes)} RAM")
@@ -165,7 +170,7 @@ def leftovers_sentence(
             gpus = ",".join(str(g) for g in left.gpus)
             parts.append(f"{size(left.gpu_bytes)} on GPU {gpus}")
         shown.append(" ".join(parts[:1]) + (f" ({', '.join(parts[1:])})" if parts[1:] else ""))
-    n = len(state.liveness.leftovers)
+    n = len(kept)
     more = f" and {n - 6} more" if n > 6 else ""
     return f" {lead}: {'; '.join(shown)}{more}{hint}."
 

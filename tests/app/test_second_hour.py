@@ -121,7 +121,8 @@ def test_a_silent_run_then_every_key_on_its_end(
     # its helpers (the dataloader's workers) can outlive the trainer for a moment, and
     # k rightly offers to kill what is left: the keys below are pressed once none is
     wait_until(lambda: not group_alive(proc.pid), 60, "the run's helpers gone")
-    ended = tmux.wait(lambda s: "Still alive when it ended" not in flat(s), 60, "no leftovers")
+    # said while a look finds them ("Left behind, still alive: pid ... (k ends them)")
+    ended = tmux.wait(lambda s: "still alive" not in flat(s), 60, "no leftovers")
     span = re.search(r"ran (\S+)", said)
     assert span is not None, said
     time.sleep(3)  # a finished run's span is its own: it does not grow with the clock

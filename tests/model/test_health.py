@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from eagle3_tui.model.health import diagnose
+from eagle3_tui.model.liveness import Leftover
 from eagle3_tui.model.run import Run
 from eagle3_tui.model.state import RunState
-from eagle3_tui.model.verdict import Health
+from eagle3_tui.model.verdict import Diagnosis, Health
 from tests.records import Lines
 
 T0 = 1_800_000_000.0
@@ -183,7 +184,16 @@ def test_nan_and_an_exploding_loss_are_diverged() -> None:
 def test_lifecycle_ends() -> None:
     lines = Lines(t0=T0)
     base = b"".join(lines.train(s, 1.0) for s in range(10))
-    assert diagnose(state_of(base + lines.event("finish", step=10)), T0).health == Health.FINISHED
+    finished = state_of(base + lines.event("finish", step=10))
+    assert diagnose(finished, T0) == Diagnosis(Health.FINISHED, "Training finished after 10 steps.")
+    # a helper that outlives it (a dataloader worker) is said while a probe finds it
+    finished.liveness.set_process(False, T0, [Leftover(4242, "pt_data_worker", 2**30, None)])
+    assert diagnose(finished, T0).reason == (
+        "Training finished after 10 steps. Left behind, still alive: "
+        "pid 4242 pt_data_worker (1.0 GiB RAM) (k ends them)."
+    )
+    finished.liveness.set_process(False, T0 + 1)  # gone at the next look
+    assert diagnose(finished, T0).reason == "Training finished after 10 steps."
     stopped = diagnose(state_of(base + lines.event("interrupt", step=10)), T0)
     assert stopped.health == Health.STOPPED and "interrupted" in stopped.reason
     crash = diagnose(state_of(base + lines.event("crash", error="RuntimeError: CUDA OOM\n...")), T0)

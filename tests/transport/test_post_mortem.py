@@ -228,5 +228,6 @@ def test_a_trainer_sigkilled_with_two_workers_is_dead_with_its_leftovers_named(
         for pid in workers:
             assert f"pid {pid} pt_data_worker" in reason, reason
         assert {x["pid"] for x in out["leftovers"]} == left
+        assert not any(x["alive"] for x in out["leftovers"]), out["leftovers"]  # since gone
         ended = ended_row(proc.pid)
         assert ended["exit_status"] == -signal.SIGKILL
