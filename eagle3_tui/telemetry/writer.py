@@ -195,6 +195,9 @@ class JsonlWriter:
         self._gap: WriteGap | None = None
         self._torn = False
         """A short write left part of a line whose ending newline could not be written."""
+        self._torn_whole: tuple[tuple[int, int] | None, int, bytes] | None = None
+        """The torn line lacks its newline only (the file's identity, the line's offset,
+        the line): counted lost, it is a whole record once its newline is there."""
         # encoded lines, or (kind, payload, step, seq, ts, accounted size) to encode
         self._queue: collections.deque[bytes | _Deferred] = collections.deque()
         self._estimate = 600  # bytes per deferred record, until one is encoded
@@ -439,6 +442,10 @@ class JsonlWriter:
         ``lines``, with the sequence numbers the first unwritten records had (those, in
         ``lines`` and in the queue, move up). The error when not all were written (none:
         their numbers are given back); the records behind them are not written then."""
+        if self._torn_whole is not None:
+            self._settle_torn()  # before the gap's count is said
+            if not self._events and self._gap is None and not lines:
+                return None
         name = os.path.basename(self.path)
         payloads = [c.payload(self.run_id, name, self.stats.written) for c in self._events]
         files = len(payloads)
@@ -528,14 +535,66 @@ class JsonlWriter:
                 break
             done += len(line)
             whole += 1
-        self.stats.written += whole
-        self._index(lines[:whole], None if start is None else start + len(prefix))
+        at = None if start is None else start + len(prefix)
         if n > done:  # a torn line: end it, or owe its newline to the next write
             try:
                 self._torn = os.write(fd, b"\n") != 1
             except OSError:
                 self._torn = True
+            if n == done + len(lines[whole]) - 1:  # all of it but its newline
+                if not self._torn:
+                    whole += 1  # ended now: a whole record
+                elif at is not None:
+                    self._torn_whole = (self._file.ident, at + done - len(prefix), lines[whole])
+        self.stats.written += whole
+        self._index(lines[:whole], at)
+        if whole == len(lines):
+            return whole, None
         return whole, OSError(errno.ENOSPC, "short write")
+
+    def _settle_torn(self) -> None:
+        """A line torn before its newline only, counted lost: once its newline is there
+        (ours, owed while the line still ends the file; or a sibling's, coming back from
+        the full disk first) it is a record, counted written, not lost; glued onto, or
+        in a file no longer ours, it stays lost."""
+        assert self._torn_whole is not None
+        ident, at, line = self._torn_whole
+        fd = self._file.fd
+        if fd is None or ident != self._file.ident:
+            self._torn_whole = None
+            return
+        try:
+            if self._torn and self._file.size == self._file.end:
+                if os.write(fd, b"\n") != 1:
+                    return  # still owed: tried again on the next write
+                self._torn = False
+                whole = True
+            else:
+                whole = os.pread(fd, 1, at + len(line) - 1) == b"\n"
+        except OSError:
+            return
+        self._torn_whole = None
+        if not whole:
+            return
+        seq = _seq_of(line)
+        gap = self._gap
+        if gap is not None:
+            gap.records -= 1
+            if seq == gap.first_seq:
+                gap.first_seq += 1
+            elif seq == gap.last_seq:
+                gap.last_seq -= 1
+            if gap.records <= 0:
+                self._gap = None
+            name = _error_name(OSError(errno.ENOSPC, "short write"))  # as it was counted
+            self.stats.dropped -= 1
+            left = self.stats.dropped_by.get(name, 0) - 1
+            if left > 0:
+                self.stats.dropped_by[name] = left
+            else:
+                self.stats.dropped_by.pop(name, None)
+        self.stats.written += 1
+        self._index([line], at)
 
     def _noticed(self, change: FileChange) -> None:
         """A change of the file: its event is owed (unless a sibling writer wrote it), and

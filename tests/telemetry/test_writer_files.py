@@ -449,3 +449,46 @@ def test_a_torn_line_ended_by_a_sibling_gets_no_second_newline(tmp_path: Path) -
     assert gaps == {"a": 1, "b": b.stats.dropped}
     assert [r["step"] for r in recs if r.get("w") == "a" and r["kind"] == "train"] == [0, 1, 2, 4]
     assert [r["step"] for r in recs if r.get("w") == "b" and r["kind"] == "train"][-1] == 100
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_a_line_torn_before_its_newline_only_is_a_record_once_ended(
+    tmp_path: Path, columns: bool
+) -> None:
+    """The disk fills exactly at a line's newline: the line is whole JSON but for it.
+    Counted lost at first, it is a record once its owed newline is written, so nothing
+    is said lost (a reader would count it as written and the gap as one too many)."""
+    with small_tmpfs(tmp_path / "fs", "256k") as fs:
+        path = fs / "metrics.jsonl"
+        w = JsonlWriter(
+            path, run_id=RUN, writer_id="t", clock=lambda: 1.8e9, background=False, columns=columns
+        )
+
+        def line(step: int, pad: int) -> None:
+            train = {"loss": 0.5, "p" * (pad + 1): 0.0}  # a row of the companion's
+            assert w.write("train", {"train": train}, step=step)
+            assert w.flush(10)
+
+        line(1, 0)
+        before = path.stat().st_size
+        line(2, 0)
+        width = path.stat().st_size - before  # a line of these, without padding
+        room = 400  # what is left of the page the file ends in, once padded
+        line(3, (4096 - room - path.stat().st_size - width) % 4096)
+        assert 4096 - path.stat().st_size % 4096 == room
+        fill_filesystem(fs / "filler")
+        line(4, room + 1 - width)  # all of it fits but its newline
+        assert w.stats.dropped == 1 and not path.read_bytes().endswith(b"\n")
+        (fs / "filler").unlink()
+        line(5, 0)
+        w.close()
+        recs = [json.loads(x) for x in path.read_bytes().splitlines()]  # every line a record
+        companion = Path(companion_path(str(path)))
+        blocks = read_blocks(companion.read_bytes()) if columns else []
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    if columns:  # the companion indexes it too, at its offset
+        indexed = {s for b in blocks for s in b.ints("seq")}
+        assert {r["seq"] for r in recs if r["kind"] == "train"} <= indexed, indexed
+    assert not [r for r in recs if r.get("event") == "write_gap"]
+    assert w.stats.dropped == 0 and w.stats.dropped_by == {}
+    assert w.stats.written == len(recs)
