@@ -31,6 +31,9 @@ whole file, read behind the first picture, has them.
 events' places, JSON), one at offset -1 (the events' lines, one after the other) and
 the tail as ``Z`` frames at their offsets, then ``J eof``. Python 3.8+, standard
 library only.
+
+Over 600 lines: what a glance trusts of the companion (digests, blocks, marks) and
+what it sends are one protocol, read together.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from eagle3_tui.telemetry.columns import (
     kind_of,
 )
 from eagle3_tui.telemetry.safefs import open_regular
-from eagle3_tui.telemetry.scan import read_block, scan_headers
+from eagle3_tui.telemetry.scan import read_block, scan_heads, whole_header
 
 TAIL_ROWS = 512
 """Training steps read whole at the end (at least: the steps after the companion's last
@@ -70,6 +73,9 @@ steps" views at full resolution."""
 MAX_TAIL = 4 << 20
 """At most this many bytes of the tail (fewer steps where samples are many): a glance
 stays about 1 MB on the wire."""
+HEAD_PREFIX = 2048
+"""Bytes of each header a glance reads first: a column block's span is in them (its
+stats after it, ~3.3 KB in all, are read only where no digest stands for them)."""
 MAX_MARKS = 50_000
 LOGS_KEPT = 2000
 """Of the ``log`` events before the tail, the newest this many (what the model keeps)."""
@@ -111,7 +117,7 @@ class _Col:
     reads the block where its rows' places are needed). One a writer's digest stands
     for (:meth:`covered`) has no stats of its own until :meth:`parsed`."""
 
-    __slots__ = ("at", "blen", "digest", "end", "head", "n", "paths", "start", "stats")
+    __slots__ = ("at", "blen", "digest", "end", "head", "hlen", "n", "paths", "start", "stats")
 
     def __init__(
         self,
@@ -128,15 +134,22 @@ class _Col:
         self.stats = stats
         self.digest: _Digest | None = None
         self.head = b""
-        self.blen = 0
+        self.hlen = self.blen = 0
 
     @classmethod
     def covered(
-        cls, head: bytes, blen: int, at: int, ident: tuple[int, int], digests: dict[Any, _Digest]
+        cls,
+        head: bytes,
+        hlen: int,
+        blen: int,
+        at: int,
+        ident: tuple[int, int],
+        digests: dict[Any, _Digest],
     ) -> _Col | None:
-        """The block of this header, without parsing it, where a digest of this file
-        names its span (the writer's own header: its file, rows and span read by
-        pattern); None otherwise (it is parsed as any block is)."""
+        """The block of this header (``head``: its first bytes, of ``hlen``), without
+        parsing it, where a digest of this file names its span (the writer's own header:
+        its file, rows and span read by pattern); None otherwise (it is parsed as any
+        block is)."""
         m = _HEAD.match(head)
         span = _SPAN.search(head, len(m.group(0))) if m is not None else None
         if m is None or span is None or (int(m.group(1)), int(m.group(2))) != ident:
@@ -145,13 +158,14 @@ class _Col:
         if digest is None:
             return None
         col = cls(int(span.group(1)), int(span.group(2)), int(m.group(3)), at, (), {})
-        col.digest, col.head, col.blen = digest, head, blen
+        col.digest, col.head, col.hlen, col.blen = digest, head, hlen, blen
         return col
 
     def parsed(self, companion: int, keys: list[str]) -> _Col | None:
         """A covered block as any block is read (its digest not used)."""
+        head = whole_header(companion, self.at, self.head, self.hlen)
         try:
-            header = json.loads(self.head)
+            header = json.loads(head) if head is not None else None
         except ValueError:
             return None
         if not isinstance(header, dict):
@@ -394,24 +408,30 @@ def _glance(
     cols: list[_Col] = []
     marks: list[tuple[int, int, str]] = []
     marked: set[str] = set()
-    heads = list(scan_headers(companion, length))
+    heads = list(scan_heads(companion, length, HEAD_PREFIX))
     digests: dict[tuple[int, int], _Digest] = {}  # by each block's span it stands for
-    for magic, head, _, _ in heads:
+    for magic, head, at, hlen, _ in heads:
         if magic == DIGEST_MAGIC:
-            d = _digest_of(head, ident)
+            d = _digest_of(whole_header(companion, at, head, hlen), ident)
             if d is not None and not any(sp in digests for sp in d.spans):
                 digests.update((sp, d) for sp in d.spans)
-    for magic, head, at, blen in heads:
+    for magic, head, at, hlen, blen in heads:
         if magic in (SAMPLE_MAGIC, DIGEST_MAGIC):
             continue  # samples: the tail's are read, the earlier ones not needed
+        whole = head if len(head) == hlen else None
         if magic == MAGIC and digests:
-            col = _Col.covered(head, blen, at, ident, digests)
+            col = _Col.covered(head, hlen, blen, at, ident, digests)
+            if col is None and whole is None:  # its span not in the first bytes read
+                whole = whole_header(companion, at, head, hlen)
+                col = _Col.covered(whole, hlen, blen, at, ident, digests) if whole else None
             if col is not None:
                 if col.end <= size:
                     cols.append(col)
                 continue
+        if whole is None:
+            whole = whole_header(companion, at, head, hlen)
         try:
-            header = json.loads(head)
+            header = json.loads(whole) if whole is not None else None
         except ValueError:
             continue
         if not isinstance(header, dict):
@@ -482,7 +502,9 @@ def _glance(
     )
 
 
-def _digest_of(head: bytes, ident: tuple[int, int]) -> _Digest | None:
+def _digest_of(head: bytes | None, ident: tuple[int, int]) -> _Digest | None:
+    if head is None:
+        return None
     try:
         header = json.loads(head)
     except ValueError:

@@ -40,15 +40,27 @@ def scan_headers(fd: int, size: int) -> Iterator[tuple[bytes, bytes, int, int]]:
     whole and left out if it is torn (a later writer wrote past it), and the next block
     is looked for from its start, as :func:`walk_blocks` does. Elsewhere its body is not
     read: a block whose body alone is damaged is listed (its header is whole)."""
+    for magic, head, at, hlen, blen in scan_heads(fd, size, HEAD_READ - HEAD.size):
+        header = head if len(head) == hlen else whole_header(fd, at, head, hlen)
+        if header is not None:
+            yield magic, header, at, blen
+
+
+def scan_heads(fd: int, size: int, prefix: int) -> Iterator[tuple[bytes, bytes, int, int, int]]:
+    """:func:`scan_headers` reading at most ``prefix`` bytes of each header: (magic,
+    the header's first bytes, the block's offset, the header's length, the body's);
+    :func:`whole_header` reads the rest where it is needed (a glance parses few of
+    them: a 1M-step run's companion is ~3,400 blocks, their headers ~7 MB)."""
     pos = 0
-    held: tuple[bytes, bytes, int, int, int] | None = None
+    held: tuple[bytes, bytes, int, int, int, int] | None = None
+    read = HEAD.size + max(0, prefix)
     while True:
-        found = _head_at(fd, pos, size)
+        found = _head_at(fd, pos, size, read)
         if held is not None:
-            magic, header, at, blen, crc = held
+            magic, head, at, hlen, blen, crc = held
             held = None
-            if found is not None or pos == size or _crc_ok(fd, at, len(header), blen, crc):
-                yield magic, header, at, blen
+            if found is not None or pos == size or _crc_ok(fd, at, hlen, blen, crc):
+                yield magic, head, at, hlen, blen
             else:  # torn: the next block from its start on
                 pos = _next_magic(fd, at + 1, size)
                 if pos < 0:
@@ -62,15 +74,27 @@ def scan_headers(fd: int, size: int) -> Iterator[tuple[bytes, bytes, int, int]]:
                 return
             continue
         held = found
-        pos = found[2] + HEAD.size + len(found[1]) + found[3]
+        pos = found[2] + HEAD.size + found[3] + found[4]
 
 
-def _head_at(fd: int, pos: int, size: int) -> tuple[bytes, bytes, int, int, int] | None:
-    """The block at ``pos`` as (magic, header, pos, body length, crc), where a block's
-    head is there and its lengths fit in the file; else None."""
+def whole_header(fd: int, at: int, head: bytes, hlen: int) -> bytes | None:
+    """The whole header of the block at ``at`` whose first bytes are ``head`` (None:
+    the companion is shorter now)."""
+    if len(head) >= hlen:
+        return head[:hlen]
+    rest = os.pread(fd, hlen - len(head), at + HEAD.size + len(head))
+    return head + rest if len(rest) == hlen - len(head) else None
+
+
+def _head_at(
+    fd: int, pos: int, size: int, read: int
+) -> tuple[bytes, bytes, int, int, int, int] | None:
+    """The block at ``pos`` as (magic, the header's first ``read`` - 16 bytes, pos, the
+    header's length, the body's, crc), where a block's head is there and its lengths
+    fit in the file; else None."""
     if pos + HEAD.size > size:
         return None
-    data = os.pread(fd, HEAD_READ, pos)
+    data = os.pread(fd, read, pos)
     if len(data) < HEAD.size:
         return None
     magic, hlen, blen, crc = HEAD.unpack_from(data)
@@ -78,12 +102,7 @@ def _head_at(fd: int, pos: int, size: int) -> tuple[bytes, bytes, int, int, int]
         return None
     if pos + HEAD.size + hlen + blen > size:
         return None
-    header = data[HEAD.size : HEAD.size + hlen]
-    if len(header) < hlen:
-        header += os.pread(fd, hlen - len(header), pos + len(data))
-        if len(header) != hlen:
-            return None
-    return magic, header, pos, blen, crc
+    return magic, data[HEAD.size : HEAD.size + hlen], pos, hlen, blen, crc
 
 
 def _crc_ok(fd: int, at: int, hlen: int, blen: int, crc: int) -> bool:

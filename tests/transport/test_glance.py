@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from eagle3_tui.agent import glance as glance_module
 from eagle3_tui.agent.glance import Glance, glance
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.glance import GlanceData, glance_run
@@ -38,7 +39,7 @@ from eagle3_tui.telemetry.columns import (
     read_blocks,
     walk_blocks,
 )
-from eagle3_tui.telemetry.scan import read_block, scan_headers
+from eagle3_tui.telemetry.scan import read_block, scan_headers, scan_heads, whole_header
 from eagle3_tui.telemetry.writer import JsonlWriter
 from eagle3_tui.transport.base import StreamEvent
 from eagle3_tui.transport.glancing import assemble, glance_local, glance_remote
@@ -174,6 +175,26 @@ def plain_run(tmp_path: Path) -> tuple[Path, Path]:
     path.write_bytes(b"".join(parts))
     index_file(str(path), block_rows=100)
     return path, tmp_path / COLUMNS_FILE
+
+
+@pytest.mark.parametrize("prefix", [0, 40, 700])
+def test_a_glance_reading_headers_in_part_is_the_glance_of_them_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: int
+) -> None:
+    """A glance reads the first bytes of each header (HEAD_PREFIX), the rest where it
+    parses one: however few those are (none; not the span; the span, not the stats),
+    the glance is the same, digests used or not."""
+    path, comp = plain_run(tmp_path)
+    for _ in range(2):
+        whole = glanced(path)
+        monkeypatch.setattr(glance_module, "HEAD_PREFIX", prefix)
+        part = glanced(path)
+        monkeypatch.undo()
+        assert isinstance(whole, Glance) and isinstance(part, Glance)
+        assert [getattr(part, k) for k in Glance.__slots__] == [
+            getattr(whole, k) for k in Glance.__slots__
+        ]
+        without_digests(comp)
 
 
 def test_a_glance_through_digests_draws_the_same_history_from_fewer_headers(
@@ -373,6 +394,12 @@ def test_headers_read_block_to_block_are_the_blocks_of_the_whole(tmp_path: Path)
     fd = os.open(comp, os.O_RDONLY)
     try:
         found = list(scan_headers(fd, len(broken)))
+        for prefix in (0, 30, 500):  # headers read in part, the rest after: the same
+            heads = list(scan_heads(fd, len(broken), prefix))
+            assert all(len(h) <= prefix for _, h, _, _, _ in heads)
+            assert [
+                (m, whole_header(fd, at, h, hlen), at, blen) for m, h, at, hlen, blen in heads
+            ] == found
         for m, h, at, blen in found:  # each at its place
             assert broken[at : at + 4] == m and broken[at + HEAD.size :][: len(h)] == h
             assert HEAD.unpack_from(broken, at)[1:3] == (len(h), blen)
