@@ -22,9 +22,9 @@ Everything goes through the relay, connection set-up included, and prints:
   ``"columns"`` in the request), and plain (no ``"compress"`` either).
 
 The file is written as lines (not by the real writer, which keeps the companion as
-it writes), so its companion is made first with ``index_file``, as
-``python -m eagle3_tui.telemetry.column_log RUN/metrics.jsonl`` makes one for a run
-written before the writer kept one.
+it writes), so its companion is made first with ``index_file(as_written=True)``: its
+blocks closed where the live writer closes them (every 1,024 rows, or 300 s of the
+lines' own time after a block's first line, whichever comes first).
 
 Rounds alternate (baseline, summary, frame, zlib, plain, ...) so all see the same
 load; medians, and medians of the per-round ratios to the baseline.
@@ -78,7 +78,7 @@ def make_file(path: Path, steps: int, dt: float | None) -> int:
     shutil.copyfile(cache, path)  # a copy: the live tail is appended to it
     # the companion the writer keeps as it goes (telemetry/columns.py), for this copy
     t = time.perf_counter()
-    blocks = index_file(str(path))
+    blocks = index_file(str(path), as_written=True)  # blocks closed as a live writer's are
     print(f"indexed {blocks} blocks of steps in {time.perf_counter() - t:.0f} s")
     return path.stat().st_size
 

@@ -265,7 +265,8 @@ def main() -> None:
             if cache is not None:
                 shutil.copyfile(path, cache)
         t_index = time.monotonic()  # the companion a run's writers keep (a copy's is not
-        index_file(str(path))  # the copy's: its blocks name the file they index)
+        index_file(str(path), as_written=True)  # the copy's: its blocks name the file they
+        # index; closed as the live writer closes them, by the lines' own times)
         print(f"  (companion made in {time.monotonic() - t_index:.0f} s)")
         seq0 = 10 * args.history  # past every sequence number the history used
         print(f"history: {args.history:,} steps, {path.stat().st_size / 1e6:.0f} MB")
