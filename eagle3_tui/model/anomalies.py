@@ -29,6 +29,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from eagle3_tui.model.derived import step_number
+from eagle3_tui.model.median import median
 from eagle3_tui.model.state import RunState
 
 F64 = npt.NDArray[np.float64]
@@ -191,7 +192,7 @@ class LossScan:
         first = self.rows - 1
         if self.rows <= LEARN_EVERY + 1:  # the interval is still being learned: all again
             learned = np.diff(steps[: LEARN_EVERY + 1])
-            self.every = max(1, int(np.median(learned))) if len(learned) else 1
+            self.every = max(1, int(median(learned))) if len(learned) else 1
             self.gaps.clear()
             first = 0
         diffs = np.diff(steps[first:])
@@ -264,14 +265,14 @@ def _baselines(f: F64, at: npt.NDArray[np.int64]) -> tuple[F64, F64]:
     mad = np.empty(len(at))
     for j in np.flatnonzero(at < w).tolist():  # the first steps: every value before them
         before = f[: at[j]]
-        med[j] = np.median(before)
-        mad[j] = np.median(np.abs(before - med[j]))
+        med[j] = median(before)
+        mad[j] = median(np.abs(before - med[j]))
     full = np.flatnonzero(at >= w)
     if len(full):
         windows = sliding_window_view(f, w)[at[full] - w]  # f[p - w : p], copied
-        m = np.median(windows, axis=1)
+        m = median(windows, 1)
         med[full] = m
-        mad[full] = np.median(np.abs(windows - m[:, None]), axis=1)
+        mad[full] = median(np.abs(windows - m[:, None]), 1)
     # a flat stretch has no spread: a step 0.1 % of its level above it is not far
     scale = np.maximum(MAD_TO_SIGMA * mad, 1e-3 * np.abs(med))
     return med, np.where(scale > 0, scale, np.finfo(np.float64).tiny)

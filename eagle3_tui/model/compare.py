@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from eagle3_tui.model.derived import epoch_number, smoothed, step_number, tau_of, tau_series
 from eagle3_tui.model.downsample import m4
+from eagle3_tui.model.median import median
 from eagle3_tui.model.snapshot import Line, ValRow, ViewParams
 from eagle3_tui.model.state import RunState
 
@@ -165,7 +166,7 @@ def axis_values(state: RunState, axis: str) -> F64 | None:
             return ts - ts[0] if len(ts) else ts
         dt = np.diff(ts)
         ok = dt[(dt > 0) & np.isfinite(dt)]
-        med = float(np.median(ok)) if len(ok) else 0.0
+        med = float(median(ok)) if len(ok) else 0.0
         limit = max(GAP_MIN_S, GAP_STEPS * med)
         dt = np.where((dt > limit) | (dt < 0), med, dt)  # a stop counts as one step
         return np.concatenate([[0.0], np.cumsum(dt)])
@@ -176,7 +177,7 @@ def _log_every(state: RunState) -> int | None:
     steps = state.table.step_view()
     if len(steps) < 2:
         return None
-    return int(np.median(np.diff(steps[-200:])))
+    return int(median(np.diff(steps[-200:])))
 
 
 # ---- values at a point ----------------------------------------------------------------

@@ -43,6 +43,7 @@ import numpy as np
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.events import Event
 from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
+from eagle3_tui.model.median import median
 from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.stack import StackSample, stack_line
 from eagle3_tui.model.state import RunState
@@ -78,8 +79,8 @@ def _diverged(state: RunState) -> str | None:
     history = history[np.isfinite(history)]
     if len(history) < 40 or not np.isfinite(recent).all():
         return None
-    base = float(np.median(history[-200:]))
-    now_level = float(np.median(recent))
+    base = float(median(history[-200:]))
+    now_level = float(median(recent))
     if base > 0 and now_level > DIVERGE_FACTOR * base:
         return (
             f"The loss jumped to {now_level:.4g} at step {step}, "
