@@ -17,6 +17,7 @@ filesystem (``DiskSpace``) goes into the model in its place among the chunks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import os
 import re
@@ -96,6 +97,9 @@ GLANCE_S = 5.0
 not answer is then reported by the stream, this long later than without a glance)."""
 GLANCE_TAIL_ROWS = 512
 """The newest training steps a glance reads whole (agent/glance.py's ``TAIL_ROWS``)."""
+FIRST_PICTURE_S = 0.5
+"""Behind a glance, the whole read waits this long at most for the first picture to
+be built: its reading and decoding would share the interpreter with that build."""
 
 
 def _feed_into(run: Run, chunks: list[Fed]) -> None:
@@ -212,6 +216,8 @@ class Pipeline:
         self.filled = asyncio.Event()
         """Set once a whole read behind a glance is shown and the heap it used handed
         back (what the monitor then holds)."""
+        self._pictured = asyncio.Event()
+        """Set once a snapshot was built (the whole read behind a glance waits for it)."""
         self._fill_said: list[tuple[Status, float]] = []
         """What the host said while the run was read whole: applied to it before it shows."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -247,10 +253,13 @@ class Pipeline:
         try:
             if self.glance_min is not None and hasattr(source, "glance"):
                 await self._at_a_glance(cast(Glancing, source), self.glance_min)
+            waited = False
             async for event in source.stream(0):
                 if isinstance(event, FileChanged):
                     self._file_changed = True  # what the first read aimed at is gone
                 if isinstance(event, Chunk | FileChanged | DiskSpace):
+                    if self._fill is not None and not waited and isinstance(event, Chunk):
+                        waited = await self._first_picture()
                     if self._fill is not None:
                         self._fill_pending.append(event)
                         self._fill_wake.set()
@@ -264,9 +273,19 @@ class Pipeline:
                 else:
                     self._link_changed(event)
                     on_link(event)
+                    if self._fill is not None and not waited:  # (the link's state said)
+                        waited = await self._first_picture()
         finally:
             for task in self._tasks:
                 task.cancel()
+
+    async def _first_picture(self) -> bool:
+        """Behind a glance, the whole read's first request waits for the first picture
+        (at most :data:`FIRST_PICTURE_S`): the stream reads nothing meanwhile, so that
+        build has the interpreter to itself."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pictured.wait(), FIRST_PICTURE_S)
+        return True
 
     @property
     def filling(self) -> float | None:
@@ -424,6 +443,7 @@ class Pipeline:
             if unread is not None:
                 snap = _reading(snap, unread)
             self._last = (snap, view)
+        self._pictured.set()
         return snap, generation
 
     @property

@@ -21,6 +21,7 @@ import pytest
 
 from eagle3_tui.agent import glance as glance_module
 from eagle3_tui.agent.glance import Glance, glance
+from eagle3_tui.app import pipeline as pipeline_module
 from eagle3_tui.app.pipeline import Pipeline
 from eagle3_tui.model.glance import GlanceData, glance_run
 from eagle3_tui.model.history import history_of
@@ -740,3 +741,41 @@ def test_a_tail_that_begins_in_a_stretch_of_nan_losses_is_read_whole(tmp_path: P
         ),
         str,
     )
+
+
+@pytest.mark.parametrize("pictured", [True, False])
+async def test_the_whole_read_behind_a_glance_waits_for_the_first_picture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pictured: bool
+) -> None:
+    """The whole read behind a glance reads nothing until the first picture is built
+    (the build has the interpreter to itself), or until FIRST_PICTURE_S has passed
+    without one (a caller that never asks for a picture still gets the whole run)."""
+    monkeypatch.setattr(pipeline_module, "FIRST_PICTURE_S", 3.0)
+    run = glance_file(tmp_path)
+    pipeline = Pipeline(glance_min=1)
+    links: list[object] = []
+    tasks = [
+        asyncio.ensure_future(pipeline.pump(LocalTransport(run), links.append)),
+        asyncio.ensure_future(pipeline.ingest()),
+    ]
+    try:
+        for _ in range(6000):  # the glance shown, its whole read set up
+            if pipeline._fill is not None:
+                break
+            await asyncio.sleep(0.005)
+        fill = pipeline._fill
+        assert fill is not None and pipeline.run.unsettled.history is not None
+        at = time.monotonic()
+        await asyncio.sleep(0.5)
+        assert links, "the link's state is said before the first picture"
+        assert fill.reader.next_offset == 0 and not pipeline._fill_pending  # nothing read
+        if pictured:
+            await pipeline.snapshot(time.time(), ViewParams())
+        await asyncio.wait_for(pipeline.filled.wait(), 30)
+        took = time.monotonic() - at
+        assert took < 2.5 if pictured else took >= 2.8, took  # (the read itself: ~0.1 s)
+        assert pipeline.run.unsettled.history is None  # the whole read, shown
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
