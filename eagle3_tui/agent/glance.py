@@ -143,21 +143,23 @@ class _Col:
         hlen: int,
         blen: int,
         at: int,
-        ident: tuple[int, int],
-        digests: dict[Any, _Digest],
+        ident: tuple[bytes, bytes],
+        digests: dict[tuple[bytes, bytes], tuple[_Digest, int, int]],
     ) -> _Col | None:
         """The block of this header (``head``: its first bytes, of ``hlen``), without
         parsing it, where a digest of this file names its span (the writer's own header:
-        its file, rows and span read by pattern); None otherwise (it is parsed as any
-        block is)."""
+        its file, rows and span read by pattern, their digits as JSON writes them:
+        ``ident`` the file's device and inode, ``digests`` by each span they stand
+        for); None otherwise (it is parsed as any block is)."""
         m = _HEAD.match(head)
-        span = _SPAN.search(head, len(m.group(0))) if m is not None else None
-        if m is None or span is None or (int(m.group(1)), int(m.group(2))) != ident:
+        if m is None or m.group(1, 2) != ident:
             return None
-        digest = digests.get((int(span.group(1)), int(span.group(2))))
-        if digest is None:
+        span = _SPAN.search(head, m.end())
+        found = digests.get((span.group(1), span.group(2))) if span is not None else None
+        if found is None:
             return None
-        col = cls(int(span.group(1)), int(span.group(2)), int(m.group(3)), at, (), {})
+        digest, start, end = found
+        col = cls(start, end, int(m.group(3)), at, (), {})
         col.digest, col.head, col.hlen, col.blen = digest, head, hlen, blen
         return col
 
@@ -408,22 +410,24 @@ def _glance(
     cols: list[_Col] = []
     marks: list[tuple[int, int, str]] = []
     marked: set[str] = set()
-    heads = list(scan_heads(companion, length, HEAD_PREFIX))
-    digests: dict[tuple[int, int], _Digest] = {}  # by each block's span it stands for
+    heads = list(scan_heads(companion, length, HEAD_PREFIX, (SAMPLE_MAGIC,)))
+    digests: dict[tuple[bytes, bytes], tuple[_Digest, int, int]] = {}  # by each span's digits
+    digits = (b"%d" % st.st_dev, b"%d" % st.st_ino)
     for magic, head, at, hlen, _ in heads:
         if magic == DIGEST_MAGIC:
             d = _digest_of(whole_header(companion, at, head, hlen), ident)
-            if d is not None and not any(sp in digests for sp in d.spans):
-                digests.update((sp, d) for sp in d.spans)
+            named = {(b"%d" % a, b"%d" % b): (d, a, b) for a, b in d.spans} if d else {}
+            if named and not any(k in digests for k in named):
+                digests.update(named)
     for magic, head, at, hlen, blen in heads:
-        if magic in (SAMPLE_MAGIC, DIGEST_MAGIC):
-            continue  # samples: the tail's are read, the earlier ones not needed
+        if magic == DIGEST_MAGIC:
+            continue  # (samples are not listed: the tail's are read, the earlier not needed)
         whole = head if len(head) == hlen else None
         if magic == MAGIC and digests:
-            col = _Col.covered(head, hlen, blen, at, ident, digests)
+            col = _Col.covered(head, hlen, blen, at, digits, digests)
             if col is None and whole is None:  # its span not in the first bytes read
                 whole = whole_header(companion, at, head, hlen)
-                col = _Col.covered(whole, hlen, blen, at, ident, digests) if whole else None
+                col = _Col.covered(whole, hlen, blen, at, digits, digests) if whole else None
             if col is not None:
                 if col.end <= size:
                     cols.append(col)

@@ -57,13 +57,12 @@ def glance_run(data: GlanceData) -> tuple[Run, History] | str:
     run = Run()
     state, reader = run.unsettled, run.reader
     state.writers.partial = True  # events only: their sequence numbers jump
-    items: list[Item] = []
     last = -1
     for offset, line in data.marks:
         if offset <= last or offset + len(line) > data.tail_from or not line.endswith(b"\n"):
             return "the glance's events are not in file order"
         last = offset
-        items += (i for i in reader.decode_lines(offset, line, 0) if not _is_step(i) and _ok(i))
+    items = [i for i in reader.decode_pieces(data.marks) if not _is_step(i) and _ok(i)]
     state.apply_all(items)
     state.writers.partial = False
     state.writers.clear()  # the tail's lines are counted from their first, as a new reader's

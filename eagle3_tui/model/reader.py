@@ -15,6 +15,7 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -88,6 +89,22 @@ class LineReader:
             return recs  # type: ignore[return-value]
         out: list[Item] = []
         self._decode(data[:end].split(b"\n"), offset, line_no + 1, out)
+        return out
+
+    def decode_pieces(self, pieces: Sequence[tuple[int, bytes]]) -> list[Item]:
+        """Whole lines at their offsets (each ends with a newline), decoded as
+        :meth:`decode_lines` decodes each of them: in one call where all of them decode
+        (a glance's events: hundreds of lines, ~8 µs of calls each), else one by one."""
+        data = b"".join(line for _, line in pieces)
+        end = len(data) - 1
+        if end > 0:
+            newlines = np.frombuffer(memoryview(data)[:end], dtype=np.uint8) == 10
+            recs = self.decoders.lines(data, 0, end, newlines)
+            if recs is not None:
+                return recs  # type: ignore[return-value]
+        out: list[Item] = []
+        for offset, line in pieces:
+            out += self.decode_lines(offset, line, 0)
         return out
 
     def pending(self) -> int:

@@ -46,21 +46,45 @@ def scan_headers(fd: int, size: int) -> Iterator[tuple[bytes, bytes, int, int]]:
             yield magic, header, at, blen
 
 
-def scan_heads(fd: int, size: int, prefix: int) -> Iterator[tuple[bytes, bytes, int, int, int]]:
+def scan_heads(
+    fd: int, size: int, prefix: int, skip: tuple[bytes, ...] = ()
+) -> Iterator[tuple[bytes, bytes, int, int, int]]:
     """:func:`scan_headers` reading at most ``prefix`` bytes of each header: (magic,
     the header's first bytes, the block's offset, the header's length, the body's);
     :func:`whole_header` reads the rest where it is needed (a glance parses few of
-    them: a 1M-step run's companion is ~3,400 blocks, their headers ~7 MB)."""
+    them: a 1M-step run's companion is ~3,400 blocks, their headers ~7 MB). Reads are
+    at least :data:`SCAN_READ` bytes, and a block whose head lies in the last read is
+    taken from it (a sampler's block, ~2 KB, is read with the head of the next).
+    Blocks of the magics in ``skip`` are hopped over, not yielded."""
     pos = 0
     held: tuple[bytes, bytes, int, int, int, int] | None = None
     read = HEAD.size + max(0, prefix)
+    chunk = max(read, SCAN_READ)
+    buf, buf_at = b"", 0
     while True:
-        found = _head_at(fd, pos, size, read)
+        found: tuple[bytes, bytes, int, int, int, int] | None = None
+        if pos + HEAD.size <= size:
+            start = pos - buf_at
+            if start < 0 or start + read > len(buf):
+                buf, buf_at, start = os.pread(fd, chunk, pos), pos, 0
+            if start + HEAD.size <= len(buf):
+                magic, hlen, blen, crc = HEAD.unpack_from(buf, start)
+                if (
+                    magic in MAGICS
+                    and hlen <= MAX_HEADER
+                    and blen <= MAX_BODY
+                    and pos + HEAD.size + hlen + blen <= size
+                ):
+                    first = start + HEAD.size
+                    cut = first + min(hlen, read - HEAD.size)
+                    head = b"" if magic in skip else buf[first:cut]
+                    found = (magic, head, pos, hlen, blen, crc)
         if held is not None:
             magic, head, at, hlen, blen, crc = held
             held = None
             if found is not None or pos == size or _crc_ok(fd, at, hlen, blen, crc):
-                yield magic, head, at, hlen, blen
+                if magic not in skip:
+                    yield magic, head, at, hlen, blen
             else:  # torn: the next block from its start on
                 pos = _next_magic(fd, at + 1, size)
                 if pos < 0:
@@ -77,6 +101,10 @@ def scan_heads(fd: int, size: int, prefix: int) -> Iterator[tuple[bytes, bytes, 
         pos = found[2] + HEAD.size + found[3] + found[4]
 
 
+SCAN_READ = 4096
+"""The least :func:`scan_heads` reads at a time."""
+
+
 def whole_header(fd: int, at: int, head: bytes, hlen: int) -> bytes | None:
     """The whole header of the block at ``at`` whose first bytes are ``head`` (None:
     the companion is shorter now)."""
@@ -84,25 +112,6 @@ def whole_header(fd: int, at: int, head: bytes, hlen: int) -> bytes | None:
         return head[:hlen]
     rest = os.pread(fd, hlen - len(head), at + HEAD.size + len(head))
     return head + rest if len(rest) == hlen - len(head) else None
-
-
-def _head_at(
-    fd: int, pos: int, size: int, read: int
-) -> tuple[bytes, bytes, int, int, int, int] | None:
-    """The block at ``pos`` as (magic, the header's first ``read`` - 16 bytes, pos, the
-    header's length, the body's, crc), where a block's head is there and its lengths
-    fit in the file; else None."""
-    if pos + HEAD.size > size:
-        return None
-    data = os.pread(fd, read, pos)
-    if len(data) < HEAD.size:
-        return None
-    magic, hlen, blen, crc = HEAD.unpack_from(data)
-    if magic not in MAGICS or hlen > MAX_HEADER or blen > MAX_BODY:
-        return None
-    if pos + HEAD.size + hlen + blen > size:
-        return None
-    return magic, data[HEAD.size : HEAD.size + hlen], pos, hlen, blen, crc
 
 
 def _crc_ok(fd: int, at: int, hlen: int, blen: int, crc: int) -> bool:

@@ -89,3 +89,20 @@ def test_arbitrary_bytes_never_raise(data: bytes, step: int) -> None:
     reader = LineReader()
     for i in range(0, len(data), step):
         reader.feed(i, data[i : i + step])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 22), min_size=1, max_size=12, unique=True))
+def test_lines_at_their_places_decode_as_each_does_alone(picked: list[int]) -> None:
+    """A glance's events: lines from here and there, decoded in one call where all of
+    them decode, one by one (offsets and all) where one does not."""
+    data = stream()
+    starts = [0, *(i + 1 for i, b in enumerate(data) if b == 10)][:-1]
+    pieces = []
+    for i in sorted(picked):
+        end = data.index(b"\n", starts[i]) + 1
+        pieces.append((starts[i], data[starts[i] : end]))
+    one_by_one = [x for off, line in pieces for x in LineReader().decode_lines(off, line, 0)]
+    together = LineReader().decode_pieces(pieces)
+    assert [key(x) for x in together] == [key(x) for x in one_by_one]
+    assert len(together) == len(pieces)

@@ -34,6 +34,8 @@ from eagle3_tui.telemetry.columns import (
     DIGEST_MAGIC,
     HEAD,
     MAGIC,
+    MARK_MAGIC,
+    SAMPLE_MAGIC,
     SAMPLED_KINDS,
     encode_marks,
     flatten,
@@ -401,6 +403,10 @@ def test_headers_read_block_to_block_are_the_blocks_of_the_whole(tmp_path: Path)
             assert [
                 (m, whole_header(fd, at, h, hlen), at, blen) for m, h, at, hlen, blen in heads
             ] == found
+            for skip in ((SAMPLE_MAGIC,), (MAGIC, MARK_MAGIC)):  # hopped over, not listed
+                rest = list(scan_heads(fd, len(broken), prefix, skip))
+                assert rest == [x for x in heads if x[0] not in skip]
+                assert len(rest) < len(heads)
         for m, h, at, blen in found:  # each at its place
             assert broken[at : at + 4] == m and broken[at + HEAD.size :][: len(h)] == h
             assert HEAD.unpack_from(broken, at)[1:3] == (len(h), blen)
