@@ -195,7 +195,9 @@ class Pipeline:
     of its own, off the lock, in a worker thread. Once that one has read past the
     glance's end it is shown instead (what the host said meanwhile applied to it too):
     the first picture comes in well under a second however long the run, and every
-    figure ends up read from the lines themselves.
+    figure ends up read from the lines themselves. That read begins once the first
+    picture is built (at most :data:`FIRST_PICTURE_S` after the link's state is said),
+    so that its build has the interpreter to itself.
     """
 
     def __init__(

@@ -586,13 +586,14 @@ class JsonlWriter:
                 gap.last_seq -= 1
             if gap.records <= 0:
                 self._gap = None
-            name = _error_name(OSError(errno.ENOSPC, "short write"))  # as it was counted
-            self.stats.dropped -= 1
-            left = self.stats.dropped_by.get(name, 0) - 1
-            if left > 0:
-                self.stats.dropped_by[name] = left
-            else:
-                self.stats.dropped_by.pop(name, None)
+        # counted dropped when it was torn (its gap said or not): written now
+        name = _error_name(OSError(errno.ENOSPC, "short write"))  # as it was counted
+        self.stats.dropped -= 1
+        left = self.stats.dropped_by.get(name, 0) - 1
+        if left > 0:
+            self.stats.dropped_by[name] = left
+        else:
+            self.stats.dropped_by.pop(name, None)
         self.stats.written += 1
         self._index([line], at)
 
