@@ -739,6 +739,39 @@ class Deferred(msgspec.Struct, gc=False):
 AnyRecord = Record | TrainStep | Deferred
 
 
+@functools.lru_cache(maxsize=64)
+def _typed_decoders(
+    keys: tuple[str, ...], lr_keys: tuple[str, ...]
+) -> tuple[msgspec.json.Decoder[Record], msgspec.json.Decoder[TrainStep]]:
+    """:meth:`Decoders.learn`'s decoders, built once a process for the same keys (each
+    run read, a glance's and its whole read's, ~2 ms of struct building each)."""
+    metrics = train_metrics_type(keys)
+    lean_fields: list[tuple[str, Any, Any]] = [("train", metrics | None, None)]
+    if lr_keys:  # a dict of floats as a struct of them: columns in the same pass
+        lean_fields.append(("lr_f", float | train_metrics_type(lr_keys) | None, None))
+    else:
+        lean_fields.append(("lr_f", float | None, None))
+    fast = msgspec.defstruct(
+        "FastRecord",
+        [("train", metrics | None, None)],  # type: ignore[list-item, unused-ignore]  # as above
+        bases=(Record,),
+        kw_only=True,
+        omit_defaults=True,
+        gc=False,
+    )
+    lean = msgspec.defstruct(
+        "LeanTrainStep",
+        lean_fields,
+        bases=(TrainStep,),
+        kw_only=True,
+        gc=False,
+    )
+    return (
+        msgspec.json.Decoder(cast("type[Record]", fast), strict=False),
+        msgspec.json.Decoder(lean, strict=False),
+    )
+
+
 class Decoders:
     """The general decoders, plus faster ones learned from the run's training keys."""
 
@@ -754,29 +787,7 @@ class Decoders:
         if (keys, lr_keys) == (self.keys, self.lr_keys) or not keys:
             return
         self.keys, self.lr_keys = keys, lr_keys
-        metrics = train_metrics_type(keys)
-        lean_fields: list[tuple[str, Any, Any]] = [("train", metrics | None, None)]
-        if lr_keys:  # a dict of floats as a struct of them: columns in the same pass
-            lean_fields.append(("lr_f", float | train_metrics_type(lr_keys) | None, None))
-        else:
-            lean_fields.append(("lr_f", float | None, None))
-        fast = msgspec.defstruct(
-            "FastRecord",
-            [("train", metrics | None, None)],  # type: ignore[list-item, unused-ignore]  # as above
-            bases=(Record,),
-            kw_only=True,
-            omit_defaults=True,
-            gc=False,
-        )
-        self._fast = msgspec.json.Decoder(cast("type[Record]", fast), strict=False)
-        lean = msgspec.defstruct(
-            "LeanTrainStep",
-            lean_fields,
-            bases=(TrainStep,),
-            kw_only=True,
-            gc=False,
-        )
-        self._lean = msgspec.json.Decoder(lean, strict=False)
+        self._fast, self._lean = _typed_decoders(keys, lr_keys)
 
     def saw(self, keys: tuple[str, ...], lr_keys: tuple[str, ...] = ()) -> None:
         """Training steps with these keys were read another way (a columns frame):
