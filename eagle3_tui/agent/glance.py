@@ -44,7 +44,7 @@ import json
 import os
 import re
 import zlib
-from typing import Any, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
+from typing import Any, Callable, Dict, List, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
 from eagle3_tui.agent.column_plan import ENVELOPE, MAX_COMPANION, NL_ENVELOPE
 from eagle3_tui.agent.frames import AgentError, emit, emit_zdata
@@ -375,9 +375,13 @@ def glance(
     tail_rows: int = TAIL_ROWS,
     max_tail: int = MAX_TAIL,
     min_size: int = 0,
+    loads: Callable[[bytes], Any] = json.loads,
 ) -> Glance | str:
     """The glance at the file open as ``fd``, or why there is none. ``keys``: the
-    column paths (or their prefixes, ending in ``.``) whose stats the digest carries."""
+    column paths (or their prefixes, ending in ``.``) whose stats the digest carries.
+    ``loads``: what parses the digests, ``json.loads`` or one that reads the same
+    values faster (ValueError on what is not JSON; a glance in the monitor's own
+    process: transport/glancing.py)."""
     st = os.fstat(fd)
     size = st.st_size
     if size < min_size:
@@ -390,7 +394,7 @@ def glance(
         os.close(companion)
         return "no companion file"
     try:
-        return _glance(fd, st, companion, cst.st_size, keys, tail_rows, max_tail)
+        return _glance(fd, st, companion, cst.st_size, keys, tail_rows, max_tail, loads)
     finally:
         os.close(companion)
 
@@ -403,6 +407,7 @@ def _glance(
     keys: list[str],
     tail_rows: int,
     max_tail: int,
+    loads: Callable[[bytes], Any] = json.loads,
 ) -> Glance | str:
     """:func:`glance` with the companion open (``length`` bytes)."""
     size = st.st_size
@@ -415,7 +420,7 @@ def _glance(
     digits = (b"%d" % st.st_dev, b"%d" % st.st_ino)
     for magic, head, at, hlen, _ in heads:
         if magic == DIGEST_MAGIC:
-            d = _digest_of(whole_header(companion, at, head, hlen), ident)
+            d = _digest_of(whole_header(companion, at, head, hlen), ident, loads)
             named = {(b"%d" % a, b"%d" % b): (d, a, b) for a, b in d.spans} if d else {}
             if named and not any(k in digests for k in named):
                 digests.update(named)
@@ -506,11 +511,13 @@ def _glance(
     )
 
 
-def _digest_of(head: bytes | None, ident: tuple[int, int]) -> _Digest | None:
+def _digest_of(
+    head: bytes | None, ident: tuple[int, int], loads: Callable[[bytes], Any]
+) -> _Digest | None:
     if head is None:
         return None
     try:
-        header = json.loads(head)
+        header = loads(head)
     except ValueError:
         return None
     if not isinstance(header, dict) or (header.get("dev"), header.get("ino")) != ident:

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from eagle3_tui.agent.glance import glance as agent_glance
 from eagle3_tui.agent.names import EV_ERROR, EV_GLANCE, OP_GLANCE
 from eagle3_tui.model.glance import GlanceData
@@ -29,6 +31,19 @@ MIN_GLANCE_BYTES = 32 << 20
 """Files shorter than this are read whole (a few hundred ms at most, and exact)."""
 
 
+_decode = msgspec.json.Decoder().decode
+
+
+def fast_loads(data: bytes) -> Any:
+    """``json.loads`` of a glance's digests, ~3x faster (msgspec parses their floats in
+    C): the same values; what msgspec refuses (a NaN, a number past a float's range,
+    another encoding) is parsed by ``json.loads`` instead."""
+    try:
+        return _decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
+
+
 class AgentHost(Protocol):
     async def start_agent(self, request: dict[str, Any]) -> AgentChannel: ...
 
@@ -40,7 +55,7 @@ def glance_local(path: Path, tail_rows: int, min_size: int) -> GlanceData | str:
     except OSError as e:
         return f"{path}: {e.strerror or e}"
     try:
-        g = agent_glance(fd, str(path), GLANCE_KEYS, tail_rows, min_size=min_size)
+        g = agent_glance(fd, str(path), GLANCE_KEYS, tail_rows, min_size=min_size, loads=fast_loads)
     except (OSError, ValueError) as e:
         return f"{path}: {e}"
     finally:

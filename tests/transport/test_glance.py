@@ -45,7 +45,7 @@ from eagle3_tui.telemetry.columns import (
 from eagle3_tui.telemetry.scan import read_block, scan_headers, scan_heads, whole_header
 from eagle3_tui.telemetry.writer import JsonlWriter
 from eagle3_tui.transport.base import StreamEvent
-from eagle3_tui.transport.glancing import assemble, glance_local, glance_remote
+from eagle3_tui.transport.glancing import assemble, fast_loads, glance_local, glance_remote
 from eagle3_tui.transport.local import LocalTransport
 from eagle3_tui.transport.ssh import SshTransport
 from tests.records import Lines
@@ -306,6 +306,32 @@ def indexed_run(tmp_path: Path, steps: int, seed: int, samples: float) -> tuple[
     index_file(str(path), block_rows=100)
     comp = tmp_path / COLUMNS_FILE
     return path, comp, comp.read_bytes()
+
+
+def test_digests_parsed_by_msgspec_are_what_json_makes_of_them(tmp_path: Path) -> None:
+    """The monitor's own glance parses the digests with msgspec (``fast_loads``): the
+    same glance as ``json.loads`` makes, NaN and numbers past a float's range too."""
+    path, comp = plain_run(tmp_path)
+    good = comp.read_bytes()
+    parts, odd = [], 0
+    for magic, h, body in walk_blocks(good):
+        if magic == DIGEST_MAGIC and odd % 2 == 0:
+            h = h.replace(b'"stats":{', b'"stats":{"odd.x":[NaN,1e400,0,-1e999,1,2,1.5],', 1)
+        odd += magic == DIGEST_MAGIC
+        parts.append(block_bytes(magic, h, body))
+    assert odd >= 2
+    comp.write_bytes(b"".join(parts))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        slow = glance(fd, str(path), ["train.", "odd."], 300)
+        fast = glance(fd, str(path), ["train.", "odd."], 300, loads=fast_loads)
+    finally:
+        os.close(fd)
+    assert isinstance(slow, Glance) and isinstance(fast, Glance)
+    assert [x is None for x in slow.digest["stats"]["odd.x"]].count(False) >= 1
+    for name in Glance.__slots__:
+        a, b = getattr(slow, name), getattr(fast, name)
+        assert json.dumps(a, default=repr) == json.dumps(b, default=repr), name
 
 
 def test_blocks_written_before_their_headers_had_spans_or_stats_glance_the_same(
