@@ -230,12 +230,15 @@ class _Digest:
         if not isinstance(stats, dict):
             return None
         out: list[tuple[int, int]] = []
+        end = 0
         for sp in spans:
-            if not (isinstance(sp, list) and len(sp) == 2 and all(type(v) is int for v in sp)):
+            if type(sp) is not list or len(sp) != 2:
                 return None
-            if not 0 <= sp[0] < sp[1] or (out and sp[0] < out[-1][1]):
+            a, b = sp
+            if type(a) is not int or type(b) is not int or not end <= a < b:
                 return None
-            out.append((sp[0], sp[1]))
+            out.append((a, b))
+            end = b
         return cls(out, n, stats)
 
     def col(self, keys: list[str]) -> _Col:
