@@ -648,7 +648,7 @@ def _header(head: bytes) -> tuple[dict[str, Any] | None, int | None]:
 def _parsed(head: bytes) -> dict[str, Any] | None:
     try:
         h = json.loads(head)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a header nested past the stack: not one)
         return None
     return h if isinstance(h, dict) else None
 

@@ -168,7 +168,7 @@ class _Col:
         head = whole_header(companion, self.at, self.head, self.hlen)
         try:
             header = json.loads(head) if head is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (a header nested past the stack: not one)
             return None
         if not isinstance(header, dict):
             return None
@@ -444,7 +444,7 @@ def _glance(
             whole = whole_header(companion, at, head, hlen)
         try:
             header = json.loads(whole) if whole is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(header, dict):
             continue
@@ -521,7 +521,7 @@ def _digest_of(
         return None
     try:
         header = loads(head)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(header, dict) or (header.get("dev"), header.get("ino")) != ident:
         return None

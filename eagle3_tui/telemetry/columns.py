@@ -725,6 +725,6 @@ def read_blocks(data: bytes) -> list[Block]:
 def _parse_block(header_b: bytes, body: bytes) -> Block | None:
     try:
         header = json.loads(header_b)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a header nested past the stack: not one)
         return None
     return block_of(header, memoryview(body)) if isinstance(header, dict) else None

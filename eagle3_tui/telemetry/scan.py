@@ -133,7 +133,7 @@ def read_block(fd: int, at: int) -> Block | None:
         return None
     try:
         header = json.loads(data[:hlen])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return block_of(header, memoryview(data)[hlen:]) if isinstance(header, dict) else None
 

@@ -308,6 +308,37 @@ def indexed_run(tmp_path: Path, steps: int, seed: int, samples: float) -> tuple[
     return path, comp, comp.read_bytes()
 
 
+@pytest.mark.parametrize("which", [DIGEST_MAGIC, MAGIC, MARK_MAGIC])
+def test_a_header_nested_past_the_stack_is_no_header(tmp_path: Path, which: bytes) -> None:
+    """A companion is the run's to write: a block whose header nests deeper than the
+    parser's stack is a damaged block (left out), never an exception out of a glance."""
+    path, comp = plain_run(tmp_path)
+    good = comp.read_bytes()
+    parts, changed = [], 0
+    for m, h, b in walk_blocks(good):
+        if m == which and not changed:
+            h, changed = b"[" * 100_000 + b"]" * 100_000, 1
+        parts.append(block_bytes(m, h, b))
+    assert changed
+    comp.write_bytes(b"".join(parts))
+    for loads in (json.loads, fast_loads):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            g = glance(fd, str(path), ["train."], 300, loads=loads)
+        finally:
+            os.close(fd)
+        assert isinstance(g, Glance | str)
+    before = read_blocks(b"".join(block_bytes(m, h, b) for m, h, b in walk_blocks(good)))
+    after = read_blocks(comp.read_bytes())  # column blocks, parsed: the nested one left out
+    assert len(after) == len(before) - (which == MAGIC)
+    cfd = os.open(comp, os.O_RDONLY)
+    try:
+        at = next(at for m, _, at, _ in scan_headers(cfd, comp.stat().st_size) if m == which)
+        assert read_block(cfd, at) is None  # (a column block's reader: the others' is None)
+    finally:
+        os.close(cfd)
+
+
 def test_digests_parsed_by_msgspec_are_what_json_makes_of_them(tmp_path: Path) -> None:
     """The monitor's own glance parses the digests with msgspec (``fast_loads``): the
     same glance as ``json.loads`` makes, NaN and numbers past a float's range too."""
