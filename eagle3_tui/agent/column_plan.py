@@ -53,6 +53,7 @@ import os
 import re
 import struct
 import zlib
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,7 @@ from eagle3_tui.telemetry.columns import (
     PLAIN_TIME,
     SAMPLE_MAGIC,
     Block,
+    Samples,
     block_of,
     companion_path,
     kind_of,
@@ -210,12 +212,13 @@ class Segment:
             return False
 
     def _check_listed(self, fd: int, cutoffs: dict[str, int]) -> bool:
-        """An accounted segment's rows at its ends and its events, read and checked; a
-        segment with samples the client keeps whole (or of a kind it keeps none of, or
-        too many events) is read whole and checked instead."""
+        """An accounted segment's rows at its ends, its events and the samples the client
+        keeps whole read and checked (the older samples go as ranges of their blocks); a
+        segment with more lines to read than :data:`MAX_READ_LINES` is read whole and
+        checked instead."""
         assert self.marks is not None
-        kinds = {k for b, _, _ in self.samples for k in b.kinds}
-        if len(self.marks) > MAX_READ_LINES or any(cutoffs.get(k, 0) < self.end for k in kinds):
+        listed, whole = self._split_samples(cutoffs)
+        if len(self.marks) + sum(j - i for _, i, j in whole) > MAX_READ_LINES:
             self.marks = None
             return self._check(fd)
         # the rows' ends: a line of the first row's sequence number starts the rows, a
@@ -227,11 +230,9 @@ class Segment:
         seq = self.first_seq if self.first_seq >= 0 else self.block.ints("seq")[0]
         if not head.startswith(b'\n{"v":1,"seq":%d,' % seq) and _seq_of(head, 1, 65) != seq:
             return False
-        for b, i, j in self.samples:  # each block's first and last line here: a sample of it
+        for b, i, j in listed:  # each range's first and last line here: a sample of it
             for k in {i, j - 1}:
-                line = line_at(fd, b.offsets[k], b.lengths[k])
-                m = None if line is None else ENVELOPE.match(line)
-                if m is None or m.group(4).decode() not in b.kinds:
+                if _sample_at(fd, b, k) is None:
                     return False
         text: list[tuple[int, bytes]] = []
         for off, n, kind in self.marks:
@@ -239,8 +240,44 @@ class Segment:
             if line is None or kind_of(line) != kind:
                 return False
             text.append((off, line))
-        self.text = text
+        for b, i, j in whole:  # the samples the client keeps: their lines, every one read
+            for k in range(i, j):
+                line = _sample_at(fd, b, k)
+                if line is None:
+                    return False
+                text.append((b.offsets[k], line))
+        if whole:
+            text.sort()
+        self.samples, self.text = listed, text
         return True
+
+    def _split_samples(self, cutoffs: dict[str, int]) -> tuple[list[Listed], list[Listed]]:
+        """The segment's samples as the ranges that go by their envelopes (before their
+        kind's cutoff) and those whose lines are sent (at or past it; a kind the client
+        keeps none of has no cutoff: its lines go whole, as a plain read's). Raises
+        ValueError where a block's kinds cannot be read."""
+        listed: list[Listed] = []
+        whole: list[Listed] = []
+        for b, i, j in self.samples:
+            cuts = [cutoffs.get(k, 0) for k in b.kinds]
+            lo, hi = min(cuts, default=0), max(cuts, default=0)
+            a = max(i, min(j, bisect_left(b.offsets, lo, i, j)))  # all before: envelopes
+            z = max(a, min(j, bisect_left(b.offsets, hi, i, j)))  # all past: lines
+            if a > i:
+                listed.append((b, i, a))
+            if z > a:  # between: each by its kind
+                kinds, offsets = b.row_kinds(), b.offsets
+                k = a
+                while k < z:
+                    as_line = offsets[k] >= cutoffs.get(kinds[k], 0)
+                    e = k + 1
+                    while e < z and (offsets[e] >= cutoffs.get(kinds[e], 0)) == as_line:
+                        e += 1
+                    (whole if as_line else listed).append((b, k, e))
+                    k = e
+            if j > z:
+                whole.append((b, z, j))
+        return listed, whole
 
     def _check(self, fd: int) -> bool:
         before = 1 if self.start > 0 else 0  # the range must start a line too
@@ -651,6 +688,14 @@ def _parsed(head: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # (a header nested past the stack: not one)
         return None
     return h if isinstance(h, dict) else None
+
+
+def _sample_at(fd: int, block: Samples, k: int) -> bytes | None:
+    """Line ``k`` of a sample block when it is one whole line of the file with an
+    envelope of one of the block's kinds."""
+    line = line_at(fd, block.offsets[k], block.lengths[k])
+    m = None if line is None else ENVELOPE.match(line)
+    return line if m is not None and m.group(4).decode() in block.kinds else None
 
 
 def _seq_ok(line: bytes, seq: int) -> bool:

@@ -179,10 +179,11 @@ class RunState:
         elif isinstance(item, Restarted):
             self.restarts.append(item)
         elif isinstance(item, Deferred):
-            if item.kind in self.samplers.pending and self.writers.check(item):
-                self.records += 1
-                self._touch(item.ts)
-                self.samplers.queue(item.kind, item)
+            if item.kind in self.samplers.pending:
+                if self.writers.check(item):  # (False: a repeat, counted once and dropped)
+                    self.records += 1
+                    self._touch(item.ts)
+                    self.samplers.queue(item.kind, item)
                 return
             full = item.resolve()
             if isinstance(full, Malformed):

@@ -543,7 +543,18 @@ class Samples:
     """A sample block read back: where its lines are (one writer's, in file order),
     the kinds it names, and its packed columns as written (sent on as they are)."""
 
-    __slots__ = ("body", "cols", "end", "kinds", "lengths", "n", "offsets", "start", "writers")
+    __slots__ = (
+        "_row_kinds",
+        "body",
+        "cols",
+        "end",
+        "kinds",
+        "lengths",
+        "n",
+        "offsets",
+        "start",
+        "writers",
+    )
 
     def __init__(self, header: dict[str, Any], body: memoryview) -> None:
         """Raises ValueError (or KeyError, TypeError, zlib.error) for a block that is not one."""
@@ -577,6 +588,24 @@ class Samples:
         self.end = self.offsets[-1] + self.lengths[-1]
         if self.start < 0 or header.get("span") != [self.start, self.end]:
             raise ValueError("a span its lines do not have")
+        self._row_kinds: list[str] | None = None
+
+    def row_kinds(self) -> list[str]:
+        """Each line's kind (unpacked when first asked). ValueError when one names no
+        kind of the block's."""
+        if self._row_kinds is None:
+            at = 0
+            for name, kind, size in self.cols:
+                if name == "kind":
+                    codes = unpack_int_array(self.body[at : at + size], self.n, kind=kind)
+                    if any(c < 0 or c >= len(self.kinds) for c in codes):
+                        raise ValueError("a line of no kind")
+                    self._row_kinds = [self.kinds[c] for c in codes]
+                    break
+                at += size
+            else:
+                raise ValueError("no kinds")
+        return self._row_kinds
 
 
 class Block:

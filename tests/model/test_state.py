@@ -74,6 +74,26 @@ def test_sequence_gaps_count_lost_records_and_repeats_are_dropped() -> None:
     assert steps(state) == list(range(10)) + list(range(13, 30))
 
 
+def test_a_repeated_sample_is_one_duplicate_in_every_read() -> None:
+    """A sidecar's record repeated (its sequence number again) is one duplicate, read
+    with the steps (a catch-up batch) or a line at a time: it counted twice where a
+    sampler's line was checked by its envelope and then again as the whole record."""
+    trainer, side = Lines(writer="rank0"), Lines(writer="side")
+    parts = []
+    for s in range(40):
+        parts.append(trainer.train(s, 1.0))
+        parts.append(side.gpu(50.0) if s % 2 else side.heartbeat())
+        if s in (10, 30):
+            side.seq -= 1  # the next one says the last one's number again
+    data = b"".join(parts)
+    caught_up = run_of(data).state
+    one_by_one = run_of(*data.splitlines(keepends=True)).state
+    for state in (caught_up, one_by_one):
+        assert state.writers["side"].duplicates == 2
+        assert state.duplicate_records == 2 and state.records == 78
+        assert state.malformed_count == 0
+
+
 def test_other_writers_lines_interleave_without_loss() -> None:
     a, b = Lines(writer="rank0"), Lines(writer="sampler")
     parts = []

@@ -71,11 +71,17 @@ def parse(output: bytes, cuts: list[int]) -> list[DataFrame]:
     return frames
 
 
+def payload_header(payload: bytes) -> dict[str, Any]:
+    """A C frame's payload's header (agent/column_plan.py)."""
+    (hlen,) = struct.unpack_from("<I", payload)
+    header: dict[str, Any] = json.loads(payload[4 : 4 + hlen])
+    return header
+
+
 def payload_blocks(payload: bytes) -> list[int]:
     """The blocks a C frame's payload carries, by their rows (agent/column_plan.py:
     consecutive blocks alike share a frame)."""
-    (hlen,) = struct.unpack_from("<I", payload)
-    h = json.loads(payload[4 : 4 + hlen])
+    h = payload_header(payload)
     return [p[0] for p in h["pieces"]] if "pieces" in h else [h["n"]]
 
 
