@@ -41,6 +41,7 @@ from eagle3_tui.following import (
 from eagle3_tui.model.snapshot import Snapshot
 from eagle3_tui.model.verdict import ENDED, WORST_FIRST
 from eagle3_tui.notify import ALARMS, Alert, Delivery, Notifier, Outbox
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 
@@ -265,7 +266,7 @@ class WatchState:
     def load(cls, path: Path) -> WatchState:
         state = cls(path)
         try:
-            data = json.loads(path.read_text())
+            data = parse_json(path.read_text())
             for key, saved in data.get("runs", {}).items():
                 state.runs[str(key)] = RunMemory(
                     label=str(saved.get("label") or key),

@@ -47,7 +47,6 @@ second step; the injector itself is ``ptrace.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -89,6 +88,7 @@ from eagle3_tui.agent.userfiles import (
     prepare,
     read_json_file,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.procs import ProcStat, cmdline, environ
 from eagle3_tui.telemetry.rerun import resume_command, torchrun_resume_command
 from eagle3_tui.telemetry.safefs import open_file
@@ -213,7 +213,7 @@ def registered_run(pid: int, start: int, env: dict[str, str] | None, uid: int) -
     here = boot_id()
     for line in reversed(raw.splitlines()):
         try:
-            entry = json.loads(line)
+            entry = parse_json(line)
         except ValueError:
             continue
         if not isinstance(entry, dict) or entry.get("pid") != pid:
@@ -501,7 +501,7 @@ def first_metric(run_dir: str, since: float, timeout: float) -> dict[str, Any] |
             if b'"train"' not in line:
                 continue
             try:
-                rec = json.loads(line)
+                rec = parse_json(line)
             except ValueError:
                 continue
             if rec.get("kind") == "train" and float(rec.get("ts", 0)) >= since:

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_file, read_bounded, write_atomic
 
 MAX_HEADER = 100 << 20
@@ -60,7 +61,7 @@ def _safetensors_problem(path: Path) -> str | None:
                 return "truncated header"
             if n > MAX_HEADER:
                 return f"not a checkpoint (a {n}-byte header)"
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
     except (OSError, ValueError) as e:
         return f"unreadable ({e})"
     end = 0
@@ -111,7 +112,7 @@ def checkpoint_problems(d: Path) -> list[str]:
     state = d / "training_state.json"
     if state.exists():
         try:
-            json.loads(read_bounded(state, STATE_LIMIT))
+            parse_json(read_bounded(state, STATE_LIMIT))
         except (OSError, ValueError):
             problems.append("training_state.json is unreadable")
         else:
@@ -131,7 +132,7 @@ def checkpoint_problems(d: Path) -> list[str]:
 def checkpoint_info(d: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(d), "problems": checkpoint_problems(d)}
     try:
-        state = json.loads(read_bounded(d / "training_state.json", STATE_LIMIT))
+        state = parse_json(read_bounded(d / "training_state.json", STATE_LIMIT))
         if isinstance(state, dict):
             for key in ("global_step", "epoch", "local_step"):  # ints, or not said
                 value = state.get(key)

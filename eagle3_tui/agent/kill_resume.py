@@ -8,7 +8,6 @@ that both need all of it.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -66,6 +65,7 @@ from eagle3_tui.agent.stopping import (
 from eagle3_tui.agent.trust import manifest_owner, resume_problems, signal_owner
 from eagle3_tui.agent.userfiles import as_user
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_append, read_bounded, user_name
 from eagle3_tui.telemetry.topology import TORCHRUN_ENV
 
@@ -410,7 +410,7 @@ def _saved_environment(run_dir: Path, m: dict[str, Any]) -> dict[str, str] | Non
     if not isinstance(name, str) or not name:
         return None
     try:
-        env = json.loads(read_bounded(run_dir / name, MANIFEST_LIMIT))
+        env = parse_json(read_bounded(run_dir / name, MANIFEST_LIMIT))
     except (OSError, ValueError):
         return None
     if not isinstance(env, dict):
@@ -646,7 +646,7 @@ def _await_manifest(
         if rc is not None:
             return rc, False
         try:
-            now = json.loads(read_bounded(run_dir / MANIFEST, MANIFEST_LIMIT))
+            now = parse_json(read_bounded(run_dir / MANIFEST, MANIFEST_LIMIT))
             if proc.pid in (now.get("pid"), now.get("launcher_pid")):
                 return None, True
         except (OSError, ValueError, AttributeError):

@@ -24,11 +24,12 @@ Standard library only, Python 3.8+.
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
 import time
 from typing import TYPE_CHECKING, Any
+
+from eagle3_tui.telemetry.parsing import parse_json
 
 if TYPE_CHECKING:  # (not evaluated: Python 3.8 has no tuple[...] at run time)
     Parsed = tuple[str, dict[str, Any], float | None]
@@ -129,7 +130,7 @@ def _literal(text: str) -> Any:
     """A Python literal or JSON value; ``nan``/``inf`` (a dict's ``repr``) read as the
     schema's ``"NaN"``/``"Infinity"`` strings. Never evaluates code."""
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError:
         pass
     fixed = _NONFINITE.sub(
@@ -174,7 +175,7 @@ def handler_line(line: str) -> dict[str, Any] | None:
     if not line.startswith("{") or '"msg"' not in line:
         return None
     try:
-        obj = json.loads(line)
+        obj = parse_json(line)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) and "msg" in obj else None

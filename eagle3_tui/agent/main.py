@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from typing import IO, NoReturn
@@ -30,6 +29,7 @@ from eagle3_tui.agent.names import (
     OP_STATUS,
     PROTOCOL,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 
 OPS: dict[str, tuple[str, str]] = {
     OP_FOLLOW: ("follow", "op_follow"),
@@ -75,7 +75,7 @@ def main(stdin: IO[bytes] | None = None) -> NoReturn:
     stream = sys.stdin.buffer if stdin is None else stdin
     line = stream.readline()
     try:
-        req = json.loads(line)
+        req = parse_json(line)
         if not isinstance(req, dict) or req.get("op") not in OPS:
             raise ValueError("unknown operation")
         if req.get("protocol", PROTOCOL) != PROTOCOL:

@@ -56,6 +56,7 @@ from eagle3_tui.agent.timeline import (
 )
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import nvml_from_env
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.procs import exit_status, open_pidfd
 from eagle3_tui.telemetry.safefs import open_file
 from eagle3_tui.telemetry.samplers import (
@@ -804,7 +805,7 @@ class Observer:
             if self._vals.get(e.name) == mtime:
                 continue
             try:
-                values = json.loads(path.read_text())
+                values = parse_json(path.read_text())
             except (OSError, ValueError):
                 continue
             self._vals[e.name] = mtime
@@ -812,7 +813,7 @@ class Observer:
                 continue
             payload: dict[str, Any] = {"epoch": int(e.name), "val": values, "source": str(path)}
             try:
-                state = json.loads((Path(e.path) / "training_state.json").read_text())
+                state = parse_json((Path(e.path) / "training_state.json").read_text())
                 if isinstance(state.get("global_step"), int):
                     payload["step"] = state["global_step"]
             except (OSError, ValueError, AttributeError):

@@ -8,7 +8,6 @@ Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
@@ -21,6 +20,7 @@ from eagle3_tui.agent.names import (
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.isolation import as_module
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -91,7 +91,7 @@ def read_log_tail(path: str, limit: int = LOG_TAIL_BYTES) -> str:
 def load_manifest(run_dir: str) -> dict[str, Any] | None:
     """``run_dir/run.json`` as an object, read bounded; None when it is not one."""
     try:
-        obj = json.loads(read_bounded(os.path.join(run_dir, MANIFEST), MANIFEST_LIMIT))
+        obj = parse_json(read_bounded(os.path.join(run_dir, MANIFEST), MANIFEST_LIMIT))
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
@@ -167,7 +167,7 @@ def eagle3_metrics(path: str) -> bool:
         return True
     try:
         first = read_bounded(path, 4096).split(b"\n", 1)[0]
-        obj = json.loads(first)
+        obj = parse_json(first)
     except (OSError, ValueError):
         return False
     return isinstance(obj, dict) and "kind" in obj and "w" in obj

@@ -84,6 +84,7 @@ import time
 from typing import Any, NamedTuple
 
 from eagle3_tui.agent.pyprocess import container_hint, read_text
+from eagle3_tui.telemetry.parsing import parse_json
 
 PTRACE_CONT = 7
 PTRACE_SINGLESTEP = 9
@@ -954,7 +955,7 @@ def queue_line(pid: int, line: bytes, libpython: str | None) -> dict[str, Any]:
         done = True
     os.waitpid(child, 0)
     try:
-        out: dict[str, Any] = json.loads(data) if data else {}
+        out: dict[str, Any] = parse_json(data) if data else {}
     except ValueError:
         out = {}
     if not out:

@@ -38,7 +38,6 @@ Standard library only (the agent).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -55,6 +54,7 @@ from eagle3_tui.agent.trust import which
 from eagle3_tui.agent.userfiles import as_user, cache_dir, write_lib
 from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.rerun import resume_command, torchrun_resume_command
 from eagle3_tui.telemetry.safefs import foreign_dir_problem, private_dir, read_bounded
 
@@ -147,7 +147,7 @@ def _saved_steps(ckpt: Path | None) -> list[tuple[int, float]]:
             continue
         state = os.path.join(e.path, "training_state.json")
         try:
-            step = json.loads(read_bounded(state, STATE_LIMIT)).get("global_step")
+            step = parse_json(read_bounded(state, STATE_LIMIT)).get("global_step")
             saved = os.stat(state).st_mtime
         except (OSError, ValueError, AttributeError):
             continue

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from eagle3_tui.agent.names import (
 )
 from eagle3_tui.agent.processes import kill_plan, leftovers, verify_trainer
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT, index_lock
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 
 INDEX_LIMIT = 64 << 20
@@ -45,7 +45,7 @@ def read_index() -> list[dict[str, Any]]:
     out = []
     for line in raw.splitlines():
         try:
-            obj = json.loads(line)
+            obj = parse_json(line)
         except ValueError:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("run_dir"), str):
@@ -79,7 +79,7 @@ def prune_index() -> list[str]:
         gone: list[str] = []
         for line in raw.splitlines(keepends=True):
             try:
-                obj = json.loads(line)
+                obj = parse_json(line)
             except ValueError:
                 obj = None
             run_dir = obj.get("run_dir") if isinstance(obj, dict) else None
@@ -112,7 +112,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     check_run_dir(run_dir)
     path = run_dir / MANIFEST
     try:
-        obj = json.loads(read_bounded(path, MANIFEST_LIMIT))  # a regular file, bounded
+        obj = parse_json(read_bounded(path, MANIFEST_LIMIT))  # a regular file, bounded
     except FileNotFoundError:
         raise AgentError(
             ERR_NO_MANIFEST, f"{run_dir}: no {MANIFEST} here (was the run started with telemetry?)"

@@ -13,7 +13,6 @@ show started and not finished. Standard library only (the agent runs on the host
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_PROGRESS
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_file
 
 TAIL_BYTES = 4 << 20
@@ -66,7 +66,7 @@ def save_in_progress(metrics: Path) -> dict[str, Any] | None:
         if b'"ckpt"' not in line and b'"lifecycle"' not in line and b'"train"' not in line:
             continue
         try:
-            rec = json.loads(line)
+            rec = parse_json(line)
         except ValueError:
             continue
         if not isinstance(rec, dict):

@@ -43,6 +43,7 @@ from eagle3_tui.agent.frames import emit
 from eagle3_tui.agent.names import EV_PROGRESS
 from eagle3_tui.agent.saving import is_stale, metrics_tail, save_in_progress
 from eagle3_tui.agent.userfiles import as_user
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 from eagle3_tui.telemetry.stop import STOP_VERSION, read_request
 
@@ -103,7 +104,7 @@ def step_pace(metrics: Path) -> Pace:
         if b'"train"' not in line and b'"lifecycle"' not in line:
             continue
         try:
-            rec = json.loads(line)
+            rec = parse_json(line)
         except ValueError:
             continue
         if not isinstance(rec, dict):
@@ -187,7 +188,7 @@ def read_state(path: Path, request_id: object) -> dict[str, Any] | None:
 def _state_file(path: Path) -> dict[str, Any] | None:
     """The telemetry's state file at ``path`` (read bounded, never through a link)."""
     try:
-        obj = json.loads(read_bounded(path, STATE_LIMIT, follow=False))
+        obj = parse_json(read_bounded(path, STATE_LIMIT, follow=False))
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None

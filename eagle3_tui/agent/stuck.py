@@ -17,7 +17,6 @@ Standard library only (the agent).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ import sys
 from typing import Any
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import trust_problem
 
 QUIET_S = 20.0
@@ -103,7 +103,7 @@ def parse_dump(text: str, pid: int) -> dict[str, Any] | None:
     """The ``stack`` payload (main thread, other threads' innermost frames) of
     ``py-spy dump --json`` output; None when it holds no thread."""
     try:
-        threads = json.loads(text)
+        threads = parse_json(text)
     except ValueError:
         return None
     if not isinstance(threads, list):

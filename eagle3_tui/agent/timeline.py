@@ -47,6 +47,7 @@ from typing import Any
 
 from eagle3_tui.agent.runs import index_path
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import (
     open_append,
     private_dir,
@@ -89,7 +90,7 @@ def name_of(boot: str | None, pid: int, start_ticks: int) -> str:
 
 def _read_json(path: Path, limit: int = PROCESS_LIMIT) -> dict[str, Any] | None:
     try:
-        obj = json.loads(read_bounded(path, limit, follow=False))
+        obj = parse_json(read_bounded(path, limit, follow=False))
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
@@ -345,7 +346,7 @@ def _kept_keys(data: bytes) -> set[str]:
         if b'"kind":"proc"' in line or b'"kind":"gpu"' in line or b'"kind":"io"' in line:
             continue
         try:
-            rec = json.loads(line)
+            rec = parse_json(line)
         except ValueError:
             continue
         if isinstance(rec, dict):

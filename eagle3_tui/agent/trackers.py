@@ -25,7 +25,6 @@ behind (root's, when the agent runs as root: the user's next writer could not op
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pwd
@@ -36,6 +35,7 @@ from typing import Any, Dict, Tuple  # noqa: UP035 (Python 3.8 on the host)
 from urllib.parse import quote, unquote, urlparse
 
 from eagle3_tui.agent.logparse import tracked_dict
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded, trust_problem
 
 try:  # a Python built without SQLite: those stores are said to be unreadable
@@ -199,7 +199,7 @@ class TrackioStore(Store):
         if not isinstance(text, str):
             return None
         try:
-            flat = json.loads(text)
+            flat = parse_json(text)
         except ValueError:
             return None
         if not isinstance(flat, dict):

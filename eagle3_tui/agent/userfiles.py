@@ -32,6 +32,7 @@ from typing import Any
 
 from eagle3_tui.agent.processes import boot_id, proc_stat
 from eagle3_tui.telemetry.inject import entry_source
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import write_atomic
 
 
@@ -106,7 +107,7 @@ def read_json_file(path: str) -> dict[str, Any] | None:
     finally:
         os.close(fd)
     try:
-        obj = json.loads(data)
+        obj = parse_json(data)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
@@ -149,7 +150,7 @@ def as_user(uid: int, gid: int, fn: Callable[..., Any], *args: Any) -> Any:
     os.close(read_end)
     os.waitpid(child, 0)
     try:
-        out = json.loads(b"".join(chunks))
+        out = parse_json(b"".join(chunks))
     except ValueError:
         raise OSError("the helper running as the trainer's user failed") from None
     if "error" in out:

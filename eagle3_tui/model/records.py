@@ -34,6 +34,12 @@ import numpy.typing as npt
 from eagle3_tui.telemetry.columns import MONITOR_PROFILE
 from eagle3_tui.telemetry.schema import Kind
 
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+"""What a decode of a line another process wrote may raise: msgspec raises
+``RecursionError`` for one nested past its stack (``[`` 100,000 times), not a
+DecodeError, and that line is malformed like any other."""
+
+
 SUPPORTED_SCHEMA = 1
 """The major version of the JSON-lines schema this reader reads: a line with a higher
 ``v`` is reported as malformed (upgrade eagle3-tui), never applied as version 1."""
@@ -296,7 +302,7 @@ def decode_line(line: bytes, line_no: int = 0, offset: int = 0) -> Record | Malf
     """Decode one line (without its newline). Never raises."""
     try:
         rec = _decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         rec_or_bad = _slow_path(line, line_no, offset)
         if isinstance(rec_or_bad, Malformed):
             return rec_or_bad
@@ -809,7 +815,7 @@ class Decoders:
                 return
         try:
             recs = _decoder.decode_lines(memoryview(data)[start:cut])
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except DECODE_ERRORS:
             return
         for rec in recs:
             if rec.kind == "train" and isinstance(rec.train, dict):
@@ -821,7 +827,7 @@ class Decoders:
         if self._fast is not None:
             try:
                 rec = self._fast.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except DECODE_ERRORS:
                 pass
             else:
                 if rec.kind:
@@ -849,7 +855,7 @@ class Decoders:
         if self._lean is not None:
             try:
                 lean: list[AnyRecord] = self._lean.decode_lines(buf)  # type: ignore[assignment]
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except DECODE_ERRORS:
                 pass
             else:
                 count = len(lean)
@@ -866,12 +872,12 @@ class Decoders:
         if self._fast is not None:
             try:
                 recs = self._fast.decode_lines(buf)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except DECODE_ERRORS:
                 recs = None
         if recs is None:
             try:
                 recs = _decoder.decode_lines(buf)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except DECODE_ERRORS:
                 return None
             for rec in reversed(recs):  # re-learn from the newest training step
                 if rec.kind == "train" and isinstance(rec.train, dict):
@@ -880,7 +886,7 @@ class Decoders:
                         self.learn(keys, lr_keys)
                         assert self._fast is not None
                         # decode again, typed: the column path then takes this batch
-                        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                        with contextlib.suppress(*DECODE_ERRORS):
                             recs = self._fast.decode_lines(buf)
                     break
         if len(recs) != int(np.count_nonzero(newlines)) + 1:  # e.g. two values on a line

@@ -16,9 +16,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import msgspec
-
 from eagle3_tui.model.records import (
+    DECODE_ERRORS,
     Deferred,
     GpuDevice,
     IoWorker,
@@ -119,7 +118,7 @@ class Samplers:
     def _apply_gpu(self, rec: Record) -> str | None:
         try:
             devices = gpu_devices(rec)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except DECODE_ERRORS as e:
             return f"gpu devices: {e}"
         self.last_gpu_ts = rec.ts
         self.gpu_status = rec.status or "ok"
@@ -155,7 +154,7 @@ class Samplers:
         self.last_io_ts = rec.ts
         try:
             workers = io_workers(rec)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except DECODE_ERRORS as e:
             return f"io workers: {e}"
         total = rec.bytes
         if total is None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from eagle3_tui.model.records import Record
+from eagle3_tui.model.records import DECODE_ERRORS, Record
 
 
 class StackFrame(msgspec.Struct, kw_only=True, frozen=True, gc=False):
@@ -54,7 +54,7 @@ def stack_sample(rec: Record) -> StackSample | None:
         return None
     try:
         frames = tuple(_frames_decoder.decode(rec.frames))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         return None
     if not frames:
         return None

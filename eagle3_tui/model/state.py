@@ -57,6 +57,7 @@ from eagle3_tui.model.observed import (
 from eagle3_tui.model.observed import Member as ObservedMember
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
+    DECODE_ERRORS,
     PROFILE_FIELDS,
     Deferred,
     Malformed,
@@ -640,7 +641,7 @@ class RunState:
         try:
             info = decode_process(rec.process)
             members = decode_members(rec.processes)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except DECODE_ERRORS as e:
             self._bad_payload(rec, f"proc: {e}")
             return
         self.observed = Observed(rec.ts, rec.alive, info, tuple(members))
@@ -655,7 +656,7 @@ class RunState:
         """An epoch progress bar of the trainer's output."""
         try:
             bar = decode_bar(rec.bar)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except DECODE_ERRORS as e:
             self._bad_payload(rec, f"progress: {e}")
             return
         last = self.bars[-1].bar if self.bars else None

@@ -7,7 +7,6 @@ Standard library only (imported inside the trainer); Python 3.8+.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from eagle3_tui.telemetry.columns import (
     merge_stats,
     seq_fits,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import UnsafeFileError, create_exclusive, move_aside, open_append
 
 
@@ -112,7 +112,7 @@ class ColumnLog:
         flat = None
         if kind == "train" and self.rows_kept:
             try:
-                flat = flatten(json.loads(line))
+                flat = flatten(parse_json(line))
             except ValueError:
                 flat = None
         if flat is None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import write_atomic
 
 TRAINER_MODULE = "speculators.train.trainer"
@@ -173,7 +174,7 @@ def run(request_path: str) -> None:
     interrupted: KeyboardInterrupt | None = None
     try:
         with open(request_path) as f:
-            req = json.load(f)
+            req = parse_json(f.read())
         result_path = str(req["result"])
         result = _attach(req, t0)
     except KeyboardInterrupt as e:

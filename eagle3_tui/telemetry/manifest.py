@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from eagle3_tui.telemetry import procs
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_append, read_bounded, write_atomic
 
 MANIFEST_SCHEMA: Final = 1
@@ -180,7 +181,7 @@ def resume_point(checkpoint_dir: str | os.PathLike[str] | None) -> tuple[str | N
         return None, 0
     path = root / str(best)
     try:
-        state = json.loads((path / "training_state.json").read_text())
+        state = parse_json((path / "training_state.json").read_text())
         step = int(state.get("global_step", 0))
     except (OSError, ValueError, TypeError, AttributeError):
         step = 0
@@ -196,7 +197,7 @@ def save_environment(path: Path, env: dict[str, str]) -> None:
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest at ``path`` (may raise OSError or ValueError): a regular file, read
     bounded (a FIFO or a device planted there never hangs the trainer)."""
-    obj = json.loads(read_bounded(path, MANIFEST_LIMIT))
+    obj = parse_json(read_bounded(path, MANIFEST_LIMIT))
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: not a JSON object")
     return obj

@@ -14,11 +14,12 @@ Standard library only; ``pynvml`` is imported lazily by :class:`PynvmlApi`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from eagle3_tui.telemetry.parsing import parse_json
 
 FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"
 """A recorded-readings file to use instead of the real NVML (tests, demos)."""
@@ -194,7 +195,7 @@ class RecordedNvml:
     """
 
     def __init__(self, source: str | os.PathLike[str] | dict[str, Any]) -> None:
-        data = source if isinstance(source, dict) else json.loads(Path(source).read_text())
+        data = source if isinstance(source, dict) else parse_json(Path(source).read_text())
         self._error = data.get("error")
         samples = data.get("samples") or ([data["devices"]] if "devices" in data else [[]])
         self._samples: list[list[dict[str, Any]]] = samples

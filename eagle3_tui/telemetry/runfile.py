@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import stat
 import sys
@@ -35,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable  # noqa: UP035 (Python 3.8 on the host)
 
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import (
     UnsafeFileError,
     create_exclusive,
@@ -362,7 +362,7 @@ class RunFile:
         if self.run_id is None:
             return None
         try:
-            rec = json.loads(line)
+            rec = parse_json(line)
         except ValueError:
             return None
         if (

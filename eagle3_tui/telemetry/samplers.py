@@ -15,7 +15,6 @@ and error counting, which the sidecar and the in-trainer thread both run.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.nvml import DeviceReading, Nvml, NvmlUnavailable
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.reads import ReadsReceiver
 from eagle3_tui.telemetry.safefs import read_bounded
 from eagle3_tui.telemetry.schema import SAVED_RE, SAVING_RE, Kind
@@ -425,7 +425,7 @@ def training_state(path: Path) -> dict[str, int] | None:
     FIFO (another user may have made the directory); None when not there or not that."""
     try:
         raw = read_bounded(path / "training_state.json", 4096, follow=False)
-        state = json.loads(raw)
+        state = parse_json(raw)
     except (OSError, ValueError):
         return None
     if not isinstance(state, dict):

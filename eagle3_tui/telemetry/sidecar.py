@@ -44,6 +44,7 @@ from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.isolation import module_argv
 from eagle3_tui.telemetry.manifest import read_manifest, update_manifest
 from eagle3_tui.telemetry.nvml import Nvml, PynvmlApi, RecordedNvml
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.reads import ReadsReceiver
 from eagle3_tui.telemetry.samplers import (
     CheckpointWatcher,
@@ -432,7 +433,7 @@ def _read_ops(fd: int, wake: list[int]) -> Callable[[float], list[Op] | None]:
             line = bytes(buf[:i])
             del buf[: i + 1]
             try:
-                op = json.loads(line)
+                op = parse_json(line)
             except ValueError:
                 continue
             if isinstance(op, dict):
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m eagle3_tui.telemetry.sidecar CONFIG_JSON", file=sys.stderr)
         return 2
     try:
-        cfg = SamplerConfig.from_dict(json.loads(args[0]))
+        cfg = SamplerConfig.from_dict(parse_json(args[0]))
     except (ValueError, TypeError) as e:
         print(f"eagle3-tui sidecar: bad configuration: {e}", file=sys.stderr)
         return 2

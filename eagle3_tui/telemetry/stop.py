@@ -75,6 +75,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 from eagle3_tui.telemetry.topology import _default_store
 
@@ -100,7 +101,7 @@ def read_request(path: Path) -> dict[str, Any] | None:
     """The request at ``path``, if it is one: ``{"id": str, "at": float}`` (a regular file,
     read bounded; anything else is None)."""
     try:
-        obj = json.loads(read_bounded(path, REQUEST_LIMIT, follow=False))
+        obj = parse_json(read_bounded(path, REQUEST_LIMIT, follow=False))
     except (OSError, ValueError):
         return None
     if not isinstance(obj, dict):

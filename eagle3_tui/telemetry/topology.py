@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.procs import cmdline
 
 STORE_PREFIX = "eagle3_tui/rank/"
@@ -231,7 +232,7 @@ class TopologyExchange:
             keys = [STORE_PREFIX + str(r) for r in range(self.place.world_size)]
             if not store.check(keys):
                 return None
-            entries = [json.loads(store.get(k)) for k in keys]
+            entries = [parse_json(store.get(k)) for k in keys]
         except Exception as e:  # a store that went away (the job is ending)
             self.error = f"{type(e).__name__}: {e}"[:300]
             return None

@@ -113,7 +113,7 @@ def assemble(said: dict[str, Any], frames: list[DataFrame]) -> GlanceData | str:
         return "a glance without its digest"
     try:
         digest = json.loads(digest_b[0])
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than this stack allows)
         return "a glance whose digest is not JSON"
     places = digest.pop("marks", None) if isinstance(digest, dict) else None
     if not isinstance(places, list):
