@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import glob
 import importlib.util
@@ -133,6 +134,30 @@ def interpreters(minors: range = range(8, 14)) -> list[str]:
     return [found[v] for v in sorted(found, key=lambda v: int(v.split(".")[1]))]
 
 
+class _LazyModule:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):  # (what collection asks of a module's names)
+            raise AttributeError(attr)
+        return getattr(pytest.importorskip(self._name), attr)
+
+
+def lazy_module(name: str) -> Any:
+    """A module imported when a test first uses it (skipped there if it is missing), not
+    while the suite is collected: each worker collects every file, and torch,
+    speculators or wandb imported at a test module's top cost each worker seconds
+    of a core before its first test."""
+    return _LazyModule(name)
+
+
+def skip_module_without(name: str) -> None:
+    """At a test module's top: skip it where ``name`` is not installed, without importing it."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed", allow_module_level=True)
+
+
 def need_training() -> None:
     have = all(importlib.util.find_spec(m) is not None for m in ("torch", "speculators"))
     need(have, "torch and speculators are not installed (scripts/install.sh)")
@@ -247,11 +272,23 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny training (3 epochs) with telemetry: its run directory."""
-    run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    proc = run_tiny(run_dir, "--epochs", "3")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir
+    """A finished tiny training (3 epochs) with telemetry: its run directory, read only.
+    Made once for the whole suite: under ``-n 2`` the workers share it (the first to
+    ask makes it under a lock, the other waits for it), one training fewer (~20 s of a
+    core, a minute of a loaded worker)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this session's, shared by its workers
+    shared = root / "tiny-shared"
+    with open(root / "tiny-shared.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "made").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # (a failed try of another worker)
+            shared.mkdir()
+            proc = run_tiny(shared / "run", "--epochs", "3")
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            (shared / "made").touch()
+    return shared / "run"
 
 
 class _Deadline:

@@ -16,10 +16,10 @@ import pytest
 
 from eagle3_tui.agent import tfevents
 from eagle3_tui.agent.observe import EventFollower
-from tests.conftest import OtherUser
+from tests.conftest import OtherUser, lazy_module
 
-tb_loader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-writer_mod = pytest.importorskip("torch.utils.tensorboard")
+tb_loader = lazy_module("tensorboard.backend.event_processing.event_accumulator")
+writer_mod = lazy_module("torch.utils.tensorboard")
 
 
 class Sink:

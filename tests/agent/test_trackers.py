@@ -23,9 +23,9 @@ import pytest
 from eagle3_tui.agent import trackers
 from eagle3_tui.agent.observe import StoreFollower
 from eagle3_tui.telemetry.schema import Kind
-from tests.conftest import OtherUser
+from tests.conftest import OtherUser, skip_module_without
 
-pytest.importorskip("speculators")
+skip_module_without("speculators")
 
 WRITER = textwrap.dedent(
     """

@@ -27,10 +27,10 @@ import pytest
 
 from eagle3_tui.agent import tfevents, wandbfile
 from eagle3_tui.agent.wandbfile import BLOCK, CHUNK_HEADER, Framing, Row
-from tests.conftest import OtherUser, need_training, wait_until
+from tests.conftest import OtherUser, lazy_module, need_training, skip_module_without, wait_until
 
-pytest.importorskip("wandb")
-pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+skip_module_without("wandb")
+pb = lazy_module("wandb.proto.wandb_internal_pb2")
 
 STEPS = 120
 PER_EPOCH = 40
