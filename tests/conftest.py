@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import glob
 import importlib.util
@@ -272,23 +271,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny training (3 epochs) with telemetry: its run directory, read only.
-    Made once for the whole suite: under ``-n 2`` the workers share it (the first to
-    ask makes it under a lock, the other waits for it), one training fewer (~20 s of a
-    core, a minute of a loaded worker)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # this session's, shared by its workers
-    shared = root / "tiny-shared"
-    with open(root / "tiny-shared.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (shared / "made").exists():
-            shutil.rmtree(shared, ignore_errors=True)  # (a failed try of another worker)
-            shared.mkdir()
-            proc = run_tiny(shared / "run", "--epochs", "3")
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-            (shared / "made").touch()
-    return shared / "run"
+    """A finished tiny training (3 epochs) with telemetry: its run directory. One a
+    worker: a test finds it in this worker's index of runs (its private
+    ``XDG_STATE_HOME``, where the training registered it)."""
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
+    proc = run_tiny(run_dir, "--epochs", "3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
 
 
 class _Deadline:
