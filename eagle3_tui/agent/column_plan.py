@@ -85,6 +85,7 @@ from eagle3_tui.telemetry.columns import (
     seq_fits,
     walk_blocks,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_file
 
 __all__ = ["ENVELOPE", "NL_ENVELOPE", "Segment", "column_plan", "ready", "sample_cutoffs"]
@@ -684,8 +685,8 @@ def _header(head: bytes) -> tuple[dict[str, Any] | None, int | None]:
 
 def _parsed(head: bytes) -> dict[str, Any] | None:
     try:
-        h = json.loads(head)
-    except (ValueError, RecursionError):  # (a header nested past the stack: not one)
+        h = parse_json(head)
+    except ValueError:
         return None
     return h if isinstance(h, dict) else None
 

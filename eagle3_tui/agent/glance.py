@@ -63,6 +63,7 @@ from eagle3_tui.telemetry.columns import (
     companion_path,
     kind_of,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_regular
 from eagle3_tui.telemetry.scan import read_block, scan_heads, whole_header
 
@@ -167,8 +168,8 @@ class _Col:
         """A covered block as any block is read (its digest not used)."""
         head = whole_header(companion, self.at, self.head, self.hlen)
         try:
-            header = json.loads(head) if head is not None else None
-        except (ValueError, RecursionError):  # (a header nested past the stack: not one)
+            header = parse_json(head) if head is not None else None
+        except ValueError:
             return None
         if not isinstance(header, dict):
             return None
@@ -443,8 +444,8 @@ def _glance(
         if whole is None:
             whole = whole_header(companion, at, head, hlen)
         try:
-            header = json.loads(whole) if whole is not None else None
-        except (ValueError, RecursionError):
+            header = parse_json(whole) if whole is not None else None
+        except ValueError:
             continue
         if not isinstance(header, dict):
             continue

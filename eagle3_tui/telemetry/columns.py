@@ -99,6 +99,8 @@ from itertools import accumulate
 from operator import sub
 from typing import Any, Tuple  # noqa: UP035 (Python 3.8 on the host)
 
+from eagle3_tui.telemetry.parsing import parse_json
+
 COLUMNS_FILE = "metrics.cols"
 MAGIC = b"E3C1"
 MARK_MAGIC = b"E3M1"
@@ -753,7 +755,7 @@ def read_blocks(data: bytes) -> list[Block]:
 
 def _parse_block(header_b: bytes, body: bytes) -> Block | None:
     try:
-        header = json.loads(header_b)
-    except (ValueError, RecursionError):  # (a header nested past the stack: not one)
+        header = parse_json(header_b)
+    except ValueError:
         return None
     return block_of(header, memoryview(body)) if isinstance(header, dict) else None

@@ -12,7 +12,6 @@ Python 3.8+, standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from typing import Iterator  # noqa: UP035 (Python 3.8 on the host)
@@ -26,6 +25,7 @@ from eagle3_tui.telemetry.columns import (
     Block,
     block_of,
 )
+from eagle3_tui.telemetry.parsing import parse_json
 
 HEAD_READ = 8192
 """Bytes :func:`scan_headers` reads at a block's start: its head and, mostly, its
@@ -132,8 +132,8 @@ def read_block(fd: int, at: int) -> Block | None:
     if len(data) != hlen + blen or zlib.crc32(data) != crc:
         return None
     try:
-        header = json.loads(data[:hlen])
-    except (ValueError, RecursionError):
+        header = parse_json(data[:hlen])
+    except ValueError:
         return None
     return block_of(header, memoryview(data)[hlen:]) if isinstance(header, dict) else None
 

@@ -21,6 +21,7 @@ import msgspec
 from eagle3_tui.agent.glance import glance as agent_glance
 from eagle3_tui.agent.names import EV_ERROR, EV_GLANCE, OP_GLANCE
 from eagle3_tui.model.glance import GlanceData
+from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_regular
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import AgentChannel, ChannelLostError, DataFrame
@@ -112,8 +113,8 @@ def assemble(said: dict[str, Any], frames: list[DataFrame]) -> GlanceData | str:
     if len(digest_b) != 1 or len(marks_b) != 1:
         return "a glance without its digest"
     try:
-        digest = json.loads(digest_b[0])
-    except (ValueError, RecursionError):  # (nested deeper than this stack allows)
+        digest = parse_json(digest_b[0])
+    except ValueError:
         return "a glance whose digest is not JSON"
     places = digest.pop("marks", None) if isinstance(digest, dict) else None
     if not isinstance(places, list):
