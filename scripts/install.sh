@@ -96,6 +96,10 @@ done
 pip_install -r requirements/speculators-cpu.txt
 pip_install --no-deps speculators==0.9.0
 pip_install -e ".$extra"
+# An editable install leaves its sources uncompiled (pip compiles only what it copies):
+# where PYTHONDONTWRITEBYTECODE is set (container images set it) every eagle3-tui process
+# would compile the package again (~0.2 s of a core per command). Compiled once here.
+"$PY" -m compileall -q eagle3_tui train >/dev/null || true
 prefix=$("$PY" -c 'import sys; print(sys.prefix)')
 echo "install.sh: done ($("$PY" -m eagle3_tui --version), $prefix)"
 if ! active_env; then
