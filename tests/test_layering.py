@@ -33,7 +33,8 @@ print(','.join(bad))
         ("eagle3_tui.transport.local", {"textual", "rich", "textual_plotext"}),
         ("eagle3_tui.cli", {"textual", "asyncssh", "torch", "numpy"}),
         # a notebook's import: no UI, no SSH library until a host is reached
-        ("eagle3_tui.api", {"textual", "asyncssh", "torch", "rich"}),
+        # ... and no numpy until a run's records are read (`runs`, `kill`: ~0.2 s a command)
+        ("eagle3_tui.api", {"textual", "asyncssh", "torch", "rich", "numpy"}),
         # a watcher on a host or a bastion: no UI library loaded
         ("eagle3_tui.watch", {"textual", "torch", "rich"}),
     ],

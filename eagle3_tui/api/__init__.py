@@ -39,6 +39,7 @@ from eagle3_tui.api.reading import (
     load_target,
     local_status,
     needs_choice,
+    new_run,
     on_every_node,
     pinned_to,
     run_sync,
@@ -47,10 +48,6 @@ from eagle3_tui.api.reading import (
     target_or_here,
     tell,
 )
-from eagle3_tui.model.run import Run
-from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
-from eagle3_tui.model.state import RunState
-from eagle3_tui.model.summary import summarize
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Event, Host
@@ -75,8 +72,11 @@ from eagle3_tui.transport.target import (
     parse_target,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the model (numpy) is imported where a run is read (reading.new_run)
     from eagle3_tui.model.compare import Comparison
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.model.snapshot import Snapshot
+    from eagle3_tui.model.state import RunState
 
 __all__ = [
     "OBSERVE_S",
@@ -115,6 +115,8 @@ class OpenedRun:
 
     def snapshot(self, columns: int = 1) -> Snapshot:
         """What the monitor draws (series reduced to ``columns`` points)."""
+        from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+
         return build_snapshot(self.run.state, self.now, ViewParams(columns=columns))
 
     def summary(self) -> dict[str, Any]:
@@ -123,6 +125,8 @@ class OpenedRun:
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
+        from eagle3_tui.model.summary import summarize
+
         out = summarize(self.run.state, self.now)
         if self.job is not None:
             if self.job.active and not self.job.running and self.run.state.records == 0:
@@ -195,7 +199,7 @@ def _open_job(t: Target, label: str, on_note: Note | None, whole_history: bool) 
     tell(on_note, place.note)
     if place.where is None:
         if place.job.active:
-            return OpenedRun(label, t, Run(), time.time(), place.note, place.job)
+            return OpenedRun(label, t, new_run(), time.time(), place.note, place.job)
         raise slurm.no_run_error(place, label)
     pid = None if place.telemetry else place.pid
     opened = open_run(place.where, pid=pid, label=label, whole_history=whole_history)
@@ -229,7 +233,7 @@ def follow(
         path = check_run_dir(t.run_dir)
         now_id = _file_id(t)
         if now_id != seen or path.stat().st_size < offset:  # replaced or truncated
-            run, offset, seen = Run(), 0, now_id  # read it whole again
+            run, offset, seen = new_run(), 0, now_id  # read it whole again
         for chunk in iter_chunks(path, offset):
             run.feed(chunk.offset, chunk.data)
             offset = chunk.end

@@ -12,11 +12,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from eagle3_tui.model.files import DiskSpace
-from eagle3_tui.model.run import Run
-from eagle3_tui.model.state import RunState
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.calls import Report
@@ -25,6 +22,10 @@ from eagle3_tui.transport.forked import read_inflated
 from eagle3_tui.transport.local import check_local_input, check_run_dir
 from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
 from eagle3_tui.transport.target import LocalTarget, SshOptions, SshTarget, Target, parse_target
+
+if TYPE_CHECKING:  # the model (numpy) is imported where a run is read: `runs`, `kill`... never
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.model.state import RunState
 
 T = TypeVar("T")
 Note = Callable[[str], object]
@@ -94,9 +95,17 @@ History = dict[str, Any] | None
 None: every one."""
 
 
+def new_run() -> Run:
+    """An empty run (the model, and numpy with it, imported here: the commands that read
+    no run's records never pay for it)."""
+    from eagle3_tui.model.run import Run
+
+    return Run()
+
+
 def load_local(run_dir: Path, history: History = None) -> Run:
     path = check_run_dir(run_dir)
-    run = Run()
+    run = new_run()
     for frame, ahead in read_inflated(path, history):
         run.feed(frame.offset, frame.data, 0, frame.span, ahead)
     return run
@@ -106,7 +115,7 @@ async def load_remote(where: SshTarget, history: History = None) -> tuple[Run, f
     """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
     lives (one connection), and the host's clock. A multi-node run's other nodes (its
     manifest names them) are read too, each over its own connection."""
-    run = Run()
+    run = new_run()
 
     async def read(host: Host) -> tuple[float, Status | None]:
         with Feeder(run) as feed:
@@ -131,6 +140,8 @@ async def load_remote(where: SshTarget, history: History = None) -> tuple[Run, f
 
 def note_disk(run: Run, report: object) -> None:
     """The room on the run's filesystem (the agent's report), for the verdict."""
+    from eagle3_tui.model.files import DiskSpace
+
     disk = DiskSpace.of(report if isinstance(report, dict) else None)
     if disk is not None:
         run.set_disk(disk)
@@ -237,7 +248,7 @@ async def load_chosen(
         if chosen.choice is Choice.SEVERAL:
             raise calls.several_error(chosen, label)
         tell(on_note, chosen.note)
-        run = Run()
+        run = new_run()
         row = chosen.row
         if chosen.choice is Choice.RUN or (row is not None and row.telemetry and row.run_dir):
             # a process with telemetry is read as its run (as the monitor shows it)

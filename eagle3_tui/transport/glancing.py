@@ -14,17 +14,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from eagle3_tui.agent.glance import glance as agent_glance
 from eagle3_tui.agent.names import EV_ERROR, EV_GLANCE, OP_GLANCE
-from eagle3_tui.model.glance import GlanceData
 from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_regular
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import AgentChannel, ChannelLostError, DataFrame
+
+if TYPE_CHECKING:  # (the model, and numpy, where a glance is made: not in `runs` or `kill`)
+    from eagle3_tui.model.glance import GlanceData
 
 GLANCE_KEYS = ["train."]
 """The columns whose stats a glance's digest carries: what the charts draw."""
@@ -63,6 +65,8 @@ def glance_local(path: Path, tail_rows: int, min_size: int) -> GlanceData | str:
         os.close(fd)
     if isinstance(g, str):
         return g
+    from eagle3_tui.model.glance import GlanceData
+
     return GlanceData(g.size, g.tail_from, g.tail, tuple(g.marks), g.digest)
 
 
@@ -139,4 +143,6 @@ def assemble(said: dict[str, Any], frames: list[DataFrame]) -> GlanceData | str:
         pos += len(f.data)
     if pos != size:
         return "a glance whose tail ends before the file's size"
+    from eagle3_tui.model.glance import GlanceData
+
     return GlanceData(size, tail_from, b"".join(parts), tuple(marks), digest)

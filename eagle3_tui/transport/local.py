@@ -10,12 +10,11 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from eagle3_tui.agent.diskspace import DiskWatch
 from eagle3_tui.agent.inputs import BadInputError, check_input, input_problem
 from eagle3_tui.agent.names import ERR_PERMISSION, ERR_WRONG_KIND
-from eagle3_tui.model.glance import GlanceData
 from eagle3_tui.telemetry.safefs import (
     open_file,
     open_regular,
@@ -36,6 +35,9 @@ from eagle3_tui.transport.base import (
 from eagle3_tui.transport.channel import DataFrame
 from eagle3_tui.transport.glancing import glance_local
 from eagle3_tui.transport.parts import READ_SIZE, columnar_parts, file_bytes
+
+if TYPE_CHECKING:
+    from eagle3_tui.model.glance import GlanceData
 
 
 def _error(problem: BadInputError) -> TargetError:
