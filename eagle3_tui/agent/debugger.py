@@ -58,18 +58,33 @@ def python_line(entry: str) -> str:
     is given back to the main thread. Any other exception is written to
     :func:`failed_file` (builtins only: the line can land in the middle of one of the
     trainer's imports, where ``import runpy`` finds ``os`` half made), so that it is
-    said, and the injection tried again, never waited for in silence."""
+    said, and the injection tried again, never waited for in silence.
+
+    Nor does it import anything while the thread it runs in is inside an import lock's
+    ``acquire`` (Python 3.11 and older: ``importlib._bootstrap._blocking_on`` is a plain
+    dict, one entry per thread): a nested import there deletes the outer one's entry,
+    whose own ``del`` then raises ``KeyError`` out of the trainer's import (seen in CI:
+    a line landing in ``import site`` killed the process). It says so instead, and is
+    tried again. ``__import__('sys')`` takes no module lock (sys is never initializing).
+    The line binds no name of the trainer's (no ``as e``, no ``f =``): it runs in the
+    trainer's ``__main__``, whose globals a common name would overwrite or delete."""
     failed = failed_file(entry)
+    importing = (  # (an expression: the line binds no name in the trainer's __main__)
+        "type(getattr(__import__('sys').modules.get('_frozen_importlib'), '_blocking_on', "
+        "None)) is dict and __import__('_thread').get_ident() in "
+        "__import__('sys').modules['_frozen_importlib']._blocking_on"
+    )
+    error = "__eagle3_tui_error"  # (``except ... as`` deletes its name: one of its own)
     return (
         "try:\n"
+        f" if {importing}:\n"
+        "  raise ImportError('the trainer was taking an import lock: not now')\n"
         f" __import__('runpy').run_path({entry!r}, run_name={ENTRY_NAME!r})\n"
         "except KeyboardInterrupt:\n"
         " __import__('_thread').interrupt_main()\n"
-        "except BaseException as e:\n"
+        f"except BaseException as {error}:\n"
         " try:\n"
-        f"  f = open({failed!r}, 'w')\n"
-        "  f.write(type(e).__name__ + ': ' + str(e))\n"
-        "  f.close()\n"
+        f"  open({failed!r}, 'w').write(type({error}).__name__ + ': ' + str({error}))\n"
         " except BaseException:\n"
         "  pass\n"
     )

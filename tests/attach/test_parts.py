@@ -469,6 +469,64 @@ def test_the_lines_failure_is_read_as_one_cut_printable_line(tmp_path: Path) -> 
     assert repr(str(failed)) in line and "import" not in line.split("except BaseException")[1]
 
 
+IN_A_TRAINER = """
+import json, sys, _thread
+e, f = "the trainer's e", "the trainer's f"  # names a training script may have
+line, marker, failed = sys.argv[1], sys.argv[2], sys.argv[3]
+boot = sys.modules["_frozen_importlib"]
+locks = boot._blocking_on
+said = {"plain_dict": type(locks) is dict, "runpy_before": "runpy" in sys.modules}
+if said["plain_dict"]:  # as inside _ModuleLock.acquire, where the CI run's line landed
+    locks[_thread.get_ident()] = object()
+exec(line, globals())
+said["ran_in_lock"] = __import__("os").path.exists(marker)
+said["failed_in_lock"] = open(failed).read() if __import__("os").path.exists(failed) else None
+said["runpy_in_lock"] = "runpy" in sys.modules
+locks.pop(_thread.get_ident(), None)
+exec(line, globals())
+said["ran_after"] = __import__("os").path.exists(marker)
+open(sys.argv[4], "w").write("raise ValueError('the entry failed')\\n")
+exec(sys.argv[5], globals())  # a line whose entry raises: the failure path
+said["failed_entry"] = open(sys.argv[6]).read()
+said["names"] = [e, f, "__eagle3_tui_error" in globals()]
+print(json.dumps(said))
+"""
+
+
+def test_the_line_waits_out_an_import_lock_and_leaves_the_trainers_names(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI: a line queued while the interpreter was still importing ``site`` ran
+    inside ``_ModuleLock.acquire``; its own import deleted the outer import's entry in
+    ``_blocking_on`` and the process died (``KeyError`` out of ``import site``). Inside
+    a lock's acquire the line now says so and is tried again; and neither its failure
+    path nor its check touches the trainer's own globals (``e``, ``f``)."""
+    entry, raising = tmp_path / "entry.py", tmp_path / "raising.py"
+    marker = tmp_path / "ran"
+    entry.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    failed = debugger.failed_file(str(entry))
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-c", IN_A_TRAINER, debugger.python_line(str(entry))),
+            *(str(marker), failed, str(raising), debugger.python_line(str(raising))),
+            debugger.failed_file(str(raising)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout)
+    if said["plain_dict"]:  # Python 3.11 and older: not run inside the lock, said why
+        assert not said["ran_in_lock"], said
+        assert said["failed_in_lock"].startswith("ImportError: the trainer was taking"), said
+        assert said["runpy_in_lock"] == said["runpy_before"], said
+    assert said["ran_after"], said
+    assert said["failed_entry"] == "ValueError: the entry failed", said
+    assert said["names"] == ["the trainer's e", "the trainer's f", False], said
+
+
 def test_an_attach_whose_line_failed_may_be_tried_again(tmp_path: Path) -> None:
     """Injected, then the line failed (``.failed``): not "queued" for ever."""
     sources = {"eagle3_tui/__init__.py": "__version__ = '0'\n"}
