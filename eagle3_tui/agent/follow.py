@@ -24,7 +24,7 @@ from eagle3_tui.agent.frames import (
     emit_data,
     emit_zdata,
 )
-from eagle3_tui.agent.names import COMPRESS_ZLIB
+from eagle3_tui.agent.names import COMPRESS_ZLIB, ERR_INVALID
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.safefs import open_regular
 
@@ -288,7 +288,10 @@ def op_follow(req: dict[str, Any]) -> int:
 
 
 def op_read(req: dict[str, Any]) -> int:
-    """Send ``run_dir/file`` from ``offset`` to its current end, then ``eof``."""
+    """Send ``run_dir/file`` from ``offset`` to its current end, then ``eof`` (with the
+    file's ``identity``). With the ``identity`` of the file an earlier read ended in: a
+    file that is another one now, or shorter than ``offset``, is said (``restarted``,
+    as a follow says it) and sent from 0."""
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit("resolved", run_dir=str(run_dir))
     check_run_dir(run_dir)
@@ -303,11 +306,31 @@ def op_read(req: dict[str, Any]) -> int:
     except OSError as e:
         raise AgentError("missing", f"{path}: {e.strerror}") from None
     try:
+        st = os.fstat(fd)
+        ident = _identity(st)
+        offset = _offset(req.get("offset"))
+        want = req.get("identity")
+        replaced = offset > 0 and want is not None and want != ident
+        if replaced or st.st_size < offset:
+            reason = "replaced" if replaced else "truncated"
+            seen = {"size": st.st_size, "now": time.time()}
+            emit("restarted", reason=reason, offset=0, expected=offset, **seen)
+            offset = 0
         z = deflater_for(req)
-        offset = _catch_up(fd, path, int(req.get("offset") or 0), z, req)
+        offset = _catch_up(fd, path, offset, z, req)
         offset = _pump(fd, offset, z)
     finally:
         os.close(fd)
     # the room on its filesystem: a summary of a run on a full disk says so
-    emit("eof", size=offset, now=time.time(), disk=disk_space(str(run_dir), str(path)))
+    disk = disk_space(str(run_dir), str(path))
+    emit("eof", size=offset, now=time.time(), identity=ident, disk=disk)
     return 0
+
+
+def _offset(value: object) -> int:
+    """A request's ``offset``: a whole number of bytes (anything else: AgentError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if value is None:
+            return 0
+        raise AgentError(ERR_INVALID, f"offset {value!r}: not a number of bytes")
+    return value

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from eagle3_tui.api import slurm
 from eagle3_tui.api.reading import (
     OBSERVE_S,
     Note,
+    ReadTo,
     label_of,
     load_chosen,
     load_target,
@@ -108,6 +109,8 @@ class OpenedRun:
     """What the target turned out to mean, when the host had to say (a process...)."""
     job: SlurmJob | None = None
     """A Slurm job's target: the job, as the scheduler said it when the run was read."""
+    _read_to: ReadTo | None = field(default=None, repr=False, compare=False)
+    """Where the read of a run's file on its host ended (``follow`` reads on from it)."""
 
     @property
     def state(self) -> RunState:
@@ -184,12 +187,27 @@ def open_run(
 
     if not needs_choice(t, pid):
         run, now = load_target(t, label, history)
-    else:
-        run, now = run_sync(load_chosen(t, pid, label, noted, history))
-        state = run.state
-        if state.records == 0 and state.malformed_count == 0 and state.observed is None:
-            raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
-    return OpenedRun(label, t, run, now, notes[-1] if notes else None)
+        return OpenedRun(label, t, run, now, notes[-1] if notes else None)
+    return _chosen(t, pid, label, noted, history, None, notes)
+
+
+def _chosen(
+    t: Target,
+    pid: int | None,
+    label: str,
+    on_note: Note | None,
+    history: dict[str, Any] | None,
+    since: ReadTo | None,
+    notes: list[str],
+) -> OpenedRun:
+    """A target its host must say the meaning of, read (on from ``since``, where the host
+    chooses the same run)."""
+    look = run_sync(load_chosen(t, pid, label, on_note, history, since))
+    state = look.run.state
+    if state.records == 0 and state.malformed_count == 0 and state.observed is None:
+        raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
+    note = notes[-1] if notes else None
+    return OpenedRun(label, t, look.run, look.now, note, _read_to=look.read_to)
 
 
 def _open_job(t: Target, label: str, on_note: Note | None, whole_history: bool) -> OpenedRun:
@@ -214,20 +232,29 @@ def follow(
     ssh: SshOptions | None = None,
 ) -> Iterator[OpenedRun]:
     """The run read again every ``every`` seconds, for as long as the caller iterates.
-    A local run directory is read on from where the last look ended (only new bytes):
-    each look's ``summary()`` is as of its own time, while its ``run`` is the one being
-    followed and grows. Anything else is opened afresh each time (for a live screen,
-    the monitor streams)."""
+    A run's file is read on from where the last look ended (only new bytes; a file
+    replaced or truncated meanwhile is read whole again): a local run directory's, and
+    over SSH the run the host chooses for the target, each look, where it is the one the
+    last look read. Each look's ``summary()`` is as of its own time, while its ``run`` is
+    the one being followed and grows. Anything else (a training without telemetry, a
+    Slurm job, another run chosen) is opened afresh (for a live screen, the monitor
+    streams)."""
     first = open_run(where, pid=pid, ssh=ssh)
     yield _taken(first)
     t, label = first.where, first.label
     local_run = isinstance(t, LocalTarget) and not needs_choice(t, pid)
     run, offset = first.run, first.run.reader.next_offset
     seen = _file_id(t) if local_run else None
+    read_to = first._read_to
     while True:
         time.sleep(every)
         if not local_run:
-            yield open_run(t, pid=pid, label=label)
+            if t.job is not None or not needs_choice(t, pid):
+                yield _taken(open_run(t, pid=pid, label=label))
+                continue
+            look = _chosen(t, pid, label, None, None, read_to, [])
+            read_to = look._read_to
+            yield _taken(look)
             continue
         assert isinstance(t, LocalTarget)
         path = check_run_dir(t.run_dir)

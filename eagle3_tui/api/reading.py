@@ -11,13 +11,14 @@ import posixpath
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.calls import Report
-from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Host
+from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Event, Host
 from eagle3_tui.transport.forked import read_inflated
 from eagle3_tui.transport.local import check_local_input, check_run_dir
 from eagle3_tui.transport.replies import Choice, KillReport, SaveWait, Status, leftover_of
@@ -169,6 +170,18 @@ class Feeder:
             raise self._error
         self._pool.submit(self._feed, frame)
 
+    def event(self, event: Event) -> None:
+        """The agent's word that the file is another one, or shorter, than the one read
+        up to the request's offset (``restarted``: it sends it from 0): the frames after
+        it go to a new run (as a local ``follow`` reads such a file whole again), which
+        :attr:`run` is once the ``with`` is left."""
+        if event.event == "restarted":
+            self._pool.submit(self._restart)
+
+    def _restart(self) -> None:
+        if self._error is None:
+            self.run = new_run()
+
     def __enter__(self) -> Feeder:
         return self
 
@@ -232,39 +245,79 @@ def needs_choice(where: Target, pid: int | None) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class ReadTo:
+    """Where a read of a run's file on its host ended: its run (fed up to there), the
+    run directory the host chose, and the file's size and identity then. A later look
+    at the same run reads on from it (:func:`load_chosen`'s ``since``)."""
+
+    run: Run
+    run_dir: str
+    offset: int
+    identity: str
+
+
+@dataclass(frozen=True)
+class Look:
+    """A target read once on its host (:func:`load_chosen`): its run, the host's clock,
+    and where the read of the run's file ended (None: not a run's file, a training
+    without telemetry observed)."""
+
+    run: Run
+    now: float
+    read_to: ReadTo | None
+
+
 async def load_chosen(
     where: Target,
     pid: int | None,
     label: str,
     on_note: Note | None = None,
     history: History = None,
-) -> tuple[Run, float]:
+    since: ReadTo | None = None,
+) -> Look:
     """What the target means, read on its host over one connection: a run's
     metrics.jsonl (and manifest), or a few seconds' observation of a training without
-    telemetry."""
+    telemetry. ``since``: an earlier look's end; where the host chooses the same run,
+    its run is read on from there (only the bytes written since: a file that is
+    another one now, or shorter, is read whole again into a new run, as a local
+    ``follow`` reads it)."""
 
-    async def go(host: Host) -> tuple[Run, float]:
+    async def go(host: Host) -> Look:
         chosen = await calls.choose(host, calls.run_dir_of(where), pid)
         if chosen.choice is Choice.SEVERAL:
             raise calls.several_error(chosen, label)
         tell(on_note, chosen.note)
-        run = new_run()
         row = chosen.row
         if chosen.choice is Choice.RUN or (row is not None and row.telemetry and row.run_dir):
             # a process with telemetry is read as its run (as the monitor shows it)
             run_dir = row.run_dir if row is not None and row.run_dir else chosen.chosen_run_dir()
+            on = since if since is not None and since.run_dir == run_dir else None
+            run = on.run if on is not None else new_run()
             with Feeder(run) as feed:
-                eof = await calls.read_file(host, run_dir, feed, history=history)
+                eof = await calls.read_file(
+                    host,
+                    run_dir,
+                    feed,
+                    history=history,
+                    offset=0 if on is None else on.offset,
+                    identity=None if on is None else on.identity,
+                    on_event=feed.event,
+                )
+            run = feed.run  # (a new one where the file was another or shorter)
             note_disk(run, eof.get("disk"))
             now = float(eof.get("now") or time.time())
             status = await host_status(host, run_dir)
             if status is not None:
                 apply_status(run.state, status, now)
-            return run, now
+            size, identity = eof.get("size"), eof.get("identity")
+            ok = type(size) is int and size >= 0 and isinstance(identity, str)
+            return Look(run, now, ReadTo(run, run_dir, size, identity) if ok else None)
+        run = new_run()
         end = await calls.observe_once(
             host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S
         )
-        return run, float(end.get("now") or time.time())
+        return Look(run, float(end.get("now") or time.time()), None)
 
     return await calls.on_host(where, go)
 

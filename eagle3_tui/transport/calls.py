@@ -363,11 +363,17 @@ async def read_file(
     on_data: Callable[[DataFrame], object],
     file: str | None = None,
     history: dict[str, Any] | None = None,
+    offset: int = 0,
+    identity: str | None = None,
+    on_event: ProgressCallback | None = None,
 ) -> Event:
     """Every byte of the run's file (metrics.jsonl) now; returns the ``eof`` event
-    (``size``, and ``now``: the host's clock, for health judged against it). Frames
-    may carry columns (``span``): feed them with ``Run.feed_frame``. ``history``: of
-    the older steps, only these columns (agent/names.py's ``SUMMARY_HISTORY``)."""
+    (``size``, ``identity``, and ``now``: the host's clock, for health judged against
+    it). Frames may carry columns (``span``): feed them with ``Run.feed_frame``.
+    ``history``: of the older steps, only these columns (agent/names.py's
+    ``SUMMARY_HISTORY``). From ``offset`` of the file an earlier read's ``eof`` named
+    (``identity``): where that file is replaced or shorter, ``on_event`` is told
+    (``restarted``) before it is sent from 0."""
     request: dict[str, Any] = {
         "op": "read",
         "run_dir": run_dir,
@@ -379,7 +385,13 @@ async def read_file(
         request["history"] = history
     if file:
         request["file"] = file
-    return await call_agent(host, request, on_data=on_data, python=python_of(host))
+    if offset:
+        request["offset"] = offset
+    if identity is not None:
+        request["identity"] = identity
+    return await call_agent(
+        host, request, on_progress=on_event, on_data=on_data, python=python_of(host)
+    )
 
 
 # ---- the nodes of a multi-node run ----------------------------------------------------

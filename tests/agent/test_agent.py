@@ -281,6 +281,55 @@ async def test_read_errors_are_one_line(tmp_path: Path) -> None:
         await read_file(LocalHost(), str(tmp_path), lambda f: None)
 
 
+async def test_a_read_goes_on_from_an_earlier_ones_end_or_says_the_file_changed(
+    tmp_path: Path,
+) -> None:
+    """``read`` from the offset and identity an earlier read's ``eof`` named: only the
+    bytes since; a file replaced, or truncated below the offset, is said (``restarted``)
+    and sent from 0; a bad offset is refused in one line."""
+    from eagle3_tui.transport.calls import read_file
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": ')
+
+    async def read(offset: int = 0, identity: str | None = None) -> tuple[bytes, list, Any]:  # type: ignore[type-arg]
+        got: list[DataFrame] = []
+        said: list[Any] = []
+        eof = await read_file(
+            LocalHost(), str(tmp_path), got.append, offset=offset, identity=identity,
+            on_event=said.append,
+        )  # fmt: skip
+        assert all(f.span < 0 for f in got)  # (no companion: lines)
+        data = b"".join(f.data for f in got)
+        said = [(e.event, e.get("reason"), e.get("expected")) for e in said]
+        said = [x for x in said if x[0] != "resolved"]
+        assert not got or got[0].offset == (0 if said else offset)
+        return data, said, eof
+
+    data, said, eof = await read()
+    assert data == b'{"a": 1}\n{"b": ' and said == [] and eof.get("size") == len(data)
+    ident = eof.get("identity")
+    st = path.stat()
+    assert ident == f"{st.st_dev}:{st.st_ino}"
+    append(path, b'2}\n{"c": 3}\n')
+    data, said, eof = await read(15, ident)
+    assert data == b'2}\n{"c": 3}\n' and said == [] and eof.get("size") == 27
+    data, said, eof = await read(27, ident)
+    assert data == b"" and said == [] and eof.get("size") == 27
+    os.truncate(path, 9)  # truncated below the offset: the same file, shorter
+    data, said, eof = await read(27, ident)
+    assert said == [("restarted", "truncated", 27)] and data == b'{"a": 1}\n'
+    new = tmp_path / "metrics.new"
+    new.write_bytes(b'{"z": 0}\n{"y": 1}\n')
+    new.rename(path)  # another file under the name, longer than the offset
+    data, said, eof = await read(9, ident)
+    assert said == [("restarted", "replaced", 9)] and data == b'{"z": 0}\n{"y": 1}\n'
+    assert eof.get("identity") != ident
+    for bad in (-1, "9", True):
+        with pytest.raises(TargetError, match="not a number of bytes"):
+            await read_file(LocalHost(), str(tmp_path), lambda f: None, offset=bad)  # type: ignore[arg-type]
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 
 

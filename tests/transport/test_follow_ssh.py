@@ -1,0 +1,64 @@
+"""``api.follow`` of a run over SSH (a real sshd on 127.0.0.1): each look reads on from
+where the last one ended, as a local run's looks do (issue 31: following costs next to
+nothing; a look at a 1M-step run had read its whole file again), and a file replaced or
+truncated between looks is read whole again (a new run, as a local run's look reads it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eagle3_tui import api
+from tests.transport.conftest import ssh_target
+from tests.transport.sshd import Sshd
+
+
+def _steps(lines: list[bytes]) -> list[int]:
+    return [i for i, line in enumerate(lines) if json.loads(line).get("kind") == "train"]
+
+
+def test_each_look_reads_on_and_a_changed_file_is_read_again(
+    sshd: Sshd, tiny_run: Path, tmp_path: Path
+) -> None:
+    lines = (tiny_run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    whole = api.open_run(tiny_run).summary()
+    live = tmp_path / "live"
+    live.mkdir()
+    path = live / "metrics.jsonl"
+    half = len(lines) // 2
+    path.write_bytes(b"".join(lines[:half]) + lines[half][:7])  # a torn last line
+    looks = api.follow(ssh_target(sshd, live), every=0.01)
+    first = next(looks)
+    assert first.summary()["global_step"] < whole["global_step"]
+    with path.open("ab") as f:
+        f.write(lines[half][7:] + b"".join(lines[half + 1 :]))
+    second = next(looks)
+    assert second.run is first.run  # fed on, not read again
+    got = second.summary()
+    for key in ("global_step", "records", "loss", "lost_records", "duplicate_records"):
+        assert got[key] == whole[key], key
+    # nothing was sent twice: a read from 0 again would have been a restart of the file
+    assert got["malformed_lines"] == 0 and got["file_changes"] == []
+    assert first.summary()["global_step"] < got["global_step"]  # each look as of its time
+
+    steps = _steps(lines)
+    shorter = live / "metrics.new"  # another, shorter file under the name
+    shorter.write_bytes(b"".join(lines[: steps[9] + 1]))
+    shorter.rename(path)
+    third = next(looks)
+    assert third.run is not second.run
+    assert third.summary()["global_step"] == json.loads(lines[steps[9]])["global_step"]
+    assert third.summary()["records"] == steps[9] + 1
+
+    with path.open("r+b") as f:  # the same file cut below where the last look ended
+        f.truncate(len(b"".join(lines[: steps[4] + 1])))
+    fourth = next(looks)
+    assert fourth.run is not third.run
+    assert fourth.summary()["global_step"] == json.loads(lines[steps[4]])["global_step"]
+    assert fourth.summary()["records"] == steps[4] + 1
+    with path.open("ab") as f:  # and on from there again
+        f.write(b"".join(lines[steps[4] + 1 : steps[6] + 1]))
+    fifth = next(looks)
+    assert fifth.run is fourth.run
+    assert fifth.summary()["records"] == steps[6] + 1
+    assert fifth.summary()["malformed_lines"] == 0 and fifth.summary()["file_changes"] == []
