@@ -24,6 +24,15 @@ needs :mod:`dataclasses`), 39-42 ms with the cache; 119-129 ms for the one call 
 writes it. With Debian's ``/usr/bin/python3`` (bare: 11 ms): 113-120 ms before,
 35-37 ms after.
 
+**The loader alone.** Once an agent started from the whole bundle has answered on a
+host, a process's later one-shot calls there (``call_agent``) send the loader with an
+empty second part (~3 KB for ~250 KB): its code comes from the cache that first agent
+wrote. Where the cache does not hold it (cleaned, unusable, another interpreter under
+the same host name), the loader does nothing at all, says :data:`LEAN_MISS` on stderr
+and exits :data:`LEAN_MISS_STATUS`; the client makes the call again with the whole
+bundle, and sends the whole bundle to that host from then on. The cache's checks are
+the same either way: a file it would not trust is a miss, never code run.
+
 The cache cannot make an operation fail or print: the file is used only when it is a
 regular file owned by this user and not writable by group or others, in a directory
 likewise, its checksum, key and tag match and every entry is a code object compiled
@@ -52,6 +61,11 @@ import eagle3_tui
 
 PACKAGES = ("eagle3_tui.agent", "eagle3_tui.telemetry")
 """What the agent may import on the host."""
+
+LEAN_MISS = "eagle3-tui-agent: no cached code for a bundle without sources"
+"""What the loader of a lean bundle says on stderr where the host's cache lacks the code."""
+LEAN_MISS_STATUS = 86
+"""Its exit status then (the agent's own are 0 to 3 and 130; ssh's 255; a shell's 126 and 127)."""
 
 CACHE_MAGIC = b"E3TAGC1\n"
 """The cache file: this, the CRC-32 of the rest (4 bytes, big-endian), then
@@ -255,6 +269,12 @@ try:
     _prepare()
 except Exception:
     pass
+if not _packed and (type(_code) is not dict or not _NAMES <= set(_code)):
+    # a lean bundle (no sources: the client found them cached here before) and no cache
+    # of them now: nothing of the request is done, the client sends them again
+    sys.stderr.write(%(miss)r + "\\n")
+    sys.stderr.flush()
+    os._exit(%(miss_status)d)
 sys.meta_path.insert(0, _BundleImporter)
 from eagle3_tui.agent.main import main
 
@@ -290,6 +310,8 @@ def make_bundle(sources: dict[str, str]) -> bytes:
         "names": tuple(sorted(sources)),
         "packages": tuple(sorted(n for n in sources if n == "eagle3_tui" or n in PACKAGES)),
         "magic": CACHE_MAGIC,
+        "miss": LEAN_MISS,
+        "miss_status": LEAN_MISS_STATUS,
     }
     digest = hashlib.sha256((LOADER % {**fields, "key": ""}).encode("utf-8") + b"\0" + packed)
     program = LOADER % {**fields, "key": digest.hexdigest()[:24]}
@@ -302,6 +324,21 @@ def make_bundle(sources: dict[str, str]) -> bytes:
 def bundle() -> bytes:
     """:func:`make_bundle` of :func:`agent_sources` (built once per process)."""
     return make_bundle(agent_sources())
+
+
+def lean_of(full: bytes) -> bytes:
+    """A bundle without its sources (the loader alone, then an empty second part): for a
+    host whose code cache holds them (an earlier call there compiled them); where it does
+    not, the loader does nothing and exits :data:`LEAN_MISS_STATUS`, saying
+    :data:`LEAN_MISS`."""
+    size, _, _ = full.partition(b"\n")
+    return full[: len(size) + 1 + int(size)] + b"0\n"
+
+
+@cache
+def lean_bundle() -> bytes:
+    """:func:`lean_of` :func:`bundle`: ~1 KB where the whole is ~250 KB."""
+    return lean_of(bundle())
 
 
 @cache

@@ -18,13 +18,14 @@ import os
 import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eagle3_tui.agent import BOOTSTRAP
 from eagle3_tui.agent.names import EV_ERROR, FINAL_EVENTS, PROTOCOL
 from eagle3_tui.transport.base import TargetError
-from eagle3_tui.transport.bundle import bundle
+from eagle3_tui.transport.bundle import LEAN_MISS, LEAN_MISS_STATUS, bundle, lean_bundle
 from eagle3_tui.transport.replies import ErrorKind
 
 AGENT_TAG = "eagle3-tui-agent"  # argv[1] of the agent: visible in ps
@@ -40,10 +41,19 @@ def keeps_stdin(request: dict[str, Any]) -> bool:
     return request.get("op") in STREAMING_OPS and request.get("until_s") is None
 
 
+_LEAN: ContextVar[bool] = ContextVar("eagle3_tui_lean_bundle", default=False)
+"""Set by :func:`call_agent` around a host's ``start_agent``: send the lean bundle."""
+_CACHED: dict[str, bool] = {}
+"""By host label: True where an agent this process started there ran from the whole
+bundle (so the host's code cache holds its modules); False where a lean bundle found no
+cache there (the host keeps none: every call sends the whole bundle)."""
+
+
 def agent_payload(request: dict[str, Any]) -> bytes:
-    """What the agent reads on stdin: the bundle (its loader and sources), the request."""
+    """What the agent reads on stdin: the bundle (its loader and sources; the loader
+    alone where :func:`call_agent` found the host's cache holds the sources), the request."""
     req = json.dumps({"protocol": PROTOCOL, **request}, separators=(",", ":"))
-    return bundle() + req.encode() + b"\n"
+    return (lean_bundle() if _LEAN.get() else bundle()) + req.encode() + b"\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,13 +362,26 @@ async def call_agent(
 
     An ``error`` event becomes an :class:`AgentAnswerError`: the agent's message and
     its kind.
+
+    Once an agent started from the whole bundle has answered on a host, the calls after
+    it there send the loader alone (~250 KB less each: its sources are in the host's
+    code cache, transport/bundle.py); where the cache turns out not to hold them (the
+    loader then does nothing and says so), the call is made again with the whole bundle,
+    and so is every later one on that host.
     """
-    channel = await host.start_agent(request)
+    lean = request.get("op") not in STREAMING_OPS and _CACHED.get(host.label) is True
+    token = _LEAN.set(lean)
+    try:
+        channel = await host.start_agent(request)
+    finally:
+        _LEAN.reset(token)
     final: Event | None = None
     status: int | None = None
     stderr = ""
+    answered = False
     try:
         async for frame in channel.frames():
+            answered = True
             if isinstance(frame, DataFrame):
                 if on_data is not None:
                     on_data(frame)
@@ -380,6 +403,11 @@ async def call_agent(
     finally:
         channel.close()
         status, stderr = await channel.finish()
+        if answered and not lean:
+            _CACHED.setdefault(host.label, True)
     if final is None:
+        if lean and not answered and status == LEAN_MISS_STATUS and LEAN_MISS in stderr:
+            _CACHED[host.label] = False
+            return await call_agent(host, request, on_progress, on_data, python)
         raise agent_error(host.label, python, status, stderr)
     return final

@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.transport.bundle import CACHE_MAGIC, agent_sources, bundle, make_bundle
+from eagle3_tui.agent.names import PROTOCOL
+from eagle3_tui.transport.bundle import (
+    CACHE_MAGIC,
+    LEAN_MISS,
+    LEAN_MISS_STATUS,
+    agent_sources,
+    bundle,
+    lean_bundle,
+    make_bundle,
+)
 from eagle3_tui.transport.channel import AGENT_TAG, agent_payload
 from tests.conftest import interpreters, need
 from tests.sources import parse
@@ -353,3 +362,64 @@ def test_the_loader_parses_as_python_3_8() -> None:
     length, rest = bundle().split(b"\n", 1)
     program = zlib.decompress(rest[: int(length)]).decode("utf-8")
     parse(program, "eagle3-tui-agent", feature_version=(3, 8))
+
+
+# ---- the lean bundle: the loader alone, for a host whose cache holds the sources --------
+
+
+def test_a_lean_bundle_runs_from_the_cache_and_without_one_does_nothing(tmp_path: Path) -> None:
+    req = json.dumps({"protocol": PROTOCOL, **MISSING}).encode() + b"\n"
+    lean = lean_bundle() + req
+    assert len(lean) < 4000 < 250_000 < len(bundle())
+    home = tmp_path / "cache"
+    missed = call(home, payload=lean)  # nothing cached yet: said, and nothing done
+    assert (missed.returncode, missed.stdout) == (LEAN_MISS_STATUS, b"")
+    assert missed.stderr.decode().strip() == LEAN_MISS
+    answers_really(call(home))  # the whole bundle: compiled and cached
+    answers_really(call(home, payload=lean))  # now the loader alone is enough
+    path = cache_files(home)[0]
+    key, tag, codes = read_cache(path)
+    del codes[MAIN]  # a cache without one of the modules: nothing done either
+    body = marshal.dumps((key, tag, codes))
+    path.write_bytes(CACHE_MAGIC + zlib.crc32(body).to_bytes(4, "big") + body)
+    missed = call(home, payload=lean)
+    assert (missed.returncode, missed.stdout) == (LEAN_MISS_STATUS, b"")
+
+
+async def test_calls_after_the_first_send_the_loader_alone_and_a_miss_is_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``call_agent`` on a host: the whole bundle until an agent has answered there,
+    then the lean one; a lean call that finds no cache is made again, whole, and so is
+    every later call on that host."""
+    from eagle3_tui.transport import channel
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(channel, "_CACHED", {})
+    sent: list[int] = []
+    payload = channel.agent_payload
+
+    def counted(request: dict[str, Any]) -> bytes:
+        data = payload(request)
+        sent.append(len(data))
+        return data
+
+    monkeypatch.setattr(channel, "agent_payload", counted)
+    host = channel.LocalHost()
+
+    async def status() -> None:
+        with pytest.raises(channel.AgentAnswerError, match="no such run directory"):
+            await channel.call_agent(host, dict(MISSING))
+
+    await status()
+    await status()
+    await status()
+    whole, lean = len(agent_payload(MISSING)), len(lean_bundle())
+    assert sent[0] == whole and sent[1] < lean + 1000 and sent[2] < lean + 1000
+    for path in cache_files(tmp_path / "cache"):
+        path.unlink()  # the host's cache gone (cleaned, another home)
+    sent.clear()
+    await status()
+    assert sent[0] < lean + 1000 and sent[1] == whole  # missed, then sent whole: answered
+    await status()
+    assert sent[2] == whole  # and whole from then on, on that host
