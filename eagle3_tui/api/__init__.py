@@ -37,6 +37,7 @@ from eagle3_tui.api.reading import (
     ReadTo,
     label_of,
     load_chosen,
+    load_local,
     load_target,
     local_status,
     needs_choice,
@@ -230,6 +231,7 @@ def follow(
     every: float = 5.0,
     pid: int | None = None,
     ssh: SshOptions | None = None,
+    whole_history: bool = True,
 ) -> Iterator[OpenedRun]:
     """The run read again every ``every`` seconds, for as long as the caller iterates.
     A run's file is read on from where the last look ended (only new bytes; a file
@@ -238,8 +240,10 @@ def follow(
     last look read. Each look's ``summary()`` is as of its own time, while its ``run`` is
     the one being followed and grows. Anything else (a training without telemetry, a
     Slurm job, another run chosen) is opened afresh (for a live screen, the monitor
-    streams)."""
-    first = open_run(where, pid=pid, ssh=ssh)
+    streams). ``whole_history`` False: as :func:`open_run`'s (a long run's first look
+    reads of its older steps only what ``summary()`` needs)."""
+    history = None if whole_history else SUMMARY_HISTORY
+    first = open_run(where, pid=pid, ssh=ssh, whole_history=whole_history)
     yield _taken(first)
     t, label = first.where, first.label
     local_run = isinstance(t, LocalTarget) and not needs_choice(t, pid)
@@ -250,20 +254,22 @@ def follow(
         time.sleep(every)
         if not local_run:
             if t.job is not None or not needs_choice(t, pid):
-                yield _taken(open_run(t, pid=pid, label=label))
+                yield _taken(open_run(t, pid=pid, label=label, whole_history=whole_history))
                 continue
-            look = _chosen(t, pid, label, None, None, read_to, [])
+            look = _chosen(t, pid, label, None, history, read_to, [])
             read_to = look._read_to
             yield _taken(look)
             continue
         assert isinstance(t, LocalTarget)
         path = check_run_dir(t.run_dir)
         now_id = _file_id(t)
-        if now_id != seen or path.stat().st_size < offset:  # replaced or truncated
-            run, offset, seen = new_run(), 0, now_id  # read it whole again
-        for chunk in iter_chunks(path, offset):
-            run.feed(chunk.offset, chunk.data)
-            offset = chunk.end
+        if now_id != seen or path.stat().st_size < offset:  # replaced or truncated: read
+            run, seen = load_local(t.run_dir, history), now_id  # whole again, as the first
+            offset = run.reader.next_offset
+        else:
+            for chunk in iter_chunks(path, offset):
+                run.feed(chunk.offset, chunk.data)
+                offset = chunk.end
         now = time.time()
         local_status(run, t.run_dir, now)
         yield _taken(OpenedRun(label, t, run, now))
