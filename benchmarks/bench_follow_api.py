@@ -1,17 +1,18 @@
 """What a look of ``api.follow`` costs at a long run over SSH, once the first has read it.
 
     python benchmarks/bench_follow_api.py [--steps 1000000] [--looks 5] [--rate 12.5e6]
-                                          [--tree DIR]
+                                          [--delay 0.025] [--tree DIR]
 
 The run is bench_open.py's (the telemetry's real record mix, its companion as the
 writer keeps it: ~2.5 GB for 1M steps, made once). A private OpenSSH sshd on 127.0.0.1
 is reached through a relay that lets ``--rate`` bytes a second through each way (12.5e6:
-100 Mbit/s) and counts them. A process of its own follows ``HOST:RUN`` with
-``api.follow(every=0)``: the first look, then ``--looks`` more, each after 10 more steps
-and their samples (what 5 s of the run writes) are appended. Printed for each look: its
-time (connection, the host's choice, the read, the status, the summary taken) and its
+100 Mbit/s), ``--delay`` seconds later (a far link's latency), and counts them. A
+process of its own follows ``HOST:RUN`` with ``api.follow(every=0)``: the first look,
+then ``--looks`` more, each after 10 more steps and their samples (what 5 s of the run
+writes) are appended. Printed for each look: its time (the host's choice, the read, the
+status, the summary taken; the connection, where the follow opens one a look) and its
 bytes on the wire; the anchor in the same run: ``ssh HOST true`` through the relay (a
-connection's own cost, which every look pays).
+connection's own cost).
 
 ``--tree DIR`` runs the follower with ``PYTHONPATH=DIR`` (a worktree of another commit:
 before and after, alternated with this tree's).
@@ -50,12 +51,15 @@ run, cfg, stats, batches, looks_n = sys.argv[1:6]
 
 
 def wire():
-    deadline = time.monotonic() + 10  # the relay's totals once the look's connection closed
+    # the relay's totals once they stop moving (a look's connection may stay open)
+    deadline, last = time.monotonic() + 10, None
     while True:
         t = json.loads(Path(stats).read_text())
-        if t["open"] == 0 or time.monotonic() > deadline:
-            return t["up"] + t["down"]
-        time.sleep(0.05)
+        now = t["up"] + t["down"]
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.25)
 
 
 looks = api.follow(SshTarget("ALIAS", None, run, SshOptions(config=(cfg,))), every=0.0)
@@ -135,6 +139,7 @@ def main() -> None:
     p.add_argument("--looks", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--rate", type=float, default=12.5e6, help="bytes/s each way (100 Mbit/s)")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds added each way (latency)")
     p.add_argument("--tree", help="also follow with PYTHONPATH=TREE (another commit's)")
     ns = p.parse_args()
     long_run = make_run(ns.steps)
@@ -150,7 +155,7 @@ def main() -> None:
         into.mkdir()
         batches(path, ns.looks, into)
         sshd = Sshd(root / "sshd").start()
-        link = SlowLink(sshd.port, ns.rate, 0.0, root)
+        link = SlowLink(sshd.port, ns.rate, ns.delay, root)
         cfg = config_through(sshd, link.port, root)
         trees: list[tuple[str, str | None]] = [("this tree", None)]
         if ns.tree:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -35,6 +35,7 @@ from eagle3_tui.api.reading import (
     OBSERVE_S,
     Note,
     ReadTo,
+    Session,
     label_of,
     load_chosen,
     load_local,
@@ -52,7 +53,7 @@ from eagle3_tui.api.reading import (
 )
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
-from eagle3_tui.transport.channel import Event, Host
+from eagle3_tui.transport.channel import AgentAnswerError, Event, Host
 from eagle3_tui.transport.local import check_run_dir, iter_chunks
 from eagle3_tui.transport.replies import (
     AttachPlan,
@@ -200,10 +201,21 @@ def _chosen(
     history: dict[str, Any] | None,
     since: ReadTo | None,
     notes: list[str],
+    session: Session | None = None,
 ) -> OpenedRun:
     """A target its host must say the meaning of, read (on from ``since``, where the host
-    chooses the same run)."""
-    look = run_sync(load_chosen(t, pid, label, on_note, history, since))
+    chooses the same run; through ``session``'s host, where one is kept open)."""
+    if session is None:
+        look = run_sync(load_chosen(t, pid, label, on_note, history, since))
+    else:
+        try:
+            look = session.run(load_chosen(t, pid, label, on_note, history, since, session.host))
+        except AgentAnswerError:
+            raise  # the host's answer
+        except TargetError:
+            # the connection kept from the last look may have died meanwhile: a new one
+            session.reopen()
+            look = session.run(load_chosen(t, pid, label, on_note, history, since, session.host))
     state = look.run.state
     if state.records == 0 and state.malformed_count == 0 and state.observed is None:
         raise TargetError(f"{label}: metrics.jsonl is empty (no record written yet)")
@@ -232,8 +244,9 @@ def follow(
     pid: int | None = None,
     ssh: SshOptions | None = None,
     whole_history: bool = True,
-) -> Iterator[OpenedRun]:
-    """The run read again every ``every`` seconds, for as long as the caller iterates.
+) -> Generator[OpenedRun, None, None]:
+    """The run read again every ``every`` seconds, for as long as the caller iterates
+    (``close()`` ends it: a connection kept for the looks is closed then).
     A run's file is read on from where the last look ended (only new bytes; a file
     replaced or truncated meanwhile is read whole again): a local run directory's, and
     over SSH the run the host chooses for the target, each look, where it is the one the
@@ -243,22 +256,20 @@ def follow(
     streams). ``whole_history`` False: as :func:`open_run`'s (a long run's first look
     reads of its older steps only what ``summary()`` needs)."""
     history = None if whole_history else SUMMARY_HISTORY
+    t = target_or_here(where, pid, ssh)
+    if t.job is None and needs_choice(t, pid):
+        yield from _follow_chosen(t, pid, label_of(where, pid), every, history)
+        return
     first = open_run(where, pid=pid, ssh=ssh, whole_history=whole_history)
     yield _taken(first)
     t, label = first.where, first.label
-    local_run = isinstance(t, LocalTarget) and not needs_choice(t, pid)
+    local_run = isinstance(t, LocalTarget)
     run, offset = first.run, first.run.reader.next_offset
     seen = _file_id(t) if local_run else None
-    read_to = first._read_to
     while True:
         time.sleep(every)
-        if not local_run:
-            if t.job is not None or not needs_choice(t, pid):
-                yield _taken(open_run(t, pid=pid, label=label, whole_history=whole_history))
-                continue
-            look = _chosen(t, pid, label, None, history, read_to, [])
-            read_to = look._read_to
-            yield _taken(look)
+        if not local_run:  # a Slurm job's: where its training runs may change
+            yield _taken(open_run(t, pid=pid, label=label, whole_history=whole_history))
             continue
         assert isinstance(t, LocalTarget)
         path = check_run_dir(t.run_dir)
@@ -273,6 +284,24 @@ def follow(
         now = time.time()
         local_status(run, t.run_dir, now)
         yield _taken(OpenedRun(label, t, run, now))
+
+
+def _follow_chosen(
+    t: Target, pid: int | None, label: str, every: float, history: dict[str, Any] | None
+) -> Generator[OpenedRun, None, None]:
+    """:func:`follow`'s looks at a target whose host says what it means (over SSH, a
+    process): one connection for them all, each look reading on from the last."""
+    session = Session(t)
+    try:
+        read_to: ReadTo | None = None
+        while True:
+            notes: list[str] = []  # what the host chose, each look (its note)
+            look = _chosen(t, pid, label, notes.append, history, read_to, notes, session)
+            read_to = look._read_to
+            yield _taken(look)
+            time.sleep(every)
+    finally:
+        session.close()
 
 
 def _taken(opened: OpenedRun) -> OpenedRun:

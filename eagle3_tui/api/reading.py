@@ -6,9 +6,14 @@ all from synchronous code (:func:`run_sync`). The CLI's monitor uses the same pi
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import posixpath
+import sys
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +60,68 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     with ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-api") as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+class Session:
+    """An event loop of its own, in a thread, and one host opened on it, kept from one
+    call to the next (``follow``'s looks: one connection for all of them, not one a
+    look). :meth:`close` closes the host and ends the loop; a session still open when
+    the interpreter exits is closed first (a ``follow`` a script left unfinished: its
+    generator is finalized only once the loop's thread can no longer run)."""
+
+    CLOSE_S = 10.0
+    """How long :meth:`close` waits for the host to close (a dead link's connection)."""
+
+    def __init__(self, where: Target) -> None:
+        self.where = where
+        self.closed = False
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="eagle3-tui-session", daemon=True
+        )
+        self._thread.start()
+        self.host: Host = calls.open_host(where)
+        if not _open_sessions:
+            atexit.register(_close_sessions)
+        _open_sessions.add(self)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """``coro`` run to its end on the session's loop."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def reopen(self) -> None:
+        """The host closed and opened again (a connection that may have died meanwhile)."""
+        self._close_host()
+        self.host = calls.open_host(self.where)
+
+    def _close_host(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run(self.host.close(), self.CLOSE_S)
+
+    def close(self) -> None:
+        """Once; nothing where the interpreter is finalizing (the loop's thread cannot
+        run then: waiting for it would never end)."""
+        if self.closed:
+            return
+        self.closed = True
+        _open_sessions.discard(self)
+        if sys.is_finalizing():
+            return
+        try:
+            self._close_host()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(self.CLOSE_S)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+
+_open_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _close_sessions() -> None:
+    for session in list(_open_sessions):
+        session.close()
 
 
 def target_or_here(
@@ -275,13 +342,14 @@ async def load_chosen(
     on_note: Note | None = None,
     history: History = None,
     since: ReadTo | None = None,
+    host: Host | None = None,
 ) -> Look:
     """What the target means, read on its host over one connection: a run's
     metrics.jsonl (and manifest), or a few seconds' observation of a training without
     telemetry. ``since``: an earlier look's end; where the host chooses the same run,
     its run is read on from there (only the bytes written since: a file that is
     another one now, or shorter, is read whole again into a new run, as a local
-    ``follow`` reads it)."""
+    ``follow`` reads it). ``host``: the target's host, open already (kept open)."""
 
     async def go(host: Host) -> Look:
         chosen = await calls.choose(host, calls.run_dir_of(where), pid)
@@ -319,6 +387,8 @@ async def load_chosen(
         )
         return Look(run, float(end.get("now") or time.time()), None)
 
+    if host is not None:
+        return await go(host)
     return await calls.on_host(where, go)
 
 

@@ -6,11 +6,20 @@ truncated between looks is read whole again (a new run, as a local run's look re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 from eagle3_tui import api
+from eagle3_tui.transport import calls
+from eagle3_tui.transport.channel import Host
+from eagle3_tui.transport.target import Target
+from tests.conftest import wait_until
 from tests.transport.conftest import ssh_target
-from tests.transport.sshd import Sshd
+from tests.transport.sshd import ALIAS, Sshd
 
 
 def _steps(lines: list[bytes]) -> list[int]:
@@ -18,10 +27,18 @@ def _steps(lines: list[bytes]) -> list[int]:
 
 
 def test_each_look_reads_on_and_a_changed_file_is_read_again(
-    sshd: Sshd, tiny_run: Path, tmp_path: Path
+    sshd: Sshd, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = (tiny_run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     whole = api.open_run(tiny_run).summary()
+    opened: list[object] = []
+    open_host = calls.open_host
+
+    def counted(target: Target) -> Host:
+        opened.append(target)
+        return open_host(target)
+
+    monkeypatch.setattr(calls, "open_host", counted)
     live = tmp_path / "live"
     live.mkdir()
     path = live / "metrics.jsonl"
@@ -50,8 +67,7 @@ def test_each_look_reads_on_and_a_changed_file_is_read_again(
     assert third.summary()["global_step"] == json.loads(lines[steps[9]])["global_step"]
     assert third.summary()["records"] == steps[9] + 1
 
-    with path.open("r+b") as f:  # the same file cut below where the last look ended
-        f.truncate(len(b"".join(lines[: steps[4] + 1])))
+    os.truncate(path, len(b"".join(lines[: steps[4] + 1])))  # cut below the last look's end
     fourth = next(looks)
     assert fourth.run is not third.run
     assert fourth.summary()["global_step"] == json.loads(lines[steps[4]])["global_step"]
@@ -62,3 +78,34 @@ def test_each_look_reads_on_and_a_changed_file_is_read_again(
     assert fifth.run is fourth.run
     assert fifth.summary()["records"] == steps[6] + 1
     assert fifth.summary()["malformed_lines"] == 0 and fifth.summary()["file_changes"] == []
+    assert len(opened) == 1  # one connection for every look
+
+    assert sshd.kill_sessions() >= 1  # the connection drops between two looks
+    with path.open("ab") as f:
+        f.write(b"".join(lines[steps[6] + 1 : steps[8] + 1]))
+    sixth = next(looks)
+    assert sixth.run is fifth.run and sixth.summary()["records"] == steps[8] + 1
+    assert sixth.summary()["file_changes"] == []
+    looks.close()  # its connection closed with it
+
+
+def test_a_script_that_leaves_its_follow_unfinished_exits(
+    sshd: Sshd, tiny_run: Path, tmp_path: Path
+) -> None:
+    """The looks' connection is kept in a thread of its own: a script that takes a look
+    and ends without closing the generator must still end (its generator is finalized
+    after that thread has stopped running), its connection closed."""
+    code = (
+        "import sys\n"
+        "from eagle3_tui import api\n"
+        "from eagle3_tui.transport.target import SshOptions, SshTarget\n"
+        "target = SshTarget(sys.argv[1], None, sys.argv[2], SshOptions(config=(sys.argv[3],)))\n"
+        "looks = api.follow(target, every=0.01)\n"
+        "print(next(looks).summary()['global_step'])\n"
+    )
+    args = [sys.executable, "-c", code, ALIAS, str(tiny_run), str(sshd.ssh_config)]
+    before = len(sshd.sessions())
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) == api.open_run(tiny_run).summary()["global_step"]
+    wait_until(lambda: len(sshd.sessions()) <= before, 10, "its connection closed")
