@@ -213,8 +213,11 @@ def _chosen(
         except AgentAnswerError:
             raise  # the host's answer
         except TargetError:
-            # the connection kept from the last look may have died meanwhile: a new one
+            # the connection kept from the last look may have died meanwhile: a new one,
+            # and the read on from as far as the run got (a read cut short fed it part)
             session.reopen()
+            if since is not None:
+                since = replace(since, offset=since.run.reader.next_offset)
             look = session.run(load_chosen(t, pid, label, on_note, history, since, session.host))
     state = look.run.state
     if state.records == 0 and state.malformed_count == 0 and state.observed is None:

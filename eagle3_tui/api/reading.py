@@ -81,8 +81,6 @@ class Session:
         )
         self._thread.start()
         self.host: Host = calls.open_host(where)
-        if not _open_sessions:
-            atexit.register(_close_sessions)
         _open_sessions.add(self)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -122,6 +120,9 @@ _open_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
 def _close_sessions() -> None:
     for session in list(_open_sessions):
         session.close()
+
+
+atexit.register(_close_sessions)  # (before the interpreter finalizes: threads still run)
 
 
 def target_or_here(

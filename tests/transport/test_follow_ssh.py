@@ -10,11 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eagle3_tui import api
 from eagle3_tui.transport import calls
+from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.channel import Host
 from eagle3_tui.transport.target import Target
 from tests.conftest import wait_until
@@ -109,3 +111,40 @@ def test_a_script_that_leaves_its_follow_unfinished_exits(
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) == api.open_run(tiny_run).summary()["global_step"]
     wait_until(lambda: len(sshd.sessions()) <= before, 10, "its connection closed")
+
+
+def test_a_look_cut_short_after_its_read_reads_on_from_as_far_as_it_got(
+    sshd: Sshd, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look whose connection fails after its read fed the run (the status call lost,
+    say) is made again on a new connection, from as far as the run got: nothing is fed
+    twice (which the run would take for the file starting over)."""
+    lines = (tiny_run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    live = tmp_path / "live"
+    live.mkdir()
+    path = live / "metrics.jsonl"
+    half = len(lines) // 2
+    path.write_bytes(b"".join(lines[:half]))
+    reads: list[int] = []
+    read_file = calls.read_file
+
+    async def cut_short(*args: Any, **kwargs: Any) -> Any:
+        eof = await read_file(*args, **kwargs)
+        reads.append(kwargs.get("offset", 0))
+        if len(reads) == 2:
+            raise TargetError("e3-test: connection lost during read (a test's)")
+        return eof
+
+    monkeypatch.setattr(calls, "read_file", cut_short)
+    looks = api.follow(ssh_target(sshd, live), every=0.01)
+    first = next(looks)
+    with path.open("ab") as f:
+        f.write(b"".join(lines[half:]))
+    second = next(looks)
+    size = len(b"".join(lines[:half]))
+    assert reads == [0, size, path.stat().st_size]  # the third: on from the run's end
+    assert second.run is first.run
+    got = second.summary()
+    assert got["records"] == len(lines) and got["duplicate_records"] == 0
+    assert got["file_changes"] == [] and got["malformed_lines"] == 0
+    looks.close()
