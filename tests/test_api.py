@@ -11,6 +11,7 @@ import io
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from eagle3_tui import api
 from eagle3_tui.cli import main
 from eagle3_tui.model.compare import comparison_json
+from eagle3_tui.transport.target import Target
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -137,3 +139,22 @@ def test_calls_work_inside_a_running_event_loop(tiny_run: Path) -> None:
         return [str(r.run_dir) for r in found.runs]
 
     assert str(tiny_run.resolve()) in {str(Path(d).resolve()) for d in asyncio.run(in_a_notebook())}
+
+
+def test_follow_of_a_slurm_job_asks_the_scheduler_again_each_look(
+    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``job/ID`` on this machine is a job, never the working directory's file: each
+    look asks where the job's training is now (it may move: a requeue)."""
+    monkeypatch.chdir(tmp_path)
+    asked: list[str | None] = []
+    run = api.open_run(tiny_run).run
+
+    def located(t: Target, label: str, on_note: object, whole_history: bool) -> api.OpenedRun:
+        asked.append(t.job)
+        return api.OpenedRun(label, t, run, time.time())
+
+    monkeypatch.setattr(api, "_open_job", located)
+    looks = api.follow("job/1234", every=0.01)
+    steps = [next(looks).summary()["global_step"] for _ in range(3)]
+    assert asked == ["1234"] * 3 and len(set(steps)) == 1

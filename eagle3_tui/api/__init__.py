@@ -266,7 +266,7 @@ def follow(
     first = open_run(where, pid=pid, ssh=ssh, whole_history=whole_history)
     yield _taken(first)
     t, label = first.where, first.label
-    local_run = isinstance(t, LocalTarget)
+    local_run = isinstance(t, LocalTarget) and t.job is None
     run, offset = first.run, first.run.reader.next_offset
     seen = _file_id(t) if local_run else None
     while True:
