@@ -1,4 +1,4 @@
-"""What a directory or a PID names on this host: the ``choose`` and ``describe``
+"""What a directory or a PID names on this host: the ``choose``, ``look`` and ``describe``
 operations (a run directory, a training working there without telemetry, several; a
 stopped run to resume), from the rows ``discover.py`` builds.
 
@@ -19,6 +19,7 @@ from eagle3_tui.agent.discover import (
     live_rows,
     manifest_of,
 )
+from eagle3_tui.agent.follow import send_file
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.inputs import check_input
 from eagle3_tui.agent.names import (
@@ -29,15 +30,17 @@ from eagle3_tui.agent.names import (
     ERR_MISSING,
     ERR_NOT_NAMED,
     ERR_PERMISSION,
+    EV_CHOSEN,
     EV_RESULT,
     MANIFEST,
     OP_CHOOSE,
     OP_DESCRIBE,
+    OP_STATUS,
     PURPOSE_RESUME,
 )
 from eagle3_tui.agent.process_facts import eagle3_metrics, load_manifest, user_name
 from eagle3_tui.agent.processes import kill_plan
-from eagle3_tui.agent.runs import registered_rows, resolve_run_dir
+from eagle3_tui.agent.runs import registered_rows, resolve_run_dir, status_of
 from eagle3_tui.agent.trackers import TRACKER_NAMES
 from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.procs import describe_exit
@@ -209,7 +212,13 @@ def _is_run_directory(path: str) -> bool:
 
 
 def op_choose(req: dict[str, Any]) -> int:
-    """Which run or process a target means.
+    """Which run or process a target means (:func:`choice_of`)."""
+    emit(EV_RESULT, **choice_of(req))
+    return 0
+
+
+def choice_of(req: dict[str, Any]) -> dict[str, Any]:
+    """Which run or process a target means: ``choose``'s answer.
 
     ``pid``: that process's training (after it ended: its record, when an eagle3-tui
     look kept one). ``run_dir``: the run there (it has run.json, or eagle3-tui's
@@ -236,8 +245,7 @@ def op_choose(req: dict[str, Any]) -> int:
             raise AgentError(ERR_MISSING, f"{path}: no such run directory")
         check_input(path)
         if _is_run_directory(path):
-            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
-            return 0
+            return dict(choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
         live = live_rows(health=False)
         rows = [r for r in live if names(r, path)]
         scope = f"in {path}"
@@ -253,8 +261,7 @@ def op_choose(req: dict[str, Any]) -> int:
         if stopped is not None:  # a live run cannot be resumed: the stopped one is meant
             status = _manifest_status(stopped)
             left = f"; {len(mine)} live training(s) of {me} left as they are" if mine else ""
-            emit(
-                EV_RESULT,
+            return dict(
                 choice=CHOICE_RUN,
                 run_dir=stopped,
                 note=f"the latest stopped run of {me} on {host}: {stopped} ({status}){left}"
@@ -262,24 +269,20 @@ def op_choose(req: dict[str, Any]) -> int:
                 short=f"the latest stopped run ({status})",
                 **base,
             )
-            return 0
     if len(mine) > 1:
-        emit(
-            EV_RESULT,
+        return dict(
             choice=CHOICE_SEVERAL,
             runs=mine,
             note=f"{len(mine)} live trainings {scope}{skipped}",
             short=f"one of {len(mine)} live trainings",
             **base,
         )
-        return 0
     if len(mine) == 1:
         row = mine[0]
         note = f"the live training {scope}: {_describe_choice(row)}{skipped}"
         short = f"the live training of {me}"
         if row.get("run_dir"):
-            emit(
-                EV_RESULT,
+            return dict(
                 choice=CHOICE_RUN,
                 run_dir=row["run_dir"],
                 row=row,
@@ -288,8 +291,7 @@ def op_choose(req: dict[str, Any]) -> int:
                 **base,
             )
         else:
-            emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=short, **base)
-        return 0
+            return dict(choice=CHOICE_PROCESS, row=row, note=note, short=short, **base)
     if path:
         if others:
             who = ", ".join(sorted({str(r["user"]) for r in others}))
@@ -306,8 +308,7 @@ def op_choose(req: dict[str, Any]) -> int:
             ERR_MISSING, f"no live training of {me} and no run registered on {host}{skipped}"
         ) from None
     status = _manifest_status(str(latest))
-    emit(
-        EV_RESULT,
+    return dict(
         choice=CHOICE_RUN,
         run_dir=str(latest),
         note=f"no live training of {me} on {host}: the latest registered run, {latest} "
@@ -315,10 +316,9 @@ def op_choose(req: dict[str, Any]) -> int:
         short=f"no live training of {me}: the latest run ({status})",
         **base,
     )
-    return 0
 
 
-def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
+def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> dict[str, Any]:
     """``--pid``: that process's training; gone, the record of it when one was kept."""
     start = start_ticks if isinstance(start_ticks, int) else None
     row, ended = live_or_ended(pid, start)
@@ -328,26 +328,22 @@ def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> int:
         if attached is not None:  # its telemetry's records say how it ended, not the outside
             note += f"; telemetry was attached to it: its run {attached}"
             short = f"pid {pid}"
-            emit(EV_RESULT, choice=CHOICE_RUN, run_dir=attached, note=note, short=short, **base)
-            return 0
-        emit(EV_RESULT, choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)
-        return 0
+            return dict(choice=CHOICE_RUN, run_dir=attached, note=note, short=short, **base)
+        return dict(choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)
     named = row.get("named_pid")
     note = f"pid {pid} is the {named['role']} of " if named else ""
-    emit(
-        EV_RESULT,
+    return dict(
         choice=CHOICE_PROCESS,
         row=row,
         note=note + _describe_choice(row),
         short=f"pid {pid}",
         **base,
     )
-    return 0
 
 
 def _choose_stopped(
     path: str, live: list[dict[str, Any]], resume: bool, base: dict[str, Any]
-) -> int:
+) -> dict[str, Any]:
     """A work directory no live training of this user is named by: its newest stopped
     run (registered; or observed without telemetry and ended, not for a resume), else
     the ``metrics.jsonl`` of a user's own handler there read as it is, else a refusal
@@ -365,18 +361,15 @@ def _choose_stopped(
     if newest_run is not None and run_start >= end_start and not same:
         earlier = str(newest_run["run_dir"])
         status = _manifest_status(earlier)
-        emit(
-            EV_RESULT,
+        return dict(
             choice=CHOICE_RUN,
             run_dir=earlier,
             note=f"no live training works in {path}: its latest run, {earlier} ({status})",
             short=f"the latest run in {path} ({status})",
             **base,
         )
-        return 0
     if newest_end is not None:
-        emit(
-            EV_RESULT,
+        return dict(
             choice=CHOICE_PROCESS,
             row=newest_end,
             note=f"no live training works in {path}: {_describe_choice(newest_end)}, "
@@ -384,10 +377,8 @@ def _choose_stopped(
             short=f"pid {newest_end['pid']}, ended",
             **base,
         )
-        return 0
     if os.path.exists(os.path.join(path, "metrics.jsonl")):  # its own handler's, read as is
-        emit(EV_RESULT, choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
-        return 0
+        return dict(choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
     below = [r for r in live if works_below(r, path)]
     below += registered_below + [r for r in ended if works_below(r, path)]
     if below:
@@ -397,6 +388,41 @@ def _choose_stopped(
         f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "
         "live training works in this directory",
     )
+
+
+def op_look(req: dict[str, Any]) -> int:
+    """A look at a target in one process (what ``choose``, ``read`` and ``status`` say
+    one after the other): ``choose``'s answer to ``run_dir`` and ``pid``; where that is
+    a run with telemetry, the answer as a ``chosen`` event (``read_dir``: the run
+    directory read), then that run's file as
+    ``read`` sends it, its ``eof`` carrying the run's ``status`` (null where it has
+    none: no manifest, an unreadable one; ``status_problem`` says why). ``since``: an
+    earlier look's ``run_dir``, ``offset`` and ``identity``; where this look chooses
+    that run directory again, its file is read on from there. Any other answer (a
+    training without telemetry, several) is the result, as ``choose`` gives it."""
+    chosen = choice_of(req)
+    row = chosen.get("row")
+    row = row if isinstance(row, dict) else {}
+    if chosen.get("choice") == CHOICE_RUN or (row.get("telemetry") and row.get("run_dir")):
+        run_dir = str(row.get("run_dir") or chosen.get("run_dir") or "")
+        read = {k: v for k, v in req.items() if k not in ("offset", "identity", "since")}
+        read["run_dir"] = run_dir
+        since = req.get("since")
+        if isinstance(since, dict) and since.get("run_dir") == run_dir:
+            read.update(offset=since.get("offset"), identity=since.get("identity"))
+        emit(EV_CHOSEN, read_dir=run_dir, **chosen)
+        send_file(read, _status_fields)
+        return 0
+    emit(EV_RESULT, **chosen)
+    return 0
+
+
+def _status_fields(run_dir: str) -> dict[str, Any]:
+    """A look's ``status`` of the run it read (null with the reason where it has none)."""
+    try:
+        return {"status": dict(status_of(run_dir), op=OP_STATUS)}
+    except Exception as e:  # (as a status call that failed: judged from the records)
+        return {"status": None, "status_problem": str(e) or type(e).__name__}
 
 
 def op_describe(req: dict[str, Any]) -> int:

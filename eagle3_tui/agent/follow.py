@@ -10,6 +10,7 @@ import select
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,13 @@ def op_read(req: dict[str, Any]) -> int:
     file's ``identity``). With the ``identity`` of the file an earlier read ended in: a
     file that is another one now, or shorter than ``offset``, is said (``restarted``,
     as a follow says it) and sent from 0."""
+    send_file(req)
+    return 0
+
+
+def send_file(req: dict[str, Any], more: Callable[[str], dict[str, Any]] | None = None) -> None:
+    """``read``: the file from the request's offset, then ``eof`` (with ``more(run_dir)``'s
+    fields)."""
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit("resolved", run_dir=str(run_dir))
     check_run_dir(run_dir)
@@ -323,8 +331,8 @@ def op_read(req: dict[str, Any]) -> int:
         os.close(fd)
     # the room on its filesystem: a summary of a run on a full disk says so
     disk = disk_space(str(run_dir), str(path))
-    emit("eof", size=offset, now=time.time(), identity=ident, disk=disk)
-    return 0
+    extra = more(str(run_dir)) if more is not None else {}
+    emit("eof", size=offset, now=time.time(), identity=ident, disk=disk, **extra)
 
 
 def _offset(value: object) -> int:

@@ -43,6 +43,7 @@ OP_RESUME = "resume"
 OP_STATUS = "status"
 OP_DISCOVER = "discover"  # live trainings on the host, with or without telemetry
 OP_CHOOSE = "choose"  # which run or process a target means
+OP_LOOK = "look"  # choose, read and status in one process (api.follow's looks)
 OP_DESCRIBE = "describe"  # one process: what it is, and a manifest-like identity
 OP_OBSERVE = "observe"  # records synthesized from outside a run without telemetry
 OP_ATTACH = "attach"
@@ -71,6 +72,7 @@ EV_OBSERVED = "observed"  # observe: the process being observed (once, first)
 EV_CURSOR = "cursor"  # observe: where a reconnect resumes (after each data frame)
 EV_ENDED = "ended"  # observe: the trainer exited; nothing more will come
 EV_DISK = "disk"  # follow: the room on the run's filesystem (agent/diskspace.py)
+EV_CHOSEN = "chosen"  # look: what the target means, before the run's file is read
 FINAL_EVENTS = (EV_RESULT, EV_EOF, EV_ENDED)  # what ends an operation's answer
 
 # Error kinds (an error event's "kind").

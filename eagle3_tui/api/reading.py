@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from eagle3_tui.agent.names import EV_CHOSEN
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.calls import Report
@@ -250,6 +251,10 @@ class Feeder:
         if self._error is None:
             self.run = new_run()
 
+    def begin(self, run: Run) -> None:
+        """The frames after this go to ``run`` (an earlier look's, read on)."""
+        self._pool.submit(setattr, self, "run", run)
+
     def __enter__(self) -> Feeder:
         return self
 
@@ -353,35 +358,36 @@ async def load_chosen(
     ``follow`` reads it). ``host``: the target's host, open already (kept open)."""
 
     async def go(host: Host) -> Look:
-        chosen = await calls.choose(host, calls.run_dir_of(where), pid)
+        at = None if since is None else (since.run_dir, since.offset, since.identity)
+        read_dir = ""
+        with Feeder(new_run()) as feed:
+
+            def on_event(ev: Event) -> None:
+                nonlocal read_dir
+                if ev.event == EV_CHOSEN:  # before the run's first frame
+                    read_dir = str(ev.get("read_dir") or "")
+                    if since is not None and read_dir == since.run_dir:
+                        feed.begin(since.run)  # read on from where it ended
+                    tell(on_note, ev.get("note"))
+                feed.event(ev)
+
+            chosen, eof = await calls.look(
+                host, calls.run_dir_of(where), pid, feed, on_event, history, at
+            )
         if chosen.choice is Choice.SEVERAL:
             raise calls.several_error(chosen, label)
-        tell(on_note, chosen.note)
-        row = chosen.row
-        if chosen.choice is Choice.RUN or (row is not None and row.telemetry and row.run_dir):
-            # a process with telemetry is read as its run (as the monitor shows it)
-            run_dir = row.run_dir if row is not None and row.run_dir else chosen.chosen_run_dir()
-            on = since if since is not None and since.run_dir == run_dir else None
-            run = on.run if on is not None else new_run()
-            with Feeder(run) as feed:
-                eof = await calls.read_file(
-                    host,
-                    run_dir,
-                    feed,
-                    history=history,
-                    offset=0 if on is None else on.offset,
-                    identity=None if on is None else on.identity,
-                    on_event=feed.event,
-                )
-            run = feed.run  # (a new one where the file was another or shorter)
+        if eof is not None:
+            run = feed.run
             note_disk(run, eof.get("disk"))
             now = float(eof.get("now") or time.time())
-            status = await host_status(host, run_dir)
+            status = calls.look_status(eof, host.label)
             if status is not None:
                 apply_status(run.state, status, now)
             size, identity = eof.get("size"), eof.get("identity")
             ok = type(size) is int and size >= 0 and isinstance(identity, str)
-            return Look(run, now, ReadTo(run, run_dir, size, identity) if ok else None)
+            ok = ok and bool(read_dir)
+            return Look(run, now, ReadTo(run, read_dir, size, identity) if ok else None)
+        tell(on_note, chosen.note)
         run = new_run()
         end = await calls.observe_once(
             host, chosen.chosen_row(), lambda f: run.feed_frame(f), OBSERVE_S

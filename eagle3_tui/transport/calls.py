@@ -21,11 +21,13 @@ import msgspec
 from eagle3_tui.agent.names import (
     COLUMNS_WANTED,
     COMPRESS_ZLIB,
+    EV_CHOSEN,
     OP_ATTACH,
     OP_CHOOSE,
     OP_DESCRIBE,
     OP_DISCOVER,
     OP_KILL,
+    OP_LOOK,
     OP_OBSERVE,
     OP_RESOLVE,
     OP_RESUME,
@@ -45,6 +47,7 @@ from eagle3_tui.transport.channel import (
     call_agent,
 )
 from eagle3_tui.transport.replies import (
+    AgentProtocolError,
     AttachedFirst,
     AttachPlan,
     AttachResult,
@@ -357,6 +360,62 @@ async def list_runs(host: Host, all_users: bool = False) -> RunsReport:
     return decode(RunsReport, ev.fields, host.label)
 
 
+_READ_REQUEST = {"compress": COMPRESS_ZLIB, "columns": COLUMNS_WANTED, "samples": SAMPLES_KEPT}
+"""What every read of a run's file asks for: zlib frames, the columns the monitor and
+commands read, the GPU samples kept."""
+
+
+async def look(
+    host: Host,
+    run_dir: str | None,
+    pid: int | None,
+    on_data: Callable[[DataFrame], object],
+    on_event: ProgressCallback,
+    history: dict[str, Any] | None = None,
+    since: tuple[str, int, str] | None = None,
+) -> tuple[ChooseReply, Event | None]:
+    """What a target means and, where that is a run with telemetry, its file and status,
+    in one agent process (:func:`choose`, :func:`read_file` and :func:`run_status` one
+    after the other would start three): the choice, and the read's ``eof`` with the
+    run's ``status`` in it (None: the choice is not a run's file to read). The choice
+    comes to ``on_event`` as a ``chosen`` event before the run's first frame. ``since``:
+    an earlier look's run directory, the size it read and the file's identity then;
+    where the host chooses that run directory again, it is read on from there (as
+    :func:`read_file` reads from an ``offset``)."""
+    request: dict[str, Any] = {"op": OP_LOOK, "run_dir": run_dir, **_READ_REQUEST}
+    if pid is not None:
+        request["pid"] = pid
+    if history is not None:
+        request["history"] = history
+    if since is not None:
+        request["since"] = {"run_dir": since[0], "offset": since[1], "identity": since[2]}
+    chosen: list[Event] = []
+
+    def progress(ev: Event) -> None:
+        if ev.event == EV_CHOSEN:
+            chosen.append(ev)
+        on_event(ev)
+
+    final = await call_agent(
+        host, request, on_progress=progress, on_data=on_data, python=python_of(host)
+    )
+    if final.event != "eof":
+        return decode(ChooseReply, final.fields, host.label), None
+    if not chosen:
+        raise AgentProtocolError(
+            f"{host.label}: the agent's look read a file it had not said it chose; is the "
+            "agent of another eagle3-tui version?"
+        )
+    return decode(ChooseReply, chosen[0].fields, host.label), final
+
+
+def look_status(eof: Event, where: str) -> Status | None:
+    """The run's ``status`` a look's ``eof`` carries (None: it has none to have, as
+    :func:`run_status` then refuses: no manifest, an unreadable one)."""
+    status = eof.get("status")
+    return decode(Status, status, where) if isinstance(status, dict) else None
+
+
 async def read_file(
     host: Host,
     run_dir: str | None,
@@ -374,13 +433,7 @@ async def read_file(
     ``SUMMARY_HISTORY``). From ``offset`` of the file an earlier read's ``eof`` named
     (``identity``): where that file is replaced or shorter, ``on_event`` is told
     (``restarted``) before it is sent from 0."""
-    request: dict[str, Any] = {
-        "op": "read",
-        "run_dir": run_dir,
-        "compress": COMPRESS_ZLIB,
-        "columns": COLUMNS_WANTED,
-        "samples": SAMPLES_KEPT,
-    }
+    request: dict[str, Any] = {"op": "read", "run_dir": run_dir, **_READ_REQUEST}
     if history is not None:
         request["history"] = history
     if file:

@@ -330,6 +330,65 @@ async def test_a_read_goes_on_from_an_earlier_ones_end_or_says_the_file_changed(
             await read_file(LocalHost(), str(tmp_path), lambda f: None, offset=bad)  # type: ignore[arg-type]
 
 
+async def test_a_look_chooses_reads_on_and_says_the_status_in_one_agent(tmp_path: Path) -> None:
+    """``look``: what ``choose``, ``read`` and ``status`` say one after the other, from one
+    agent process: the choice (``chosen``, naming the directory read) before the first
+    frame, the file read on from an earlier look's end only where that look read the
+    same run directory, and the run's status in the ``eof`` (null, with why, for a run
+    without a manifest); a choice that is not a run's file is the answer as it is."""
+    from eagle3_tui.transport.calls import look, look_status, run_status
+    from eagle3_tui.transport.replies import Choice
+
+    run = tmp_path / "run"
+    fake_manifest(run, dead_pid(), f"look-{os.getpid()}")
+    (run / "metrics.jsonl").write_bytes(b'{"a": 1}\n')
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_bytes(b'{"b": 2}\n{"c": 3}\n')
+
+    async def at(where: Path, since: tuple[str, int, str] | None = None) -> Any:
+        order: list[str] = []
+        got: list[bytes] = []
+
+        def data(f: DataFrame) -> None:
+            order.append("data")
+            got.append(f.data)
+
+        def event(e: Event) -> None:
+            order.append(e.event)
+
+        chosen, eof = await look(LocalHost(), str(where), None, data, event, None, since)
+        assert eof is not None and chosen.choice is Choice.RUN
+        assert order.index("chosen") < order.index("data") if "data" in order else True
+        return chosen, eof, b"".join(got), [x for x in order if x == "restarted"]
+
+    chosen, eof, data, restarted = await at(run)
+    assert chosen.chosen_run_dir() == str(run) and chosen.host == os.uname().nodename
+    assert data == b'{"a": 1}\n' and eof.get("size") == 9 and restarted == []
+    status = look_status(eof, "here")
+    said = await run_status(LocalHost(), str(run))  # what ``status`` says of it
+    assert status is not None and status.alive is False
+    assert (status.problem, status.manifest, status.run_dir, status.host) == (
+        said.problem, said.manifest, said.run_dir, said.host
+    )  # fmt: skip
+    assert status.manifest.get("run_id") == f"look-{os.getpid()}"
+    ident = eof.get("identity")
+    append(run / "metrics.jsonl", b'{"a": 2}\n')
+    _, eof, data, restarted = await at(run, (str(run), 9, ident))
+    assert data == b'{"a": 2}\n' and eof.get("size") == 18 and restarted == []
+    # an earlier look at another directory: this one is read from 0
+    _, eof, data, restarted = await at(bare, (str(run), 18, ident))
+    assert data == b'{"b": 2}\n{"c": 3}\n' and restarted == []
+    assert look_status(eof, "here") is None and "run.json" in str(eof.get("status_problem"))
+    # the same directory, another file: said and sent whole
+    _, eof, data, restarted = await at(run, (str(run), 18, "0:0"))
+    assert restarted == ["restarted"] and data == b'{"a": 1}\n{"a": 2}\n'
+    with pytest.raises(TargetError, match="not a number of bytes"):
+        await at(run, (str(run), "18", ident))  # type: ignore[arg-type]
+    with pytest.raises(TargetError, match="no such run directory"):
+        await at(tmp_path / "nope")
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 
 

@@ -116,8 +116,8 @@ def test_a_script_that_leaves_its_follow_unfinished_exits(
 def test_a_look_cut_short_after_its_read_reads_on_from_as_far_as_it_got(
     sshd: Sshd, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A look whose connection fails after its read fed the run (the status call lost,
-    say) is made again on a new connection, from as far as the run got: nothing is fed
+    """A look whose connection fails after its read fed the run (lost as the answer
+    ended, say) is made again on a new connection, from as far as the run got: nothing is fed
     twice (which the run would take for the file starting over)."""
     lines = (tiny_run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     live = tmp_path / "live"
@@ -126,16 +126,17 @@ def test_a_look_cut_short_after_its_read_reads_on_from_as_far_as_it_got(
     half = len(lines) // 2
     path.write_bytes(b"".join(lines[:half]))
     reads: list[int] = []
-    read_file = calls.read_file
+    look = calls.look
 
-    async def cut_short(*args: Any, **kwargs: Any) -> Any:
-        eof = await read_file(*args, **kwargs)
-        reads.append(kwargs.get("offset", 0))
+    async def cut_short(*args: Any) -> Any:
+        got = await look(*args)
+        since = args[6]  # (run_dir, offset, identity) of the last look
+        reads.append(0 if since is None else since[1])
         if len(reads) == 2:
-            raise TargetError("e3-test: connection lost during read (a test's)")
-        return eof
+            raise TargetError("e3-test: connection lost after the read (a test's)")
+        return got
 
-    monkeypatch.setattr(calls, "read_file", cut_short)
+    monkeypatch.setattr(calls, "look", cut_short)
     looks = api.follow(ssh_target(sshd, live), every=0.01)
     first = next(looks)
     with path.open("ab") as f:
