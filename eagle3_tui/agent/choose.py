@@ -394,12 +394,12 @@ def op_look(req: dict[str, Any]) -> int:
     """A look at a target in one process (what ``choose``, ``read`` and ``status`` say
     one after the other): ``choose``'s answer to ``run_dir`` and ``pid``; where that is
     a run with telemetry, the answer as a ``chosen`` event (``read_dir``: the run
-    directory read), then that run's file as
-    ``read`` sends it, its ``eof`` carrying the run's ``status`` (null where it has
-    none: no manifest, an unreadable one; ``status_problem`` says why). ``since``: an
-    earlier look's ``run_dir``, ``offset`` and ``identity``; where this look chooses
-    that run directory again, its file is read on from there. Any other answer (a
-    training without telemetry, several) is the result, as ``choose`` gives it."""
+    directory read), then that run's file as ``read`` sends it, its ``eof`` carrying
+    the run's ``status`` (null where it has none: no manifest, an unreadable one;
+    ``status_problem`` says why). ``since``: an earlier look's ``run_dir``, ``offset``
+    and ``identity``; where this look chooses that run directory again, its file is
+    read on from there. Any other answer (a training without telemetry, several) is
+    the result, as ``choose`` gives it."""
     chosen = choice_of(req)
     row = chosen.get("row")
     row = row if isinstance(row, dict) else {}

@@ -411,9 +411,15 @@ async def look(
 
 def look_status(eof: Event, where: str) -> Status | None:
     """The run's ``status`` a look's ``eof`` carries (None: it has none to have, as
-    :func:`run_status` then refuses: no manifest, an unreadable one)."""
+    :func:`run_status` then refuses: no manifest, an unreadable one; or one not
+    understood: the run is judged from its records, as when a status call fails)."""
     status = eof.get("status")
-    return decode(Status, status, where) if isinstance(status, dict) else None
+    if not isinstance(status, dict):
+        return None
+    try:
+        return decode(Status, status, where)
+    except AgentProtocolError:
+        return None
 
 
 async def read_file(

@@ -372,6 +372,8 @@ async def test_a_look_chooses_reads_on_and_says_the_status_in_one_agent(tmp_path
         said.problem, said.manifest, said.run_dir, said.host
     )  # fmt: skip
     assert status.manifest.get("run_id") == f"look-{os.getpid()}"
+    odd = Event("eof", {"status": {"op": "status", "alive": "yes"}})
+    assert look_status(odd, "here") is None  # not understood: judged from the records
     ident = eof.get("identity")
     append(run / "metrics.jsonl", b'{"a": 2}\n')
     _, eof, data, restarted = await at(run, (str(run), 9, ident))
