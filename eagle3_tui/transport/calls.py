@@ -5,6 +5,10 @@ an SSH host), so what decides (PID checks, checkpoint checks) runs next to the
 processes and files it judges. The functions here open hosts, call the agent and
 turn its answer into text for a person and an exit status.
 
+Over 600 lines: one short function per agent operation (its request and its reply's
+decoding), sharing the opening of hosts and the nodes of a multi-node run; split by
+operation, each part would import those back.
+
 No textual here; asyncssh only when a host target is opened.
 """
 
