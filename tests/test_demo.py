@@ -76,6 +76,33 @@ def test_demo_refuses_a_run_directory_in_use(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and (tmp_path / "x").read_text() == "someone's file"
 
 
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [
+        ("file", "not a directory"),
+        ("file/sub", "cannot create it (Not a directory)"),
+        ("missing/under/proc", "cannot create it (No such file or directory)"),
+    ],
+)
+def test_a_demo_out_that_cannot_be_a_run_directory_is_one_line(
+    tmp_path: Path, out: str, said: str
+) -> None:
+    """``demo --out`` naming a file, a path under one, or under a directory that cannot
+    hold one: one line and exit 2 (each was a traceback), the file untouched."""
+    (tmp_path / "file").write_text("someone's file")
+    path = "/proc/nope/x" if out.endswith("proc") else str(tmp_path / out)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "demo", "--headless", "--out", path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert (tmp_path / "file").read_text() == "someone's file"
+
+
 def test_quitting_the_demo_stops_its_run_even_when_resumed_as_another_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -257,6 +257,26 @@ def test_a_pid_that_cannot_be_one_is_a_usage_error(args: tuple[str, ...]) -> Non
     assert "exited" not in err, err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("kill", "run", "--grace", "-1"),
+        ("kill", "run", "--save-wait", "nan"),
+        ("kill", "run", "--grace", "inf"),
+        ("resume", "run", "--wait", "-0.5"),
+        ("attach", "--pid", "1", "--wait", "x"),
+        ("watch", "run", "--hold", "nan"),
+        ("fleet", "--interval", "inf"),
+        ("demo", "--step-delay", "-2"),
+    ],
+)
+def test_a_duration_that_cannot_be_one_is_a_usage_error(args: tuple[str, ...]) -> None:
+    """``kill --grace -1``: one line, exit 2 (it was taken: a SIGKILL at once, in the
+    middle of the trainer's save; ``nan`` and ``inf`` too), before anything is done."""
+    err = one_line(cli(*args), 2)
+    assert f"argument {args[-2]}" in err and "a number of seconds, 0 or more" in err, err
+
+
 def test_a_usage_error_is_one_line() -> None:
     err = one_line(cli("summary", "--grace", "3"), 2)
     assert "unrecognized arguments: --grace" in err and "(see eagle3-tui summary --help)" in err

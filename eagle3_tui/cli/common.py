@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import replace
@@ -63,11 +64,23 @@ def add_json_and_ssh_options(p: argparse.ArgumentParser, json_help: str) -> argp
     return p
 
 
+def seconds(text: str) -> float:
+    """A duration option's value: a finite number of seconds, 0 or more (``-1``, ``nan``
+    or ``inf`` are a usage error, not a grace that SIGKILLs at once or never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds, 0 or more")
+    return value
+
+
 def add_seconds_option(
     p: argparse.ArgumentParser, flag: str, default: float | None, help: str
 ) -> None:
     """An option that is a duration (``--grace``, ``--wait``)."""
-    p.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help)
+    p.add_argument(flag, type=seconds, default=default, metavar="SECONDS", help=help)
 
 
 def add_pid_option(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_tui import exits
-from eagle3_tui.cli.common import command_parser, print_progress, say
+from eagle3_tui.cli.common import command_parser, print_progress, say, seconds
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -41,32 +41,64 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epochs",
-        type=int,
+        type=_whole(1),
         default=None,
         help="epochs to train (default: 3 headless, 6 with the UI)",
     )
     p.add_argument(
         "--step-delay",
-        type=float,
+        type=seconds,
         default=None,
         help="seconds added to each step so the curves can be watched (default: 0 headless, 0.15)",
     )
-    p.add_argument("--workers", type=int, default=0, help="dataloader worker processes")
+    p.add_argument("--workers", type=_whole(0), default=0, help="dataloader worker processes")
     return p
+
+
+def _whole(least: int) -> Callable[[str], int]:
+    """An option's type: a whole number from ``least`` (else a usage error)."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: a whole number from {least}")
+        return value
+
+    return whole
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` names a fresh run directory: none yet, or an empty one (a file, or a
+    directory that cannot be listed, is one line saying so)."""
+    try:
+        if not out.exists():
+            return
+        if not out.is_dir():
+            raise TargetError(f"--out {out}: not a directory; the demo needs a fresh run directory")
+        if any(out.iterdir()):
+            raise TargetError(
+                f"{out}: exists and is not empty; the demo needs a fresh run directory"
+            )
+    except OSError as e:
+        raise TargetError(f"--out {out}: {e.strerror}") from None
 
 
 def run(ns: argparse.Namespace) -> int:
     import subprocess
     import tempfile
 
-    if ns.out is not None and ns.out.exists() and any(ns.out.iterdir()):
-        raise TargetError(
-            f"{ns.out}: exists and is not empty; the demo needs a fresh run directory"
-        )
+    if ns.out is not None:
+        _check_out(ns.out)
     _check_training_installed()  # after the arguments: a bad --out is said on any machine
     if ns.out is not None:
         run_dir = ns.out
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TargetError(f"--out {run_dir}: cannot create it ({e.strerror})") from None
     else:
         run_dir = Path(tempfile.mkdtemp(prefix="eagle3-tui-demo-"))
     epochs = ns.epochs if ns.epochs is not None else (3 if ns.headless else 6)

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from eagle3_tui import exits
-from eagle3_tui.cli.common import add_ssh_options, command_parser, say, say_json
+from eagle3_tui.cli.common import add_ssh_options, command_parser, say, say_json, seconds
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -39,14 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--recent",
-        type=float,
+        type=seconds,
         default=None,
         metavar="HOURS",
         help="registered runs started this recently are rows too (24)",
     )
     p.add_argument(
         "--interval",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help="between looks once every run was read (10)",

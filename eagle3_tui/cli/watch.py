@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagle3_tui.cli.common import add_ssh_options, command_parser, say, ssh_options
+from eagle3_tui.cli.common import add_ssh_options, command_parser, say, seconds, ssh_options
 from eagle3_tui.transport.base import TargetError
 
 if TYPE_CHECKING:
@@ -52,25 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
         "worst health's status",
     )
     p.add_argument(
-        "--interval", type=float, default=10.0, metavar="SECONDS", help="between looks (10)"
+        "--interval", type=seconds, default=10.0, metavar="SECONDS", help="between looks (10)"
     )
     p.add_argument(
         "--hold",
-        type=float,
+        type=seconds,
         default=15.0,
         metavar="SECONDS",
         help="how long a new verdict must hold before it is sent (15; two looks at least)",
     )
     p.add_argument(
         "--gap",
-        type=float,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="at most one alert per run in this long (30); a change meanwhile waits for it",
     )
     p.add_argument(
         "--link-down",
-        type=float,
+        type=seconds,
         default=60.0,
         metavar="SECONDS",
         help="a host unreachable this long is an alert, and its return another (60)",
