@@ -20,6 +20,7 @@ from eagle3_tui import api
 from eagle3_tui.cli import main
 from eagle3_tui.model.compare import comparison_json
 from eagle3_tui.transport.target import Target
+from tests.test_second_hour_cli import a_run
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -129,6 +130,47 @@ def test_errors_are_one_line_with_the_commands_status(tmp_path: Path) -> None:
         api.open_run()
     with pytest.raises(api.TargetError, match="the same run"):
         api.compare(tmp_path, f"{tmp_path}/.")
+
+
+@pytest.mark.parametrize("pid", ["abc", "", "4242", 3.7, True, 0, -1])
+@pytest.mark.parametrize("call", ["open_run", "follow", "kill", "resume", "attach"])
+def test_a_pid_that_is_not_a_process_id_is_refused_not_another_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pid: object, call: str
+) -> None:
+    """``api.open_run(pid="abc")`` opened whatever run the working directory held (a
+    finished one, unrelated); ``pid=True`` raised the agent's error. Each is one line,
+    exit 2, before any host is asked."""
+    a_run(tmp_path / "run")
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(api.TargetError) as e:
+        _called(call, pid=pid)
+    assert "a process ID is a whole number from 1" in str(e.value), e.value
+    assert api.exit_status(e.value) == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "durations"),
+    [
+        ("kill", {"grace": -1}),
+        ("kill", {"save_wait": float("nan")}),
+        ("kill", {"stop_wait": float("inf")}),
+        ("resume", {"wait": -0.5}),
+        ("attach", {"wait": float("nan")}),
+        ("follow", {"every": -5}),
+    ],
+)
+def test_a_duration_that_is_not_one_is_refused_before_anything_is_done(
+    tmp_path: Path, call: str, durations: dict[str, float]
+) -> None:
+    a_run(tmp_path / "run")
+    with pytest.raises(api.TargetError, match="a number of seconds, 0 or more"):
+        _called(call, tmp_path / "run", **durations)
+
+
+def _called(call: str, *args: object, **kwargs: object) -> object:
+    """``api.CALL(...)``'s answer (``follow``'s first look)."""
+    out = getattr(api, call)(*args, **kwargs)
+    return next(out) if call == "follow" else out
 
 
 def test_calls_work_inside_a_running_event_loop(tiny_run: Path) -> None:

@@ -36,6 +36,8 @@ from eagle3_tui.api.reading import (
     Note,
     ReadTo,
     Session,
+    check_pid,
+    check_seconds,
     label_of,
     load_chosen,
     load_local,
@@ -259,6 +261,7 @@ def follow(
     streams). ``whole_history`` False: as :func:`open_run`'s (a long run's first look
     reads of its older steps only what ``summary()`` needs)."""
     history = None if whole_history else SUMMARY_HISTORY
+    check_seconds(every=every)
     t = target_or_here(where, pid, ssh)
     if t.job is None and needs_choice(t, pid):
         yield from _follow_chosen(t, pid, label_of(where, pid), every, history)
@@ -359,6 +362,7 @@ def kill(
     multi-node run) and return the report. ``on_progress`` gets each step as it happens.
     A Slurm job (``HOST:job/ID``): its training stopped so, then the job ended through
     the scheduler (a pending one cancelled); ``slurm`` in the report says the job's state."""
+    check_seconds(grace=grace, save_wait=save_wait, stop_wait=stop_wait)
     t = target_or_here(where, pid, ssh)
     save_wait = max(0.0, save_wait)
     if t.job is not None:
@@ -442,6 +446,7 @@ def resume(
     """Relaunch a stopped run from its last complete checkpoint, as ``eagle3-tui
     resume`` does (``pid``: a training without telemetry that eagle3-tui's kill
     stopped, restarted with telemetry); returns the report (the new PID in it)."""
+    check_seconds(wait=wait)
     t = target_or_here(where, pid, ssh)
     if t.job is not None:  # a Slurm job: requeued, its script runs again
         label = label_of(where, pid)
@@ -520,6 +525,8 @@ def attach(
     """Add telemetry to a live training without restarting it: the host's plan is given
     to ``confirm`` first (False: nothing done, None returned). Returns the result; a
     plan the host refused comes back as its refusal (``status``, ``reason``)."""
+    check_pid(pid)
+    check_seconds(wait=wait)
     t = target(where, ssh) if where is not None else LocalTarget(Path("."))
     run_dir = calls.run_dir_of(t) if where is not None else None
 

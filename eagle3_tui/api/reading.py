@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import math
 import os
 import posixpath
 import sys
@@ -129,7 +130,9 @@ atexit.register(_close_sessions)  # (before the interpreter finalizes: threads s
 def target_or_here(
     where: str | Path | Target | None, pid: int | None, ssh: SshOptions | None
 ) -> Target:
-    """The target; with a pid and no target, this machine."""
+    """The target; with a pid and no target, this machine. TargetError: a ``pid`` that
+    is not a process ID (``"abc"``, ``3.7``, ``True``, ``0``: never another run)."""
+    check_pid(pid)
     if where is None:
         if pid is None:
             raise TargetError(
@@ -137,6 +140,26 @@ def target_or_here(
             )
         return LocalTarget(Path("."))  # the pid decides: see choose()
     return target(where, ssh)
+
+
+def check_pid(pid: object) -> None:
+    """TargetError unless ``pid`` is None or a process ID (an int from 1; not a bool)."""
+    if pid is not None and (type(pid) is not int or pid < 1):
+        raise TargetError(f"pid={pid!r}: a process ID is a whole number from 1")
+
+
+def check_seconds(**durations: float | None) -> None:
+    """TargetError unless each duration (keyword: its parameter's name) is None or a
+    finite number of seconds, 0 or more (a ``grace=-1`` would SIGKILL at once)."""
+    for name, value in durations.items():
+        ok = value is None or (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        )
+        if not ok:
+            raise TargetError(f"{name}={value!r}: a number of seconds, 0 or more")
 
 
 def label_of(where: object, pid: int | None) -> str:
