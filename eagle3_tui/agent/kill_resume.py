@@ -422,10 +422,11 @@ def op_resume(req: dict[str, Any]) -> int:
     """Relaunch the manifest's resume command, detached, from a complete checkpoint.
 
     Each check that could make the relaunch do harm refuses before anything starts:
-    a run with processes alive, no complete numbered checkpoint, no resume command, no
-    working directory, a file another user could have changed. A training started
-    without eagle3-tui (``pid``) is the restart its kill recorded (agent/restart.py),
-    with telemetry; none recorded: refused. ``plan``: every check, nothing started.
+    a run with processes alive, a run that finished, no complete numbered checkpoint,
+    no resume command, no working directory, a file another user could have changed. A
+    training started without eagle3-tui (``pid``) is the restart its kill recorded
+    (agent/restart.py), with telemetry; none recorded: refused. ``plan``: every check,
+    nothing started.
     """
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the new run: nohup
     wait_s = float(req.get("wait_s", 30.0))
@@ -437,6 +438,8 @@ def op_resume(req: dict[str, Any]) -> int:
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
     _refuse_if_running(m)
+    if m.get("status") == "finished":  # its every step done: a relaunch would only redo
+        raise AgentError(ERR_REFUSED, "the run finished: nothing to resume")
     latest = _resume_checkpoint(m, run_dir)
     cmd = _resume_command(m)
     launcher = m.get("launcher") if isinstance(m.get("launcher"), dict) else None

@@ -528,6 +528,30 @@ async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detach
     assert b"--- eagle3-tui resume at" in (run_dir / "train.log").read_bytes()
 
 
+def test_resume_of_a_finished_run_is_refused_and_starts_nothing(tmp_path: Path) -> None:
+    """A run that finished, with its checkpoints complete: ``resume`` said "started" and
+    relaunched it (its last epoch again; stopped, it then read as stopped, not
+    finished). Refused, exit 9, as the monitor's ``r`` refuses it."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    fake_manifest(
+        run_dir,
+        dead_pid(),
+        f"finished-{os.getpid()}-{time.time_ns()}",
+        status="finished",
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume_command=[sys.executable, str(script), str(run_dir)],
+        cwd=str(tmp_path),
+    )
+    write_checkpoint(run_dir / "checkpoints" / "0", global_step=20)
+    proc = cli("resume", str(run_dir))
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert "the run finished: nothing to resume" in proc.stderr and proc.stderr.count("\n") == 1
+    time.sleep(0.5)
+    assert not (run_dir / "resumed.json").exists()
+
+
 def test_kill_after_a_reboot_signals_nothing(tmp_path: Path) -> None:
     other = subprocess.Popen(["sleep", "300"])
     try:
