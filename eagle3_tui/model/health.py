@@ -138,11 +138,12 @@ def judge(state: RunState, now: float) -> Diagnosis:
         )
     if last is not None and last.event == "interrupt":
         after = f"after step {count:,}" if count else "before its first step"
-        saved = (
-            f"({last.error.splitlines()[0][:120]})"
-            if last.error
-            else "(a signal); speculators saved checkpoints/interrupted/"
-        )
+        if last.error:
+            saved = f"({last.error.splitlines()[0][:120]})"
+        elif _stop_requested(state):  # a kill's stop: no signal; its save is converted
+            saved = "(stopped at a step boundary, as a kill asked)"
+        else:
+            saved = "(a signal); speculators saved checkpoints/interrupted/"
         stopped = (
             f"Interrupted {after} {saved}. Resume continues from the last numbered checkpoint."
         )
@@ -431,6 +432,18 @@ _ENDS = ("crash", "interrupt", "finish")
 def _distributed(state: RunState) -> bool:
     world = state.manifest.get("world_size")
     return (isinstance(world, int) and world > 1) or len(state.samplers.rank_heartbeats) > 1
+
+
+def _stop_requested(state: RunState) -> bool:
+    """Whether the current process recorded a stop at a step boundary (a kill's request,
+    telemetry/stop.py) before it ended: no signal reached it, and the kill makes its
+    save the numbered checkpoint a resume continues from (not ``interrupted/``)."""
+    for event in reversed(state.events):
+        if event.event in ("start", "resume"):
+            return False
+        if event.event == "stop":
+            return True
+    return False
 
 
 def end_event(state: RunState) -> Event | None:

@@ -201,6 +201,28 @@ def test_finish_after_the_signal_stays_an_interrupt() -> None:
     assert diagnose(state_of(again), lines.ts).health == Health.FINISHED
 
 
+def test_a_stop_at_a_step_boundary_is_not_called_a_signal() -> None:
+    """A kill's stop at a step boundary (its ``stop`` record, then ``interrupt``): no
+    signal reached the trainer, and the kill renames its save from ``interrupted/`` to a
+    numbered checkpoint; the reason said "(a signal); speculators saved
+    checkpoints/interrupted/", both untrue. A process after it that is signalled is
+    said so again."""
+    lines = Lines(t0=T0)
+    data = lines.event("start", pid=1, global_step=0)
+    data += b"".join(lines.train(s, 1.0) for s in range(22))
+    data += lines.event("stop", request="r1", pid=1, epoch=0, local_step=22, global_step=22)
+    data += lines.event("interrupt", step=22)
+    d = diagnose(state_of(data), lines.ts)
+    assert d.health == Health.STOPPED, d.reason
+    assert "(stopped at a step boundary, as a kill asked)" in d.reason, d.reason
+    assert "signal" not in d.reason and "interrupted/" not in d.reason, d.reason
+    data += lines.event("resume", pid=2, global_step=22)
+    data += b"".join(lines.train(s, 1.0) for s in range(22, 30))
+    data += lines.event("interrupt", step=30)
+    d = diagnose(state_of(data), lines.ts)
+    assert "(a signal)" in d.reason and "step boundary" not in d.reason, d.reason
+
+
 # ---- 4. diverged stays visible after the end -------------------------------------------------
 
 
