@@ -38,7 +38,9 @@ from eagle3_tui.following import (
     label_of,
     pinned,
 )
+from eagle3_tui.model.health import current_process
 from eagle3_tui.model.snapshot import Snapshot
+from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import ENDED, WORST_FIRST
 from eagle3_tui.notify import ALARMS, Alert, Delivery, Notifier, Outbox
 from eagle3_tui.telemetry.parsing import parse_json
@@ -71,12 +73,18 @@ class Verdict:
     leftovers: bool = False
 
 
-def verdict_of(snap: Snapshot, manifest: dict[str, Any] | None) -> Verdict:
-    """The verdict as the monitor's header and ``summary`` say it."""
+def verdict_of(snap: Snapshot, state: RunState) -> Verdict:
+    """The verdict as the monitor's header and ``summary`` say it. Its pid: the current
+    trainer's, as its own ``start`` or ``resume`` record says it (the manifest a probe
+    last read may name the process before a resume), else the manifest's."""
     p = snap.progress
     observed = snap.observed
     pid = observed.pid if observed is not None else None
-    if pid is None and manifest is not None and isinstance(manifest.get("pid"), int):
+    current = current_process(state)
+    if pid is None and current is not None:
+        pid = current.pid
+    manifest = state.manifest
+    if pid is None and isinstance(manifest.get("pid"), int):
         pid = int(manifest["pid"])
     return Verdict(
         health=snap.health.value,
@@ -368,7 +376,7 @@ class Watcher(Follower):
         self.state.runs.setdefault(f.key, RunMemory(f.label)).label = f.label
 
     def looked(self, key: str, f: Followed, snap: Snapshot) -> None:
-        v = verdict_of(snap, f.pipeline.run.unsettled.manifest)
+        v = verdict_of(snap, f.pipeline.run.unsettled)
         self.judge(key, f.label, f.host_label, v)
         if f.found and v.health in ENDED and self.state.runs[key].alerted == v.health:
             self.let_go(key)  # said: a host's ended run is followed no longer
@@ -412,7 +420,7 @@ def once(w: Watcher) -> int:
     errors = 0
 
     def judge(key: str, label: str, host: str, opened: api.OpenedRun) -> None:
-        v = verdict_of(opened.snapshot(), opened.state.manifest)
+        v = verdict_of(opened.snapshot(), opened.state)
         healths.append(v.health)
         w.judge(key, label, host, v, looks=1)
 

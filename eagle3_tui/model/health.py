@@ -159,9 +159,19 @@ def judge(state: RunState, now: float) -> Diagnosis:
         if observed is not None:
             return observed
 
+    # what the probe and the sidecar said is of the process they name: of an earlier one
+    # (a resumed run whose new trainer's records came before the next probe) it says
+    # nothing of the trainer now
+    current = current_process(state)
     alive = state.liveness.process_alive
+    if not _about(current, state.manifest.get("pid")):
+        alive = None
     hb, hb_at = state.samplers.heartbeat, state.samplers.last_heartbeat_ts
     seen_by_sidecar = hb.trainer if hb is not None and isinstance(hb.trainer, dict) else None
+    if current is not None and hb_at is not None and hb_at < current.ts:
+        hb_at = None  # the heartbeats are of an earlier process
+    if seen_by_sidecar is not None and not _about(current, seen_by_sidecar.get("pid")):
+        seen_by_sidecar = None
     full = _no_room(state, now)
     if alive is None and hb_at is not None:
         fresh = (now - hb_at) <= HEARTBEAT_DEAD_S
@@ -172,12 +182,15 @@ def judge(state: RunState, now: float) -> Diagnosis:
         else:
             alive = fresh
     if alive is False:
-        pid = state.manifest.get("pid") or (seen_by_sidecar or {}).get("pid")
+        pid = (
+            (current.pid if current is not None else None)
+            or state.manifest.get("pid")
+            or (seen_by_sidecar or {}).get("pid")
+        )
         who = f"The trainer (pid {pid})" if pid else "The trainer"
         at = f"after step {step_number(step)}" if step is not None else "before its first step"
-        if state.liveness.process_alive is False or (
-            seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False
-        ):
+        probed_gone = state.liveness.process_alive is False and _about(current, pid)
+        if probed_gone or (seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False):
             how = "is gone"
         else:
             how = f"stopped writing heartbeats {ago(now - (hb_at or now))} ago"
@@ -432,6 +445,21 @@ _ENDS = ("crash", "interrupt", "finish")
 def _distributed(state: RunState) -> bool:
     world = state.manifest.get("world_size")
     return (isinstance(world, int) and world > 1) or len(state.samplers.rank_heartbeats) > 1
+
+
+def current_process(state: RunState) -> Event | None:
+    """The ``start`` or ``resume`` of the run's current trainer (rank 0's, under
+    torchrun) that says its pid; None where none does."""
+    for event in reversed(state.events):
+        if event.event in ("start", "resume") and event.rank in (None, 0):
+            return event if isinstance(event.pid, int) else None
+    return None
+
+
+def _about(current: Event | None, pid: object) -> bool:
+    """Whether evidence naming ``pid`` (a probe's manifest, a sidecar's trainer) may be
+    of the current trainer: it is, or either is unknown."""
+    return current is None or not isinstance(pid, int) or pid == current.pid
 
 
 def _stop_requested(state: RunState) -> bool:

@@ -223,6 +223,38 @@ def test_a_stop_at_a_step_boundary_is_not_called_a_signal() -> None:
     assert "(a signal)" in d.reason and "step boundary" not in d.reason, d.reason
 
 
+def test_a_probe_of_the_trainer_before_a_resume_says_nothing_of_the_resumed_one() -> None:
+    """``watch --hold 2`` (or the monitor) between a resume's first record and its next
+    probe: the last probe found the stopped trainer (pid 1) gone, the last heartbeats
+    were its sidecar's, and the records now hold the resumed trainer's ``resume`` (pid
+    2). It was called DEAD ("The trainer (pid 1) is gone without a finish event"), and
+    the alert named pid 1. The resumed trainer is starting; a probe of it decides."""
+    lines = Lines(t0=T0)
+    data = lines.event("start", pid=1, global_step=0)
+    data += b"".join(lines.train(s, 1.0) for s in range(22))
+    data += lines.make(
+        "heartbeat", written=1, dropped=0, bytes=0, trainer={"pid": 1, "alive": False}
+    )
+    data += lines.event("stop", request="r1", pid=1, epoch=0, local_step=22, global_step=22)
+    data += lines.event("interrupt", step=22)
+    state = state_of(data)
+    state.set_manifest({"pid": 1})
+    state.liveness.set_process(False, lines.ts)
+    assert diagnose(state, lines.ts).health == Health.STOPPED
+    run = Run()
+    resumed = data + lines.event("resume", pid=2, global_step=22)
+    run.feed(0, resumed)
+    run.state.set_manifest({"pid": 1})  # the probe before the resume
+    run.state.liveness.set_process(False, lines.ts)
+    d = diagnose(run.state, lines.ts + 3)
+    assert d.health != Health.DEAD and "pid 1" not in d.reason, d.reason
+    # the next probe, of the resumed trainer, found it gone: dead, named as itself
+    run.state.set_manifest({"pid": 2})
+    run.state.liveness.set_process(False, lines.ts + 5)
+    d = diagnose(run.state, lines.ts + 5)
+    assert d.health == Health.DEAD and "pid 2" in d.reason, d.reason
+
+
 # ---- 4. diverged stays visible after the end -------------------------------------------------
 
 
