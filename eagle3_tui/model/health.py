@@ -172,6 +172,9 @@ def judge(state: RunState, now: float) -> Diagnosis:
         hb_at = None  # the heartbeats are of an earlier process
     if seen_by_sidecar is not None and not _about(current, seen_by_sidecar.get("pid")):
         seen_by_sidecar = None
+    held = _held(state, current, hb_at, now) if alive is not False else None
+    if held is not None:
+        return held
     full = _no_room(state, now)
     if alive is None and hb_at is not None:
         fresh = (now - hb_at) <= HEARTBEAT_DEAD_S
@@ -445,6 +448,28 @@ _ENDS = ("crash", "interrupt", "finish")
 def _distributed(state: RunState) -> bool:
     world = state.manifest.get("world_size")
     return (isinstance(world, int) and world > 1) or len(state.samplers.rank_heartbeats) > 1
+
+
+def _held(
+    state: RunState, current: Event | None, hb_at: float | None, now: float
+) -> Diagnosis | None:
+    """STALLED where the sidecar's heartbeats, fresh, have found the trainer held in a
+    stop (process state T or t) for at least :data:`MIN_QUIET_S`: a SIGSTOP, Ctrl-Z or a
+    debugger holds it, whatever it was doing (a validation, a save, a start-up), and
+    nothing moves until it is continued. None otherwise."""
+    if hb_at is None or now - hb_at > HEARTBEAT_DEAD_S:
+        return None
+    for pid, since in state.samplers.held_since.items():
+        if current is not None and pid != current.pid:
+            continue
+        if now - since >= MIN_QUIET_S:
+            return Diagnosis(
+                Health.STALLED,
+                f"The trainer (pid {pid}) has been held stopped for {ago(now - since)} "
+                f"(its sidecar finds it so: a SIGSTOP, Ctrl-Z or a debugger); nothing runs "
+                f"until it is continued (kill -CONT {pid}, or the debugger lets go).",
+            )
+    return None
 
 
 def current_process(state: RunState) -> Event | None:

@@ -76,6 +76,11 @@ class Samplers:
     last_heartbeat_ts: float | None = None
     rank_heartbeats: dict[int, Record] = field(default_factory=dict)
     """The newest heartbeat of each rank (under torchrun every rank writes its own)."""
+    held_since: dict[int, float] = field(default_factory=dict)
+    """By trainer pid: the first heartbeat's time while a sidecar's every heartbeat since
+    finds that trainer held in a stop (process state ``T``, ``t``: SIGSTOP, Ctrl-Z, a
+    debugger); gone once one finds it otherwise. Of applied heartbeats: after a catch-up
+    that kept only the newest, no earlier than that one (never longer than seen)."""
     stack: StackSample | None = None
     """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
     pending: dict[str, deque[Record | Deferred]] = field(
@@ -113,7 +118,18 @@ class Samplers:
         self.heartbeat = rec
         self.last_heartbeat_ts = rec.ts
         self.rank_heartbeats[rec.rank] = rec
+        self._note_held(rec)
         return None
+
+    def _note_held(self, rec: Record) -> None:
+        trainer = rec.trainer if isinstance(rec.trainer, dict) else {}
+        pid = trainer.get("pid")
+        if type(pid) is not int:
+            return
+        if trainer.get("state") in ("T", "t") and trainer.get("alive") is not False:
+            self.held_since.setdefault(pid, rec.ts)
+        else:
+            self.held_since.pop(pid, None)
 
     def _apply_gpu(self, rec: Record) -> str | None:
         try:

@@ -477,3 +477,50 @@ def test_the_pace_after_a_resume_is_the_resumed_process() -> None:
     m = re.search(r"([\d.]+) steps/s", snap.diagnosis.reason)
     assert m is not None and float(m.group(1)) == pytest.approx(p.steps_per_s, abs=0.005)
     assert not math.isnan(p.eta_run_s or math.nan)
+
+
+@pytest.mark.parametrize("during", ["validation", "steps"])
+def test_a_trainer_held_stopped_is_stalled_and_said_so(during: str) -> None:
+    """``kill -STOP`` on the trainer (its sidecar goes on, finding it in state T): during
+    a validation it stayed RUNNING ("Validating ... for 3 min; metrics resume after it")
+    for as long as it was held; mid-epoch it was STALLED as "stuck in a C call, a
+    collective, or holding the GIL". Held for 30 s or more: STALLED, saying it is held
+    and how it continues; once continued, as before."""
+    rank0 = Lines(writer="rank0", t0=T0, dt=0.0)
+    side = Lines(writer="side", t0=T0, dt=0.0)
+    data = rank0.event("start", pid=7, global_step=0)
+    t = T0
+    for s in range(20):
+        t += 1.0
+        data += rank0.at(t).train(s, 1.0)
+        data += side.at(t).make(
+            "heartbeat",
+            written=1,
+            dropped=0,
+            bytes=0,
+            trainer={"pid": 7, "alive": True, "state": "R", "cpu_s": t - T0},
+        )
+    if during == "validation":
+        data += rank0.at(t).log("Validation epoch 1/30 started")
+    held_from = t + 1.0
+
+    def beat(at: float, state: str) -> bytes:
+        return side.at(at).make(
+            "heartbeat",
+            written=1,
+            dropped=0,
+            bytes=0,
+            trainer={"pid": 7, "alive": True, "state": state, "cpu_s": held_from - T0},
+        )
+
+    held = data + b"".join(beat(held_from + k, "T") for k in range(20))
+    d = diagnose(state_of(held), held_from + 20)
+    assert "held stopped" not in d.reason, d.reason  # 20 s: not yet
+    held += b"".join(beat(held_from + k, "T") for k in range(20, 46))
+    d = diagnose(state_of(held), held_from + 46)
+    assert d.health == Health.STALLED, d.reason
+    assert "(pid 7) has been held stopped for 46 s" in d.reason, d.reason
+    assert "kill -CONT 7" in d.reason and "GIL" not in d.reason, d.reason
+    going = held + beat(held_from + 46, "R")
+    d = diagnose(state_of(going), held_from + 46.5)
+    assert "held stopped" not in d.reason, d.reason
