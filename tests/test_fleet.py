@@ -276,7 +276,8 @@ def test_f_in_the_monitor_shows_this_hosts_fleet_and_q_there_ends_both(
     tiny_run: Path, tmp_path: Path
 ) -> None:
     """In a real terminal: the monitor of a run, ``F``: the fleet of this machine, the
-    run among its rows; Enter opens it in the monitor again, ``F`` there comes back to
+    run among its rows; Esc there goes back to the monitor (it did nothing), ``F`` shows
+    the fleet again; Enter opens the run in the monitor again, ``F`` there comes back to
     the fleet (not a fleet in a fleet), ``q`` ends it all."""
     import shlex
     import shutil
@@ -296,6 +297,14 @@ def test_f_in_the_monitor_shows_this_hosts_fleet_and_q_there_ends_both(
         tmux.keys("F")
         fleet = tmux.wait(lambda s: "run(s) on 1 target" in s, 60, "the fleet")
         tmux.wait(lambda s: str(tiny_run) in s, 60, "the run among the fleet's rows")
+        tmux.keys("Escape")  # back to the monitor it came from
+        tmux.wait(
+            lambda s: "FINISHED" in s and "loss" in s and "run(s) on 1 target" not in s,
+            60,
+            "the monitor after Esc in the fleet",
+        )
+        tmux.keys("F")
+        tmux.wait(lambda s: str(tiny_run) in s and "run(s) on 1 target" in s, 60, "the fleet")
         tmux.keys("/")
         tmux.keys("-l", str(tiny_run))  # its row alone (typed as text)
         tmux.keys("Enter")

@@ -58,12 +58,17 @@ class FleetApp(App[None]):
         Binding("s", "sort", "Sort"),
         Binding("S", "sort_reverse", "Reverse", show=False),
         Binding("slash", "filter", "Filter"),
+        Binding("escape", "back_to_run", "Back"),
+        Binding("F", "back_to_run", "Back", show=False),
     ]
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, back: list[str] | None = None) -> None:
         super().__init__()
         self.fleet = fleet
         self.chosen: list[str] | None = None
+        self.back = back
+        """Opened with ``F`` from a run's monitor: that monitor's arguments (Esc or ``F``
+        goes back to it, as ``F`` or ``q`` there comes back here); None: no way back."""
         self.sort_key = "health"
         self.reverse = False
         self.filter = ""
@@ -203,6 +208,12 @@ class FleetApp(App[None]):
         self._stop.set()
         self.exit()
 
+    def action_back_to_run(self) -> None:
+        if self.back is not None:
+            self.chosen = list(self.back)
+            self._stop.set()
+            self.exit()
+
     def action_mark(self) -> None:
         row = self.selected()
         if row is not None:
@@ -253,7 +264,10 @@ class FleetApp(App[None]):
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """While the filter is typed, only Enter (its end) acts; letters are its text."""
+        """While the filter is typed, only Enter (its end) acts; letters are its text.
+        Back only where the fleet was opened from a monitor."""
+        if action == "back_to_run" and self.back is None:
+            return False
         return not self.filtering or action == "open"
 
     def on_key(self, event: events.Key) -> None:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 ONCE_WAIT_S = 60.0
 opening = False
+back_to: list[str] | None = None
+"""The arguments of the monitor whose ``F`` opens this fleet (``then_fleet``): Esc or
+``F`` in the fleet goes back to it."""
 """A run opened from the fleet is being monitored (its ``F`` then only comes back)."""
 
 
@@ -126,7 +129,7 @@ def interactive(fleet: Fleet, ns: argparse.Namespace) -> int:
 
     ssh_args = ssh_argv(ns)
     while True:
-        app = FleetApp(fleet)
+        app = FleetApp(fleet, back_to)
         app.run()
         action = app.chosen
         if action is None:

@@ -117,6 +117,8 @@ def then_fleet(status: int, target: Target, ns: argparse.Namespace) -> int:
     from eagle3_tui.cli.watch import ssh_argv
 
     host = "localhost" if isinstance(target, LocalTarget) else target.destination
+    pid = getattr(ns, "pid", None)
+    fleet.back_to = [*(ns.target or []), *(["--pid", str(pid)] if pid is not None else [])]
     return main(["fleet", host, *ssh_argv(ns)])
 
 

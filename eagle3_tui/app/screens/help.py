@@ -31,7 +31,8 @@ KEYS = (
     ("", "else ~/.local/share/eagle3-tui/exports; the full path is shown"),
     ("m", "every log message and event, whole lines, scrollable"),
     ("F", "the fleet: every live and recent run of this host, one row each (Enter opens"),
-    ("", "one here; from the fleet, F or q comes back to it); this run goes on"),
+    ("", "one here, and F or q there comes back; Esc or F in the fleet comes back to"),
+    ("", "this run); this run goes on"),
     ("?", "this help"),
     ("ctrl+p", "command palette: every action by name"),
 )
