@@ -703,7 +703,8 @@ class MonitorApp(App[None]):
             self._start_compare(self.open_run(run_dir))
             self.push_screen(CompareScreen(self.compare_label))
 
-        self.push_screen(RunPicker(control, control.run_dir), picked)
+        manifest = self.pipeline.run.unsettled.manifest
+        self.push_screen(RunPicker(control, control.run_dir, manifest), picked)
 
     def action_export(self) -> None:
         self._worker(self._export(), "export")

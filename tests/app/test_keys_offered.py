@@ -24,7 +24,7 @@ from eagle3_tui.app.screens.runs import RunPicker
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.replay import ReplayTransport
-from eagle3_tui.transport.replies import KillReport, ProcessRow, decode
+from eagle3_tui.transport.replies import KillReport, ProcessRow, RunEntry, decode
 from eagle3_tui.transport.target import LocalTarget
 from tests.app.conftest import T0, FakeControl, training
 from tests.app.test_pilot import NOW, app_with
@@ -335,3 +335,17 @@ async def test_window_keys_say_when_they_change_nothing() -> None:
         await pilot.pause(0.1)
         assert app.view.window == 10
         assert any("narrowest window: 10 steps" in m for m in said(app)), said(app)
+
+
+def test_the_picker_never_offers_the_run_shown() -> None:
+    """``c`` offered the run shown itself (its directory spelt otherwise than the
+    index's: relative, a trailing slash), and Enter compared it with itself (every Δ
+    +0.0000). Never listed: not by the host's resolved directory, nor by its run id."""
+    control = RunControl(LocalHost(), "runs/r2/", "runs/r2")
+    picker = RunPicker(control, "runs/r2/", {"run_dir": "/data/runs/r2", "run_id": "abc"})
+    assert picker._is_current(RunEntry(run_dir="/data/runs/r2"))
+    assert picker._is_current(RunEntry(run_dir="/moved/r2", run_id="abc"))
+    assert not picker._is_current(RunEntry(run_dir="/data/runs/r1", run_id="def"))
+    bare = RunPicker(control, "/data/runs/r2/", None)  # no manifest yet: its spelling
+    assert bare._is_current(RunEntry(run_dir="/data/runs/r2"))
+    assert not bare._is_current(RunEntry(run_dir="/data/runs/r1"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import time
 from typing import ClassVar
 
@@ -46,10 +47,16 @@ class RunPicker(ModalScreen[str | None]):
         Binding("a", "all_users", "All users"),
     ]
 
-    def __init__(self, control: RunControl, current: str | None) -> None:
+    def __init__(
+        self, control: RunControl, current: str | None, manifest: dict[str, object] | None = None
+    ) -> None:
         super().__init__()
         self.control = control
         self.current = current
+        self.manifest = manifest or {}
+        """The shown run's manifest: its ``run_dir`` as the host resolved it and its
+        ``run_id`` (the run is never offered to compare with itself, however the
+        target spelt its directory)."""
         self.all_users = False
         self._runs: list[RunEntry] = []
 
@@ -76,7 +83,7 @@ class RunPicker(ModalScreen[str | None]):
         if not self.is_attached:
             return  # closed meanwhile
         status = self.query_one("#picker-status", Static)
-        others = [r for r in result.runs if r.run_dir != self.current]
+        others = [r for r in result.runs if not self._is_current(r)]
         # a run whose directory was removed has nothing left to compare with
         runs = [r for r in others if r.state != "gone"]
         gone = len(others) - len(runs)
@@ -96,6 +103,15 @@ class RunPicker(ModalScreen[str | None]):
         self._runs = runs
         options.highlighted = 0
         options.focus()
+
+    def _is_current(self, r: RunEntry) -> bool:
+        run_id = self.manifest.get("run_id")
+        if isinstance(run_id, str) and r.run_id == run_id:
+            return True
+        dirs = {self.current, self.manifest.get("run_dir")}
+        return any(isinstance(d, str) and posixpath.normpath(d) == r.run_dir for d in dirs) or (
+            r.run_dir in dirs
+        )
 
     @on(OptionList.OptionSelected)
     def picked(self, event: OptionList.OptionSelected) -> None:
