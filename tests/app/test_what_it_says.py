@@ -351,3 +351,26 @@ async def export_notice(data: bytes, export_dir: Path | None, expected: Path) ->
         await until(pilot, expected.exists, what="the CSV")
         await until(pilot, lambda: bool(app._notifications), what="the notice")
         return " ".join(str(n.message) for n in app._notifications)
+
+
+def test_the_log_says_events_steps_as_the_banner_does() -> None:
+    """The log's events said "start at step 0", "interrupt at step 22" and "resume at
+    step 22", where the banner says "Interrupted after step 22" and the progress
+    panel "resumed at step 23" (steps count from 1; an event's step is the steps done)."""
+    from eagle3_tui.app.widgets.log import log_entries
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+    from tests.records import Lines
+
+    lines = Lines(t0=T0)
+    data = lines.event("start", pid=1, global_step=0)
+    data += b"".join(lines.train(s, 1.0) for s in range(22))
+    data += lines.event("interrupt", step=22)
+    data += lines.event("resume", pid=2, global_step=22)
+    run = Run()
+    run.feed(0, data)
+    snap = build_snapshot(run.state, lines.ts, ViewParams())
+    said = [body.plain for _, body in log_entries(snap, 10)]
+    assert "start (pid 1)" in said, said
+    assert "interrupt after step 22" in said and "resume after step 22 (pid 2)" in said, said
+    assert not any("at step" in s for s in said), said
