@@ -734,7 +734,10 @@ class Observer:
             if os.path.basename(target) in ("model.safetensors", "optimizer_state_dict.pt"):
                 self.set_checkpoint_dir(os.path.dirname(os.path.dirname(target)))
                 return
-        found = find_checkpoint_dir(self.cwd)
+        command = self.row.get("command")
+        found = find_checkpoint_dir(
+            self.cwd, command=[str(a) for a in command] if isinstance(command, list) else None
+        )
         if found:
             self.set_checkpoint_dir(found)
 

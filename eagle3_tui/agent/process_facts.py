@@ -285,12 +285,25 @@ def speculators_layout(path: str) -> bool:
     return False
 
 
-def find_checkpoint_dir(cwd: str | None, limit: int = 400) -> str | None:
-    """A speculators-shaped checkpoint directory at most two levels below ``cwd``."""
+def find_checkpoint_dir(
+    cwd: str | None, limit: int = 400, command: list[str] | None = None
+) -> str | None:
+    """A speculators-shaped checkpoint directory at most two levels below ``cwd``, or
+    below (or at) a directory the ``command`` line names (``--run-dir /data/exp7``,
+    ``--save-path=ckpts``: a run kept outside its working directory)."""
     if not cwd:
         return None
     seen = 0
     todo = [(cwd, 0)]
+    for arg in command or []:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if not value or value.startswith("-") or len(value) > 4096:
+            continue
+        path = os.path.normpath(os.path.join(cwd, value))
+        if path != cwd and os.path.isdir(path) and speculators_layout(path):
+            return path
+        if path != cwd and os.path.isdir(path) and (path, 1) not in todo:
+            todo.append((path, 1))  # its children are looked at (one level less)
     while todo and seen < limit:
         path, depth = todo.pop(0)
         if depth and speculators_layout(path):

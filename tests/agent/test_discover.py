@@ -594,3 +594,22 @@ def test_a_training_still_importing_is_waited_for_not_refused(
         for p in (proc, other):
             p.kill()
             p.wait()
+
+
+def test_a_checkpoint_directory_its_command_line_names_is_found(tmp_path: Path) -> None:
+    """A training run from one directory whose checkpoints are under a directory its
+    command line names (``--run-dir /data/exp7``, ``--save-path=...``): "ckpts not found
+    yet" while it saved epoch after epoch, and its kill's restart record had no
+    checkpoint directory (resume: "the manifest names no checkpoint_dir")."""
+    work, run = tmp_path / "work", tmp_path / "data" / "exp7"
+    work.mkdir()
+    ckpt = run / "checkpoints"
+    (ckpt / "0").mkdir(parents=True)
+    (ckpt / "0" / "training_state.json").write_text("{}")
+    argv = ["python", "-m", "train.tiny", "--run-dir", str(run)]
+    assert process_facts.find_checkpoint_dir(str(work)) is None
+    assert process_facts.find_checkpoint_dir(str(work), command=argv) == str(ckpt)
+    by_eq = ["python", "train.py", f"--save-path={os.path.relpath(ckpt, work)}"]
+    assert process_facts.find_checkpoint_dir(str(work), command=by_eq) == str(ckpt)
+    elsewhere = ["python", "train.py", "--run-dir", str(tmp_path / "missing"), "--lr", "1e-3"]
+    assert process_facts.find_checkpoint_dir(str(work), command=elsewhere) is None
