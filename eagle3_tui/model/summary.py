@@ -105,7 +105,16 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
             ],
         },
         "checkpoint": (
-            {"path": last_ckpt.path, "bytes": last_ckpt.bytes, "epoch": last_ckpt.epoch}
+            {
+                "path": last_ckpt.path,
+                "bytes": last_ckpt.bytes,
+                # checkpoints/2 holds the third epoch (an epoch that is no number: as it is)
+                "epoch": (
+                    epoch_number(last_ckpt.epoch)
+                    if isinstance(last_ckpt.epoch, int)
+                    else last_ckpt.epoch
+                ),
+            }
             if last_ckpt is not None
             else None
         ),

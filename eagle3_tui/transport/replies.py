@@ -688,8 +688,26 @@ def decode_plan(fields: dict[str, Any], where: str = "the host") -> AttachPlan |
 
 
 def to_json(reply: msgspec.Struct) -> str:
-    """A reply as one JSON object (``--json``)."""
-    return msgspec.json.encode(reply).decode()
+    """A reply as one JSON object (``--json``), its epochs and last steps counted from 1
+    as every view says them (``SHOWN_FROM_1``); the agent's replies count from 0, as
+    speculators does."""
+    return msgspec.json.encode(_shown(msgspec.to_builtins(reply))).decode()
+
+
+SHOWN_FROM_1 = frozenset({"epoch", "last_step"})
+"""The reply fields (a checkpoint's and a stop's ``epoch``, a redo's ``last_step``) that
+the agent counts from 0 and a person reads from 1 (the README: steps and epochs)."""
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: v + 1 if k in SHOWN_FROM_1 and type(v) is int else _shown(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_shown(v) for v in value]
+    return value
 
 
 def to_builtins(reply: msgspec.Struct) -> dict[str, Any]:

@@ -448,6 +448,7 @@ def test_steps_and_epochs_are_numbered_alike_everywhere() -> None:
     lines = Lines(t0=T0)
     data = lines.event("start", pid=1, global_step=0) + lines.log("Training epoch 1/6 started")
     data += b"".join(lines.train(s, 1.0, epoch=s // 24) for s in range(76))
+    data += lines.ckpt("save_finished", "/c/2", epoch=2, bytes=100, complete=True)
     data += lines.event("interrupt", step=76)
     state = state_of(data)
     state.set_manifest({"pid": 1, "total_steps": 144, "epochs": 6})
@@ -458,6 +459,7 @@ def test_steps_and_epochs_are_numbered_alike_everywhere() -> None:
     assert snap.progress.epoch == 4 and summary["epoch"] == 4  # epoch 4/6 (speculators: 3)
     assert "step     76/144   epoch 4/6" in format_text(summary)
     assert summary["global_step"] == 75  # speculators' own 0-based counter
+    assert summary["checkpoint"]["epoch"] == 3  # checkpoints/2: the third epoch's (was 2)
 
 
 def test_the_pace_after_a_resume_is_the_resumed_process() -> None:

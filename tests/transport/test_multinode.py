@@ -217,7 +217,7 @@ def test_two_nodes_one_view_kill_resume_faults(cluster: Cluster, tmp_path: Path)
         assert len(ranks) == 2 and all(p["signals"] == [] for p in ranks), killed.stdout
         assert not any(n["signalled_trainer"] for n in result["nodes"]), killed.stdout
         # the stop's save, gathered from both ranks, is the numbered checkpoint of its epoch
-        g, epoch = stop0["global_step"], stop0["epoch"]
+        g, epoch = stop0["global_step"], stop0["epoch"] - 1  # (--json counts epochs from 1)
         ckpt = run_dir / "checkpoints"
         assert stop0["checkpoint"]["path"] == str(ckpt / str(epoch)), killed.stdout
         state = json.loads((ckpt / str(epoch) / "training_state.json").read_text())

@@ -368,3 +368,17 @@ def test_a_manifests_nodes_are_read_as_node_places() -> None:
     other = calls.node_target(target, nodes[0])
     assert (other.host, other.run_dir, other.user) == ("n1", "/r1", "alice")
     assert calls.other_nodes({"nodes": "?"}, "n0", "/r0") == []
+
+
+def test_json_of_a_reply_counts_epochs_and_last_steps_from_1() -> None:
+    """``kill --json`` said ``"latest": {"epoch": 0}`` and ``"redo": {"last_step": 21}``
+    where its text says "epoch 1" and "step 22" (the README: every JSON field named
+    ``epoch`` or ``last_step`` counts from 1); ``global_step`` stays speculators'."""
+    from eagle3_tui.transport.replies import CheckpointInfo, Checkpoints, Redo, to_json
+
+    info = CheckpointInfo(path="/c/0", epoch=0, global_step=24, local_step=0)
+    out = json.loads(to_json(Checkpoints(dir="/c", latest=info)))
+    assert out["latest"]["epoch"] == 1 and out["latest"]["global_step"] == 24, out
+    redo = json.loads(to_json(Redo(checkpoint_step=48, steps=21, last_step=68)))
+    assert redo["last_step"] == 69 and redo["steps"] == 21, redo
+    assert json.loads(to_json(CheckpointInfo(path="/c/i")))["epoch"] is None
