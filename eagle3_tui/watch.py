@@ -417,7 +417,7 @@ def once(w: Watcher) -> int:
 
     w.rules = Rules(hold_s=0.0, gap_s=0.0, link_down_s=w.rules.link_down_s)
     healths: list[str] = []
-    errors = 0
+    errors: list[int] = []  # each failed target's exit status, as summary's for it
 
     def judge(key: str, label: str, host: str, opened: api.OpenedRun) -> None:
         v = verdict_of(opened.snapshot(), opened.state)
@@ -445,10 +445,10 @@ def once(w: Watcher) -> int:
         except TargetError as e:
             said = str(e) if str(e).startswith(wt.text) else f"{wt.text}: {e}"
             w.say(f"eagle3-tui watch: {said}")
-            errors += 1
+            errors.append(api.exit_status(e))
     for delivery in list(w.outbox.queue):  # cron's next look is minutes away: all now
         w.outbox.attempt(delivery)
     w.save()
     from eagle3_tui import exits
 
-    return worst_status(healths) or (exits.ERROR if errors else exits.OK)
+    return worst_status(healths) or (errors[0] if errors else exits.OK)

@@ -284,6 +284,35 @@ def watch_once(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.parametrize(("make", "status"), [("file", 25), ("missing", 2), ("dir-as-file", 25)])
+def test_once_on_a_target_it_cannot_read_exits_as_summary_does(
+    tmp_path: Path, make: str, status: int
+) -> None:
+    """``watch --once`` on a plain file, or a run whose metrics.jsonl is not a file (or
+    cannot be read), exited 2 where ``summary`` exits 25 (or 21): the README's table,
+    for both."""
+    import os
+
+    target = tmp_path / "target"
+    if make == "file":
+        target.write_text("x")
+    elif make == "dir-as-file":
+        target.mkdir()
+        (target / "metrics.jsonl").mkdir()  # a directory where the file should be
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    done = watch_once(str(target), "--state", str(tmp_path / "w.json"), env=env)
+    summary = subprocess.run(
+        [sys.executable, "-m", "eagle3_tui", "summary", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert summary.returncode == status, summary.stderr
+    assert done.returncode == status, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and str(target) in done.stdout + done.stderr
+
+
 def test_once_alerts_a_change_once_and_a_failed_delivery_waits_for_the_next(
     tiny_run: Path, tmp_path: Path, hook: Hook
 ) -> None:
