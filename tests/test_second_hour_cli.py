@@ -345,3 +345,17 @@ def test_runs_columns_line_up_and_the_footnote_reads(tmp_path: Path) -> None:
     assert "(gone: the run's directory no longer exists; runs --prune forgets them)" in (
         proc.stdout
     ), proc.stdout
+
+
+def test_resume_of_a_process_that_is_no_training_says_so_as_summary_does() -> None:
+    """``resume --pid`` of a live ``sleep``: "is running without telemetry: kill it
+    first", exit 9, where ``summary`` and ``kill`` say it is not a training, exit 20."""
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        for command in ("resume", "summary"):
+            err = one_line(cli(command, "--pid", str(other.pid)), 20)
+            assert "not a Python process, not a training" in err, err
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()

@@ -64,6 +64,7 @@ from eagle3_tui.agent.stopping import (
 )
 from eagle3_tui.agent.trust import manifest_owner, resume_problems, signal_owner
 from eagle3_tui.agent.userfiles import as_user
+from eagle3_tui.telemetry import procs
 from eagle3_tui.telemetry.manifest import MANIFEST_LIMIT
 from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import open_append, read_bounded, user_name
@@ -432,7 +433,12 @@ def op_resume(req: dict[str, Any]) -> int:
     wait_s = float(req.get("wait_s", 30.0))
     pid = req.get("pid")  # a training without telemetry: the restart its kill recorded
     if isinstance(pid, int):
-        run_dir = find_restart(pid, req)
+        try:
+            run_dir = find_restart(pid, req)
+        except AgentError:
+            if procs.alive(pid, None):  # a live process that is no training says so, as
+                describe(pid)  # summary and kill do (not "running without telemetry")
+            raise
     else:
         run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
