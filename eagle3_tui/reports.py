@@ -267,11 +267,21 @@ def restart_lines(record: RestartRecord, pid: int | None) -> list[str]:
         if record.telemetry
         else f"WITHOUT telemetry ({printable(str(record.note))})"
     )
-    return [
+    recorded = (
         f"restart: recorded in {where} (its command line, working directory, all "
-        f"{record.env_vars} environment variables, readable by its user only)",
+        f"{record.env_vars} environment variables, readable by its user only)"
+    )
+    if record.checkpoint_dir is None:  # resume refuses: it would start over
+        return [
+            recorded,
+            "  no checkpoint directory of it was found (its working directory and the "
+            "directories its command line names were looked in): a resume is refused; "
+            "start your script again",
+        ]
+    return [
+        recorded,
         f"  r, or eagle3-tui resume --pid {pid}: relaunches it from its latest complete "
-        f"checkpoint {how}; output appended to {log}",
+        f"checkpoint in {printable(record.checkpoint_dir)} {how}; output appended to {log}",
     ]
 
 

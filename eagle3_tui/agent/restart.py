@@ -193,6 +193,7 @@ def _write(spec: dict[str, Any]) -> dict[str, Any]:
         "env_file": str(run_dir / mf.RESUME_ENV_FILE),
         "env_vars": len(spec["env"]),
         "lib": lib,
+        "checkpoint_dir": spec["checkpoint_dir"],
     }
 
 

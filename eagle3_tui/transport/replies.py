@@ -196,6 +196,9 @@ class RestartRecord(msgspec.Struct, kw_only=True):
     """How many variables the saved environment holds (all of the process's)."""
     lib: str | None = None
     """The telemetry package written for it (the user's cache)."""
+    checkpoint_dir: str | None = None
+    """Where its checkpoints were found (None: nowhere, and ``resume`` refuses: it would
+    start over)."""
     problem: str | None = None
 
 

@@ -340,3 +340,19 @@ async def test_the_kill_dialog_closes_while_it_waits_and_the_result_is_said(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def test_a_restart_without_a_checkpoint_directory_is_not_offered() -> None:
+    """A kill of a training without telemetry whose checkpoints were found nowhere said
+    "r, or eagle3-tui resume --pid N: relaunches it from its latest complete
+    checkpoint", and that resume was refused ("the manifest names no checkpoint_dir")."""
+    from eagle3_tui.reports import restart_lines
+    from eagle3_tui.transport.replies import RestartRecord
+
+    found = RestartRecord(run_dir="/w/eagle3-runs/restart-7", telemetry=True, env_vars=3)
+    said = "\n".join(restart_lines(found, 7))
+    assert "a resume is refused" in said and "relaunches" not in said, said
+    found.checkpoint_dir = "/data/exp7/checkpoints"
+    said = "\n".join(restart_lines(found, 7))
+    assert "resume --pid 7: relaunches it from its latest complete checkpoint in " in said
+    assert "/data/exp7/checkpoints" in said, said
