@@ -179,7 +179,11 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         await until(pilot, lambda: not isinstance(app.screen, ControlDialog), what="closed")
 
         dialog = await open_dialog(app, pilot, "r")
-        assert "eagle3_tui.train.tiny" in text_of(dialog.query_one("#plan"), 300)
+        plan = text_of(dialog.query_one("#plan"), 300)
+        assert "eagle3_tui.train.tiny" in plan, plan
+        # before the question, as the README says: the checkpoint and the steps redone
+        assert f"from     {saved} (step {g}, epoch {epoch})" in plan, plan
+        assert "redo     0 step(s)" in plan, plan
         await pilot.click("#confirm")
         await until(pilot, lambda: dialog.state != "working", timeout=90, what="the resume")
         outcome = text_of(dialog.query_one("#outcome"), 200)

@@ -227,7 +227,7 @@ class ControlDialog(ConfirmDialog):
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
-        if self.op == "resume" and (self.control.observed or self.control.job is not None):
+        if self.op == "resume" and not self.control.nodes:  # (a multi-node run: each node's)
             await self._load_restart()
             return
         try:
@@ -246,8 +246,10 @@ class ControlDialog(ConfirmDialog):
         )
 
     async def _load_restart(self) -> None:
-        """``r`` on a training without telemetry: the restart its kill recorded, as the
-        host would run it (every check made there; a refusal shown before any question)."""
+        """``r``: the host's plan, every check made there (a refusal shown before any
+        question): the command, directory, environment, log, the checkpoint and the
+        steps it will redo; for a training without telemetry the restart its kill
+        recorded, for a Slurm job its requeue."""
         try:
             plan = await self.control.resume_plan()
         except Exception as e:  # shown: not killed yet, no record, no complete checkpoint
