@@ -189,6 +189,7 @@ async def test_kill_then_resume_a_real_training(live_run: LiveRun) -> None:
         outcome = text_of(dialog.query_one("#outcome"), 200)
         started = re.search(r"started: pid (\d+)", outcome)
         assert started is not None, outcome + live_run.log()
+        assert not dialog.query_one("#confirm").display  # done: no Resume (y) left to press
         new_pid = int(started.group(1))
         live_run.started.append(new_pid)
         # the stop's checkpoint, with its global step and its 1-based epoch
@@ -213,6 +214,7 @@ async def test_a_run_without_a_manifest_is_judged_from_its_records(tmp_path: Pat
         dialog: ControlDialog = await open_dialog(app, pilot, "k", state="failed")
         shown = text_of(dialog.query_one("#plan"), 200)
         assert f"Cannot kill: {tmp_path}: no run.json here" in shown
+        assert not dialog.query_one("#confirm").display  # no Kill (y) that does nothing
         await pilot.press("y")  # nothing to confirm
         assert dialog.state == "failed"
 

@@ -109,7 +109,9 @@ class ConfirmDialog(ModalScreen[None]):
         self.call_after_refresh(body.scroll_to_widget, outcome, animate=False, top=True)
 
     def closing(self, *, focus: bool = False) -> None:
-        """Cancelling has become closing."""
+        """Cancelling has become closing (the confirmation is gone: nothing is left to
+        confirm, and a button that does nothing would say otherwise)."""
+        self.query_one("#confirm", Button).display = False
         close = self.query_one("#close", Button)
         close.label = "Close (esc)"
         if focus:
