@@ -1,12 +1,18 @@
 """Health of a run, decided from the evidence, with one sentence saying why.
 
+Over 600 lines: every verdict and the evidence each weighs are one decision, read
+together (torchrun's ranks and the write failures included).
+
 Evidence, most decisive first:
 
 * lifecycle events in the file (``finish``, ``interrupt``, ``crash``) of the
   current process (since its ``start``/``resume``); an interrupt is never
   overwritten by a ``finish`` written after it;
 * whether the process is alive: a probe from outside (``RunState.liveness``)
-  or, lacking one, whether the writer's heartbeat is still arriving;
+  or, lacking one, whether the writer's heartbeat is still arriving; each of the
+  process it names (a probe or heartbeat of the trainer before a resume says
+  nothing of the resumed one); a trainer its sidecar finds held stopped (state T)
+  for 30 s is *stalled*, whatever it was doing;
 * what the hardware does: GPU utilisation, dataloader bytes read, checkpoint
   saves (from the samplers' records);
 * when the last metric record came, against the run's own pace.
