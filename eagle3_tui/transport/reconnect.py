@@ -99,3 +99,5 @@ class Reconnecting:
             self.reconnects += 1
             yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay)
             await asyncio.sleep(delay)
+            # the attempt now (an ssh connection can take its 15 s): no retry "in 1 s" left
+            yield LinkChanged(Link.RECONNECTING, reason)

@@ -4,6 +4,8 @@ def test_a_short_backoff_never_reads_in_0_s() -> None:
 
     assert link_text(LinkChanged(Link.RECONNECTING, "lost", retry_in=0.2)).plain.endswith("in 1 s")
     assert link_text(LinkChanged(Link.RECONNECTING, "lost", retry_in=2.0)).plain.endswith("in 2 s")
+    # the attempt under way (an ssh connection may take 15 s): not "in 1 s" all along
+    assert link_text(LinkChanged(Link.RECONNECTING, "lost")).plain == "◌ reconnecting…"
 
 
 def test_the_header_names_where_a_run_without_telemetrys_metrics_come_from() -> None:

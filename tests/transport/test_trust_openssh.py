@@ -41,6 +41,8 @@ async def test_ssh_that_cannot_resolve_the_host_says_so_and_retries(tmp_path: Pa
     transport = SshTransport(OpenSshHost(target), "/runs/x", backoff=(0.05, 0.1))
     links = await _links(transport, until=4)
     assert [x.link for x in links] == [Link.CONNECTING, *[Link.RECONNECTING] * 3]
+    # each wait said, then the attempt itself (no "in 1 s" while ssh tries for 15 s)
+    assert [x.retry_in for x in links[1:]] == [0.05, None, 0.1], links
     for link in links[1:]:
         assert "Could not resolve hostname no-such-host.invalid" in link.detail
         assert "ssh: ssh:" not in link.detail

@@ -46,8 +46,8 @@ def link_text(link: LinkChanged) -> Text:
     if state == Link.WAITING:
         return Text("◌ waiting for metrics.jsonl", style="yellow")
     if state == Link.RECONNECTING:
-        # rounded up: a 0.2 s backoff reads "in 1 s", never "in 0 s"
-        retry = f" in {math.ceil(link.retry_in)} s" if link.retry_in is not None else ""
+        # rounded up: a 0.2 s backoff reads "in 1 s", never "in 0 s"; none: trying now
+        retry = f" in {math.ceil(link.retry_in)} s" if link.retry_in is not None else "…"
         return Text(f"◌ reconnecting{retry}", style="bold #101010 on #ffd75f")
     if state == Link.UNREADABLE:
         return Text("✖ cannot read metrics.jsonl", style="bold #ffffff on #d70000")
@@ -107,7 +107,8 @@ class RunHeader(KeptLines):
         text.append_text(link_text(self.link))
         text.append(" ")
         if view.paused:
-            behind = f", {view.behind:,} steps behind" if view.behind else ""
+            plural = "" if view.behind == 1 else "s"
+            behind = f", {view.behind:,} step{plural} behind" if view.behind else ""
             text.append(f" ⏸ PAUSED{behind} ", style="bold #101010 on #87afff")
             text.append(" ")
         p = snap.progress
