@@ -324,7 +324,11 @@ def _side(state: RunState, label: str) -> Side:
 def _fmt_x(axis: str, x: float) -> str:
     if axis == "step":
         return f"step {x + 1:,.0f}"  # as every view shows a step (x: global_step)
-    if axis == "tokens":
+    if axis == "tokens":  # a tiny run's thousands read as such, not "0.0M tokens"
+        if x < 1e3:
+            return f"{x:,.0f} tokens"
+        if x < 1e6:
+            return f"{x / 1e3:,.1f}k tokens"
         return f"{x / 1e6:,.1f}M tokens" if x < 1e9 else f"{x / 1e9:,.2f}B tokens"
     return f"{x / 3600:.1f} h of training" if x >= 5400 else f"{x / 60:.0f} min of training"
 
@@ -382,6 +386,8 @@ def compare(
     window = None
     if point is not None:
         at, window = point
+        if axis_used == "step":  # steps are whole: the window from the first step it holds
+            window = (float(math.ceil(window[0])), window[1])
         lo, hi = window
         steps_a = a.table.step_view()
         steps_b = b.table.step_view()

@@ -122,7 +122,7 @@ def test_tokens_axis_aligns_runs_with_different_batch_sizes() -> None:
     assert c.axis == "tokens"
     assert c.at_step_a is not None and c.at_step_b is not None
     assert c.at_step_b == pytest.approx(2 * c.at_step_a, abs=2)
-    assert "M tokens (same tokens)" in c.verdict
+    assert "200.0k tokens (same tokens)" in c.verdict
 
 
 def test_time_axis_takes_out_stops() -> None:
@@ -247,3 +247,32 @@ def test_a_run_that_logs_only_conditional_accuracies_has_tau_everywhere() -> Non
     assert snap.tau_line.y[-1] == pytest.approx(snap.tau, rel=0.01)
     verdict = compare(a, b).verdict
     assert "ahead" in verdict and "τ" in verdict
+
+
+def test_the_window_is_said_as_the_steps_it_averages() -> None:
+    """``compare`` said "mean over step 52 – step 72" with a JSON window [52.28, 72.0],
+    where its values were the means over steps 53-72: the window starts at the first
+    step it holds, said and averaged alike."""
+    import numpy as np
+
+    a, b = make_run(73, base=0.4), make_run(73, base=0.6)
+    c = compare(a, b)
+    assert c.window is not None and c.window[0] == int(c.window[0]), c.window
+    lo, hi = c.window
+    doc = comparison_json(c)
+    assert doc["window"] == [lo + 1, hi + 1]  # as shown: 1-based steps
+    assert f"mean over step {int(lo) + 1:,} – step {int(hi) + 1:,}" in format_comparison(c)
+    loss = next(r for r in c.rows if r.metric == "loss")
+    steps = np.arange(73, dtype=float)
+    inside = (steps >= lo) & (steps <= hi)
+    expected = float(np.mean(3.0 - steps[inside] / 2000))
+    assert loss.a is not None and abs(loss.a - expected) < 1e-4, (loss.a, expected)
+
+
+def test_a_small_token_count_is_said_in_its_own_unit() -> None:
+    """A tiny run's ~7k tokens read "0.0M tokens" on every label of the token axis."""
+    from eagle3_tui.model.compare import _fmt_x
+
+    assert _fmt_x("tokens", 7_168) == "7.2k tokens"
+    assert _fmt_x("tokens", 512) == "512 tokens"
+    assert _fmt_x("tokens", 3.5e6) == "3.5M tokens" and _fmt_x("tokens", 2e9) == "2.00B tokens"
