@@ -200,3 +200,16 @@ def test_follow_of_a_slurm_job_asks_the_scheduler_again_each_look(
     looks = api.follow("job/1234", every=0.01)
     steps = [next(looks).summary()["global_step"] for _ in range(3)]
     assert asked == ["1234"] * 3 and len(set(steps)) == 1
+
+
+def test_runs_of_localhost_is_this_machine_as_watch_and_fleet_take_it() -> None:
+    """``runs localhost`` went over SSH ("connection refused" where no sshd listens)
+    while ``watch localhost`` and ``fleet localhost`` mean this machine, without SSH."""
+
+    def answer(host: str | None) -> str:
+        try:
+            return f"host {api.runs(host).host}"
+        except api.TargetError as e:  # none here: said of this machine, not a refused SSH
+            return str(e)
+
+    assert answer("localhost") == answer(None)

@@ -492,6 +492,9 @@ def runs(
     telemetry, and the registered runs (``all_users``: every user's), newest first;
     ``prune`` first forgets registered runs whose directory is gone."""
     t: Target = LocalTarget(Path("."))
+    plain = ssh is None or ssh == SshOptions()
+    if host == "localhost" and plain:  # this machine, as watch and fleet take it (no SSH)
+        host = None
     if host is not None:  # always a host here, even where a local path has its name
         t = parse_target(host, ssh)
         if isinstance(t, LocalTarget):
