@@ -17,6 +17,7 @@ from eagle3_tui.transport.base import (
     NoPermissionError,
     SeveralRunsError,
     TargetError,
+    UnreadableRunError,
     WrongKindError,
     printable,
 )
@@ -64,6 +65,8 @@ def exit_status_of(error: TargetError) -> int:
         return exits.PERMISSION
     if isinstance(error, WrongKindError):
         return exits.WRONG_KIND
+    if isinstance(error, UnreadableRunError):
+        return exits.UNREADABLE
     if isinstance(error, AgentAnswerError):
         return EXIT_BY_KIND.get(error.kind, exits.ERROR)
     return exits.ERROR

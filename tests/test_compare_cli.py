@@ -81,3 +81,28 @@ def test_a_live_run_against_a_finished_one(tiny_run: Path, tmp_path: Path) -> No
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def test_a_run_with_no_valid_record_is_not_compared(tmp_path: Path) -> None:
+    """``compare GOOD GARBAGE``, the second file all malformed lines (``summary`` of it
+    exits 10): exit 0 and a table of "what differs" made of nothing. Now one line saying
+    why, with summary's exit status, either way round."""
+    from tests.records import Lines
+
+    good, garbage = tmp_path / "good", tmp_path / "garbage"
+    good.mkdir()
+    garbage.mkdir()
+    lines = Lines()
+    (good / "metrics.jsonl").write_bytes(b"".join(lines.train(s, 2.0) for s in range(20)))
+    (garbage / "metrics.jsonl").write_bytes(b"not json at all\n" * 40)
+    for pair in ((good, garbage), (garbage, good)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "eagle3_tui", "compare", *map(str, pair)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 10, proc.stdout + proc.stderr
+        assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
+        assert f"{garbage}: No valid record in 40 malformed lines" in proc.stderr, proc.stderr

@@ -54,7 +54,7 @@ from eagle3_tui.api.reading import (
     tell,
 )
 from eagle3_tui.transport import calls
-from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.base import TargetError, UnreadableRunError
 from eagle3_tui.transport.channel import AgentAnswerError, Event, Host
 from eagle3_tui.transport.local import check_run_dir, iter_chunks
 from eagle3_tui.transport.replies import (
@@ -340,6 +340,9 @@ def compare(
         raise TargetError(f"{a} and {b} are the same run ({same}): compare it with another run")
     run_a = open_run(ta, label=str(a), on_note=on_note)
     run_b = open_run(tb, label=str(b), on_note=on_note)
+    for label, opened in ((a, run_a), (b, run_b)):
+        if opened.health == "unreadable":  # no record: a table of differences says nothing
+            raise UnreadableRunError(f"{label}: {opened.reason} Nothing to compare.")
     from eagle3_tui.model.compare import compare as compare_states  # (not a summary's)
 
     return compare_states(run_a.state, run_b.state, axis=axis, labels=(str(a), str(b)))

@@ -79,6 +79,11 @@ class NoPermissionError(TargetError):
     may not enter. Its own exit status (see ``reports.exit_status_of``)."""
 
 
+class UnreadableRunError(TargetError):
+    """The run's file holds no valid record, only malformed lines: nothing of it can be
+    compared. Its own exit status, ``summary``'s for such a run (``exits.UNREADABLE``)."""
+
+
 class WrongKindError(TargetError):
     """The target is not what it must be: a file where a run directory should be, a
     directory, FIFO, device or dangling link where ``metrics.jsonl`` or ``run.json``
