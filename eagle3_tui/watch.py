@@ -38,7 +38,7 @@ from eagle3_tui.following import (
     label_of,
     pinned,
 )
-from eagle3_tui.model.health import current_process
+from eagle3_tui.model.health import current_process, stop_requested
 from eagle3_tui.model.snapshot import Snapshot
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import ENDED, WORST_FIRST
@@ -71,6 +71,10 @@ class Verdict:
     """An observed run's own handler or backend, when it has one."""
     link_down_since: float | None = None
     leftovers: bool = False
+    resumable: bool = True
+    """Whether a resume has a checkpoint to continue from, as the records tell: a
+    complete numbered save, or a stop at a step boundary's (a kill numbers it). Not a
+    signal's ``interrupted/`` alone, which speculators does not resume from."""
 
 
 def verdict_of(snap: Snapshot, state: RunState) -> Verdict:
@@ -98,7 +102,17 @@ def verdict_of(snap: Snapshot, state: RunState) -> Verdict:
         handler=observed.handler if observed is not None else None,
         link_down_since=snap.diagnosis.link_down_since,
         leftovers=any(not x.gone for x in snap.leftovers),
+        resumable=observed is not None or _resumable(snap, state),
     )
+
+
+def _resumable(snap: Snapshot, state: RunState) -> bool:
+    for c in snap.checkpoints:
+        numbered = os.path.basename(c.path.rstrip("/")).isdigit()
+        if numbered and c.event in ("save_finished", "completed") and c.complete is not False:
+            return True
+    saved_at_stop = any(c.event == "interrupted" for c in snap.checkpoints)
+    return saved_at_stop and stop_requested(state)
 
 
 @dataclass
@@ -209,6 +223,8 @@ def action(kind: str, run: str, v: Verdict, ssh_args: Sequence[str]) -> str | No
     if kind in ("stalled", "diverged") or (kind == "dead" and v.leftovers):
         return f"eagle3-tui kill {by_pid}{opts}"
     if kind in ("dead", "stopped"):
+        if not v.resumable:  # nothing to continue from: resume would be refused
+            return f"eagle3-tui summary {by_pid}{opts}"
         return f"eagle3-tui resume {by_pid}{opts}"
     if kind == "finished":
         return f"eagle3-tui summary {by_pid}{opts}"

@@ -125,6 +125,38 @@ def test_each_alert_names_the_command_that_acts() -> None:
     assert action("dead", run, v("dead"), []) == f"eagle3-tui resume {quoted}"
     assert action("stopped", run, v("stopped"), []) == f"eagle3-tui resume {quoted}"
     assert action("finished", run, v("finished"), []) == f"eagle3-tui summary {quoted}"
+    # nothing to continue from (a signal's interrupted/ only): no resume that is refused
+    nothing = v("stopped", resumable=False)
+    assert action("stopped", run, nothing, []) == f"eagle3-tui summary {quoted}"
+
+
+def test_a_run_is_resumable_from_a_numbered_save_or_its_stops_save_only() -> None:
+    """The stopped alert of a run with no numbered checkpoint said ``eagle3-tui resume``,
+    which was refused ("no numbered checkpoint"): a signal's ``interrupted/`` is not
+    resumed from; a stop at a step boundary's is (the kill numbers it)."""
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+    from eagle3_tui.watch import verdict_of
+    from tests.records import Lines
+
+    def resumable(*extra: bytes) -> bool:
+        lines = Lines()
+        data = lines.event("start", pid=1, global_step=0)
+        data += b"".join(lines.train(s, 1.0) for s in range(5))
+        data += b"".join(extra) + lines.event("interrupt", step=5)
+        run = Run()
+        run.feed(0, data)
+        return verdict_of(build_snapshot(run.state, lines.ts, ViewParams()), run.state).resumable
+
+    def one(writer: str) -> Lines:  # each line a writer of its own (its own seq)
+        return Lines(writer=writer, t0=2_000_000.0)
+
+    saved = one("sidecar").ckpt("interrupted", "/c/interrupted", complete=True)
+    assert not resumable(saved)  # a signal: speculators ignores interrupted/
+    stop = one("trainer").event("stop", request="r", pid=1, epoch=0, local_step=5, global_step=5)
+    assert resumable(stop, saved)
+    numbered = one("sidecar").ckpt("completed", "/c/0", epoch=0, complete=True)
+    assert resumable(numbered) and not resumable()
 
 
 # ---- destinations ---------------------------------------------------------------------

@@ -146,7 +146,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
         after = f"after step {count:,}" if count else "before its first step"
         if last.error:
             saved = f"({last.error.splitlines()[0][:120]})"
-        elif _stop_requested(state):  # a kill's stop: no signal; its save is converted
+        elif stop_requested(state):  # a kill's stop: no signal; its save is converted
             saved = "(stopped at a step boundary, as a kill asked)"
         else:
             saved = "(a signal); speculators saved checkpoints/interrupted/"
@@ -493,7 +493,7 @@ def _about(current: Event | None, pid: object) -> bool:
     return current is None or not isinstance(pid, int) or pid == current.pid
 
 
-def _stop_requested(state: RunState) -> bool:
+def stop_requested(state: RunState) -> bool:
     """Whether the current process recorded a stop at a step boundary (a kill's request,
     telemetry/stop.py) before it ended: no signal reached it, and the kill makes its
     save the numbered checkpoint a resume continues from (not ``interrupted/``)."""
