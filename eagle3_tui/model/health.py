@@ -150,9 +150,17 @@ def judge(state: RunState, now: float) -> Diagnosis:
             saved = "(stopped at a step boundary, as a kill asked)"
         else:
             saved = "(a signal); speculators saved checkpoints/interrupted/"
-        stopped = (
-            f"Interrupted {after} {saved}. Resume continues from the last numbered checkpoint."
+        numbered = any(
+            c.event in ("save_finished", "completed")
+            and c.complete is not False
+            and c.path.rstrip("/").rsplit("/", 1)[-1].isdigit()
+            for c in state.ckpt_events
         )
+        if numbered or stop_requested(state):  # (a stop's save: the kill numbers it)
+            then = "Resume continues from the last numbered checkpoint."
+        else:  # speculators resumes from no interrupted/: only from a numbered save
+            then = "No numbered checkpoint is in its records: a resume may start over."
+        stopped = f"Interrupted {after} {saved}. {then}"
         if diverged is not None:
             return Diagnosis(Health.DIVERGED, f"{stopped} Before that: {diverged}")
         return Diagnosis(Health.STOPPED, stopped)

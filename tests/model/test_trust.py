@@ -216,11 +216,17 @@ def test_a_stop_at_a_step_boundary_is_not_called_a_signal() -> None:
     assert d.health == Health.STOPPED, d.reason
     assert "(stopped at a step boundary, as a kill asked)" in d.reason, d.reason
     assert "signal" not in d.reason and "interrupted/" not in d.reason, d.reason
+    assert "Resume continues from the last numbered checkpoint." in d.reason, d.reason
     data += lines.event("resume", pid=2, global_step=22)
     data += b"".join(lines.train(s, 1.0) for s in range(22, 30))
     data += lines.event("interrupt", step=30)
     d = diagnose(state_of(data), lines.ts)
     assert "(a signal)" in d.reason and "step boundary" not in d.reason, d.reason
+    # a signal's interrupted/ is no checkpoint speculators resumes from: none numbered
+    assert "No numbered checkpoint is in its records" in d.reason, d.reason
+    saved = Lines(writer="side", t0=lines.ts).ckpt("completed", "/c/0", epoch=0, complete=True)
+    d = diagnose(state_of(data + saved), lines.ts)  # a numbered save in its records
+    assert "Resume continues from the last numbered checkpoint." in d.reason, d.reason
 
 
 def test_a_probe_of_the_trainer_before_a_resume_says_nothing_of_the_resumed_one() -> None:
