@@ -65,9 +65,28 @@ from eagle3_tui.transport.replies import KillReport, ResumeReport
 
 ENDED = (Health.FINISHED, Health.STOPPED)
 """A run its own records say ended: nothing of it left to stop."""
-ACTING = ("kill", "resume", "attach", "compare", "export", "narrower", "wider", "whole_run")
+ACTING = (
+    "kill",
+    "resume",
+    "attach",
+    "compare",
+    "export",
+    "narrower",
+    "wider",
+    "whole_run",
+    "log_scale",
+    "smoothing",
+)
 """The keys that can act only at times (on the run's host, its steps, the step window):
 each offered only where it can act."""
+PLOT_KEYS = {
+    "log_scale": "log scale: the comparison's plots are linear",
+    "smoothing": "smoothing: set on the run's plots; the comparison follows it",
+    "narrower": "step window: the comparison shows both runs whole",
+    "wider": "step window: the comparison shows both runs whole",
+    "whole_run": "step window: the comparison shows both runs whole",
+}
+"""The keys of the run's own plots (the comparison's are not theirs: they say so)."""
 HIDDEN_WHEN_REFUSED = ("attach", "export", "wider", "whole_run")
 """Left out of the footer (not dimmed) while they cannot act: ``a`` for a run that has
 telemetry, ``e`` before any step, ``]`` and ``0`` while the whole run is shown (the
@@ -299,6 +318,12 @@ class MonitorApp(App[None]):
         only while a step window is set, ``[`` until the narrowest."""
         if action not in ACTING or (action == "compare" and self.compare_pipeline is not None):
             return None
+        if action in PLOT_KEYS:
+            stack = self.screen_stack  # (empty while the app starts or ends: no screen)
+            if stack and isinstance(stack[-1], CompareScreen):  # its plots are not the run's
+                return f"{PLOT_KEYS[action]} (c: back to the run's plots)"
+            if action in ("log_scale", "smoothing"):
+                return None
         window = self.view.window
         if action in ("wider", "whole_run"):
             return None if window is not None else "the whole run is shown already"

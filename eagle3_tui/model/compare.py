@@ -233,9 +233,8 @@ def _lines(
 ) -> Line | None:
     if y is None or not len(x):
         return None
-    if view.window:
-        keep = x >= x[-1] - view.window
-        x, y = x[keep], y[keep]
+    # both runs whole: a step window of the run's own plots, cut from each run's own
+    # end, cut one run's line short of the other's (the monitor's [ is not offered here)
     if smooth and view.smoothing > 0:
         xs, ys = smoothed(x, y, view.smoothing, view.columns * 2)
     else:

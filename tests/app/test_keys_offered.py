@@ -349,3 +349,35 @@ def test_the_picker_never_offers_the_run_shown() -> None:
     bare = RunPicker(control, "/data/runs/r2/", None)  # no manifest yet: its spelling
     assert bare._is_current(RunEntry(run_dir="/data/runs/r2"))
     assert not bare._is_current(RunEntry(run_dir="/data/runs/r1"))
+
+
+async def test_the_run_plots_keys_on_the_comparison_say_they_are_not_its() -> None:
+    """On the comparison the footer offered ``l`` and ``s`` (nothing changed there) and
+    ``[`` (it cut this run's line only, from its own end). Dimmed there, each says why;
+    back on the run's plots they act again."""
+    _, previous = training(100)
+    app, _ = app_with(training(300)[1], control=FakeControl(alive=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step is not None, what="the run")
+        app._start_compare(ReplayTransport([previous], label="previous"))
+        app.push_screen(CompareScreen("previous"))
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compared")
+        await until(pilot, lambda: "l" in footer_keys(app), what="the comparison's footer")
+        keys = footer_keys(app)
+        assert keys.get("l") is False and keys.get("s") is False, keys
+        assert keys.get("left_square_bracket") is False, keys
+        log_scale = app.view.log_scale
+        await pilot.press("l")
+        await pilot.pause(0.1)
+        assert any("the comparison's plots are linear" in m for m in said(app)), said(app)
+        assert app.view.log_scale == log_scale
+        await pilot.press("left_square_bracket")
+        await pilot.pause(0.1)
+        assert any("the comparison shows both runs whole" in m for m in said(app)), said(app)
+        assert app.view.window is None
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, CompareScreen), what="back")
+        await until(pilot, lambda: footer_keys(app).get("l") is True, what="l offered again")
+        await pilot.press("l")
+        await pilot.pause(0.1)
+        assert app.view.log_scale != log_scale
