@@ -101,7 +101,8 @@ def test_a_kill_stops_at_a_step_boundary_and_the_resume_redoes_nothing(tmp_path:
         assert moved.parent == ckpt and moved.name.startswith("0.before-stop-")
         assert json.loads((moved / "training_state.json").read_text())["local_step"] == 12
         redo = {k: stop["redo"][k] for k in ("checkpoint_step", "steps", "exact", "last_step")}
-        assert redo == {"checkpoint_step": g, "steps": 0, "exact": True, "last_step": g - 1}
+        # (--json: last_step counts from 1, as shown: the g-th step)
+        assert redo == {"checkpoint_step": g, "steps": 0, "exact": True, "last_step": g}
         events = _events(run_dir)
         stopped = next(e for e in events if e["event"] == "stop")
         assert (stopped["step"], stopped["global_step"]) == (g - 1, g)
@@ -170,4 +171,4 @@ def test_a_telemetry_that_does_not_offer_the_stop_is_never_asked(tmp_path: Path)
         assert stop["how"] == "sigterm" and "older eagle3-tui" in stop["reason"], report
         assert stop["waited_s"] == 0.0 and report["signalled_trainer"]
         assert not (run_dir / "stop-state.json").exists()
-        assert stop["redo"]["steps"] == stop["redo"]["last_step"] + 1  # no checkpoint yet
+        assert stop["redo"]["steps"] == stop["redo"]["last_step"]  # no checkpoint: all of them
