@@ -38,7 +38,7 @@ from eagle3_tui.following import (
     label_of,
     pinned,
 )
-from eagle3_tui.model.health import current_process, stop_requested
+from eagle3_tui.model.health import current_process, numbered_checkpoint, stop_requested
 from eagle3_tui.model.snapshot import Snapshot
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import ENDED, WORST_FIRST
@@ -107,10 +107,8 @@ def verdict_of(snap: Snapshot, state: RunState) -> Verdict:
 
 
 def _resumable(snap: Snapshot, state: RunState) -> bool:
-    for c in snap.checkpoints:
-        numbered = os.path.basename(c.path.rstrip("/")).isdigit()
-        if numbered and c.event in ("save_finished", "completed") and c.complete is not False:
-            return True
+    if numbered_checkpoint(state):
+        return True
     saved_at_stop = any(c.event == "interrupted" for c in snap.checkpoints)
     return saved_at_stop and stop_requested(state)
 

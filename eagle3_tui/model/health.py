@@ -150,13 +150,8 @@ def judge(state: RunState, now: float) -> Diagnosis:
             saved = "(stopped at a step boundary, as a kill asked)"
         else:
             saved = "(a signal); speculators saved checkpoints/interrupted/"
-        numbered = any(
-            c.event in ("save_finished", "completed")
-            and c.complete is not False
-            and c.path.rstrip("/").rsplit("/", 1)[-1].isdigit()
-            for c in state.ckpt_events
-        )
-        if numbered or stop_requested(state):  # (a stop's save: the kill numbers it)
+        # a stop's save counts too: the kill makes it a numbered checkpoint
+        if numbered_checkpoint(state) or stop_requested(state):
             then = "Resume continues from the last numbered checkpoint."
         else:  # speculators resumes from no interrupted/: only from a numbered save
             then = "No numbered checkpoint is in its records: a resume may start over."
@@ -499,6 +494,17 @@ def _about(current: Event | None, pid: object) -> bool:
     """Whether evidence naming ``pid`` (a probe's manifest, a sidecar's trainer) may be
     of the current trainer: it is, or either is unknown."""
     return current is None or not isinstance(pid, int) or pid == current.pid
+
+
+def numbered_checkpoint(state: RunState) -> bool:
+    """Whether the records show a complete numbered save (``checkpoints/N``): what
+    speculators resumes from (never ``interrupted/``)."""
+    return any(
+        c.event in ("save_finished", "completed")
+        and c.complete is not False
+        and c.path.rstrip("/").rsplit("/", 1)[-1].isdigit()
+        for c in state.ckpt_events
+    )
 
 
 def stop_requested(state: RunState) -> bool:
