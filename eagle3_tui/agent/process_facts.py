@@ -285,6 +285,10 @@ def speculators_layout(path: str) -> bool:
     return False
 
 
+MAX_COMMAND_DIRS = 64
+"""Of a command line, the arguments looked at as directories that may hold checkpoints."""
+
+
 def find_checkpoint_dir(
     cwd: str | None, limit: int = 400, command: list[str] | None = None
 ) -> str | None:
@@ -295,7 +299,7 @@ def find_checkpoint_dir(
         return None
     seen = 0
     todo = [(cwd, 0)]
-    for arg in command or []:
+    for arg in (command or [])[:MAX_COMMAND_DIRS]:  # (another user's argv: bounded)
         value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
         if not value or value.startswith("-") or len(value) > 4096:
             continue
