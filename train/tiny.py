@@ -77,9 +77,10 @@ def _hang_hook(step: int) -> Any:
 
 def _debug_control_hook(path: str, rank: int) -> Any:
     """A forward pre-hook that reads ``path`` (tests): a line ``hang R`` blocks rank R's
-    training loop for good, ``ignore_sigterm R`` makes rank R ignore SIGTERM (after
-    speculators installed its handler), as a rank wedged in a C call would, ``nan R``
-    fills rank R's weights with NaN (its loss diverges)."""
+    training loop for good, ``hang_val R`` its next validation forward, ``ignore_sigterm
+    R`` makes rank R ignore SIGTERM (after speculators installed its handler), as a rank
+    wedged in a C call would, ``nan R`` fills rank R's weights with NaN (its loss
+    diverges)."""
     import signal
     import threading
 
@@ -87,8 +88,6 @@ def _debug_control_hook(path: str, rank: int) -> Any:
     done: set[str] = set()
 
     def hook(module: Any, *_inputs: Any) -> None:
-        if not module.training:
-            return
         try:
             lines = Path(path).read_text().splitlines()
         except OSError:
@@ -97,6 +96,12 @@ def _debug_control_hook(path: str, rank: int) -> Any:
             what, _, who = line.partition(" ")
             if who.strip() != str(rank) or what in done:
                 continue
+            if (what == "hang_val") == module.training:
+                continue  # hang_val: in a validation (eval mode) only; the rest in training
+            if what == "hang_val":
+                done.add(what)
+                print(f"[eagle3] debug: rank {rank} validation blocks forever now", flush=True)
+                forever.wait()
             done.add(what)
             if what == "ignore_sigterm":
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)

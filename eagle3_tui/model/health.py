@@ -27,9 +27,10 @@ written meanwhile has been read, the clock runs again.
 ``quiet_limit = max(30 s, 5 × the mean time between logged steps)``: a run that
 logged no metric for longer than that is *silent* if its process works (GPU busy,
 data being read, checkpoints growing) and *stalled* if nothing moves. A checkpoint
-save or a validation epoch in progress is neither. Each process start (``start``,
-``resume``) has a start-up allowance before its first step instead:
-``max(90 s, 3 × the longest start-up this run had before)``. A non-finite loss,
+save or a validation epoch in progress is neither, unless a validation hangs: long
+past its run's earlier ones, the trainer's CPU time, reads and GPUs still for 2 min.
+Each process start (``start``, ``resume``) has a start-up allowance before its first
+step instead: ``max(90 s, 3 × the longest start-up this run had before)``. A non-finite loss,
 or a loss far above its smoothed value, is *diverged*, also after the run ended.
 No record of any kind for that long while the host reports no room on the run's
 filesystem (``model/files.py``: under 1 MiB, or read-only) is *disk full*, before
@@ -105,6 +106,16 @@ def _nonfinite_since(state: RunState) -> int | None:
     if first >= len(state.table.steps):
         return None
     return step_number(state.table.steps[first])
+
+
+HUNG_MIN_S = 300.0
+"""A validation is never called hung before this long (see :func:`_activity_hung`)."""
+HUNG_FACTOR = 3.0
+"""Nor before this many times the run's longest earlier validation."""
+HUNG_IDLE_S = 120.0
+"""How long nothing of it must have moved."""
+HUNG_CPU_SHARE = 0.05
+"""The trainer's CPU use that counts as nothing: its telemetry's own threads use some."""
 
 
 def diagnose(state: RunState, now: float) -> Diagnosis:
@@ -223,6 +234,9 @@ def judge(state: RunState, now: float) -> Diagnosis:
     if state.activity is not None:
         what = state.activity
         label = "Saving a checkpoint" if what.what == "saving" else "Validating"
+        hung = _activity_hung(state, now, current, hb_at, label)
+        if hung is not None:
+            return hung
         return Diagnosis(
             Health.RUNNING,
             f"{label} ({what.detail}) for {ago(now - what.since)}; metrics resume after it.",
@@ -479,6 +493,62 @@ def _held(
                 f"until it is continued (kill -CONT {pid}, or the debugger lets go).",
             )
     return None
+
+
+def _activity_hung(
+    state: RunState, now: float, current: Event | None, hb_at: float | None, label: str
+) -> Diagnosis | None:
+    """STALLED where a validation has gone on for at least :data:`HUNG_MIN_S` and
+    :data:`HUNG_FACTOR` times the longest earlier one, and for the last
+    :data:`HUNG_IDLE_S` nothing of it moved, each by evidence that reached us: the
+    trainer's CPU time (its sidecar's fresh heartbeats, back to the window's start) grew
+    less than :data:`HUNG_CPU_SHARE` of a core, no data was read (the io sampler's
+    samples in the window), no checkpoint event, and the GPUs, where they are read, were
+    idle. A slow validation computes, reads or waits on a busy GPU (a collective
+    waiting for another rank spins its GPU); a hung one does none of it. A save is never
+    called hung here: a slow filesystem's flush leaves all of these still. None
+    otherwise."""
+    what = state.activity
+    if what is None or what.what != "validating" or current is None or hb_at is None:
+        return None
+    if now - hb_at > HEARTBEAT_DEAD_S:
+        return None
+    took = now - what.since
+    before = state.activity_took.get(what.what)
+    if took < HUNG_MIN_S or (before is not None and took < HUNG_FACTOR * before):
+        return None
+    since = now - HUNG_IDLE_S  # within the validation: HUNG_MIN_S is longer
+    pid = current.pid
+    used = state.samplers.cpu_used(pid, since) if isinstance(pid, int) else None
+    if used is None:
+        return None
+    cpu, from_ts = used
+    span = (hb_at or now) - from_ts
+    if span < HUNG_IDLE_S * 0.9 or cpu > HUNG_CPU_SHARE * span:
+        return None
+    ev = evidence(state, now, HUNG_IDLE_S)
+    if not ev.reads_known or ev.reading or ev.saving or ev.gpu_busy:
+        return None
+    signs = [f"the trainer (pid {pid}) used {cpu:.1f} s of CPU"]
+    if ev.gpu_known:
+        util = f"{ev.gpu_util:.0f}%" if ev.gpu_util is not None else "no readings"
+        signs.append(f"GPUs idle ({util})")
+    signs.append("no data read")
+    longest = f" (the longest before it took {ago(before)})" if before is not None else ""
+    hb = state.samplers.heartbeat
+    age = hb.stats_age_s if hb is not None else None
+    if age is not None and math.isfinite(age) and age > MIN_QUIET_S:
+        why = (
+            f"the trainer's Python has not run for {ago(age)} (its writer thread is silent "
+            "too): it is stuck in a C call, a collective, or holding the GIL."
+        )
+    else:
+        why = "the validation looks hung (a dataloader deadlock, or a lock never released)."
+    return Diagnosis(
+        Health.STALLED,
+        f"{label} ({what.detail}) for {ago(took)}{longest}, and nothing moved in the last "
+        f"{ago(HUNG_IDLE_S)}: {', '.join(signs)}{_stuck_clause(state)}; {why}",
+    )
 
 
 def current_process(state: RunState) -> Event | None:

@@ -12,6 +12,7 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from eagle3_tui.model.samples import GPU_HISTORY, IO_HISTORY, SAMPLES_KEPT
 from eagle3_tui.model.stack import StackSample
 
 RECENT_FILES = 50
+CPU_PIDS = 8
+"""Trainers (by pid) whose CPU time is kept: the current one and a few before it."""
+CPU_POINTS = 900
+"""Heartbeats a trainer's CPU time is kept for (15 min at one a second)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,9 @@ class Samplers:
     finds that trainer held in a stop (process state ``T``, ``t``: SIGSTOP, Ctrl-Z, a
     debugger); gone once one finds it otherwise. Of applied heartbeats: after a catch-up
     that kept only the newest, no earlier than that one (never longer than seen)."""
+    cpu_seen: dict[int, deque[tuple[float, float]]] = field(default_factory=dict)
+    """By trainer pid: (time, CPU seconds) of the trainer as its sidecar's heartbeats
+    said, the newest :data:`CPU_POINTS`: whether it has run at all over a while."""
     stack: StackSample | None = None
     """The trainer's main thread when its steps last stopped (a ``stack`` record)."""
     pending: dict[str, deque[Record | Deferred]] = field(
@@ -130,6 +138,33 @@ class Samplers:
             self.held_since.setdefault(pid, rec.ts)
         else:
             self.held_since.pop(pid, None)
+        cpu = trainer.get("cpu_s")
+        if not isinstance(cpu, int | float) or isinstance(cpu, bool) or rec.ts is None:
+            return
+        if math.isfinite(cpu) and cpu >= 0:
+            seen = self.cpu_seen.get(pid)
+            if seen is None:
+                if len(self.cpu_seen) >= CPU_PIDS:  # a run of many resumes: the oldest go
+                    del self.cpu_seen[next(iter(self.cpu_seen))]
+                seen = self.cpu_seen[pid] = deque(maxlen=CPU_POINTS)
+            if not seen or rec.ts > seen[-1][0]:
+                seen.append((rec.ts, float(cpu)))
+
+    def cpu_used(self, pid: int, since: float) -> tuple[float, float] | None:
+        """The CPU seconds trainer ``pid`` used from its last heartbeat at or before
+        ``since`` to its newest, and that span's start; None where its heartbeats do not
+        reach back to ``since``."""
+        seen = self.cpu_seen.get(pid)
+        if not seen or seen[0][0] > since:
+            return None
+        before = None
+        for ts, cpu in reversed(seen):
+            if ts <= since:
+                before = (ts, cpu)
+                break
+        if before is None:
+            return None
+        return seen[-1][1] - before[1], before[0]
 
     def _apply_gpu(self, rec: Record) -> str | None:
         try:

@@ -131,6 +131,9 @@ class RunState:
     """The furthest point a checkpoint saved since the trainer started says the run
     reached (its ``training_state.json``): progress between epoch bars without telemetry."""
     activity: Activity | None = None
+    activity_took: dict[str, float] = field(default_factory=dict)
+    """By kind (``validating``, ``saving``): the longest such activity that ended, in
+    seconds (a validation far longer than any before it, with nothing moving, is hung)."""
     # process starts: the start-up of each, learned for the next
     startups: list[float] = field(default_factory=list)
     """Seconds from each earlier process start (start, resume) to its first logged step."""
@@ -289,7 +292,11 @@ class RunState:
 
     def _close(self, kinds: tuple[str, ...], ts: float) -> None:
         """Something that ends these activities happened at ``ts``."""
-        if self.activity is not None and self.activity.what in kinds and self.activity.since <= ts:
+        what = self.activity
+        if what is not None and what.what in kinds and what.since <= ts:
+            took = ts - what.since
+            if math.isfinite(took) and took > self.activity_took.get(what.what, 0.0):
+                self.activity_took[what.what] = took
             self.activity = None
 
     def _note_train(self, rec: Record | TrainStep, first_ts: float | None = None) -> None:

@@ -532,3 +532,101 @@ def test_a_trainer_held_stopped_is_stalled_and_said_so(during: str) -> None:
     going = held + beat(held_from + 46, "R")
     d = diagnose(state_of(going), held_from + 46.5)
     assert "held stopped" not in d.reason, d.reason
+
+
+def _validating(
+    seconds: int,
+    *,
+    cpu_per_s: float = 0.01,
+    reads: float | None = 0.0,
+    util: float | None = None,
+    earlier: float | None = None,
+) -> tuple[bytes, float]:
+    """A run that trained 20 steps (and, ``earlier``, validated once for that long and
+    trained 20 more), then began a validation that went on ``seconds``: each second its
+    sidecar's heartbeat (the trainer's CPU time growing ``cpu_per_s``), an io sample
+    (``reads`` bytes; None: no io sampler) and, ``util``, a GPU sample. Returns the lines
+    and the last second's time."""
+    rank0 = Lines(writer="rank0", t0=T0, dt=0.0)
+    side = Lines(writer="side", t0=T0, dt=0.0)
+    data = rank0.event("start", pid=7, global_step=0)
+    t, cpu = T0, 0.0
+
+    def second(at: float, cpu: float) -> bytes:
+        trainer = {"pid": 7, "alive": True, "state": "S", "cpu_s": round(cpu, 2)}
+        out = side.at(at).make("heartbeat", written=1, dropped=0, bytes=0, trainer=trainer)
+        if reads is not None:
+            out += side.at(at).io(reads)
+        if util is not None:
+            out += side.at(at).gpu(util)
+        return out
+
+    def steps(first: int) -> bytes:
+        nonlocal t, cpu
+        out = b""
+        for s in range(first, first + 20):
+            t += 1.0
+            cpu += 1.0
+            out += rank0.at(t).train(s, 1.0) + second(t, cpu)
+        return out
+
+    data += steps(0)
+    if earlier is not None:
+        data += rank0.at(t + 0.5).log("Validation epoch 1/30 started")
+        t += earlier
+        data += rank0.at(t).log("Validation epoch 1/30 completed")
+        data += steps(20)
+    data += rank0.at(t + 0.5).log("Validation epoch 2/30 started")
+    t += 0.5
+    for _ in range(seconds):
+        t += 1.0
+        cpu += cpu_per_s
+        data += second(t, cpu)
+    return data, t
+
+
+def test_a_validation_that_hangs_is_stalled_and_says_what_stood_still() -> None:
+    """A validation that hangs (a deadlock: the trainer's CPU flat, nothing read, the
+    GPUs idle) stayed RUNNING "Validating ... metrics resume after it" for as long as it
+    hung. After 5 min, and 2 min of nothing moving, it is STALLED, saying each thing
+    that stood still; a slow one (computing, reading, its GPU busy) is never so."""
+    data, t = _validating(290, util=0.0)
+    d = diagnose(state_of(data), t)
+    assert d.health == Health.RUNNING and d.reason.startswith("Validating"), d.reason
+    data, t = _validating(310, util=0.0)
+    d = diagnose(state_of(data), t)
+    assert d.health == Health.STALLED, d.reason
+    assert d.reason.startswith("Validating (epoch 2/30) for 5 min"), d.reason
+    assert "nothing moved in the last 2 min" in d.reason, d.reason
+    m = re.search(r"the trainer \(pid 7\) used ([\d.]+) s of CPU", d.reason)
+    assert m is not None and float(m.group(1)) == pytest.approx(1.2, abs=0.05), d.reason
+    assert "GPUs idle (0%)" in d.reason and "no data read" in d.reason, d.reason
+    # a slow validation, each way it shows it works: never stalled
+    for busy in (
+        {"cpu_per_s": 0.9, "util": 0.0},  # it computes (on the CPU)
+        {"reads": 4e6, "util": 0.0},  # it reads its data
+        {"util": 95.0},  # its GPU works (or a collective spins it)
+        {"reads": None},  # no io sampler: whether it reads is not known
+    ):
+        data, t = _validating(400, **busy)
+        d = diagnose(state_of(data), t)
+        assert d.health == Health.RUNNING, (busy, d.reason)
+    # without GPU readings (a CPU run) the clause is left out, not made up
+    data, t = _validating(310)
+    d = diagnose(state_of(data), t)
+    assert d.health == Health.STALLED and "GPU" not in d.reason, d.reason
+
+
+def test_a_validation_is_hung_only_well_past_the_longest_before_it() -> None:
+    """The run's earlier validation took 200 s: this one is not hung before 3x that,
+    and then says what the longest before it took; stale heartbeats say nothing."""
+    data, t = _validating(500, earlier=200.0)
+    d = diagnose(state_of(data), t)
+    assert d.health == Health.RUNNING, d.reason
+    data, t = _validating(610, earlier=200.0)
+    d = diagnose(state_of(data), t)
+    assert d.health == Health.STALLED, d.reason
+    assert "(the longest before it took 3 min)" in d.reason, d.reason
+    # its sidecar's heartbeats stopped 40 s ago: nothing reached us of the last 40 s
+    d = diagnose(state_of(data), t + 40)
+    assert d.health != Health.STALLED or "Validating" not in d.reason, d.reason
