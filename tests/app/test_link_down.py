@@ -1,9 +1,12 @@
 """While the link is down, the header and the banner say so, with the last known health
-and step, and no alarm comes from the client's clock alone (issue 13, item 1)."""
+and step, and no alarm comes from the client's clock alone (issue 13, item 1); the GPU
+and data panels say their figures are the last that arrived."""
 
 from __future__ import annotations
 
+from eagle3_tui.app.text import clock_time
 from eagle3_tui.app.widgets.header import HealthBanner, RunHeader
+from eagle3_tui.app.widgets.panels import DataPanel, GpuPanel
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
 from tests.app.conftest import text_of, training
@@ -28,6 +31,13 @@ async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
         shown = text_of(banner)
         assert "LINK DOWN" in shown and "link to the host is down" in shown
         assert "connection refused" in shown and "Last known: running at step 120" in shown
+        # the GPU and data panels kept the last samples: they say so, and when
+        gpu, io = app.query_one(GpuPanel), app.query_one(DataPanel)
+        down = app.pipeline.run.link_down_since
+        assert down is not None
+        sampled = clock_time(app.snapshot.gpus_at or 0.0)
+        assert gpu.border_subtitle == f"link down; sampled {sampled}", gpu.border_subtitle
+        assert io.border_subtitle == f"link down since {clock_time(down)}; the last read"
         # back, and what was written meanwhile read: judged again
         more = b"".join(lines.train(s, 0.5) for s in range(120, 130))
         sent = len(data)
@@ -36,3 +46,4 @@ async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
         now[0] = lines.ts + 1.0
         await until(pilot, lambda: "RUNNING" in text_of(header), what="running again")
         assert "step 130" in text_of(header) and not banner.display
+        assert not gpu.border_subtitle and not io.border_subtitle

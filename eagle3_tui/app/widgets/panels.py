@@ -572,8 +572,16 @@ class GpuPanel(Panel):
         return (snap.gpu_status, snap.gpu_error, snap.gpus)
 
     def watch_snapshot(self, snap: Snapshot) -> None:
-        at = snap.gpus_at if snap.gpus and snap.progress.ended_at is not None else None
-        note = "" if at is None else f"the run ended; sampled {clock_time(at)}"
+        at = snap.gpus_at if snap.gpus else None
+        down = snap.diagnosis.link_down_since
+        if at is None:
+            note = ""
+        elif snap.progress.ended_at is not None:
+            note = f"the run ended; sampled {clock_time(at)}"
+        elif down is not None:  # nothing can arrive: these are the last that did
+            note = f"link down; sampled {clock_time(at)}"
+        else:
+            note = ""
         if note != (self.border_subtitle or ""):  # a border set repaints, same or not
             self.border_subtitle = note
         super().watch_snapshot(snap)
@@ -631,6 +639,12 @@ class DataPanel(Panel):
         title = "data · processes" if snap.observed is not None else "data"
         if title != self.border_title:
             self.border_title = title
+        down = snap.diagnosis.link_down_since
+        live = snap.io is not None and snap.progress.ended_at is None
+        # nothing can arrive while the link is down: the rates are the last that did
+        note = f"link down since {clock_time(down)}; the last read" if down and live else ""
+        if note != (self.border_subtitle or ""):
+            self.border_subtitle = note
         super().watch_snapshot(snap)
 
     def _tree_rows(self, members: tuple[Member, ...], io: IoView | None) -> list[Text]:
