@@ -268,9 +268,9 @@ def key_values(text: str) -> list[tuple[str, Any]] | None:
 class KeyValueBlock:
     """One metric dict as the library's CLI prints it, over the lines rich wraps it in:
     opened by a line whose message starts with ``train/…=`` or ``val/…=`` (after a
-    level, a time, a logger), continued by indented lines of ``key=value`` only,
-    ended by its last key (``global_step`` for a train dict, ``epoch`` for a val
-    dict) or by any other line."""
+    level, a time, a logger), continued by indented lines of ``key=value`` only (other
+    lines may come between: another rank's), ended by its last key (``global_step`` for
+    a train dict, ``epoch`` for a val dict); one that a new dict cuts short is dropped."""
 
     def __init__(self) -> None:
         self.pairs: list[tuple[str, Any]] = []
@@ -331,12 +331,16 @@ class LineParser:
         if not line.strip():
             return []
         out: list[Parsed] = []
-        if self.block.kind is not None:
-            if self.block.more(line):
-                return self.block.take() if self.block.complete() else []
-            out.extend(self.block.take())  # cut short by another line: what it had
+        if self.block.kind is not None and not self.key_values:
+            self.block = KeyValueBlock()  # the metrics come from a file of their own now
+        if self.block.kind is not None and self.block.more(line):
+            return self.block.take() if self.block.complete() else []
+        # Any other line inside a printed dict (another rank's, a warning) is its own; the
+        # dict goes on after it. A dict is a record only whole: one cut short (a new dict
+        # began, the process ended) lacks its last keys, its step among them, and would
+        # read as a step of its own without them.
         if self.key_values and self.block.start(line):
-            return out + (self.block.take() if self.block.complete() else [])
+            return self.block.take() if self.block.complete() else []
         metrics = metric_dict(line)
         if metrics is not None:
             return [*out, self._metrics(metrics, line)]

@@ -112,12 +112,26 @@ def test_metric_dicts_as_the_librarys_cli_prints_them_become_records() -> None:
     assert val == {"val": {"loss_0_epoch": 0.021, "full_acc_0_epoch": 0.0, "loss_epoch": 0.064},
                    "epoch": 0}  # fmt: skip
     assert out[2][1]["msg"].endswith("Validation epoch 1/1 completed                trainer.py:756")
-    # one line (a plain formatter), and a dict cut short by another line: what it had
+    # one line (a plain formatter)
     plain = "INFO:speculators.metrics:train/loss=nan, train/full_acc_0=0.5, epoch=2, global_step=7"
     [(kind, payload, _)] = p.parse(plain)
     assert (kind, payload["step"], payload["train"]["loss"]) == ("train", 7, "NaN")
-    cut = p.parse(CLI_TRAIN.splitlines()[0]) + p.parse("Traceback (most recent call last):")
-    assert [k for k, _, _ in cut] == ["train", "log"] and "step" not in cut[0][1]
+    # another process's lines inside a printed dict (torchrun's ranks share the log): they
+    # are theirs, and the dict goes on after them, whole. A dict cut short (a new one
+    # began) was a record of its own, without its loss and step: it read as one more step
+    # (the loss null at it), and the dict after it as that step done again. Never now.
+    lines = CLI_TRAIN.splitlines()
+    foreign = "[rank1]:[W1207 10:01:02] UserWarning: something"
+    out = [r for line in (*lines[:3], foreign, *lines[3:]) for r in p.parse(line)]
+    assert [k for k, _, _ in out] == ["log", "train"], out
+    assert out[1][1]["step"] == 1 and out[1][1]["train"]["loss"] == 0.075
+    cut = [r for line in (*lines[:4], *lines) for r in p.parse(line)]
+    assert [(k, d["step"]) for k, d, _ in cut] == [("train", 1)], cut
+    # a dict under way when the metrics begin to come from a file of their own: dropped
+    p.parse(lines[0])
+    p.key_values = False
+    assert {k for line in lines[1:] for k, _, _ in p.parse(line)} == {"log"}
+    p.key_values = True
     # not metrics: a key=value line of another kind, a line after words, off when told
     assert p.parse("INFO     lr=0.001, warmup=10")[0][0] == "log"
     assert p.parse("INFO     the loss train/loss=0.5 is fine")[0][0] == "log"
