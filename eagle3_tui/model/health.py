@@ -30,8 +30,8 @@ data being read, checkpoints growing) and *stalled* if nothing moves. A checkpoi
 save or a validation epoch in progress is neither, unless a validation hangs: long
 past its run's earlier ones, the trainer's CPU time, reads and GPUs still for 2 min.
 Each process start (``start``, ``resume``) has a start-up allowance before its first
-step instead: ``max(90 s, 3 × the longest start-up this run had before)``. A non-finite loss,
-or a loss far above its smoothed value, is *diverged*, also after the run ended.
+step instead: ``max(90 s, 3 × the longest start-up this run had before)``. A
+non-finite loss, or a loss far above its smoothed value, is *diverged*, also after the run ended.
 No record of any kind for that long while the host reports no room on the run's
 filesystem (``model/files.py``: under 1 MiB, or read-only) is *disk full*, before
 silent or stalled: the writes fail, the trainer may train on; heartbeats that stop
@@ -529,7 +529,7 @@ def _activity_hung(
     ev = evidence(state, now, HUNG_IDLE_S)
     if not ev.reads_known or ev.reading or ev.saving or ev.gpu_busy:
         return None
-    signs = [f"the trainer (pid {pid}) used {cpu:.1f} s of CPU"]
+    signs = [f"the trainer (pid {pid}) used only {cpu:.1f} s of CPU"]
     if ev.gpu_known:
         util = f"{ev.gpu_util:.0f}%" if ev.gpu_util is not None else "no readings"
         signs.append(f"GPUs idle ({util})")
@@ -546,7 +546,7 @@ def _activity_hung(
         why = "the validation looks hung (a dataloader deadlock, or a lock never released)."
     return Diagnosis(
         Health.STALLED,
-        f"{label} ({what.detail}) for {ago(took)}{longest}, and nothing moved in the last "
+        f"{label} ({what.detail}) for {ago(took)}{longest}, standing still for the last "
         f"{ago(HUNG_IDLE_S)}: {', '.join(signs)}{_stuck_clause(state)}; {why}",
     )
 
