@@ -107,7 +107,13 @@ def test_a_kill_stops_at_a_step_boundary_and_the_resume_redoes_nothing(tmp_path:
         stopped = next(e for e in events if e["event"] == "stop")
         assert (stopped["step"], stopped["global_step"]) == (g - 1, g)
         assert events[-1]["event"] == "interrupt" and events[-1]["step"] == g
-        assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+        manifest = json.loads((run_dir / "run.json").read_text())
+        assert manifest["status"] == "interrupted"
+        # its save is named where the kill put it (its records say interrupted/)
+        [note] = manifest["stop_saves"]
+        assert (note["from"], note["path"]) == (str(ckpt / "interrupted"), str(ckpt / "0"))
+        told = json.loads(cli("summary", str(run_dir), "--json", env=env).stdout)
+        assert told["checkpoint"]["path"] == str(ckpt / "0"), told["checkpoint"]
         assert not (run_dir / "stop-request.json").exists()
         text = cli("kill", str(run_dir), env=env)  # nothing to stop: says so, plain text
         assert text.returncode == 0, text.stdout + text.stderr
@@ -126,6 +132,8 @@ def test_a_kill_stops_at_a_step_boundary_and_the_resume_redoes_nothing(tmp_path:
         wait_until(finished, 240, run.log)
     steps = _steps(run_dir)
     assert steps == list(range(2 * STEPS_PER_EPOCH)), steps  # every step once, in order
+    # the resumed trainer's manifest keeps the note
+    assert json.loads((run_dir / "run.json").read_text())["stop_saves"] == [note]
     summary = json.loads(cli("summary", str(run_dir), "--json", env=env).stdout)
     assert summary["redone_steps"] == [] and summary["global_step"] == 2 * STEPS_PER_EPOCH - 1
     assert _events(run_dir)[-1]["step"] == _events(undisturbed)[-1]["step"]

@@ -40,9 +40,10 @@ from eagle3_tui.agent.checkpoints import (
     stop_save_problems,
 )
 from eagle3_tui.agent.frames import emit
-from eagle3_tui.agent.names import EV_PROGRESS
+from eagle3_tui.agent.names import EV_PROGRESS, MANIFEST
 from eagle3_tui.agent.saving import is_stale, metrics_tail, save_in_progress
 from eagle3_tui.agent.userfiles import as_user
+from eagle3_tui.telemetry import manifest as mf
 from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.telemetry.safefs import read_bounded, write_atomic
 from eagle3_tui.telemetry.stop import STOP_VERSION, read_request
@@ -396,10 +397,27 @@ def after_stop(
                 )
             except OSError as e:
                 report["not_converted"] = [f"{ckpt}: {e}"]
+            else:
+                _note_stop_save(run_dir, str(ckpt / "interrupted"), report["checkpoint"])
     latest = latest_numbered(ckpt) if ckpt is not None else None
     metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
     report["redo"] = redo_from_records(metrics, checkpoint_info(latest) if latest else None)
     return report
+
+
+def _note_stop_save(run_dir: Path, saved: str, made: Any) -> None:
+    """The run's manifest says which numbered checkpoint its stop's save became (the
+    records name ``interrupted/``): as the manifest's owner. A manifest that cannot be
+    written changes nothing of the stop (the records keep the save's first name)."""
+    path = made.get("path") if isinstance(made, dict) else None
+    if not isinstance(path, str):
+        return
+    manifest = run_dir / MANIFEST
+    try:
+        uid, gid = owner_of(manifest)
+        as_user(uid, gid, mf.note_stop_save, str(manifest), saved, path)
+    except (OSError, ValueError):
+        pass
 
 
 def where_stopped(state: dict[str, Any]) -> dict[str, Any]:

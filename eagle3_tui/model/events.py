@@ -10,7 +10,7 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eagle3_tui.model.records import Record
 
@@ -63,6 +63,36 @@ class CkptEvent:
     @property
     def when(self) -> float:
         return self.at if self.at is not None else self.ts
+
+
+def renamed_saves(events: list[CkptEvent], notes: object) -> list[CkptEvent]:
+    """``events`` with each stop's save named as a kill renamed it: the manifest's
+    ``stop_saves`` (telemetry/manifest.py) say a save of ``from`` (its ``interrupted/``)
+    became the numbered checkpoint ``path``, at ``at``; a save of that name is renamed
+    by the first such note after it (a later stop saves ``interrupted/`` again). A
+    note is only believed of a checkpoint in the same directory, named by a number."""
+    moves: list[tuple[float, str, str]] = []
+    for note in notes if isinstance(notes, list) else ():
+        if not isinstance(note, dict):
+            continue
+        old, new, at = note.get("from"), note.get("path"), note.get("at")
+        if not (isinstance(old, str) and isinstance(new, str) and isinstance(at, float | int)):
+            continue
+        head, _, name = new.rstrip("/").rpartition("/")
+        if name.isdigit() and head == old.rstrip("/").rpartition("/")[0] and math.isfinite(at):
+            moves.append((float(at), old, new))
+    if not moves:
+        return events
+    moves.sort()
+    out = []
+    for e in events:
+        if e.event in ("save_finished", "interrupted"):
+            later = (new for at, old, new in moves if old == e.path and at >= e.when)
+            moved = next(later, None)
+            if moved is not None:
+                e = replace(e, path=moved)
+        out.append(e)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from eagle3_tui.model.derived import (
     tau_series,
 )
 from eagle3_tui.model.downsample import m4, m4_indices
-from eagle3_tui.model.events import CkptEvent, Event, LogLine, Redo
+from eagle3_tui.model.events import CkptEvent, Event, LogLine, Redo, renamed_saves
 from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
 from eagle3_tui.model.health import diagnose, ended_at
 from eagle3_tui.model.liveness import Leftover
@@ -49,6 +49,7 @@ from eagle3_tui.model.observed import Member, bar_progress
 from eagle3_tui.model.sampled import IoPoint
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import Diagnosis, Health
+from eagle3_tui.telemetry.manifest import STOP_SAVES
 
 F64 = npt.NDArray[np.float64]
 
@@ -693,7 +694,9 @@ def build_snapshot(
         gpus=_gpus(state, view) if cache is None else cache.gpus(state, view),
         gpus_at=state.samplers.last_gpu_ts,
         io=_io(state, view, ended is not None),
-        checkpoints=tuple(list(state.ckpt_events)[-50:]),
+        checkpoints=tuple(
+            renamed_saves(list(state.ckpt_events)[-50:], state.manifest.get(STOP_SAVES))
+        ),
         saving=saving,
         logs=tuple(list(state.logs)[-300:]),
         events=tuple(state.events[-50:]),

@@ -43,6 +43,12 @@ RESUME_ENV_FILE: Final = "resume-env.json"
 ``resume`` runs it in again (its manifest's ``resume_env_file``; mode 0600: it may hold
 tokens)."""
 
+STOP_SAVES: Final = "stop_saves"
+"""Each stop at a step boundary whose save a kill made a numbered checkpoint:
+``[{"from": ".../interrupted", "path": ".../checkpoints/N", "at": TIME}, ...]``, the
+newest :data:`STOP_SAVES_KEPT` (the save's records name ``interrupted/``, renamed since)."""
+STOP_SAVES_KEPT: Final = 20
+
 ENV_KEYS: Final = (
     "CUDA_VISIBLE_DEVICES",
     "RANK",
@@ -129,6 +135,21 @@ def update_manifest(path: Path, **fields: Any) -> dict[str, Any]:
     manifest["updated_at"] = time.time()
     write_manifest(path, manifest)
     return manifest
+
+
+def note_stop_save(path: str, saved: str, moved_to: str) -> None:
+    """Add to the manifest at ``path`` (a regular file, replaced atomically with its mode
+    kept) that the save ``saved`` is now ``moved_to`` (:data:`STOP_SAVES`). May raise
+    OSError or ValueError."""
+    p = Path(path)
+    mode = os.lstat(p).st_mode & 0o777
+    manifest = read_manifest(p)
+    notes = manifest.get(STOP_SAVES)
+    kept = [n for n in notes if isinstance(n, dict)] if isinstance(notes, list) else []
+    kept = kept[-(STOP_SAVES_KEPT - 1) :]
+    kept.append({"from": saved, "path": moved_to, "at": time.time()})
+    manifest[STOP_SAVES] = kept
+    write_manifest(p, manifest, mode)
 
 
 def launch_env(run_dir: Path) -> dict[str, str]:

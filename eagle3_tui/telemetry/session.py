@@ -730,6 +730,7 @@ _CARRIED = (
     "total_steps",
     "log_file",
     "resume_env_file",
+    mf.STOP_SAVES,
 )
 """What a resumed process keeps of the manifest before it when it cannot tell itself."""
 

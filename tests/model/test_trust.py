@@ -630,3 +630,37 @@ def test_a_validation_is_hung_only_well_past_the_longest_before_it() -> None:
     # its sidecar's heartbeats stopped 40 s ago: nothing reached us of the last 40 s
     d = diagnose(state_of(data), t + 40)
     assert d.health != Health.STALLED or "Validating" not in d.reason, d.reason
+
+
+def test_a_stops_save_is_named_as_the_kill_renamed_it() -> None:
+    """A kill's stop at a step boundary: speculators saves ``interrupted/`` and the kill
+    renames it to the numbered checkpoint it resumes from. ``summary`` and the progress
+    panel named ``checkpoints/interrupted`` (gone since); the manifest's ``stop_saves``
+    (which the kill writes) name it now. A note of a later stop, of another directory,
+    or not a numbered one renames nothing."""
+    rank0 = Lines(writer="rank0", t0=T0, dt=1.0)
+    root = "/runs/r/checkpoints"
+    data = rank0.event("start", pid=7, global_step=0)
+    data += b"".join(rank0.train(s, 1.0) for s in range(10))
+    data += rank0.ckpt("save_finished", f"{root}/interrupted", bytes=1e6, duration_s=1.0, epoch=0)
+    saved_at = rank0.ts
+    data += rank0.event("interrupt", step=10)
+
+    def shown(notes: object) -> str | None:
+        state = state_of(data)
+        state.set_manifest({"pid": 7, "stop_saves": notes})
+        path = summarize(state, saved_at + 60)["checkpoint"]["path"]
+        assert isinstance(path, str)
+        return path
+
+    assert shown(None) == f"{root}/interrupted"
+    note = {"from": f"{root}/interrupted", "path": f"{root}/0", "at": saved_at + 5}
+    assert shown([note]) == f"{root}/0"
+    for bad in (
+        {**note, "at": saved_at - 100},  # an earlier stop's
+        {**note, "path": "/elsewhere/0"},  # not beside it
+        {**note, "path": f"{root}/best"},  # no numbered checkpoint
+        {**note, "at": "soon"},
+    ):
+        assert shown([bad]) == f"{root}/interrupted", bad
+    assert shown("garbage") == f"{root}/interrupted"
