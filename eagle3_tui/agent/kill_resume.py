@@ -52,7 +52,7 @@ from eagle3_tui.agent.processes import sigterm_targets as _sigterm_targets
 from eagle3_tui.agent.restart import find as find_restart
 from eagle3_tui.agent.restart import record as record_restart
 from eagle3_tui.agent.restart import redo as steps_redone
-from eagle3_tui.agent.runs import read_manifest, resolve_run_dir
+from eagle3_tui.agent.runs import copy_of, read_manifest, resolve_run_dir
 from eagle3_tui.agent.saving import wait_for_save
 from eagle3_tui.agent.slurm import ended_job_of
 from eagle3_tui.agent.stopping import (
@@ -304,6 +304,14 @@ def _kill_subject(req: dict[str, Any]) -> tuple[dict[str, Any], Path, dict[str, 
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
+    first = copy_of(m, run_dir)
+    if first is not None:  # its manifest names that run's processes: never this copy's
+        raise AgentError(
+            ERR_REFUSED,
+            f"{run_dir} is a copy of the run in {first} (its manifest names that directory): "
+            f"the processes it names are that run's; nothing of it was touched (kill {first} "
+            "to stop that run)",
+        )
     owner = manifest_owner(run_dir)
     return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id"), "owner": owner}
 

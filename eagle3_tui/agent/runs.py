@@ -124,6 +124,24 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return obj
 
 
+def copy_of(m: dict[str, Any], run_dir: Path) -> Path | None:
+    """The run directory ``run_dir`` was copied from: its manifest names another
+    directory that exists and holds a manifest of the same run. The processes the
+    manifest names (its trainer, the run's marker in their environment) are that run's,
+    never this copy's. None: not a copy (a moved run directory, its first place gone, is
+    the run)."""
+    named = m.get("run_dir")
+    if not isinstance(named, str) or not named:
+        return None
+    try:
+        if os.path.samefile(named, run_dir):
+            return None
+        other = read_manifest(Path(named))
+    except (OSError, AgentError):
+        return None
+    return Path(named) if other.get("run_id") == m.get("run_id") else None
+
+
 def op_resolve(req: dict[str, Any]) -> int:
     """Which run directory a target means (the latest registered one when none is given)."""
     run_dir = resolve_run_dir(req.get("run_dir"))
@@ -215,12 +233,13 @@ def status_of(run_dir: str | None, plan: bool = False) -> dict[str, Any]:
     m = read_manifest(path)
     trainer, problem = verify_trainer(m)
     alive = trainer is not None and problem is None
+    copied = copy_of(m, path)  # its marked processes are the first run's, not its own
     return {
         "run_dir": str(path),
         "alive": alive,
         "problem": problem,
         "manifest": m,
-        "leftovers": [] if alive else leftovers(m),
+        "leftovers": [] if alive or copied is not None else leftovers(m),
         "processes": kill_plan(m, trainer) if plan and alive else [],
         "host": os.uname().nodename,
         "now": time.time(),

@@ -9,8 +9,11 @@ process with real telemetry: it logs speculators' own "Saving checkpoint to" and
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -356,3 +359,35 @@ def test_a_restart_without_a_checkpoint_directory_is_not_offered() -> None:
     said = "\n".join(restart_lines(found, 7))
     assert "resume --pid 7: relaunches it from its latest complete checkpoint in " in said
     assert "/data/exp7/checkpoints" in said, said
+
+
+async def test_a_copy_of_a_run_never_acts_on_the_runs_processes(tmp_path: Path) -> None:
+    """``cp -r run copy``: the copy's manifest names the run's trainer and its marker.
+    The copy's status listed the run's live processes as its own leftovers ("k ends
+    them") and ``kill copy`` signalled them. A copy now refuses the kill, saying whose
+    they are, and lists none; the run itself still finds its leftover."""
+    from eagle3_tui.agent.frames import AgentError
+    from eagle3_tui.agent.runs import status_of
+    from eagle3_tui.transport.base import TargetError
+
+    proc, run_dir = start(tmp_path, save_s=60.0)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # its worker outlives it
+        proc.wait(10)
+        copy = tmp_path / "copy"
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock"))
+        deadline = time.monotonic() + 30
+        while not [x for x in status_of(str(run_dir))["leftovers"] if x.get("pid")]:
+            assert time.monotonic() < deadline, status_of(str(run_dir))
+            await asyncio.sleep(0.2)
+        assert status_of(str(copy))["leftovers"] == []
+        with pytest.raises((TargetError, AgentError)) as caught:
+            await kill_run(LocalHost(), str(copy), 20.0)
+        assert f"is a copy of the run in {run_dir}" in str(caught.value)
+        assert status_of(str(run_dir))["leftovers"], "the run's worker was signalled"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its worker, in its session
