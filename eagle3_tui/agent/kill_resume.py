@@ -124,6 +124,7 @@ def op_kill(req: dict[str, Any]) -> int:
     if _wait_for_other_kill(run_dir):  # one kill signals; this one reports how it ended
         _report_joined(m, run_dir, base, members, before)
         return 0
+    _continue_held(members)
     launcher, targets = _sigterm_targets(members, trainer)
     save_wait = _wait_for_save(req, m, run_dir, targets if trainer is not None else [])
     stop = _ask_for_stop(req, m, run_dir, base, targets)
@@ -156,6 +157,17 @@ def op_kill(req: dict[str, Any]) -> int:
         **base,
     )
     return 0
+
+
+def _continue_held(members: dict[int, Member]) -> None:
+    """SIGCONT to each process of the run held stopped (state ``T``: a SIGSTOP, Ctrl-Z):
+    a stopped trainer takes no stop request and acts on no SIGTERM until it is continued
+    (a kill of one waited for both in vain, then SIGKILLed it, its steps since its last
+    checkpoint lost). One a debugger holds (``t``) stays as it is."""
+    for mb in members.values():
+        st = procs.stat(mb.pid)
+        if st is not None and st.state == "T" and st.start_ticks == mb.start:
+            signal_member(mb, signal.SIGCONT)
 
 
 def _ask_for_stop(

@@ -391,3 +391,33 @@ async def test_a_copy_of_a_run_never_acts_on_the_runs_processes(tmp_path: Path) 
         proc.wait(10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # its worker, in its session
+
+
+async def test_a_trainer_held_stopped_is_continued_before_it_is_asked_to_stop(
+    tmp_path: Path,
+) -> None:
+    """``kill -STOP`` on the trainer, then ``kill``: a stopped process takes no stop
+    request and acts on no SIGTERM until continued. The kill waited for a step boundary
+    in vain, then for the SIGTERM in vain (its grace), then SIGKILLed it: no save, its
+    steps since the last checkpoint lost, four minutes. It is continued first now (the
+    report says SIGCONT), and its SIGTERM handler runs."""
+    proc, run_dir = start(tmp_path, save_s=0.2)
+    try:
+        deadline = time.monotonic() + 30
+        while "save_finished" not in notes(run_dir):
+            assert time.monotonic() < deadline, notes(run_dir)
+            await asyncio.sleep(0.1)
+        os.kill(proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        result = await kill_run(LocalHost(), str(run_dir), 20.0, stop_wait_s=1.0)
+        took = time.monotonic() - t0
+        trainer = next(p for p in result.processes if p.pid == proc.pid)
+        assert trainer.signals[:2] == ["SIGCONT", "SIGTERM"], format_kill(result)
+        assert "SIGKILL" not in trainer.signals and "SIGTERM" in notes(run_dir)
+        assert took < 15, (took, format_kill(result))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
