@@ -89,7 +89,7 @@ from eagle3_tui.agent.userfiles import (
     read_json_file,
 )
 from eagle3_tui.telemetry.parsing import parse_json
-from eagle3_tui.telemetry.procs import ProcStat, cmdline, environ
+from eagle3_tui.telemetry.procs import ProcStat, cmdline, cwd, environ
 from eagle3_tui.telemetry.rerun import resume_command, torchrun_resume_command
 from eagle3_tui.telemetry.safefs import open_file
 
@@ -511,6 +511,33 @@ def first_metric(run_dir: str, since: float, timeout: float) -> dict[str, Any] |
         time.sleep(0.05)
 
 
+def invoked_python(pid: int, argv0: str, exe: str) -> str:
+    """The interpreter as process ``pid`` was started, for a command line whose
+    ``argv[0]`` is relative (``python``): looked up in the process's own ``PATH`` and
+    working directory, where that finds the same binary as ``exe`` (its
+    ``/proc/PID/exe``). A virtual environment's ``python`` is a link to the base
+    interpreter: run through the link, the environment is its; through the resolved
+    ``exe`` it is not (its packages are gone: a resume of it failed at its first
+    import). ``exe`` where nothing else is found."""
+    if not argv0 or os.path.isabs(argv0):
+        return exe
+    where = cwd(pid)
+    if where is None:
+        return exe
+    if "/" in argv0:
+        found = [os.path.join(where, argv0)]
+    else:
+        path = (environ(pid) or {}).get("PATH", "")
+        found = [os.path.join(where, d, argv0) for d in path.split(":")[:64]]
+    for candidate in found:
+        try:
+            if os.access(candidate, os.X_OK) and os.path.samefile(candidate, exe):
+                return os.path.normpath(candidate)
+        except OSError:
+            continue
+    return exe
+
+
 def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     sources = req.get("lib")
     if not isinstance(sources, dict) or not sources:
@@ -526,7 +553,8 @@ def inject(info: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
         agent = cmdline(parent.ppid) if parent is not None else []
         resume = torchrun_resume_command(agent, info["argv"], lib_dir, run_dir) or agent or None
     else:
-        resume = resume_command(info["argv"], lib_dir, run_dir, python=python["exe"])
+        exe = invoked_python(pid, info["argv"][0] if info["argv"] else "", python["exe"])
+        resume = resume_command(info["argv"], lib_dir, run_dir, python=exe)
     request = {
         "pid": pid,
         "run_dir": run_dir,

@@ -504,6 +504,8 @@ def op_resume(req: dict[str, Any]) -> int:
         return 0
     proc = _start_detached(cmd, cwd, env, log, latest)
     rc, confirmed = _await_manifest(proc, run_dir, wait_s)
+    if rc is None and confirmed:  # its telemetry began: does the program it runs?
+        rc = _exit_within(proc, RESUME_SETTLE_S)
     if rc is not None:
         emit(
             EV_RESULT,
@@ -662,6 +664,23 @@ def _start_detached(
         raise AgentError(ERR_REFUSED, f"cannot start {cmd[0]}: {e.strerror or e}") from None
     finally:
         os.close(fd)
+
+
+RESUME_SETTLE_S = 2.0
+"""How long a resumed process, its telemetry started, is watched for an exit at once: the
+program the telemetry's bootstrap runs may fail at its first import (a relaunch that
+exited then was said started)."""
+
+
+def _exit_within(proc: subprocess.Popen[bytes], seconds: float) -> int | None:
+    """The process's exit status if it exits within ``seconds``, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            return rc
+        time.sleep(0.1)
+    return proc.poll()
 
 
 def _await_manifest(

@@ -673,3 +673,34 @@ def test_a_run_registered_during_a_prune_is_kept(
         f"live{k * 1000 + n}" for k in range(3) for n in range(150)
     )
     assert set(forgotten) == {str(tmp_path / "g")}
+
+
+async def test_a_resume_whose_program_fails_after_its_telemetry_began_is_failed(
+    tmp_path: Path,
+) -> None:
+    """The relaunch's telemetry writes its PID into the manifest first; the program it
+    then runs may fail at its first import (a relaunch through another interpreter than
+    the run's). ``resume`` said "started", exit 0; it watches a moment longer now: failed,
+    exit 8, its log's tail printed."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "resumed.py"
+    script.write_text(
+        RESUMED.replace(
+            'print("resumed output")',
+            'print("resumed output", flush=True)\ntime.sleep(0.6)\nimport no_such_mod',
+        )
+    )
+    run_id = f"resume-{os.getpid()}-{time.time_ns()}"
+    fake_manifest(
+        run_dir,
+        dead_pid(),
+        run_id,
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume_command=[sys.executable, str(script), str(run_dir)],
+        cwd=str(tmp_path),
+        env={mf.RUN_ID_ENV: run_id},
+    )
+    write_checkpoint(run_dir / "checkpoints" / "0", global_step=20)
+    proc = cli("resume", str(run_dir))
+    assert proc.returncode == 8, proc.stdout + proc.stderr
+    assert "no_such_mod" in proc.stdout + proc.stderr

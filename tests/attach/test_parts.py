@@ -23,7 +23,7 @@ from eagle3_tui.model.run import Run
 from eagle3_tui.model.summary import summarize
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.reports import ATTACH_EXIT, attach_exit_status, format_attach, format_attach_plan
-from eagle3_tui.telemetry import rerun, stacks
+from eagle3_tui.telemetry import procs, rerun, stacks
 from eagle3_tui.transport.bundle import telemetry_library
 from eagle3_tui.transport.replies import AttachPlan, AttachResult
 from tests.conftest import wait_until
@@ -541,3 +541,43 @@ def test_an_attach_whose_line_failed_may_be_tried_again(tmp_path: Path) -> None:
     again = userfiles.prepare(str(tmp_path), key, sources, {"pid": 1})
     assert again["state"] == "ready"
     assert not Path(debugger.failed_file(first["entry"])).exists()
+
+
+def test_the_python_a_process_was_started_with_keeps_its_virtual_environment(
+    tmp_path: Path,
+) -> None:
+    """A training started as ``python train.py`` from an activated virtual environment:
+    its ``/proc/PID/exe`` is the base interpreter the environment's ``python`` links to,
+    and a resume through that lost the environment's packages (its first import failed).
+    The relaunch takes the ``python`` its own PATH found, where it is that same binary."""
+    from eagle3_tui.agent.attach import invoked_python
+
+    env_bin = tmp_path / "venv" / "bin"
+    env_bin.mkdir(parents=True)
+    base = os.path.realpath(sys.executable)
+    (env_bin / "python").symlink_to(base)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "python").write_text("#!/bin/sh\n")  # another binary of that name, first
+    (decoy / "python").chmod(0o755)
+    path = f"{decoy}:{env_bin}:/usr/bin:/bin"
+    proc = subprocess.Popen(
+        ["python", "-c", "import time; time.sleep(30)"],
+        executable=str(env_bin / "python"),
+        env={"PATH": path},
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while "time.sleep" not in " ".join(procs.cmdline(proc.pid) or []):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        exe = os.path.realpath(f"/proc/{proc.pid}/exe")
+        assert exe == base
+        assert invoked_python(proc.pid, "python", exe) == str(env_bin / "python")  # not decoy
+        assert invoked_python(proc.pid, "./venv/bin/python", exe) == str(env_bin / "python")
+        assert invoked_python(proc.pid, "/abs/python", exe) == exe  # absolute: as it is
+        assert invoked_python(proc.pid, "python3.99", exe) == exe  # nothing found
+    finally:
+        proc.kill()
+        proc.wait(10)
