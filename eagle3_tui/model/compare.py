@@ -332,10 +332,39 @@ def _fmt_x(axis: str, x: float) -> str:
     return f"{x / 3600:.1f} h of training" if x >= 5400 else f"{x / 60:.0f} min of training"
 
 
-def _verdict(cmp_rows: list[Row], axis: str, at: float | None, a: Side, b: Side) -> str:
+def _diverged_by(state: RunState, x: F64, at: float) -> int | None:
+    """The first step (as shown) at or before the point on the axis whose loss is not
+    finite: from there the run's accuracies say nothing (a NaN model predicts one token
+    everywhere: full acceptance 1.0, τ at its top). None: none."""
+    loss = state.table.floats("train/loss")
+    if loss is None:
+        return None
+    upto = min(int(np.searchsorted(x, at, side="right")), len(loss))
+    bad = np.flatnonzero(~np.isfinite(loss[:upto]))
+    if not len(bad):
+        return None
+    return step_number(int(state.table.step_view()[int(bad[0])]))
+
+
+def _verdict(
+    cmp_rows: list[Row],
+    axis: str,
+    at: float | None,
+    a: Side,
+    b: Side,
+    diverged: tuple[int | None, int | None] = (None, None),
+) -> str:
     if at is None:
         return f"The runs share no range on the {AXIS_LABEL[axis]} axis: nothing to compare yet."
     where = f"at {_fmt_x(axis, at)} (same {'step' if axis == 'step' else axis})"
+    said = [
+        f"{who}'s loss is not finite from step {step:,} (diverged)"
+        for who, step in (("This run", diverged[0]), ("The previous run", diverged[1]))
+        if step is not None
+    ]
+    if said:
+        why = "accuracies after a non-finite loss say nothing"
+        return f"{'; '.join(said)}: {why}, no run is called better {where}."
     tau = next((r for r in cmp_rows if r.metric == "τ"), None)
     loss = next((r for r in cmp_rows if r.metric == "loss"), None)
     caveat = ""
@@ -393,18 +422,22 @@ def compare(
         at_step_a = int(steps_a[max(0, int(np.searchsorted(xa, at, side="right")) - 1)])
         at_step_b = int(steps_b[max(0, int(np.searchsorted(xb, at, side="right")) - 1)])
         shared_ttt = min(a.ttt_steps, b.ttt_steps)
+        diverged = (_diverged_by(a, xa, at), _diverged_by(b, xb, at))
+        judged = diverged == (None, None)  # a diverged run's figures decide nothing
         for name, key, higher in _metrics(a, shared_ttt):
             ca, cb = a.table.floats(key), b.table.floats(key)
             va = None if ca is None else _window_mean(xa, ca, lo, hi)
             vb = None if cb is None else _window_mean(xb, cb, lo, hi)
-            delta = va - vb if va is not None and vb is not None else None
+            delta = va - vb if va is not None and vb is not None and judged else None
             rows.append(Row(name, va, vb, delta, higher))
         ta, tb = _tau_series(a), _tau_series(b)
         va = None if ta is None else _window_mean(xa, ta, lo, hi)
         vb = None if tb is None else _window_mean(xb, tb, lo, hi)
-        rows.append(Row("τ", va, vb, va - vb if va is not None and vb is not None else None, True))
+        tau_delta = va - vb if va is not None and vb is not None and judged else None
+        rows.append(Row("τ", va, vb, tau_delta, True))
     else:
         at = None
+        diverged = (None, None)
     loss_lines, acc_lines, tau_lines = [], [], []
     for state, x, side in ((a, xa, side_a), (b, xb, side_b)):
         line = _lines(
@@ -429,7 +462,7 @@ def compare(
         at_step_b=at_step_b,
         window=window,
         rows=tuple(rows),
-        verdict=_verdict(rows, axis_used, at, side_a, side_b),
+        verdict=_verdict(rows, axis_used, at, side_a, side_b, diverged),
         loss_lines=tuple(loss_lines),
         acc_lines=tuple(acc_lines),
         tau_lines=tuple(tau_lines),

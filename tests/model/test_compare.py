@@ -276,3 +276,29 @@ def test_a_small_token_count_is_said_in_its_own_unit() -> None:
     assert _fmt_x("tokens", 7_168) == "7.2k tokens"
     assert _fmt_x("tokens", 512) == "512 tokens"
     assert _fmt_x("tokens", 3.5e6) == "3.5M tokens" and _fmt_x("tokens", 2e9) == "2.00B tokens"
+
+
+def test_a_diverged_run_is_never_called_better() -> None:
+    """A run whose loss went NaN at step 111: its model predicts one token everywhere,
+    full acceptance 1.0 and τ at its top. ``compare`` called it ahead ("+2.63 τ", every
+    metric ▲) and never said it diverged; now it says so, and no run is better."""
+    lines = Lines(writer="w", t0=T0, dt=1.0)
+    parts = [
+        lines.train(s, 2.0 - s / 1000, acc=(0.5, 0.3, 0.2))
+        if s < 110
+        else lines.train(s, math.nan, acc=(1.0, 1.0, 1.0))
+        for s in range(200)
+    ]
+    run = Run()
+    run.feed(0, b"".join(parts))
+    bad, good = run.state, make_run(200, base=0.45)
+    for this, other, who in ((bad, good, "This run"), (good, bad, "The previous run")):
+        c = compare(this, other)
+        assert c.verdict.startswith(f"{who}'s loss is not finite from step 111 (diverged)")
+        assert "no run is called better at step 200" in c.verdict, c.verdict
+        assert all(r.better is None for r in c.rows), c.rows
+        assert "ahead" not in format_comparison(c) and "behind" not in format_comparison(c)
+    # before the divergence, compared as ever
+    early = Run()
+    early.feed(0, b"".join(parts[:100]))
+    assert "ahead" in compare(make_run(100, 0.6), early.state).verdict
