@@ -774,7 +774,8 @@ class MonitorApp(App[None]):
 
 
 _HELP = {
-    "kill": "Stop the run: confirm, SIGTERM, checkpoint saved, verified",
+    "kill": "Stop the run: confirm, a stop at its next step boundary (else SIGTERM), "
+    "checkpoint saved, every process verified gone",
     "resume": "Relaunch a stopped or dead run from its latest complete checkpoint",
     "compare": "Compare with a previous run (--compare, or picked on the host)",
     "log_scale": "Toggle a log axis for the loss",

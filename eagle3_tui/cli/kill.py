@@ -24,10 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command_parser(
         "kill",
         (
-            "Stop a run so that it saves its checkpoint: SIGTERM to the trainer (or the "
-            "torchrun agent) after checking its PID is still the run's, wait for the save, "
-            "then make sure every process of the run is gone (SIGKILL after the grace "
-            "period). Exit status: 0 nothing of the run remains, 8 processes remain, "
+            "Stop a run so that it saves its checkpoint: after checking its PID is still "
+            "the run's, a run with telemetry is asked to stop at its next step boundary "
+            "(its save becomes the numbered checkpoint a resume continues from, nothing "
+            "redone); without one in time, or without telemetry, SIGTERM to the trainer "
+            "(or torchrun's ranks); a trainer held stopped is continued first. Then every "
+            "process of the run is made sure gone (SIGKILL after the grace period). Exit "
+            "status: 0 nothing of the run remains, 8 processes remain, "
             "9 refused (nothing signalled), 2 error (a missing run); 20-23 for a process "
             f"target (see summary); {INPUT_EXITS}."
         ),

@@ -15,7 +15,11 @@ from textual.widgets import Static
 from eagle3_tui.app.widgets.plots import TAU_MIN_HEIGHT
 
 KEYS = (
-    ("k", "kill the run: confirm, then SIGTERM (checkpoint saved), then verified"),
+    (
+        "k",
+        "kill the run: confirm, a stop at its next step boundary (else SIGTERM), "
+        "checkpoint saved, then verified",
+    ),
     ("r", "resume a stopped or dead run from its latest complete checkpoint; new PID"),
     ("a", "attach telemetry to this training when it has none (metrics into its dir)"),
     ("", "a key that cannot act now is dimmed (a: hidden); pressed, it says why"),
