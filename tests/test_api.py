@@ -148,6 +148,17 @@ def test_a_pid_that_is_not_a_process_id_is_refused_not_another_run(
     assert api.exit_status(e.value) == 2
 
 
+@pytest.mark.parametrize("where", [123, 4.5, ["run"], b"run"])
+@pytest.mark.parametrize("call", ["open_run", "follow", "kill", "resume", "attach", "compare"])
+def test_a_target_that_is_no_target_is_refused_in_one_line(where: object, call: str) -> None:
+    """``api.open_run(123)`` raised ``AttributeError: 'int' object has no attribute
+    'startswith'`` from deep inside: a TargetError now, exit 2."""
+    args = (where, where) if call == "compare" else (where,)
+    with pytest.raises(api.TargetError) as e:
+        _called(call, *args)
+    assert f"target={where!r}" in str(e.value) and api.exit_status(e.value) == 2
+
+
 @pytest.mark.parametrize(
     ("call", "durations"),
     [

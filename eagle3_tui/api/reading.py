@@ -50,6 +50,11 @@ def target(where: str | Path | Target, ssh: SshOptions | None = None) -> Target:
         return where
     if isinstance(where, Path):
         return LocalTarget(where)
+    if not isinstance(where, str):  # 123, a list...: never a traceback from deep inside
+        raise TargetError(
+            f"target={where!r}: a run or work directory, [USER@]HOST[:DIR], a Path or a "
+            "Target (a process goes as pid=PID)"
+        )
     return parse_target(where, ssh)
 
 
