@@ -481,7 +481,9 @@ def quick_health(trainings: list[Training], now: float, btime: float | None) -> 
             log_age = None
         t.cpu_pct = cpu
         if t.run_dir is not None:
-            health, why = "running", "telemetry attached: see summary for its metrics"
+            # its records say its health (summary, the monitor): not judged from outside
+            # here, where a held, hung or diverged run looked "running"
+            health, why = "live", "telemetry: its health is in its records (see summary)"
         elif age < START_GRACE_S:
             health, why = "waiting", f"started {age:.0f} s ago"
         elif t.handler is not None and t.metrics_file:
