@@ -440,6 +440,13 @@ def _silent_sentence(
 
 def _stall_hint(state: RunState) -> str:
     hb = state.samplers.heartbeat
+    trainer = hb.trainer if hb is not None and isinstance(hb.trainer, dict) else {}
+    if trainer.get("state") in ("T", "t") and trainer.get("alive") is not False:
+        # before it has been held long enough for its own verdict (_held): not the GIL
+        return (
+            f"the trainer (pid {trainer.get('pid')}) is held stopped (its sidecar finds it "
+            "so: a SIGSTOP, Ctrl-Z or a debugger); nothing runs until it is continued."
+        )
     age = hb.stats_age_s if hb is not None else None
     if age is not None and math.isfinite(age) and age > MIN_QUIET_S:
         return (

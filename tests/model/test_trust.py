@@ -664,3 +664,29 @@ def test_a_stops_save_is_named_as_the_kill_renamed_it() -> None:
     ):
         assert shown([bad]) == f"{root}/interrupted", bad
     assert shown("garbage") == f"{root}/interrupted"
+
+
+def test_a_quiet_trainer_found_stopped_is_not_said_to_hold_the_gil() -> None:
+    """Its steps stopped, then it was SIGSTOPped: until it has been held 30 s (the held
+    verdict), the stalled reason said "stuck in a C call, a collective, or holding the
+    GIL" while its sidecar's heartbeats said it is stopped. It says that now."""
+    rank0 = Lines(writer="rank0", t0=T0, dt=0.0)
+    side = Lines(writer="side", t0=T0, dt=0.0)
+    data = rank0.event("start", pid=7, global_step=0)
+    t = T0
+    for s in range(20):
+        t += 1.0
+        data += rank0.at(t).train(s, 1.0)
+
+    def beat(at: float, state: str, age: float) -> bytes:
+        trainer = {"pid": 7, "alive": True, "state": state, "cpu_s": 20.0}
+        return side.at(at).make(
+            "heartbeat", written=1, dropped=0, bytes=0, stats_age_s=age, trainer=trainer
+        )
+
+    last = t
+    data += b"".join(beat(last + k, "S", float(k)) for k in range(1, 26))
+    data += b"".join(beat(last + k, "T", float(k)) for k in range(26, 41))
+    d = diagnose(state_of(data), last + 40.5)
+    assert d.health == Health.STALLED, d.reason
+    assert "GIL" not in d.reason and "(pid 7) is held stopped" in d.reason, d.reason
