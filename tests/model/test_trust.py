@@ -693,13 +693,13 @@ def test_a_quiet_trainer_found_stopped_is_not_said_to_hold_the_gil() -> None:
 
 
 def test_a_pause_among_the_last_steps_is_not_how_long_a_step_usually_takes() -> None:
-    """Steps of 0.25 s, one of them held for 60 s (a SIGSTOP) in the last minute, then the
-    loop hung: "a step usually takes 1.7 s" (the last minute's mean); 0.25 s now."""
+    """Steps of 0.25 s, one of them held for 30 s (a SIGSTOP) in the last minute, then the
+    loop hung: "a step usually takes 0.5 s" (the last minute's mean); 0.25 s now."""
     sc = Scenario()
     t = sc.t
     for s in range(200):
         sc.parts.append(sc.rank0.at(t).train(s, 1.0))
-        t += 60.0 if s == 180 else 0.25
+        t += 30.0 if s == 120 else 0.25  # the pause 20 s before the last step
     sc.t = t
     sc.idle(120, util=0.0, reads=0.0)
     d = diagnose(sc.state(), sc.t)
