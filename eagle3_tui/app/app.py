@@ -39,7 +39,6 @@ from eagle3_tui.app.pipeline import (
     Source,
     compare_runs,
     export_dirs,
-    export_name,
     short_label,
 )
 from eagle3_tui.app.run_control import RunControl
@@ -735,15 +734,11 @@ class MonitorApp(App[None]):
         self._worker(self._export(), "export")
 
     async def _export(self) -> None:
-        snap = self.snapshot
         window = self.view.window
-        last = snap.global_step
-        first = None if last is None else (max(0, last - window + 1) if window else 0)
-        name = export_name(self.source.label, first, last)
         failed: list[str] = []
         for folder in export_dirs(self.export_dir):  # the run's own folder, else ours
             try:
-                path, rows = await self.pipeline.export_csv(folder / name, window)
+                path, rows = await self.pipeline.export_csv(folder, self.source.label, window)
             except OSError as e:
                 failed.append(f"{folder}: {e.strerror or e}")
                 continue

@@ -468,8 +468,10 @@ class Pipeline:
                 self._fill_said.append((status, now))
             self.generation += 1
 
-    async def export_csv(self, path: Path, window: int | None) -> tuple[Path, int]:
-        """Every column of the step table for the window, as CSV at ``path``: rows written."""
+    async def export_csv(self, folder: Path, label: str, window: int | None) -> tuple[Path, int]:
+        """Every column of the step table for the window, as CSV in ``folder``, named by
+        ``label`` and the steps it holds (:func:`export_name`, of the rows written: a
+        live run's table is ahead of the picture on the screen): its path, rows written."""
         async with self.lock:
             table = self.run.state.table
             last = table.last_step or 0
@@ -480,6 +482,8 @@ class Pipeline:
             views = table.views()
             names = sorted(views)
             cols = [views[k][i:].copy() for k in names]
+        held = (int(steps[0]), int(steps[-1])) if len(steps) else (None, None)
+        path = folder / export_name(label, *held)
         written = await asyncio.to_thread(write_csv, path, steps, ts, names, cols)
         return written, len(steps)
 

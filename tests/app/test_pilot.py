@@ -552,3 +552,23 @@ async def test_a_nan_stretch_stays_on_the_screen_after_the_run_recovered() -> No
         await until(pilot, lambda: "hist" in text_of(panel), what="the history line")
         shown = text_of(panel, width=panel.content_size.width)  # as wide as on screen
         assert "hist  loss NaN from step 41 to 55 (15 logged steps)" in shown, shown
+
+
+async def test_an_exports_name_says_the_steps_it_holds_while_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A live run's table is ahead of the picture: the file was named by the picture's
+    last step and held the table's ("run1-steps1-38.csv" with steps 1-39)."""
+    from eagle3_tui.app.pipeline import Pipeline
+
+    lines, data = training(100)
+    app, source = app_with(data, export_dir=tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 99, what="step 99")
+        source.push(b"".join(lines.train(s, 1.0) for s in range(100, 103)))
+        pipeline: Pipeline = app.pipeline
+        await until(pilot, lambda: pipeline.run.state.table.last_step == 102, what="read")
+        path, rows = await pipeline.export_csv(tmp_path, "exp7", None)
+        got = list(csv.reader(path.open()))[1:]
+        assert rows == len(got) == 103 and path.name == "exp7-steps1-103.csv", path
+        assert (got[0][0], got[-1][0]) == ("1", "103")
