@@ -529,7 +529,11 @@ def _progress(
     if ended is None and evidence is not None:
         late = max(0.0, now - evidence)
         eta_epoch, eta_run = _count_down(eta_epoch, late), _count_down(eta_run, late)
-    started = manifest.get("started_at")
+    # the run's first start (a resume rewrites started_at: its process's), as the
+    # elapsed time says it: the whole run's, not its last process's
+    started = manifest.get("first_started_at")
+    if not isinstance(started, float | int):
+        started = manifest.get("started_at")
     if not isinstance(started, float | int) and state.observed is not None:
         started = state.observed.info.started
     start = started if isinstance(started, float | int) else state.first_ts

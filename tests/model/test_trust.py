@@ -704,3 +704,21 @@ def test_a_pause_among_the_last_steps_is_not_how_long_a_step_usually_takes() -> 
     sc.idle(120, util=0.0, reads=0.0)
     d = diagnose(sc.state(), sc.t)
     assert d.health == Health.STALLED and "a step usually takes 0.2" in d.reason, d.reason
+
+
+def test_a_resumed_runs_elapsed_time_is_the_whole_runs() -> None:
+    """Killed and resumed: ``ran``/``elapsed_s`` counted from the last process's start
+    (its manifest's ``started_at``, rewritten at each resume): 4m43s of a 12-minute run.
+    From the run's first start now (``first_started_at``)."""
+    lines = Lines(t0=T0, dt=1.0)
+    data = lines.event("start", pid=1, global_step=0)
+    data += b"".join(lines.train(s, 1.0) for s in range(60))
+    data += lines.event("interrupt", step=60)
+    lines.at(T0 + 400)
+    data += lines.event("resume", pid=2, global_step=60)
+    data += b"".join(lines.train(s, 1.0) for s in range(60, 120))
+    data += lines.event("finish")
+    state = state_of(data)
+    state.set_manifest({"pid": 2, "started_at": T0 + 400, "first_started_at": T0})
+    out = summarize(state, lines.ts + 100)
+    assert out["elapsed_s"] == pytest.approx(lines.ts - T0, abs=2), out["elapsed_s"]
