@@ -667,12 +667,24 @@ WAIT_FOR_START_S = 20.0
 """How long :func:`describe` looks again at such a process before it says what it is."""
 
 
+def _pid_max() -> int:
+    """The host's highest PID (``/proc/sys/kernel/pid_max``; Linux's ceiling where
+    unreadable)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 1 << 22
+
+
 def describe(pid: int, start_ticks: int | None = None) -> dict[str, Any]:
     """The training ``pid`` belongs to (a worker or rank names its training), or an
     :class:`AgentError`: ``gone``, ``permission`` or ``not_training``."""
     st = procs.stat(pid)
     if st is None or st.zombie:
-        raise AgentError(ERR_GONE, f"pid {pid}: no such process (it has exited)")
+        # "it has exited" of a PID this host never gives (above its pid_max) is not true
+        gone = " (it has exited)" if st is not None or pid <= _pid_max() else ""
+        raise AgentError(ERR_GONE, f"pid {pid}: no such process{gone}")
     if start_ticks is not None and st.start_ticks != start_ticks:
         raise AgentError(
             ERR_GONE, f"pid {pid} has exited (the PID now belongs to another process: {st.comm})"

@@ -627,3 +627,19 @@ def test_a_checkpoint_directory_its_command_line_names_is_found(tmp_path: Path) 
     assert process_facts.find_checkpoint_dir(str(work), command=by_eq) == str(ckpt)
     elsewhere = ["python", "train.py", "--run-dir", str(tmp_path / "missing"), "--lr", "1e-3"]
     assert process_facts.find_checkpoint_dir(str(work), command=elsewhere) is None
+
+
+def test_a_pid_no_process_ever_had_is_not_said_to_have_exited() -> None:
+    """``kill --pid 99999999999999999999`` said "no such process (it has exited)": a PID
+    above the host's pid_max never named a process. A PID that may have is still said
+    to have exited."""
+    from eagle3_tui.agent.frames import AgentError
+
+    with pytest.raises(AgentError) as never:
+        discover.describe(10**20)
+    assert str(never.value).endswith("no such process"), never.value
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with pytest.raises(AgentError) as exited:
+        discover.describe(gone.pid)
+    assert str(exited.value).endswith("no such process (it has exited)"), exited.value
