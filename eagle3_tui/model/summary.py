@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from eagle3_tui.model.anomalies import NonFinite, Resume, Spike
-from eagle3_tui.model.derived import epoch_number
+from eagle3_tui.model.derived import epoch_number, step_number
 from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.inert import printable
 from eagle3_tui.model.observed import metrics_source
@@ -149,7 +149,10 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
             for g in snap.write_gaps
         ],
         "disk": _disk(snap),
-        "redone_steps": [{"first": r.first, "last": r.last} for r in snap.redos],
+        # as shown, 1-based (anomalies' resumes say the same steps so)
+        "redone_steps": [
+            {"first": step_number(r.first), "last": step_number(r.last)} for r in snap.redos
+        ],
         "leftovers": [
             {
                 "pid": x.pid,

@@ -722,3 +722,17 @@ def test_a_resumed_runs_elapsed_time_is_the_whole_runs() -> None:
     state.set_manifest({"pid": 2, "started_at": T0 + 400, "first_started_at": T0})
     out = summarize(state, lines.ts + 100)
     assert out["elapsed_s"] == pytest.approx(lines.ts - T0, abs=2), out["elapsed_s"]
+
+
+def test_redone_steps_in_json_count_from_1_as_the_anomalies_say_them() -> None:
+    """``redone_steps`` was 0-based (``{'first': 192, 'last': 203}``) beside the anomalies'
+    1-based "steps 193 to 204 done again"."""
+    lines = Lines(t0=T0, dt=1.0)
+    data = lines.event("start", pid=1, global_step=0)
+    data += b"".join(lines.train(s, 1.0) for s in range(30))
+    data += lines.event("resume", pid=2, global_step=20)
+    data += b"".join(lines.train(s, 1.0) for s in range(20, 40))
+    out = summarize(state_of(data), lines.ts)
+    assert out["redone_steps"] == [{"first": 21, "last": 30}], out["redone_steps"]
+    [resume] = out["anomalies"]["resumes"]
+    assert "steps 21 to 30 done again" in resume["said"], resume
