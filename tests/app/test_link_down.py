@@ -47,3 +47,21 @@ async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
         await until(pilot, lambda: "RUNNING" in text_of(header), what="running again")
         assert "step 130" in text_of(header) and not banner.display
         assert not gpu.border_subtitle and not io.border_subtitle
+
+
+async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
+    """A stalled run whose link drops stays STALLED in the header (an alarm never turns
+    grey), and the header says the link is down (it said "STALLED last stalled")."""
+    lines, data = training(steps=120)
+    now = [lines.ts + 1.0]
+    app, source = app_with(data, now=now)
+    async with app.run_test(size=(120, 40)) as pilot:
+        header = app.query_one(RunHeader)
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        now[0] += 300.0  # five minutes without a record: stalled
+        await until(pilot, lambda: app.snapshot.health == Health.STALLED, what="stalled")
+        source.push(LinkChanged(Link.RECONNECTING, "gpu-box: connection refused", retry_in=4.0))
+        await until(pilot, lambda: "LINK DOWN" in text_of(header), what="link down")
+        shown = text_of(header)
+        assert "STALLED" in shown and "last known · LINK DOWN" in shown, shown
+        assert "last stalled" not in shown, shown

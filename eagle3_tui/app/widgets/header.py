@@ -99,7 +99,10 @@ class RunHeader(KeptLines):
             label, style = "UNREADABLE", HEALTH_STYLE[Health.UNREADABLE]
         text.append(f" {label} ", style=style)
         if d.link_down_since is not None:  # the last verdict that reached us
-            text.append(f" last {d.health.value}", style="dim")
+            # an alarm stays its label (a stalled run never turns grey on a link drop):
+            # the words say the link instead ("STALLED last stalled" said it twice)
+            said = f"last {d.health.value}" if label == "LINK DOWN" else "last known · LINK DOWN"
+            text.append(f" {said}", style="dim")
         if snap.other_file is not None:  # not this run's history: the path's file now
             text.append(" ")
             text.append(" OTHER FILE ", style=OTHER_FILE_STYLE)
