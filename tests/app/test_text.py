@@ -6,6 +6,10 @@ def test_a_short_backoff_never_reads_in_0_s() -> None:
     assert link_text(LinkChanged(Link.RECONNECTING, "lost", retry_in=2.0)).plain.endswith("in 2 s")
     # the attempt under way (an ssh connection may take 15 s): not "in 1 s" all along
     assert link_text(LinkChanged(Link.RECONNECTING, "lost")).plain == "◌ reconnecting…"
+    # counted down from when it was said (it read "in 15 s" for as long as it waited)
+    wait = LinkChanged(Link.RECONNECTING, "lost", retry_in=15.0)
+    assert link_text(wait, 6.5).plain.endswith("in 9 s")
+    assert link_text(wait, 15.2).plain == "◌ reconnecting…"
 
 
 def test_the_header_names_where_a_run_without_telemetrys_metrics_come_from() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from rich.text import Text
 from textual.reactive import reactive, var
@@ -34,8 +35,9 @@ OTHER_FILE_STYLE = "bold #ffffff on #af00af"
 """The header's tag while another file's history is shown (what the path holds now)."""
 
 
-def link_text(link: LinkChanged) -> Text:
-    """The connection state in a few words: connected, reconnecting in N s, refused..."""
+def link_text(link: LinkChanged, waited: float = 0.0) -> Text:
+    """The connection state in a few words: connected, reconnecting in N s (``waited``:
+    seconds since it was said, counted down), refused..."""
     state = link.link
     if state == Link.LOCAL:
         return Text("● local file", style="green")
@@ -47,7 +49,8 @@ def link_text(link: LinkChanged) -> Text:
         return Text("◌ waiting for metrics.jsonl", style="yellow")
     if state == Link.RECONNECTING:
         # rounded up: a 0.2 s backoff reads "in 1 s", never "in 0 s"; none: trying now
-        retry = f" in {math.ceil(link.retry_in)} s" if link.retry_in is not None else "…"
+        left = None if link.retry_in is None else link.retry_in - waited
+        retry = f" in {math.ceil(left)} s" if left is not None and left > 0 else "…"
         return Text(f"◌ reconnecting{retry}", style="bold #101010 on #ffd75f")
     if state == Link.UNREADABLE:
         return Text("✖ cannot read metrics.jsonl", style="bold #ffffff on #d70000")
@@ -72,6 +75,21 @@ class RunHeader(KeptLines):
         """Why this run is shown (the host's live training, its latest run...)."""
         self._inputs: object = None
         self.renders = 0
+        self._link_at = time.monotonic()
+        """When the link last changed (a reconnection's wait is counted down from it)."""
+
+    def watch_link(self, link: LinkChanged) -> None:
+        self._link_at = time.monotonic()
+        if link.link == Link.RECONNECTING and link.retry_in is not None:
+            self.set_timer(1.0, lambda: self._count_down(link))
+
+    def _count_down(self, link: LinkChanged) -> None:
+        """Once a second while a reconnection waits: its "in N s" counts down."""
+        if self.link is not link:
+            return
+        self.refresh()
+        if link.retry_in is not None and time.monotonic() - self._link_at < link.retry_in:
+            self.set_timer(1.0, lambda: self._count_down(link))
 
     def show_target(self, target: str, note: str) -> None:
         """Another run is shown now (a restarted training, followed): where, and why."""
@@ -107,7 +125,7 @@ class RunHeader(KeptLines):
             text.append(" ")
             text.append(" OTHER FILE ", style=OTHER_FILE_STYLE)
         text.append(" ")
-        text.append_text(link_text(self.link))
+        text.append_text(link_text(self.link, time.monotonic() - self._link_at))
         text.append(" ")
         if view.paused:
             plural = "" if view.behind == 1 else "s"
