@@ -380,7 +380,12 @@ def _choose_stopped(
     if os.path.exists(os.path.join(path, "metrics.jsonl")):  # its own handler's, read as is
         return dict(choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
     below = [r for r in live if works_below(r, path)]
-    below += registered_below + [r for r in ended if works_below(r, path)]
+    # a live run with telemetry is also a registered one: listed once, as the live row
+    live_dirs = {os.path.realpath(str(r["run_dir"])) for r in below if r.get("run_dir")}
+    below += [
+        r for r in registered_below if os.path.realpath(str(r.get("run_dir"))) not in live_dirs
+    ]
+    below += [r for r in ended if works_below(r, path)]
     if below:
         raise not_named(path, below)
     raise AgentError(

@@ -643,3 +643,23 @@ def test_a_pid_no_process_ever_had_is_not_said_to_have_exited() -> None:
     with pytest.raises(AgentError) as exited:
         discover.describe(gone.pid)
     assert str(exited.value).endswith("no such process (it has exited)"), exited.value
+
+
+def test_a_live_run_below_a_directory_is_listed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``summary /tmp`` listed each live run with telemetry twice, as its live process
+    and as its registered run ("5 training(s) work below it" for 3)."""
+    from eagle3_tui.agent.frames import AgentError
+
+    run = tmp_path / "work" / "run1"
+    run.mkdir(parents=True)
+    live = [{"pid": 11, "run_dir": str(run), "cwd": str(run.parent), "command": ["python"]}]
+    registered = [{"pid": 11, "run_dir": str(run), "status": "running"}]
+    other = [{"pid": 12, "run_dir": str(tmp_path / "work" / "run0"), "status": "finished"}]
+    monkeypatch.setattr(choosing, "registered_in", lambda path: ([], registered + other))
+    monkeypatch.setattr(choosing, "ended_rows", lambda: [])
+    with pytest.raises(AgentError) as refused:
+        choosing._choose_stopped(str(tmp_path), live, False, {})
+    said = str(refused.value)
+    assert "2 training(s) work below it" in said and said.count(str(run)) == 1, said
