@@ -83,3 +83,19 @@ def test_summary_of_the_real_tiny_run(tiny_run: Path, capsys: pytest.CaptureFixt
     out = json.loads(capsys.readouterr().out)
     assert out["health"] == "finished" and out["malformed_lines"] == 0 and out["lost_records"] == 0
     assert 0.0 <= out["metrics"]["train/full_acc_0"] <= 1.0
+
+
+def test_a_progress_line_said_again_is_printed_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """A kill waiting for a step boundary said "asked the trainer to stop at its next step
+    boundary ..." at every look: 12-23 times the same line in a log. Once now; a new
+    line, or a figure that moved, is printed."""
+    from eagle3_tui.cli.common import print_progress
+    from eagle3_tui.transport.channel import Event
+
+    asked = Event("progress", {"step": "stop", "phase": "asked", "wait_s": 60.0})
+    for _ in range(5):
+        print_progress(asked)
+    print_progress(Event("progress", {"step": "timeout", "pid": 7, "grace_s": 130}))
+    print_progress(asked)
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(" ")[0] for line in err] == ["asked", "pid", "asked"], err

@@ -199,9 +199,15 @@ def say_chosen(note: object) -> None:
         say(f"eagle3-tui: {printable(str(note))}", err=True)
 
 
+_last_progress: list[str] = [""]
+"""The last progress line printed: the same again is not (a kill's wait for a step
+boundary says it is asking at every look: 12-23 times the same line in a log)."""
+
+
 def print_progress(event: Any, prefix: str = "") -> None:
     from eagle3_tui.reports import format_progress
 
     line = format_progress(event)
-    if line is not None:
+    if line is not None and prefix + line != _last_progress[0]:
+        _last_progress[0] = prefix + line
         say(prefix + line, err=True)
