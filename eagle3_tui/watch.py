@@ -71,6 +71,8 @@ class Verdict:
     """An observed run's own handler or backend, when it has one."""
     link_down_since: float | None = None
     leftovers: bool = False
+    ended: bool = False
+    """The run ended (finished, stopped, dead): nothing of it runs to be killed."""
     resumable: bool = True
     """Whether a resume has a checkpoint to continue from, as the records tell: a
     complete numbered save, or a stop at a step boundary's (a kill numbers it). Not a
@@ -102,6 +104,7 @@ def verdict_of(snap: Snapshot, state: RunState) -> Verdict:
         handler=observed.handler if observed is not None else None,
         link_down_since=snap.diagnosis.link_down_since,
         leftovers=any(not x.gone for x in snap.leftovers),
+        ended=p.ended_at is not None,
         resumable=observed is not None or _resumable(snap, state),
     )
 
@@ -218,6 +221,8 @@ def action(kind: str, run: str, v: Verdict, ssh_args: Sequence[str]) -> str | No
         if v.observed and v.handler is None:  # no handler: telemetry is the fix
             return f"eagle3-tui attach {by_pid}{opts}"
         return f"eagle3-tui {by_pid}{opts}"
+    if kind == "diverged" and v.ended and not v.leftovers:  # it finished or stopped so
+        return f"eagle3-tui summary {by_pid}{opts}"
     if kind in ("stalled", "diverged") or (kind == "dead" and v.leftovers):
         return f"eagle3-tui kill {by_pid}{opts}"
     if kind in ("dead", "stopped"):

@@ -128,6 +128,11 @@ def test_each_alert_names_the_command_that_acts() -> None:
     # nothing to continue from (a signal's interrupted/ only): no resume that is refused
     nothing = v("stopped", resumable=False)
     assert action("stopped", run, nothing, []) == f"eagle3-tui summary {quoted}"
+    # diverged and still training: kill it; diverged and ended (it finished so): nothing
+    # runs to kill ("nothing to stop"), its summary
+    assert action("diverged", run, v("diverged"), []) == f"eagle3-tui kill {quoted}"
+    over = v("diverged", ended=True)
+    assert action("diverged", run, over, []) == f"eagle3-tui summary {quoted}"
 
 
 def test_a_run_is_resumable_from_a_numbered_save_or_its_stops_save_only() -> None:
