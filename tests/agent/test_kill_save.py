@@ -265,7 +265,7 @@ async def test_a_save_its_dead_trainer_left_unfinished_is_not_waited_for(tmp_pat
         assert result.status == "stopped", format_kill(result)
         # the worker; and the sidecar, where it had not yet seen its trainer gone (it
         # exits by itself about a second after it; a slow machine finds it still there)
-        roles = sorted(p.role for p in result.processes)
+        roles = sorted(p.label or p.role for p in result.processes)  # (sidecar: by label)
         assert roles in (["marked"], ["marked", "sidecar"]), format_kill(result)
         assert {p.outcome for p in result.processes} == {"exited"}, format_kill(result)
     finally:
