@@ -561,7 +561,7 @@ def _activity_hung(
     if used is None:
         return None
     cpu, from_ts = used
-    span = (hb_at or now) - from_ts
+    span = hb_at - from_ts
     if span < HUNG_IDLE_S * 0.9 or cpu > HUNG_CPU_SHARE * span:
         return None
     ev = evidence(state, now, HUNG_IDLE_S)

@@ -157,14 +157,8 @@ class Samplers:
         seen = self.cpu_seen.get(pid)
         if not seen or seen[0][0] > since:
             return None
-        before = None
-        for ts, cpu in reversed(seen):
-            if ts <= since:
-                before = (ts, cpu)
-                break
-        if before is None:
-            return None
-        return seen[-1][1] - before[1], before[0]
+        ts, cpu = next(point for point in reversed(seen) if point[0] <= since)
+        return seen[-1][1] - cpu, ts
 
     def _apply_gpu(self, rec: Record) -> str | None:
         try:

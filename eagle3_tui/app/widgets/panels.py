@@ -574,14 +574,11 @@ class GpuPanel(Panel):
     def watch_snapshot(self, snap: Snapshot) -> None:
         at = snap.gpus_at if snap.gpus else None
         down = snap.diagnosis.link_down_since
-        if at is None:
-            note = ""
-        elif snap.progress.ended_at is not None:
+        note = ""
+        if at is not None and snap.progress.ended_at is not None:
             note = f"the run ended; sampled {clock_time(at)}"
-        elif down is not None:  # nothing can arrive: these are the last that did
+        elif at is not None and down is not None:  # nothing can arrive: the last that did
             note = f"link down; sampled {clock_time(at)}"
-        else:
-            note = ""
         if note != (self.border_subtitle or ""):  # a border set repaints, same or not
             self.border_subtitle = note
         super().watch_snapshot(snap)
