@@ -316,16 +316,23 @@ def _kill_subject(req: dict[str, Any]) -> tuple[dict[str, Any], Path, dict[str, 
     run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
+    _refuse_a_copy(m, run_dir, "kill")
+    owner = manifest_owner(run_dir)
+    return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id"), "owner": owner}
+
+
+def _refuse_a_copy(m: dict[str, Any], run_dir: Path, verb: str) -> None:
+    """A copy of a run directory (:func:`runs.copy_of`) is never acted on: its manifest
+    names the first run's processes, command and directories (a kill stopped that run's
+    trainer; a resume would relaunch that run, into its directory)."""
     first = copy_of(m, run_dir)
-    if first is not None:  # its manifest names that run's processes: never this copy's
+    if first is not None:
         raise AgentError(
             ERR_REFUSED,
             f"{run_dir} is a copy of the run in {first} (its manifest names that directory): "
-            f"the processes it names are that run's; nothing of it was touched (kill {first} "
-            "to stop that run)",
+            f"the processes, command and directories it names are that run's; nothing was "
+            f"touched ({verb} {first} for that run)",
         )
-    owner = manifest_owner(run_dir)
-    return m, run_dir, {"run_dir": str(run_dir), "run_id": m.get("run_id"), "owner": owner}
 
 
 def _stop_targets(
@@ -463,6 +470,7 @@ def op_resume(req: dict[str, Any]) -> int:
         run_dir = resolve_run_dir(req.get("run_dir"))
     emit(EV_RESOLVED, run_dir=str(run_dir))
     m = read_manifest(run_dir)
+    _refuse_a_copy(m, run_dir, "resume")
     _refuse_if_running(m)
     if m.get("status") == "finished":  # its every step done: a relaunch would only redo
         raise AgentError(ERR_REFUSED, "the run finished: nothing to resume")

@@ -12,6 +12,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -704,3 +705,29 @@ async def test_a_resume_whose_program_fails_after_its_telemetry_began_is_failed(
     proc = cli("resume", str(run_dir))
     assert proc.returncode == 8, proc.stdout + proc.stderr
     assert "no_such_mod" in proc.stdout + proc.stderr
+
+
+async def test_a_copy_of_a_stopped_run_is_not_resumed(tmp_path: Path) -> None:
+    """``cp -r run copy; resume copy``: the copy's manifest names the first run's command
+    and directories, so its resume relaunched the first run, into its directory. Refused
+    now, nothing started; the first run itself resumes."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    run_id = f"resume-{os.getpid()}-{time.time_ns()}"
+    fake_manifest(
+        run_dir,
+        dead_pid(),
+        run_id,
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        resume_command=[sys.executable, str(script), str(run_dir)],
+        cwd=str(tmp_path),
+        env={mf.RUN_ID_ENV: run_id},
+    )
+    write_checkpoint(run_dir / "checkpoints" / "0", global_step=20)
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    proc = cli("resume", str(copy))
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert f"is a copy of the run in {run_dir}" in proc.stderr
+    assert not (run_dir / "resumed.json").exists()  # nothing was started
