@@ -24,8 +24,9 @@ from eagle3_tui.agent.frames import (
     emit_columns,
     emit_data,
     emit_zdata,
+    tick,
 )
-from eagle3_tui.agent.names import COMPRESS_ZLIB, ERR_INVALID
+from eagle3_tui.agent.names import COMPRESS_ZLIB, ERR_INVALID, TICK_S
 from eagle3_tui.agent.runs import check_run_dir, resolve_run_dir
 from eagle3_tui.telemetry.safefs import open_regular
 
@@ -286,6 +287,7 @@ def op_follow(req: dict[str, Any]) -> int:
                 ino.drain()
         if ready and batch_s:  # what is written meanwhile goes out in the same frame
             time.sleep(batch_s)
+        tick(TICK_S)  # a quiet file: the client still hears that this agent runs
 
 
 def op_read(req: dict[str, Any]) -> int:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
+
+from eagle3_tui.agent.names import EV_TICK
 
 
 class AgentError(Exception):
@@ -26,6 +29,7 @@ class AgentError(Exception):
 
 
 _client_gone = False
+_last_write = time.monotonic()
 
 
 def client_gone() -> bool:
@@ -34,7 +38,7 @@ def client_gone() -> bool:
 
 
 def _write_all(data: bytes) -> None:
-    global _client_gone
+    global _client_gone, _last_write
     if _client_gone:
         return
     view = memoryview(data)
@@ -44,11 +48,18 @@ def _write_all(data: bytes) -> None:
             view = view[n:]
     except OSError:  # the client went away (EPIPE): finish the work anyway
         _client_gone = True
+    _last_write = time.monotonic()
 
 
 def emit(event: str, **fields: Any) -> None:
     line = json.dumps({"event": event, **fields}, separators=(",", ":"), sort_keys=True)
     _write_all(b"J " + line.encode() + b"\n")
+
+
+def tick(every_s: float) -> None:
+    """``tick`` (with the host's clock) when nothing was written for ``every_s``."""
+    if time.monotonic() - _last_write >= every_s:
+        emit(EV_TICK, now=time.time())
 
 
 def emit_data(offset: int, data: bytes) -> None:

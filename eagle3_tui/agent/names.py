@@ -28,6 +28,10 @@ columns (and each step's envelope, and any metric the newest block no longer has
 what a summary reads of a run's whole history: the loss (its anomalies), the steps and
 times (resumes, gaps, epochs) and the pace over the run; everything of the newest steps
 (the windows a verdict and the latest values read)."""
+TICK_S = 5.0
+"""A stream's agent (follow, observe) says ``tick`` after this long without another
+frame: a client that hears nothing for a few of them knows the agent is stopped or
+frozen (its sshd may still be up: the connection alone says nothing)."""
 NVML_FIXTURE_ENV = "EAGLE3_TUI_NVML_FIXTURE"  # recorded NVML readings (telemetry/session.py)
 RUNS_FOLDER = "eagle3-runs"
 """In a trainer's working directory: the run directories eagle3-tui makes for a training
@@ -72,6 +76,7 @@ EV_OBSERVED = "observed"  # observe: the process being observed (once, first)
 EV_CURSOR = "cursor"  # observe: where a reconnect resumes (after each data frame)
 EV_ENDED = "ended"  # observe: the trainer exited; nothing more will come
 EV_DISK = "disk"  # follow: the room on the run's filesystem (agent/diskspace.py)
+EV_TICK = "tick"  # follow, observe: nothing else said for TICK_S (the agent is not frozen)
 EV_CHOSEN = "chosen"  # look: what the target means, before the run's file is read
 FINAL_EVENTS = (EV_RESULT, EV_EOF, EV_ENDED)  # what ends an operation's answer
 

@@ -42,9 +42,9 @@ from typing import Any
 
 from eagle3_tui.agent import tfevents, trackers, wandbfile
 from eagle3_tui.agent.discover import _HELPERS, _WORKER_MARKS, left_behind, live_or_ended
-from eagle3_tui.agent.frames import client_gone, emit, emit_data
+from eagle3_tui.agent.frames import client_gone, emit, emit_data, tick
 from eagle3_tui.agent.logparse import LineParser, metric_record
-from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED
+from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_EOF, EV_OBSERVED, TICK_S
 from eagle3_tui.agent.process_facts import find_checkpoint_dir, user_name
 from eagle3_tui.agent.stuck import QUIET_S as STUCK_QUIET_S
 from eagle3_tui.agent.stuck import StuckWatch
@@ -1029,6 +1029,7 @@ def op_observe(req: dict[str, Any]) -> int:
                 return 0
             if client_gone():
                 return 0
+            tick(TICK_S)  # a round that had nothing new: the client still hears this agent
             wait = max(0.0, interval - (time.monotonic() - round_start))
             if getattr(obs.metrics, "behind", False):
                 wait = 0.0  # a long history being read: no pause until it is

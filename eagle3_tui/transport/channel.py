@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eagle3_tui.agent import BOOTSTRAP
-from eagle3_tui.agent.names import EV_ERROR, FINAL_EVENTS, PROTOCOL
+from eagle3_tui.agent.names import EV_ERROR, FINAL_EVENTS, PROTOCOL, TICK_S
 from eagle3_tui.transport.base import TargetError
 from eagle3_tui.transport.bundle import LEAN_MISS, LEAN_MISS_STATUS, bundle, lean_bundle
 from eagle3_tui.transport.replies import ErrorKind
@@ -33,6 +33,10 @@ CONTROL_OPS = ("kill", "resume", "attach")  # finish on the host when the client
 STREAMING_OPS = ("follow", "observe")  # run until the client closes their stdin
 MAX_FRAME = 64 * 1024 * 1024
 READ_SIZE = 1 << 20
+STREAM_IDLE_S = 4 * TICK_S
+"""How long a stream (follow, observe) waits for a byte before its channel is lost:
+under the shortest quiet limit (30 s), so a frozen agent is a link down, never a run
+called stalled for the records it no longer sends."""
 
 
 def keeps_stdin(request: dict[str, Any]) -> bool:
@@ -86,6 +90,11 @@ class Reader(Protocol):
 
 class ChannelLostError(Exception):
     """The agent's output ended without a clean end (connection dropped, agent died)."""
+
+
+class AgentSilentError(ChannelLostError):
+    """Not a byte from a stream's agent for its idle limit: the client let go of it
+    (its channel's exit then says only that it was closed)."""
 
 
 class FrameParser:
@@ -189,18 +198,29 @@ def _inflate(packed: bytes, length: int, offset: int) -> bytes:
 
 
 async def read_frames(
-    reader: Reader, lost: tuple[type[BaseException], ...] = ()
+    reader: Reader, lost: tuple[type[BaseException], ...] = (), idle_s: float | None = None
 ) -> AsyncIterator[Frame]:
     """Frames until the agent's output ends.
 
     Raises :class:`ChannelLostError` when the output ends inside a frame (a torn
-    frame is never delivered) or with one of ``lost`` (the transport's errors).
+    frame is never delivered), with one of ``lost`` (the transport's errors), or, with
+    ``idle_s``, when not one byte came for that long: a stream's agent says ``tick``
+    every :data:`TICK_S` (a long frame on a slow link is bytes arriving), so its
+    silence means it is stopped or frozen, or the link is, whatever the connection says.
     """
     errors: tuple[type[BaseException], ...] = (ConnectionError, *lost)
     parser = FrameParser()
     while True:
         try:
-            data = await reader.read(READ_SIZE)
+            if idle_s is None:
+                data = await reader.read(READ_SIZE)
+            else:
+                data = await asyncio.wait_for(reader.read(READ_SIZE), idle_s)
+        except TimeoutError:
+            raise AgentSilentError(
+                f"not a byte from the host's agent for {idle_s:.0f} s (it says something "
+                f"every {TICK_S:.0f} s): the agent is stopped or frozen, or the link is"
+            ) from None
         except errors as e:
             raise ChannelLostError(str(e) or type(e).__name__) from e
         if not data:
@@ -214,7 +234,7 @@ async def read_frames(
 class AgentChannel(Protocol):
     """A running agent: its frames, then its exit status and stderr."""
 
-    def frames(self) -> AsyncIterator[Frame]: ...
+    def frames(self, idle_s: float | None = None) -> AsyncIterator[Frame]: ...
 
     async def finish(self) -> tuple[int | None, str]: ...
 
@@ -262,9 +282,9 @@ class LocalChannel:
         assert proc.stderr is not None
         self._stderr = asyncio.ensure_future(proc.stderr.read())
 
-    def frames(self) -> AsyncIterator[Frame]:
+    def frames(self, idle_s: float | None = None) -> AsyncIterator[Frame]:
         assert self.proc.stdout is not None
-        return read_frames(self.proc.stdout)
+        return read_frames(self.proc.stdout, idle_s=idle_s)
 
     async def finish(self) -> tuple[int | None, str]:
         status = await self.proc.wait()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from eagle3_tui.agent.names import EV_CURSOR, EV_ENDED, EV_ERROR, EV_OBSERVED
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent, TargetError
 from eagle3_tui.transport.channel import (
+    STREAM_IDLE_S,
     AgentAnswerError,
     AgentChannel,
     AgentFailedError,
@@ -104,7 +105,7 @@ class ObservedTransport(Reconnecting):
         )
 
     async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:
-        async for frame in channel.frames():
+        async for frame in channel.frames(STREAM_IDLE_S):
             if isinstance(frame, DataFrame):
                 yield Chunk(self._position, frame.data)
                 self._position += len(frame.data)

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent, TargetError
-from eagle3_tui.transport.channel import AgentChannel, ChannelLostError
+from eagle3_tui.transport.channel import AgentChannel, AgentSilentError, ChannelLostError
 
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 """Seconds to wait before each reconnect in a row (the last one repeats)."""
@@ -69,6 +69,7 @@ class Reconnecting:
             channel: AgentChannel | None = None
             status: int | None = None
             stderr = ""
+            silent = False
             try:
                 channel = await self._start()
                 async for event in self._events(channel):
@@ -76,6 +77,7 @@ class Reconnecting:
             except StreamOver:
                 return
             except (TargetError, ChannelLostError) as e:
+                silent = isinstance(e, AgentSilentError)
                 refused = self._refusal(e)
                 if refused is None:
                     raise
@@ -90,10 +92,11 @@ class Reconnecting:
             if channel is not None:
                 problem = self._exit_problem(status, stderr)
                 if problem is not None:
-                    refused, reason = problem
-                    if refused:
-                        yield LinkChanged(Link.REFUSED, reason)
+                    if problem[0]:
+                        yield LinkChanged(Link.REFUSED, problem[1])
                         return
+                    if not silent:  # a silent agent's channel was closed here: not news
+                        reason = problem[1]
             delay = self.backoff[min(self._failures, len(self.backoff) - 1)]
             self._failures += 1
             self.reconnects += 1

@@ -46,6 +46,7 @@ from eagle3_tui.transport.base import (
 from eagle3_tui.transport.channel import (
     AGENT_TAG,
     NOT_FOUND_STATUS,
+    STREAM_IDLE_S,
     AgentChannel,
     AgentFailedError,
     ChannelLostError,
@@ -233,8 +234,8 @@ class SshChannel:
         except (asyncssh.Error, OSError):
             return b""
 
-    def frames(self) -> AsyncIterator[Frame]:
-        return read_frames(self.proc.stdout, lost=(asyncssh.Error, OSError))
+    def frames(self, idle_s: float | None = None) -> AsyncIterator[Frame]:
+        return read_frames(self.proc.stdout, lost=(asyncssh.Error, OSError), idle_s=idle_s)
 
     async def finish(self) -> tuple[int | None, str]:
         with contextlib.suppress(TimeoutError, asyncssh.Error, OSError):
@@ -398,7 +399,7 @@ class SshTransport(Reconnecting):
         return await self.host.start_agent(request)
 
     async def _events(self, channel: AgentChannel) -> AsyncIterator[StreamEvent]:
-        async for frame in channel.frames():
+        async for frame in channel.frames(STREAM_IDLE_S):
             if isinstance(frame, DataFrame):
                 off, data = frame.offset, frame.data
                 if off < self._complete:

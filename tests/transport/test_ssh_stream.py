@@ -19,8 +19,9 @@ import pytest
 from eagle3_tui.model.reader import LineReader, Restarted
 from eagle3_tui.model.records import Malformed
 from eagle3_tui.model.segments import segment_items
+from eagle3_tui.model.verdict import MIN_QUIET_S
 from eagle3_tui.transport.base import Chunk, Link, LinkChanged, StreamEvent
-from eagle3_tui.transport.channel import AGENT_TAG
+from eagle3_tui.transport.channel import AGENT_TAG, STREAM_IDLE_S
 from eagle3_tui.transport.openssh import OpenSshHost, find_ssh
 from eagle3_tui.transport.ssh import SshHost, SshTransport
 from eagle3_tui.transport.target import SshTarget
@@ -210,6 +211,53 @@ async def test_a_hung_connection_is_dropped_by_keepalive_and_the_stream_resumes(
         await host.close()
     assert frozen
     assert f.count(Link.RECONNECTING) >= 1
+    assert f.seqs() == list(range(10))
+
+
+def freeze_agents(sshd: Sshd) -> list[int]:
+    """SIGSTOP the agents under this sshd (the connection and sshd stay up)."""
+    frozen = []
+    for pid in sshd.session_tree():
+        with contextlib.suppress(OSError):
+            if AGENT_TAG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+    return frozen
+
+
+async def test_a_frozen_agent_is_a_lost_link_before_a_quiet_run_could_be_called_stalled(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    """A follow agent SIGSTOPped on the host (sshd, the connection and its keepalives all
+    fine): no more records come, so without a word from the agent the run would read
+    quiet, then stalled. Its ticks stop: the stream calls the link lost sooner than the
+    shortest quiet limit, and a new agent reads on from where the frozen one stopped."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    path = run_dir / "metrics.jsonl"
+    lines = Lines()
+    path.write_bytes(b"".join(lines.train(i, 1.0) for i in range(5)))
+    host = stream_host("openssh" if find_ssh() is not None else "asyncssh", ssh_target(sshd))
+    f = Follower.ssh(host, run_dir)
+    frozen: list[int] = []
+    try:
+        await f.until(lambda: len(f.records) == 5, what="the first records")
+        quiet = time.monotonic()  # the last byte came at the latest now
+        frozen = freeze_agents(sshd)
+        append(path, b"".join(lines.train(i, 1.0) for i in range(5, 10)))
+        await f.until(lambda: f.count(Link.RECONNECTING) >= 1, 40, "the frozen agent noticed")
+        noticed = time.monotonic() - quiet
+        await f.until(lambda: len(f.records) == 10, what="the records through a new agent")
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await f.close()
+        await host.close()
+    assert len(frozen) == 1
+    lost = next(x for x in f.links if x.link == Link.RECONNECTING)
+    assert "not a byte from the host's agent for 20 s" in lost.detail
+    assert STREAM_IDLE_S <= noticed < MIN_QUIET_S, noticed
     assert f.seqs() == list(range(10))
 
 
