@@ -644,8 +644,11 @@ def ended_at(state: RunState, verdict: Diagnosis) -> float | None:
         return end.ts
     obs = state.observed
     if obs is not None and not obs.alive:
+        from eagle3_tui.model.observed_health import last_seen_alive
+
         info = obs.info
-        return next((t for t in (info.last_alive, info.ended_at) if t is not None), obs.ts)
+        alive = last_seen_alive(state)
+        return next((t for t in (alive, info.ended_at) if t is not None), obs.ts)
     if verdict.health is Health.DEAD:
         return state.last_ts
     return None

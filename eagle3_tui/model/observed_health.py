@@ -18,6 +18,7 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -227,7 +228,7 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     finished; a signal or another status: dead), an error in its log, its last epoch
     done; with when it ended, its log's last lines and what of it outlived it."""
     who = f"The trainer (pid {info.pid})"
-    when = _end_time(info)
+    when = _end_time(info, last_seen_alive(state))
     status = info.exit_status
     how = f" ({exit_text(status)})" if status is not None else ""
     started = info.started or 0.0
@@ -265,14 +266,39 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     )
 
 
-def _end_time(info: ProcessInfo) -> str:
-    """When it ended: ``at 14:02:11`` when a look watched it go, else between its last
-    look alive and the look that found it gone."""
+def last_seen_alive(state: RunState) -> float | None:
+    """A training without telemetry found gone by a later look: the last moment it is
+    known to have lived, the look that found it alive or a checkpoint it finished
+    saving since (its end lies between that and the look that found it gone, ``ended_by``);
+    None where a look watched it go (its end is known to a look's interval)."""
+    obs = state.observed
+    if obs is None or obs.alive or obs.info.last_alive is None:
+        return None
+    alive, gone = obs.info.last_alive, obs.info.ended_at
+    until = gone if gone is not None else math.inf
+    saves = [
+        e.ts for e in state.ckpt_events if e.event == "save_finished" and alive < e.ts <= until
+    ]
+    return max([alive, *saves])
+
+
+def ended_by(state: RunState) -> float | None:
+    """Where the end of a training without telemetry lies between two looks: the look
+    that found it gone (:func:`last_seen_alive` the other end); else None."""
+    obs = state.observed
+    if last_seen_alive(state) is None or obs is None:
+        return None
+    return obs.info.ended_at
+
+
+def _end_time(info: ProcessInfo, alive: float | None) -> str:
+    """When it ended: ``at 14:02:11`` when a look watched it go, else between the last
+    moment it is known alive (``health.last_seen_alive``) and the look that found it gone."""
     if info.ended_at is None:
         return "at an unknown time"
-    if info.last_alive is None:
+    if alive is None:
         return f"at {clock(info.ended_at)}"
-    return f"between {clock(info.last_alive)} and {clock(info.ended_at)}"
+    return f"between {clock(alive)} and {clock(info.ended_at)}"
 
 
 def _errors(state: RunState) -> list[LogLine]:

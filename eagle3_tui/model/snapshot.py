@@ -46,6 +46,7 @@ from eagle3_tui.model.files import DiskSpace, FileNotice, Outcome, WriteGap
 from eagle3_tui.model.health import diagnose, ended_at
 from eagle3_tui.model.liveness import Leftover
 from eagle3_tui.model.observed import Member, bar_progress
+from eagle3_tui.model.observed_health import ended_by
 from eagle3_tui.model.sampled import IoPoint
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.verdict import Diagnosis, Health
@@ -162,6 +163,10 @@ class Progress:
     ended_at: float | None = None
     """When the run ended (the host's clock, :func:`~health.ended_at`); None while it
     runs. Its figures stop there: the uptime, the pace, the read rates."""
+    ended_by: float | None = None
+    """A training without telemetry found gone by a later look: that look (it ended
+    between ``ended_at``, the last moment it was known alive, and this; ``elapsed_s``
+    runs to ``ended_at``: the least it ran)."""
     pace_over: str = "recent"
     """What ``steps_per_s``/``tokens_per_s`` measure: ``recent`` (the last minute of the
     running process), ``run`` (the average of the process that ended, over all its
@@ -551,6 +556,7 @@ def _progress(
         elapsed_s=(min(now, ended) if ended is not None else now) - start if start else None,
         global_step=step,
         ended_at=ended,
+        ended_by=ended_by(state) if ended is not None else None,
         pace_over=pace_over,
     )
 

@@ -75,6 +75,7 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
         "eta_run_s": _num(p.eta_run_s),
         "elapsed_s": _num(p.elapsed_s),
         "ended_at": p.ended_at,
+        "ended_by": p.ended_by,
         "fetch_frac": _num(p.fetch_frac),
         "metrics": {k: _num(v) for k, v in sorted(snap.latest.items())},
         "validation": [
@@ -347,6 +348,11 @@ def format_text(summary: dict[str, Any]) -> str:
     pace = f"{f(summary['steps_per_s'], 2)} steps/s   {f(summary['tokens_per_s'], 0)} tokens/s"
     if summary.get("ended_at") is not None:  # over: how long it ran, at what average
         ran = f"ended {clock(summary['ended_at'])}, ran {_seconds(summary.get('elapsed_s'))}"
+        if summary.get("ended_by") is not None:  # between two looks: the least it ran
+            ran = (
+                f"ended between {clock(summary['ended_at'])} and {clock(summary['ended_by'])}, "
+                f"ran at least {_seconds(summary.get('elapsed_s'))}"
+            )
         over = "its average" if summary.get("pace_over") == "run" else "its last epoch's average"
         lines.append(f"pace     {ran}; {over} {pace}")
     else:

@@ -299,3 +299,30 @@ def test_a_silent_slurm_batch_job_is_not_promised_a_restart_with_telemetry() -> 
     assert HANDLER in d.reason and "Attach live" in d.reason, d.reason
     assert "restart it with telemetry" not in d.reason, d.reason
     assert "a stop and a requeue (k, then r) bring its script back as it was" in d.reason
+
+
+def test_a_training_found_gone_by_a_later_look_ended_between_the_two() -> None:
+    """Looked at alive at T0+30, found gone at T0+300 (its record, read after it ended):
+    it ended somewhere between, the later of that look and a checkpoint it finished
+    saving since (T0+110). "ended 00:00:30, ran 30 s" said the first bound as the end;
+    the summary says the span and the least it ran, as the verdict says the span."""
+    o = Observed()
+    o.feed(o.obs.at(o.t).proc(started=o.started, epochs=2))
+    o.bar(0, 24, 24, elapsed_s=6.0)
+    o.feed(o.obs.at(T0 + 110).ckpt("save_finished", "/work/exp7/checkpoints/1", bytes=9))
+    o.feed(o.obs.at(T0 + 300).ckpt("best", "/work/exp7/checkpoints/1"))  # (a look's time)
+    gone: dict[str, Any] = {"ended_at": T0 + 300, "last_alive": T0 + 30}
+    o.feed(o.obs.at(T0 + 300).proc(alive=False, started=o.started, epochs=2, **gone))
+    d = diagnose(o.run.state, T0 + 400)
+    s = summarize(o.run.state, T0 + 400)
+    assert (s["ended_at"], s["ended_by"], s["elapsed_s"]) == (T0 + 110, T0 + 300, 110.0)
+    text = format_text(s)
+    assert "ended between 08:01:50 and 08:05:00, ran at least 1m50s" in text, text
+    assert "between 08:01:50 and 08:05:00" in d.reason, d.reason
+    # watched as it went: its end is known, said as one time
+    o = Observed()
+    o.feed(o.obs.at(o.t).proc(started=o.started))
+    o.feed(o.obs.at(T0 + 60).proc(alive=False, started=o.started, ended_at=T0 + 60))
+    s = summarize(o.run.state, T0 + 100)
+    assert (s["ended_at"], s["ended_by"]) == (T0 + 60, None)
+    assert "ended 08:01:00, ran 1m" in format_text(s)

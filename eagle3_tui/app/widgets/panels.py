@@ -512,9 +512,14 @@ class ProgressPanel(Panel):
         else:  # over: nothing is current; how long it ran, at what average
             average = "its average" if p.pace_over == "run" else "its last epoch's average"
             pace.append(f" · {average}", style="dim")
-            eta.append("ended ", style="dim")
-            eta.append(clock_time(p.ended_at), style="bold")
-            eta.append(f" · ran {duration(p.elapsed_s)}", style="dim")
+            if p.ended_by is None:
+                eta.append("ended ", style="dim")
+                eta.append(clock_time(p.ended_at), style="bold")
+                eta.append(f" · ran {duration(p.elapsed_s)}", style="dim")
+            else:  # found gone by a later look: between the two, the least it ran
+                eta.append("ended ", style="dim")
+                eta.append(f"{clock_time(p.ended_at)}–{clock_time(p.ended_by)}", style="bold")
+                eta.append(f" · ran ≥{duration(p.elapsed_s)}", style="dim")
         lines += [pace, eta]
         if snap.anomalies:
             lines.append(history_line(snap.anomalies))
