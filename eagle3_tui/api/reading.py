@@ -184,6 +184,10 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
         state.set_manifest(status.manifest)
     if status.now is not None:
         state.liveness.set_host_clock(status.now, now)
+    if status.copy_of is not None:  # its trainer is the first run's: nothing of the copy
+        state.liveness.set_copy(status.copy_of, status.alive)
+        state.liveness.set_process(None, now)
+        return
     left = () if status.alive else tuple(leftover_of(x) for x in status.leftovers)
     state.liveness.set_process(status.alive, now, left)
 

@@ -123,6 +123,8 @@ def diagnose(state: RunState, now: float) -> Diagnosis:
     client's clock (turned into the host's, which the records' ``ts`` use)."""
     state.settle()
     at = state.liveness.host_time(now)
+    if state.liveness.copy_of is not None:
+        return _a_copy(state, at)
     down = state.liveness.link_down_since
     if down is None:
         return judge(state, at)
@@ -319,6 +321,35 @@ def _unreadable(state: RunState) -> Diagnosis:
         Health.UNREADABLE,
         f"No valid record in {state.malformed_count:,} malformed lines (the last: "
         f"{bad.reason[:100]}): this is not an eagle3-tui metrics file, or not yet one.",
+    )
+
+
+def _a_copy(state: RunState, now: float) -> Diagnosis:
+    """A copy of a run directory (its host says which): nothing writes it, so it is
+    judged as of its last record, and said to be a copy; a trainer alive is the first
+    run's, whose directory is the one to read."""
+    last = state.last_ts
+    verdict = judge(state, min(now, last) if last is not None else now)
+    if verdict.health in (Health.FINISHED, Health.STOPPED, Health.UNREADABLE):
+        return verdict  # the run's end is in the copy: as true of it as of the first
+    original = state.liveness.copy_of
+    alive = state.liveness.original_alive
+    pid = state.manifest.get("pid")
+    there = (
+        f", where its trainer{f' (pid {pid})' if pid else ''} still runs"
+        if alive
+        else ", whose trainer is not running"
+    )
+    ends = f" (its records end {clock(last)}, {ago(now - last)} ago)" if last else ""
+    step = steps_done(state)
+    at = f" at step {step:,}" if step else ""
+    return replace(
+        verdict,
+        reason=(
+            f"A copy of {original}{ends}: nothing writes it; the run is written there{there} "
+            f"(eagle3-tui {original}). Last known here: {verdict.health.value}{at}. "
+            f"{verdict.reason}"
+        ),
     )
 
 

@@ -44,6 +44,14 @@ class Liveness:
     process_checked_at: float | None = None
     leftovers: tuple[Leftover, ...] = ()
     """Processes of the run alive after its trainer (dataloader workers...): from a probe."""
+    copy_of: str | None = None
+    """The run directory this one is a copy of (its host's word): the run is written
+    there; this one's records end where it was copied."""
+    original_alive: bool | None = None
+    """That run's trainer alive (its host's word)."""
+
+    def set_copy(self, original: str, alive: bool) -> None:
+        self.copy_of, self.original_alive = original, alive
 
     def set_host_clock(self, host_now: float, client_now: float) -> None:
         """The host's clock read at ``client_now``: records' ``ts`` are in its time."""

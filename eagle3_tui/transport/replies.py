@@ -121,6 +121,9 @@ class Status(Reply, kw_only=True):
     run_dir: str | None = None
     row: ProcessRow | None = None
     """``describe`` only: the discovered training's row."""
+    copy_of: str | None = None
+    """The run directory this one was copied from (``runs.copy_of``): ``alive`` and the
+    manifest's processes are that run's, none of them this copy's."""
 
 
 def leftover_of(x: LeftoverProcess) -> Leftover:

@@ -421,3 +421,61 @@ async def test_a_trainer_held_stopped_is_continued_before_it_is_asked_to_stop(
         proc.wait(10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+STEPPING_TRAINER = textwrap.dedent(
+    """
+    import logging, sys, time
+    from pathlib import Path
+    from eagle3_tui.telemetry import attach
+
+    attach(Path(sys.argv[1]), samplers=[], resume_command=[sys.executable, *sys.argv])
+    metrics = logging.getLogger("speculators.metrics")
+    for step in range(100000):
+        metrics.info({"train": {"loss": 2.0 - step * 1e-4}}, extra={"step": step})
+        time.sleep(0.05)
+    """
+)
+
+
+def test_a_copy_of_a_live_run_is_judged_as_a_copy_not_as_a_stalled_run(tmp_path: Path) -> None:
+    """``cp -r run copy`` while it trains: nothing writes the copy, while the manifest's
+    trainer (the first run's) lives on. The copy read "STALLED: No metric for 2 min"
+    (the probe found that trainer alive, its records stopped). It is judged as of its
+    last record and said to be a copy, of which run, whose trainer still runs there."""
+    from eagle3_tui import api
+    from eagle3_tui.model.health import diagnose
+    from eagle3_tui.model.verdict import Health
+
+    run_dir = tmp_path / "run"
+    script = tmp_path / "stepping_trainer.py"
+    script.write_text(STEPPING_TRAINER)
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir)], env=env, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while b'"train"' not in _read(run_dir / "metrics.jsonl"):
+            assert proc.poll() is None and time.monotonic() < deadline, "no step logged"
+            time.sleep(0.1)
+        copy = tmp_path / "copy"
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock"))
+        opened = api.open_run(str(copy))
+        later = diagnose(opened.state, opened.now + 600)  # ten minutes on: still a copy
+        original = api.open_run(str(run_dir))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert later.health is Health.RUNNING, later.reason
+    assert later.reason.startswith(f"A copy of {run_dir} (its records end "), later.reason
+    assert f"where its trainer (pid {proc.pid}) still runs" in later.reason
+    assert f"(eagle3-tui {run_dir}). Last known here: running at step " in later.reason
+    assert original.health == "running" and "copy" not in original.reason
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
