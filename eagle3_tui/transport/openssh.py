@@ -26,6 +26,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,7 +156,40 @@ class OpenSshHost(TargetNames):
         last = lines[-1] if lines else "ssh failed (exit status 255)"
         last = last.removeprefix("ssh: ")
         refused = any(r in stderr for r in REFUSALS)
+        if "Host key verification failed" in stderr:  # the key changed since it connected
+            o = self.target.options
+            known = o.known_hosts if o.known_hosts is not None else self.known_hosts
+            files = ", ".join(known or ()) or "known_hosts"
+            host = self._known_as()
+            return True, (
+                f"{self.label}: ssh: Host key verification failed: the host's key no longer "
+                f"matches {files}, as it did when this session connected. Someone may be "
+                f"intercepting the connection; if the change is expected, remove the old key "
+                f"(ssh-keygen -R {shlex.quote(host)}) and connect again"
+            )
         return refused, f"{self.label}: ssh: {last}"
+
+    def _known_as(self) -> str:
+        """The name known_hosts holds the host's key under (``[name]:port`` off port 22),
+        as ``ssh -G`` resolves the target (an alias of the configuration is not it)."""
+        o = self.target.options
+        name, port = self.target.host, o.port
+        argv = [self.ssh, "-G", "-F", config_file(o.config)]
+        if port is not None:
+            argv += ["-p", str(port)]
+        try:
+            out = subprocess.run(
+                [*argv, "--", name], capture_output=True, text=True, timeout=5, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value:
+                name = value
+            elif key == "port" and value.isdigit():
+                port = int(value)
+        return name if port in (None, 22) else f"[{name}]:{port}"
 
     async def close(self) -> None:
         return None

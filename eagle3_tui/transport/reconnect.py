@@ -19,6 +19,14 @@ from eagle3_tui.transport.channel import AgentChannel, AgentSilentError, Channel
 
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0)
 """Seconds to wait before each reconnect in a row (the last one repeats)."""
+REFUSAL_RETRY_S = 30.0
+"""A host key that no longer matches known_hosts is refused, and tried again this often:
+once the key is put back (or the old one removed, deliberately), the stream reads on."""
+HOST_KEY_SIGNS = (
+    "Host key verification failed",
+    "HOST KEY CHANGED",
+    "REMOTE HOST IDENTIFICATION HAS CHANGED",
+)
 
 
 class StreamOver(Exception):  # noqa: N818 (not an error: the end, said by the operation)
@@ -36,6 +44,20 @@ class Reconnecting:
     reconnects: int
     """Attempts after the first (a count tests and benchmarks read)."""
     _failures: int = 0
+    refusal_retry_s: float = REFUSAL_RETRY_S
+
+    def _retried(self, reason: str) -> bool:
+        """Whether a refusal is tried again (slowly): a host key that does not match,
+        which its owner may put right while the monitor runs; never anything else."""
+        return any(sign in reason for sign in HOST_KEY_SIGNS)
+
+    def _refused(self, reason: str) -> LinkChanged:
+        if not self._retried(reason):
+            return LinkChanged(Link.REFUSED, reason)
+        every = f"{self.refusal_retry_s:g} s"
+        return LinkChanged(
+            Link.REFUSED, f"{reason} (tried again every {every})", retry_in=self.refusal_retry_s
+        )
 
     def _host_label(self) -> str:
         raise NotImplementedError
@@ -70,6 +92,7 @@ class Reconnecting:
             status: int | None = None
             stderr = ""
             silent = False
+            refusal: LinkChanged | None = None
             try:
                 channel = await self._start()
                 async for event in self._events(channel):
@@ -82,21 +105,25 @@ class Reconnecting:
                 if refused is None:
                     raise
                 if refused:
-                    yield LinkChanged(Link.REFUSED, str(e))
-                    return
+                    refusal = self._refused(str(e))
                 reason = str(e)
             finally:
                 if channel is not None:  # on every way out, the consumer's aclose() too
                     channel.close()
                     status, stderr = await channel.finish()
-            if channel is not None:
+            if channel is not None and refusal is None:
                 problem = self._exit_problem(status, stderr)
                 if problem is not None:
                     if problem[0]:
-                        yield LinkChanged(Link.REFUSED, problem[1])
-                        return
-                    if not silent:  # a silent agent's channel was closed here: not news
+                        refusal = self._refused(problem[1])
+                    elif not silent:  # a silent agent's channel was closed here: not news
                         reason = problem[1]
+            if refusal is not None:
+                yield refusal
+                if refusal.retry_in is None:
+                    return
+                await asyncio.sleep(refusal.retry_in)
+                continue
             delay = self.backoff[min(self._failures, len(self.backoff) - 1)]
             self._failures += 1
             self.reconnects += 1

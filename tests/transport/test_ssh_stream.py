@@ -392,23 +392,39 @@ async def test_the_app_monitors_a_run_over_ssh(sshd: Sshd, tmp_path: Path) -> No
         await host.close()
 
 
-async def test_a_changed_host_key_ends_the_stream_as_refused(
+async def test_a_changed_host_key_is_refused_then_read_on_once_it_is_put_back(
     sshd: Sshd, tmp_path: Path, client: str
 ) -> None:
+    """A host key that no longer matches known_hosts: refused, saying what to check and
+    how, with no data read; tried again slowly (the stream ended for good before, and
+    a key put back was never seen): once known_hosts holds the host's key, it reads on."""
     from eagle3_tui.transport.sshlib import asyncssh
 
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
+    (tmp_path / "metrics.jsonl").write_bytes(Lines().train(0, 1.0))
     target = ssh_target(sshd, known_hosts=(str(known),))
     host = stream_host(client, target)
-    events = []
+    transport = SshTransport(host, str(tmp_path))
+    transport.refusal_retry_s = 0.5
+    events: list[StreamEvent] = []
     try:
         async with asyncio.timeout(60):
-            async for ev in SshTransport(host, str(tmp_path)).stream(0):
+            async for ev in transport.stream(0):
                 events.append(ev)
+                if isinstance(ev, LinkChanged) and ev.link == Link.REFUSED:
+                    known.write_text(sshd.known_hosts.read_text())  # the key put back
+                if isinstance(ev, Chunk):
+                    break
     finally:
         await host.close()
-    assert isinstance(events[-1], LinkChanged) and events[-1].link == Link.REFUSED
-    assert "CHANGED" in events[-1].detail or "verification failed" in events[-1].detail
-    assert not any(isinstance(e, Chunk) for e in events)
+    refused = [e for e in events if isinstance(e, LinkChanged) and e.link == Link.REFUSED]
+    assert refused and refused[0].retry_in == 0.5
+    detail = refused[0].detail
+    assert "CHANGED" in detail or "verification failed" in detail, detail
+    assert "(tried again every 0.5 s)" in detail, detail
+    assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in detail, detail
+    before = events.index(refused[0])
+    assert not any(isinstance(e, Chunk) for e in events[:before])
+    assert isinstance(events[-1], Chunk)
