@@ -113,9 +113,13 @@ class Resume:
     """The first step it logged then (None: none yet)."""
     redone: tuple[int, int] | None
     """Steps trained before and done again (first, last), if it went back."""
+    superseded: bool = False
+    """Another process started after it (its steps, if any, were logged before that)."""
 
     @property
     def said(self) -> str:
+        if self.first_step is None and self.superseded:
+            return "resumed, no step logged before the next start"
         if self.first_step is None:
             return "resumed (no step logged since)"
         again = f" (steps {self.redone[0]} to {self.redone[1]} done again)" if self.redone else ""
@@ -352,15 +356,19 @@ def _resumes(state: RunState, steps: npt.NDArray[np.int64], ts: F64) -> list[Res
     its start) is a resume too."""
     out: list[Resume] = []
     redos = list(state.redos)
+    starts = sorted(e.ts for e in state.events if e.event in ("start", "resume"))
     for event in state.events:
         if event.event != "resume":
             continue
+        # its own steps: those before the next process started (a resume that died
+        # before its first step is credited with none of the next one's)
+        until = next((t for t in starts if t > event.ts), math.inf)
         i = int(np.searchsorted(ts, event.ts, side="left"))
-        first = step_number(int(steps[i])) if i < len(steps) else None
-        redo = next((r for r in redos if r.ts >= event.ts), None)
+        first = step_number(int(steps[i])) if i < len(steps) and ts[i] < until else None
+        redo = next((r for r in redos if event.ts <= r.ts < until), None)
         if redo is not None:
             redos.remove(redo)
         again = (redo.first + 1, redo.last + 1) if redo is not None else None
-        out.append(Resume(event.ts, first, again))
+        out.append(Resume(event.ts, first, again, superseded=until < math.inf))
     out += [Resume(r.ts, r.first + 1, (r.first + 1, r.last + 1)) for r in redos]
     return out

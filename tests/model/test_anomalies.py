@@ -115,6 +115,27 @@ def test_noisy_runs_without_a_spike_raise_no_alarm() -> None:
         assert summary["anomalies"]["spikes"] == [], (seed, summary["anomalies"]["spikes"])
 
 
+def test_a_resume_that_died_before_its_first_step_is_credited_with_none() -> None:
+    """Steps 1-100, a resume that crashed before any step (pid 2), then one that went
+    on from step 91 (pid 3). The first resume was said to be "resumed at step 91 (steps
+    91 to 100 done again)" and the one that did it "resumed at step 91"."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=1)
+    data += b"".join(lines.train(s, 2.0) for s in range(100))
+    data += lines.event("interrupt", step=100)
+    lines.at(lines.ts + 300)
+    data += lines.event("resume", pid=2, step=90)
+    data += lines.event("crash", error="RuntimeError: CUDA error")
+    lines.at(lines.ts + 300)
+    data += lines.event("resume", pid=3, step=90)
+    data += b"".join(lines.train(s, 2.0) for s in range(90, 130))
+    summary = summarize(run_of(data).state, lines.ts)
+    died, went_on = summary["anomalies"]["resumes"]
+    assert died["said"] == "resumed, no step logged before the next start", died
+    assert died["first_step"] is None and died["redone"] is None
+    assert went_on["said"] == "resumed at step 91 (steps 91 to 100 done again)", went_on
+
+
 def test_resumes_and_missing_steps_are_said() -> None:
     lines = Lines(t0=T0, dt=0.5)
     noise = random.Random(4)
