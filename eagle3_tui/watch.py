@@ -133,6 +133,14 @@ class RunMemory:
     seen_at: float = 0.0
     """When the watcher last looked at the run (the state file keeps the
     :data:`REMEMBERED` runs seen last)."""
+    seen: str | None = None
+    """The health the last look found (not saved)."""
+    pending_from: str | None = None
+    """The health looks found just before the pending one (not saved)."""
+    previous: str | None = None
+    """What the last alert's run was before its change: the health the looks found
+    before it (a run that went from waiting to running and stopped within a hold was
+    running, though only waiting was ever sent)."""
 
     def saved(self) -> dict[str, Any]:
         return {
@@ -159,7 +167,10 @@ def transition(
     memory: RunMemory, v: Verdict, now: float, rules: Rules, looks: int = 2
 ) -> str | None:
     """The alert kind this look calls for (and the memory moved on), or None."""
+    memory.previous = memory.alerted
     kind = _transition(memory, v, now, rules, looks)
+    if v.link_down_since is None:
+        memory.seen = v.health
     if kind is not None:
         memory.last_sent = now
     return kind
@@ -180,12 +191,15 @@ def _transition(memory: RunMemory, v: Verdict, now: float, rules: Rules, looks: 
         return None
     if memory.pending != health:
         memory.pending, memory.pending_since, memory.pending_looks = health, now, 0
+        memory.pending_from = memory.seen if memory.seen != health else None
     memory.pending_looks += 1
     held = now - memory.pending_since >= rules.hold_s and memory.pending_looks >= looks
     in_gap = memory.last_sent is not None and now - memory.last_sent < rules.gap_s
     if not held or in_gap:
         return None
     previous = memory.alerted
+    if memory.pending_from is not None:
+        memory.previous = memory.pending_from
     memory.alerted, memory.alerted_at = health, now
     memory.pending, memory.pending_looks = None, 0
     if health in QUIET:
@@ -405,11 +419,10 @@ class Watcher(Follower):
         now = self.clock()
         memory = self.state.runs.setdefault(key, RunMemory(label))
         memory.seen_at = now
-        previous = memory.alerted
         kind = transition(memory, v, now, self.rules, looks)
         if kind is None:
             return
-        alert = make_alert(kind, memory, host, v, previous, self.ssh_args, now)
+        alert = make_alert(kind, memory, host, v, memory.previous, self.ssh_args, now)
         self.alerts.append(alert)
         self.say(alert.text().replace("\n", " — "))
         self.outbox.post(alert)

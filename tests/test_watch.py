@@ -57,6 +57,23 @@ def test_a_verdict_is_sent_once_after_it_held_and_never_for_a_flap() -> None:
     assert transition(m, v("running"), 611, RULES) == "recovered"
 
 
+def test_an_alerts_previous_health_is_what_the_looks_found_before_the_change() -> None:
+    """Waiting, then running for less than a hold, then stopped: the alert said
+    "previous: waiting" (the last health sent) of a run that had logged steps."""
+    m = RunMemory("r")
+    transition(m, v("waiting"), 0, RULES)  # the baseline
+    transition(m, v("running"), 5, RULES)
+    transition(m, v("running"), 9, RULES)  # not held yet: never sent
+    transition(m, v("stopped"), 12, RULES)
+    assert transition(m, v("stopped"), 25, RULES) == "stopped"
+    assert m.previous == "running"
+    # a recovery's previous is the alarm it recovered from
+    transition(m, v("stalled"), 100, RULES)
+    assert transition(m, v("stalled"), 111, RULES) == "stalled" and m.previous == "stopped"
+    transition(m, v("running"), 150, RULES)
+    assert transition(m, v("running"), 161, RULES) == "recovered" and m.previous == "stalled"
+
+
 def test_one_alert_per_gap_and_the_change_in_it_waits_for_its_end() -> None:
     m = RunMemory("r")
     transition(m, v("running"), 0, RULES)
