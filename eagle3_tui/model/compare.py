@@ -329,7 +329,11 @@ def _fmt_x(axis: str, x: float) -> str:
         if x < 1e6:
             return f"{x / 1e3:,.1f}k tokens"
         return f"{x / 1e6:,.1f}M tokens" if x < 1e9 else f"{x / 1e9:,.2f}B tokens"
-    return f"{x / 3600:.1f} h of training" if x >= 5400 else f"{x / 60:.0f} min of training"
+    if x >= 5400:
+        return f"{x / 3600:.1f} h of training"
+    if x >= 120:
+        return f"{x / 60:.0f} min of training"
+    return f"{x:.0f} s of training"  # a short run's seconds, not "0 min – 0 min"
 
 
 def _diverged_by(state: RunState, x: F64, at: float) -> int | None:

@@ -133,6 +133,16 @@ def test_time_axis_takes_out_stops() -> None:
     run.feed(0, data)
     c = compare(run.state, make_run(300, 0.5), axis="time")
     assert c.at == pytest.approx(199.0)  # 199 s of training, not an hour
+    assert "at 3 min of training (same time)" in c.verdict, c.verdict
+
+
+def test_a_short_time_is_said_in_seconds() -> None:
+    """A tiny run's minute of training read "mean over 0 min – 0 min of training"."""
+    from eagle3_tui.model.compare import _fmt_x
+
+    assert _fmt_x("time", 42.4) == "42 s of training"
+    assert _fmt_x("time", 150) == "2 min of training"
+    assert _fmt_x("time", 7200) == "2.0 h of training"
 
 
 def test_hparam_diff_shows_only_what_differs() -> None:
