@@ -38,13 +38,16 @@ if TYPE_CHECKING:  # (not evaluated: Python 3.8 has no tuple[...] at run time)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _RICH_BAR = re.compile(
     r"^(?P<desc>.+?)\s+(?P<pct>\d{1,3})%\s+\S*\s*(?P<n>\d+)/(?P<total>\d+)\s+"
-    r"\[\s*(?P<elapsed>[\d:]+)\s*<\s*(?P<remaining>[-\d:?]+)\s*,\s*(?P<rate>[\d.]+|\?)\s*"
-    r"(?P<unit>it/s|s/it)\s*\]"
+    r"\[\s*(?P<elapsed>[\d:]+)\s*<\s*(?P<remaining>[-\d:?]+)\s*,\s*(?P<rate>[\d.,]+|\?)\s*"
+    r"(?P<scale>[kKMGTPE]?)(?P<unit>it/s|s/it)\s*\]"
 )
 _TQDM_BAR = re.compile(
     r"^(?P<desc>.+?):\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*"
-    r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:,\s*(?P<rate>[\d.]+|\?)\s*(?P<unit>it/s|s/it))?"
+    r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)"
+    r"(?:,\s*(?P<rate>[\d.,]+|\?)\s*(?P<scale>[kKMGTPE]?)(?P<unit>it/s|s/it))?"
 )
+_SCALES = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+"""A rate's unit prefix (``unit_scale``); rich's thousands read ``1,234 it/s``."""
 _EPOCH_DESC = re.compile(r"^Epoch (\d+)$")
 _LOGURU = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)\s*\|\s*(?P<level>[A-Z]+)\s*\|\s*"
@@ -111,7 +114,10 @@ def bar(line: str) -> dict[str, Any] | None:
     rate_text, unit = m.group("rate"), m.group("unit")
     rate: float | None = None
     if rate_text and rate_text != "?":
-        value = float(rate_text)
+        try:
+            value = float(rate_text.replace(",", "")) * _SCALES[m.group("scale") or ""]
+        except ValueError:  # "1.2.3": not a rate
+            value = 0.0
         rate = (1.0 / value if value > 0 else None) if unit == "s/it" else value
     elapsed = _clock(m.group("elapsed"))
     if elapsed and n:

@@ -58,6 +58,21 @@ def test_epoch_bars_of_both_progress_libraries() -> None:
     assert p.parse("Writing model shards: 100%|███| 1/1 [00:00<00:00, 9.1it/s]")[0][0] == "log"
 
 
+def test_a_bar_drawn_at_a_thousand_steps_a_second_or_more_is_read() -> None:
+    """rich writes a rate of a thousand or more with a separator ("1,716 it/s"), tqdm
+    with a prefix where it scales ("1.23kit/s"): such drawings were not bars, so the
+    progress stood one drawing behind (the redrawn-bar test's flake on a fast machine)."""
+    for line, rate in [
+        ("Epoch 0  40% ━━━━╸━━━━━ 2/5  [ 0:00:00 < 0:00:01 , 1,716 it/s ]", 1716.0),
+        ("Epoch 0:  40%|####      | 2/5 [00:00<00:01, 1.23kit/s]", 1230.0),
+        ("Epoch 0:  40%|####      | 2/5 [00:01<00:01, 1.50s/it]", 2.0),
+    ]:
+        got = logparse.bar(line)
+        assert got is not None, line
+        assert (got["n"], got["total"]) == (2, 5)
+        assert got["rate"] == pytest.approx(rate), line
+
+
 def test_metric_dicts_printed_by_a_handler_become_records() -> None:
     p = logparse.LineParser()
     line = (
