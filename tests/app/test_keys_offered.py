@@ -381,3 +381,24 @@ async def test_the_run_plots_keys_on_the_comparison_say_they_are_not_its() -> No
         await pilot.press("l")
         await pilot.pause(0.1)
         assert app.view.log_scale != log_scale
+
+
+def test_the_kill_dialog_counts_the_wait_for_a_step_boundary_on_one_line() -> None:
+    """The agent tells its wait for a step boundary every few seconds, each time the
+    same sentence: the dialog showed it once, standing still for minutes (or eight
+    times over). One line now, its time counting; the next phase a line of its own."""
+    from eagle3_tui.transport.channel import Event
+
+    class Control:
+        where, nodes = "gpu-box:runs/exp7", ()
+
+    dialog = ControlDialog("kill", Control())  # type: ignore[arg-type]
+    for t in (0.0, 5.0, 10.0):
+        asked = {"step": "stop", "phase": "asked", "elapsed": t, "wait_s": 60.0}
+        dialog._on_progress(Event("progress", asked))
+    dialog._on_progress(Event("progress", {"step": "stop", "phase": "step_boundary"}))
+    assert dialog.progress == [
+        "asked the trainer to stop at its next step boundary (SIGTERM after 60 s without "
+        "one) · 10 s so far",
+        "stopped at a step boundary: speculators saves interrupted/",
+    ]

@@ -24,6 +24,9 @@ from eagle3_tui.reports import format_kill, format_progress, format_resume, form
 from eagle3_tui.transport.channel import Event
 from eagle3_tui.transport.replies import KillReport, ResumeReport, Status
 
+STOP_WAITS = ("asked", "accepted", "scheduled")
+"""The phases of a step-boundary stop that wait (their progress lines say no time)."""
+
 
 def _when(ts: object) -> str:
     if not isinstance(ts, int | float):
@@ -224,6 +227,7 @@ class ControlDialog(ConfirmDialog):
         )
         self.op = op
         self.progress: list[str] = []
+        self._progress_key: tuple[object, ...] | None = None
 
     @work(exclusive=True, group="control", exit_on_error=False)
     async def load(self) -> None:
@@ -263,7 +267,17 @@ class ControlDialog(ConfirmDialog):
     def _on_progress(self, ev: Event) -> None:
         line = format_progress(ev)
         if line is not None:
-            self.progress.append(line)
+            # a wait told again (every few seconds): one line, its time counting
+            key = (ev.get("step"), ev.get("phase"), ev.get("pid"))
+            elapsed = ev.get("elapsed")
+            waiting = ev.get("step") == "stop" and ev.get("phase") in STOP_WAITS
+            if waiting and isinstance(elapsed, int | float) and elapsed >= 1:
+                line = f"{line} · {elapsed:.0f} s so far"
+            if self.progress and key == self._progress_key:
+                self.progress[-1] = line
+            else:
+                self.progress.append(line)
+            self._progress_key = key
             if self.is_attached:
                 self.query_one("#outcome", Static).update(
                     Group(*(inert(p, style="dim") for p in self.progress[-8:]))
