@@ -242,7 +242,7 @@ def stop_lines(stop: StopReport) -> list[str]:
             lines.append(f"  but its save did not become the numbered checkpoint: {printable(why)}")
     elif stop.how == "sigterm":
         lines = [f"SIGTERM'd mid-step: {printable(str(stop.reason))}"]
-    elif stop.how == "exited":
+    elif stop.how in ("exited", "finished"):
         lines = [f"not stopped by the kill: {printable(str(stop.reason))}"]
     else:
         lines = ["its ranks stopped with node 0's, at the same step"]
@@ -353,11 +353,12 @@ def _interrupted_line(info: CheckpointInfo | None, result: KillReport) -> str:
     """What this kill saved: an ``interrupted/`` it did not write is not its result."""
     if info is not None and info.new:
         return _checkpoint_line("interrupted", info)
-    why = (
-        "the trainer exited without saving (it was still starting, or its save failed)"
-        if result.signalled_trainer
-        else "no trainer was running to save it"
-    )
+    if result.stop is not None and result.stop.how == "finished":
+        why = "the training finished first"
+    elif result.signalled_trainer:
+        why = "the trainer exited without saving (it was still starting, or its save failed)"
+    else:
+        why = "no trainer was running to save it"
     line = f"  interrupted: nothing written by this kill: {why}"
     if info is not None:
         when = info.written_at

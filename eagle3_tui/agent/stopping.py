@@ -375,6 +375,9 @@ def after_stop(
     names = stop_files(m)
     if names is not None and state:  # now that it is gone: saved, or the save failed
         state = read_state(run_dir / names[1], state.get("id")) or state
+    if stop.get("how") == "exited" and _finished(m, run_dir):  # its last step came first
+        why = "the training finished by itself first (its every step done): nothing to resume"
+        return {**stop, "how": "finished", "reason": why}
     report = {**stop, **where_stopped(state)}
     ckpt = checkpoint_dir(m, run_dir)
     if stop.get("how") == "step_boundary" and ckpt is not None:
@@ -403,6 +406,16 @@ def after_stop(
     metrics = run_dir / str(m.get("metrics_file") or "metrics.jsonl")
     report["redo"] = redo_from_records(metrics, checkpoint_info(latest) if latest else None)
     return report
+
+
+def _finished(m: dict[str, Any], run_dir: Path) -> bool:
+    """The manifest, read again, says the same trainer finished (while a kill waited for
+    its step boundary: a validation or a save after its last step)."""
+    try:
+        now = mf.read_manifest(run_dir / MANIFEST)
+    except (OSError, ValueError):
+        return False
+    return now.get("status") == "finished" and now.get("pid") == m.get("pid")
 
 
 def _note_stop_save(run_dir: Path, saved: str, made: Any) -> None:

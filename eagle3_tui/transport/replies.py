@@ -233,15 +233,16 @@ class StopCheckpoint(msgspec.Struct, kw_only=True):
     link: str | None = None
 
 
-StopHow = Literal["step_boundary", "sigterm", "exited", "node0"]
+StopHow = Literal["step_boundary", "sigterm", "exited", "finished", "node0"]
 
 
 class StopReport(msgspec.Struct, kw_only=True):
     """How a kill of a run with telemetry stopped it (agent/stopping.py): at a step
     boundary through speculators' interrupt path (``step_boundary``: ``global_step`` steps
     done, the ``local_step``-th of ``epoch``), by SIGTERM (``reason``: not asked, or no
-    step boundary within ``wait_s``), ended by itself first (``exited``), or with node 0's
-    ranks (``node0``); the checkpoint a restart continues from and what it redoes."""
+    step boundary within ``wait_s``), ended by itself first (``exited``; ``finished``: its
+    training done, nothing to resume), or with node 0's ranks (``node0``); the checkpoint
+    a restart continues from and what it redoes."""
 
     how: StopHow
     reason: str | None = None

@@ -479,3 +479,43 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         return b""
+
+
+def test_a_kill_whose_run_finished_while_it_waited_says_so(tmp_path: Path) -> None:
+    """A kill during the last step's validation: the trainer finished by itself before a
+    step boundary came. The report said "no trainer was running to save it" and "a
+    restart redoes nothing: it continues at step 97" (of 96; resume then refused: the
+    run finished). It says the training finished first, with nothing to resume."""
+    from eagle3_tui.agent.stopping import after_stop
+    from eagle3_tui.reports import format_kill
+    from eagle3_tui.transport.replies import KillReport, decode
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "2").mkdir(parents=True)
+    lines = Lines()
+    data = b"".join(lines.train(s, 1.0) for s in range(96)) + lines.event("finish", step=96)
+    (run_dir / "metrics.jsonl").write_bytes(data)
+    m = {"pid": 4242, "run_dir": str(run_dir), "checkpoint_dir": str(run_dir / "checkpoints")}
+    (run_dir / "run.json").write_text(json.dumps({**m, "status": "finished"}))
+    stop = {"how": "exited", "waited_s": 3.0, "state": None, "reason": "ended first"}
+    report = after_stop(stop, m, run_dir, None)
+    assert report["how"] == "finished" and report.get("redo") is None, report
+    result = decode(
+        KillReport,
+        {
+            "op": "kill",
+            "status": "stopped",
+            "message": "all 1 process(es) of the run are gone",
+            "processes": [],
+            "stop": report,
+            "signalled_trainer": False,
+            "checkpoints": {"dir": str(run_dir / "checkpoints")},
+        },
+    )
+    text = format_kill(result)
+    assert "not stopped by the kill: the training finished by itself first" in text, text
+    assert "continues at step" not in text and "no trainer was running" not in text, text
+    # a trainer that ended otherwise (no finish): as before, what a restart redoes
+    (run_dir / "run.json").write_text(json.dumps({**m, "status": "running"}))
+    again = after_stop({"how": "exited", "state": None, "reason": "x"}, m, run_dir, None)
+    assert again["how"] == "exited"
