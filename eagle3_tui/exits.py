@@ -4,7 +4,7 @@ A number means the same thing whichever command returns it: 21 is "no permission
 for ``summary``, ``kill`` and ``attach`` alike, 22 "no such process". Ranges:
 
 - 0-2: done, the monitor's crash, an error (usage, missing run, unreachable host)
-- 3-7, 10, 11: a run's health (``summary``, ``demo --headless``), from :data:`BY_HEALTH`
+- 3-7, 10-12: a run's health (``summary``, ``demo --headless``), from :data:`BY_HEALTH`
 - 8, 9: ``kill``/``resume`` done but incomplete, or refused with nothing done
 - 20-25: what a target names cannot be acted on (a process, a directory, a file)
 - 30-36: ``attach``'s own outcomes
@@ -24,6 +24,7 @@ DIVERGED = 6  # also a run that finished or was stopped after its loss diverged
 STOPPED = 7
 UNREADABLE = 10  # no valid record in the file, only malformed lines
 DISK_FULL = 11  # no record for a while, and no room on the run's filesystem
+COPY = 12  # a copy of another run's directory: nothing writes it (its first one is the run)
 
 BY_HEALTH = {
     "waiting": OK,
@@ -36,6 +37,7 @@ BY_HEALTH = {
     "stopped": STOPPED,
     "unreadable": UNREADABLE,
     "disk_full": DISK_FULL,
+    "copy": COPY,
 }
 
 # kill and resume

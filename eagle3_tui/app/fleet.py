@@ -39,6 +39,7 @@ HEALTH_STYLE = {
     "diverged": "bold #ff5f5f",
     "disk_full": "bold #ff5f5f",
     "unreadable": "bold #ff5f5f",
+    "copy": "dim",
 }
 REFRESH_S = 1.0
 

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from outside for a few seconds). Exit status: 0 running/finished/waiting, "
         "3 silent, 4 stalled, 5 dead, 6 diverged (also after the end), 7 stopped "
         "(interrupted), 10 unreadable (no valid record, only malformed lines), 11 disk "
-        "full (no record for a while, no room on its filesystem), 2 error; 20 the PID is "
+        "full (no record for a while, no room on its filesystem), 12 a copy of another "
+        "run's directory (nothing writes it), 2 error; 20 the PID is "
         "not a training, 22 it exited, 23 several live trainings (choose with --pid); "
         f"{INPUT_EXITS}.",
     )

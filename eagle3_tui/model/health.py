@@ -330,8 +330,9 @@ def _a_copy(state: RunState, now: float) -> Diagnosis:
     run's, whose directory is the one to read."""
     last = state.last_ts
     verdict = judge(state, min(now, last) if last is not None else now)
-    if verdict.health in (Health.FINISHED, Health.STOPPED, Health.UNREADABLE):
+    if end_event(state) is not None or verdict.health is Health.UNREADABLE:
         return verdict  # the run's end is in the copy: as true of it as of the first
+    # what the records said when it was copied, never a run's health now: COPY
     original = state.liveness.copy_of
     alive = state.liveness.original_alive
     pid = state.manifest.get("pid")
@@ -345,9 +346,10 @@ def _a_copy(state: RunState, now: float) -> Diagnosis:
     at = f" at step {step:,}" if step else ""
     return replace(
         verdict,
+        health=Health.COPY,
         reason=(
             f"A copy of {original}{ends}: nothing writes it; the run is written there{there} "
-            f"(eagle3-tui {original}). Last known here: {verdict.health.value}{at}. "
+            f"(eagle3-tui {original}). When it was copied: {verdict.health.value}{at}. "
             f"{verdict.reason}"
         ),
     )

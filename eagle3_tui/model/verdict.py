@@ -47,6 +47,9 @@ class Health(enum.Enum):
     DIVERGED = "diverged"
     DISK_FULL = "disk_full"
     """Quiet, and the host says the run's filesystem has no room: the writes fail."""
+    COPY = "copy"
+    """A copy of another run's directory (its host says which): nothing writes it; the
+    run goes on, or ended, in the first one."""
 
 
 WORST_FIRST = (
@@ -57,6 +60,7 @@ WORST_FIRST = (
     "disk_full",
     "unreadable",
     "stopped",
+    "copy",
     "waiting",
     "running",
     "finished",

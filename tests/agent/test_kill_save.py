@@ -467,10 +467,10 @@ def test_a_copy_of_a_live_run_is_judged_as_a_copy_not_as_a_stalled_run(tmp_path:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    assert later.health is Health.RUNNING, later.reason
+    assert later.health is Health.COPY, later.reason
     assert later.reason.startswith(f"A copy of {run_dir} (its records end "), later.reason
     assert f"where its trainer (pid {proc.pid}) still runs" in later.reason
-    assert f"(eagle3-tui {run_dir}). Last known here: running at step " in later.reason
+    assert f"(eagle3-tui {run_dir}). When it was copied: running at step " in later.reason
     assert original.health == "running" and "copy" not in original.reason
 
 

@@ -27,8 +27,9 @@ HEALTH_STYLE = {
     Health.DEAD: "bold #ffffff on #d70000",
     Health.DIVERGED: "bold #ffffff on #af00af",
     Health.DISK_FULL: "bold #ffffff on #d75f00",
+    Health.COPY: "bold #d0d0d0 on #3a3a3a",
 }
-CALM = frozenset({Health.WAITING, Health.STOPPED})
+CALM = frozenset({Health.WAITING, Health.STOPPED, Health.COPY})
 QUIET = frozenset({Health.RUNNING, Health.FINISHED})
 LINK_DOWN_STYLE = "bold #101010 on #ffd75f"
 OTHER_FILE_STYLE = "bold #ffffff on #af00af"
