@@ -327,6 +327,9 @@ def _choose_pid(pid: int, start_ticks: Any, base: dict[str, Any]) -> dict[str, A
         attached = attached_run(row)
         if attached is not None:  # its telemetry's records say how it ended, not the outside
             note += f"; telemetry was attached to it: its run {attached}"
+            now = (load_manifest(attached) or {}).get("pid")
+            if isinstance(now, int) and now != pid:  # the run, resumed: its trainer now
+                note += f" (resumed since: its trainer is pid {now})"
             short = f"pid {pid}"
             return dict(choice=CHOICE_RUN, run_dir=attached, note=note, short=short, **base)
         return dict(choice=CHOICE_PROCESS, row=row, note=note, short=f"pid {pid}", **base)

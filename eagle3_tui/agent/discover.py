@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from eagle3_tui.agent import tfevents, trackers, wandbfile
@@ -59,7 +60,13 @@ from eagle3_tui.agent.process_facts import (
     train_options,
     user_name,
 )
-from eagle3_tui.agent.runs import index_path, prune_index, registered_rows
+from eagle3_tui.agent.runs import (
+    index_path,
+    owned_by_me,
+    prune_index,
+    read_index,
+    registered_rows,
+)
 from eagle3_tui.agent.timeline import Timeline, find_ended, note_rows, settle
 from eagle3_tui.agent.trackers import TRACKER_NAMES
 from eagle3_tui.telemetry import procs
@@ -835,9 +842,14 @@ def attached_run(row: dict[str, Any]) -> str | None:
     started, ended = row.get("started"), row.get("ended_at")
     if not isinstance(started, (int, float)) or not isinstance(ended, (int, float)):
         return None
-    for run in registered_rows(False)[0]:  # newest first
-        at = run.get("started_at")
-        same = run.get("pid") == row.get("pid") and run.get("exists")
-        if same and isinstance(at, (int, float)) and started <= at <= ended:
-            return str(run["run_dir"])
+    # every registration, not each run's latest: a run resumed since is registered
+    # again under its new trainer's PID
+    for entry in reversed(read_index()):  # newest first
+        at, run_dir = entry.get("started_at"), entry.get("run_dir")
+        if entry.get("pid") != row.get("pid") or not isinstance(run_dir, str):
+            continue
+        if isinstance(at, (int, float)) and started <= at <= ended:
+            path = Path(run_dir)
+            if path.is_dir() and owned_by_me(path):
+                return run_dir
     return None

@@ -678,3 +678,28 @@ def test_a_live_run_below_a_directory_is_listed_once(
         choosing._choose_stopped(str(tmp_path), live, False, {})
     said = str(refused.value)
     assert "2 training(s) work below it" in said and said.count(str(run)) == 1, said
+
+
+def test_an_attached_training_is_found_in_its_run_after_the_run_was_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kill --pid P`` attached telemetry and stopped it; ``resume`` relaunched the run
+    (registered again, under its new trainer's PID). ``summary --pid P`` then found no
+    run for P (each run's latest registration only) and judged P from outside: DEAD,
+    "exit status unknown", the resumed process's steps in its log as P's."""
+    from eagle3_tui.agent.discover import attached_run
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    run_dir = tmp_path / "eagle3-runs" / "attached-111"
+    run_dir.mkdir(parents=True)
+    index = tmp_path / "state" / "eagle3-tui" / "runs.jsonl"
+    index.parent.mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    entries = [
+        {"run_id": "r1", "run_dir": str(run_dir), "host": "h", "pid": 111, "started_at": t0 + 5},
+        {"run_id": "r1", "run_dir": str(run_dir), "host": "h", "pid": 222, "started_at": t0 + 90},
+    ]
+    index.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    assert attached_run({"pid": 111, "started": t0, "ended_at": t0 + 50}) == str(run_dir)
+    assert attached_run({"pid": 111, "started": t0 + 60, "ended_at": t0 + 80}) is None
+    assert attached_run({"pid": 333, "started": t0, "ended_at": t0 + 50}) is None
