@@ -707,8 +707,8 @@ def _write_manifest(
                 manifest[key] = previous[key]
         manifest["first_started_at"] = previous.get("first_started_at", previous.get("started_at"))
         manifest["resumes"] = int(previous.get("resumes", 0) or 0) + 1
-    else:
-        manifest["first_started_at"] = manifest["started_at"]
+    else:  # the process's own start: telemetry attached to a training mid-way began later
+        manifest["first_started_at"] = _process_start(manifest["started_at"])
         manifest["resumes"] = 0
     if manifest.get("log_file") is None:  # the one-liner under `nohup … > train.log`
         started = place.launcher_pid if place.launcher_pid is not None else os.getpid()
@@ -813,3 +813,12 @@ def _first_event(
     telemetry.event(
         "resume", pid=os.getpid(), checkpoint=checkpoint, global_step=step, run_id=telemetry.run_id
     )
+
+
+def _process_start(telemetry_start: float) -> float:
+    """When this process started (the kernel's word), where that is before its
+    telemetry's start (a live attach, a kill that attached first: hours earlier); else
+    the telemetry's start."""
+    st = procs.stat(os.getpid())
+    began = procs.started_at(st) if st is not None else None
+    return began if began is not None and began < telemetry_start else telemetry_start

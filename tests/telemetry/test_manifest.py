@@ -54,6 +54,23 @@ def test_attach_writes_a_manifest_of_this_process_and_registers_it(isolated: Pat
     assert [e["event"] for e in events] == ["start", "finish"]
 
 
+def test_a_run_first_started_when_its_process_did(isolated: Path) -> None:
+    """Telemetry attached to a training mid-way (a live attach, a kill that attaches
+    first) began long after the process: the run "ran 1 s" of a process that had trained
+    for minutes. Its first start is the process's own (the kernel's), the telemetry's
+    start stays ``started_at``."""
+    st = procs.stat(os.getpid())
+    assert st is not None
+    began = procs.started_at(st)
+    assert began is not None
+    t = _attach(isolated / "run")
+    try:
+        m = mf.read_manifest(isolated / "run" / "run.json")
+    finally:
+        t.detach()
+    assert m["first_started_at"] == began <= m["started_at"]
+
+
 def test_a_second_attach_is_a_resume_that_keeps_the_run_id(isolated: Path) -> None:
     run_dir = isolated / "run"
     ckpt = run_dir / "ckpt"
