@@ -316,7 +316,7 @@ class Training:
         if save is not None:
             self.checkpoint_dir = os.path.normpath(os.path.join(self.cwd or "/", save))
         else:
-            self.checkpoint_dir = find_checkpoint_dir(self.cwd, command=list(argv))
+            self.checkpoint_dir = find_checkpoint_dir(self.cwd, command=list(argv), pid=t.pid)
         if self.checkpoint_dir and speculators_layout(self.checkpoint_dir):
             self.speculators = True
             ev.append("speculators checkpoints in " + self.checkpoint_dir)

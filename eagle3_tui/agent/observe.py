@@ -736,7 +736,9 @@ class Observer:
                 return
         command = self.row.get("command")
         found = find_checkpoint_dir(
-            self.cwd, command=[str(a) for a in command] if isinstance(command, list) else None
+            self.cwd,
+            command=[str(a) for a in command] if isinstance(command, list) else None,
+            pid=self.pid,
         )
         if found:
             self.set_checkpoint_dir(found)

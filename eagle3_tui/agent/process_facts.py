@@ -290,11 +290,13 @@ MAX_COMMAND_DIRS = 64
 
 
 def find_checkpoint_dir(
-    cwd: str | None, limit: int = 400, command: list[str] | None = None
+    cwd: str | None, limit: int = 400, command: list[str] | None = None, pid: int | None = None
 ) -> str | None:
     """A speculators-shaped checkpoint directory at most two levels below ``cwd``, or
     below (or at) a directory the ``command`` line names (``--run-dir /data/exp7``,
-    ``--save-path=ckpts``: a run kept outside its working directory)."""
+    ``--save-path=ckpts``: a run kept outside its working directory). Below ``cwd``, one
+    in another run's directory (its ``run.json`` names another trainer than ``pid``) is
+    that run's, not this process's: a sibling run's checkpoints were taken for its own."""
     if not cwd:
         return None
     seen = 0
@@ -310,7 +312,7 @@ def find_checkpoint_dir(
             todo.append((path, 1))  # its children are looked at (one level less)
     while todo and seen < limit:
         path, depth = todo.pop(0)
-        if depth and speculators_layout(path):
+        if depth and speculators_layout(path) and not _another_runs(path, pid):
             return path
         if depth >= 2:
             continue
@@ -326,6 +328,15 @@ def find_checkpoint_dir(
             except OSError:
                 continue
     return None
+
+
+def _another_runs(path: str, pid: int | None) -> bool:
+    """``path`` lies in a run directory whose manifest names another trainer."""
+    for run_dir in (os.path.dirname(path), path):
+        m = load_manifest(run_dir)
+        if m is not None:
+            return m.get("pid") != pid
+    return False
 
 
 def user_name(uid: int | None) -> str:

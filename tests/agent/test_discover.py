@@ -625,6 +625,24 @@ def test_a_training_still_importing_is_waited_for_not_refused(
             p.wait()
 
 
+def test_another_runs_checkpoints_below_the_working_directory_are_not_its_own(
+    tmp_path: Path,
+) -> None:
+    """A process started in a directory above an earlier run's directory (``A/run.json``,
+    ``A/checkpoints``) was credited with A's checkpoints: "ckpts A/checkpoints", A's
+    step and epoch as its progress. A run's directory is that run's; a directory of
+    checkpoints no run claims is still found."""
+    work = tmp_path / "work"
+    ckpt = work / "A" / "checkpoints"
+    (ckpt / "0").mkdir(parents=True)
+    (ckpt / "0" / "training_state.json").write_text("{}")
+    (work / "A" / "run.json").write_text(json.dumps({"pid": 4622, "run_id": "a"}))
+    assert process_facts.find_checkpoint_dir(str(work), pid=777) is None
+    assert process_facts.find_checkpoint_dir(str(work), pid=4622) == str(ckpt)  # its own run
+    (work / "A" / "run.json").unlink()
+    assert process_facts.find_checkpoint_dir(str(work), pid=777) == str(ckpt)
+
+
 def test_a_checkpoint_directory_its_command_line_names_is_found(tmp_path: Path) -> None:
     """A training run from one directory whose checkpoints are under a directory its
     command line names (``--run-dir /data/exp7``, ``--save-path=...``): "ckpts not found
