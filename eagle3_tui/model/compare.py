@@ -6,8 +6,9 @@ Both runs are aligned on one axis:
 * ``tokens``: training tokens seen, summed per logged step from the profile
   (``tokens_per_s × step_ms``), so runs with different batch sizes line up;
 * ``time``: training wall time since the first step, with stops (gaps longer
-  than ``max(60 s, 20 × the median step time)``, e.g. between a kill and a
-  resume) counted as one ordinary step.
+  than ``max(60 s, 20 × the median step time)``, and the time from a process's
+  last step to the next process's first, a kill and its resume however quick)
+  counted as one ordinary step.
 
 Values are compared *at the same point*: the furthest point both runs reached,
 each run's metric averaged over the same window before it (so a run that logs
@@ -168,7 +169,14 @@ def axis_values(state: RunState, axis: str) -> F64 | None:
         ok = dt[(dt > 0) & np.isfinite(dt)]
         med = float(median(ok)) if len(ok) else 0.0
         limit = max(GAP_MIN_S, GAP_STEPS * med)
-        dt = np.where((dt > limit) | (dt < 0), med, dt)  # a stop counts as one step
+        stop = (dt > limit) | (dt < 0)
+        # a process's start (a resume) after a row: the time between is no training, however short
+        starts = [e.ts for e in state.events if e.event in ("start", "resume")]
+        if starts:
+            after = np.searchsorted(ts, np.asarray(starts, dtype=np.float64), side="left")
+            gaps = after[(after >= 1) & (after < len(ts))] - 1
+            stop[gaps] = True
+        dt = np.where(stop, med, dt)  # a stop counts as one step
         return np.concatenate([[0.0], np.cumsum(dt)])
     raise ValueError(f"unknown axis {axis!r} (one of {', '.join(AXES)})")
 

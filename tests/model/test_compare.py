@@ -136,6 +136,24 @@ def test_time_axis_takes_out_stops() -> None:
     assert "at 3 min of training (same time)" in c.verdict, c.verdict
 
 
+def test_time_axis_takes_out_a_quick_kill_and_resume() -> None:
+    """A kill and its resume 16 s apart (under the 60 s a gap must last to be a stop):
+    the 16 s without a process counted as training time. A process's start ends a stop
+    whatever its length."""
+    from eagle3_tui.model.compare import axis_values
+
+    lines = Lines(t0=T0, dt=0.0)
+    data = lines.at(T0).event("start", pid=1)
+    data += b"".join(lines.at(T0 + s).train(s, 1.0) for s in range(100))
+    data += lines.at(T0 + 100).event("interrupt", step=100)
+    data += lines.at(T0 + 114).event("resume", pid=2, step=100)
+    data += b"".join(lines.at(T0 + 116 + s - 100).train(s, 1.0) for s in range(100, 200))
+    run = Run()
+    run.feed(0, data)
+    x = axis_values(run.state, "time")
+    assert x is not None and x[-1] == pytest.approx(199.0)  # not 215: 16 s of no process
+
+
 def test_a_short_time_is_said_in_seconds() -> None:
     """A tiny run's minute of training read "mean over 0 min – 0 min of training"."""
     from eagle3_tui.model.compare import _fmt_x
