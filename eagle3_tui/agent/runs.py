@@ -241,6 +241,8 @@ def status_of(run_dir: str | None, plan: bool = False) -> dict[str, Any]:
         "manifest": m,
         "leftovers": [] if alive or copied is not None else leftovers(m),
         "copy_of": str(copied) if copied is not None else None,
+        # T: held stopped (a SIGSTOP, Ctrl-Z); its sidecar, held too, may say nothing
+        "state": trainer.state if alive and trainer is not None else None,
         "processes": kill_plan(m, trainer) if plan and alive else [],
         "host": os.uname().nodename,
         "now": time.time(),

@@ -189,7 +189,7 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
         state.liveness.set_process(None, now)
         return
     left = () if status.alive else tuple(leftover_of(x) for x in status.leftovers)
-    state.liveness.set_process(status.alive, now, left)
+    state.liveness.set_process(status.alive, now, left, status.state)
 
 
 History = dict[str, Any] | None

@@ -195,6 +195,8 @@ def judge(state: RunState, now: float) -> Diagnosis:
     if seen_by_sidecar is not None and not _about(current, seen_by_sidecar.get("pid")):
         seen_by_sidecar = None
     held = _held(state, current, hb_at, now) if alive is not False else None
+    if held is None and alive:
+        held = _probed_held(state, now)
     if held is not None:
         return held
     full = _no_room(state, now)
@@ -564,6 +566,28 @@ def _held(
                 f"until it is continued (kill -CONT {pid}, or the debugger lets go).",
             )
     return None
+
+
+def _probed_held(state: RunState, now: float) -> Diagnosis | None:
+    """STALLED where the probe found the trainer held stopped (state T: its sidecar,
+    stopped with it by a job-wide SIGSTOP, says nothing) and no record of any kind came
+    for :data:`MIN_QUIET_S`; how long it has been held is not known, the quiet is."""
+    live = state.liveness
+    if live.process_state not in ("T", "t"):
+        return None
+    last = state.last_ts
+    if last is None or now - last < MIN_QUIET_S:
+        return None
+    pid = state.manifest.get("pid")
+    who = f"The trainer (pid {pid})" if pid else "The trainer"
+    cont = f" (kill -CONT {pid}" if pid else " (kill -CONT"
+    how = "traced (a debugger holds it)" if live.process_state == "t" else "held stopped"
+    return Diagnosis(
+        Health.STALLED,
+        f"{who} is {how}, as the host found it, and no record of any kind came for "
+        f"{ago(now - last)} (its sidecar is held too, or cannot write): nothing runs until "
+        f"it is continued{cont}, or the debugger lets go).",
+    )
 
 
 def _activity_hung(

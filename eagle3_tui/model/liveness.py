@@ -42,6 +42,8 @@ class Liveness:
     link_detail: str = ""
     process_alive: bool | None = None
     process_checked_at: float | None = None
+    process_state: str | None = None
+    """The live trainer's state as the probe found it (``T``: held stopped)."""
     leftovers: tuple[Leftover, ...] = ()
     """Processes of the run alive after its trainer (dataloader workers...): from a probe."""
     copy_of: str | None = None
@@ -72,12 +74,17 @@ class Liveness:
             self.link_detail = detail
 
     def set_process(
-        self, alive: bool | None, checked_at: float, leftovers: Iterable[Leftover] = ()
+        self,
+        alive: bool | None,
+        checked_at: float,
+        leftovers: Iterable[Leftover] = (),
+        state: str | None = None,
     ) -> None:
         """A probe's finding at ``checked_at`` (the host's time)."""
         self.process_alive = alive
         self.process_checked_at = checked_at
         self.leftovers = tuple(leftovers)
+        self.process_state = state if alive else None
 
     def take_link(self, other: Liveness) -> None:
         """The clock and the link as ``other`` knows them (the probe stays this one's)."""

@@ -124,6 +124,8 @@ class Status(Reply, kw_only=True):
     copy_of: str | None = None
     """The run directory this one was copied from (``runs.copy_of``): ``alive`` and the
     manifest's processes are that run's, none of them this copy's."""
+    state: str | None = None
+    """The live trainer's process state (``/proc``: R, S, D, T held stopped...)."""
 
 
 def leftover_of(x: LeftoverProcess) -> Leftover:

@@ -534,6 +534,40 @@ def test_a_trainer_held_stopped_is_stalled_and_said_so(during: str) -> None:
     assert "held stopped" not in d.reason, d.reason
 
 
+def test_a_trainer_held_with_its_sidecar_is_stalled_by_the_probes_word() -> None:
+    """``kill -STOP`` of the trainer and its sidecar (a job-wide stop): no record comes,
+    and the probe finds the trainer alive. It read "Validating (epoch 1/30) for 65 s;
+    metrics resume after it" for as long as both were held. The probe says the
+    trainer's state (T): past 30 s without any record, STALLED, held stopped."""
+    from eagle3_tui.api.reading import apply_status
+    from eagle3_tui.transport.replies import Status, decode
+
+    rank0 = Lines(writer="rank0", t0=T0, dt=0.0)
+    data = rank0.event("start", pid=7, global_step=0)
+    t = T0
+    for s in range(20):
+        t += 1.0
+        data += rank0.at(t).train(s, 1.0)
+    t += 0.5
+    data += rank0.at(t).log("Validation epoch 1/30 started")
+    state = state_of(data)
+
+    def probed(process_state: str) -> None:
+        reply = {"op": "status", "alive": True, "manifest": {"pid": 7}, "state": process_state}
+        apply_status(state, decode(Status, reply), t + 40)
+
+    probed("T")
+    d = diagnose(state, t + 20)
+    assert d.health is Health.RUNNING, d.reason  # 20 s without a record: not yet
+    d = diagnose(state, t + 40)
+    assert d.health is Health.STALLED, d.reason
+    said = "(pid 7) is held stopped, as the host found it, and no record of any kind came for 40 s"
+    assert said in d.reason, d.reason
+    assert "kill -CONT 7" in d.reason, d.reason
+    probed("S")  # continued: a validation, as before
+    assert diagnose(state, t + 40).health is Health.RUNNING
+
+
 def _validating(
     seconds: int,
     *,
