@@ -552,9 +552,13 @@ def _held(
     """STALLED where the sidecar's heartbeats, fresh, have found the trainer held in a
     stop (process state T or t) for at least :data:`MIN_QUIET_S`: a SIGSTOP, Ctrl-Z or a
     debugger holds it, whatever it was doing (a validation, a save, a start-up), and
-    nothing moves until it is continued. None otherwise."""
+    nothing moves until it is continued. Also sooner, where the trainer logged nothing
+    for that long before: a sidecar held with it (a job-wide stop) finds it held only
+    once the sidecar is continued, and its first samples then count what was read
+    before the stop. None otherwise."""
     if hb_at is None or now - hb_at > HEARTBEAT_DEAD_S:
         return None
+    last = state.last_train_ts if state.last_train_ts is not None else state.first_ts
     for pid, since in state.samplers.held_since.items():
         if current is not None and pid != current.pid:
             continue
@@ -564,6 +568,14 @@ def _held(
                 f"The trainer (pid {pid}) has been held stopped for {ago(now - since)} "
                 f"(its sidecar finds it so: a SIGSTOP, Ctrl-Z or a debugger); nothing runs "
                 f"until it is continued (kill -CONT {pid}, or the debugger lets go).",
+            )
+        if last is not None and now - last >= MIN_QUIET_S:
+            return Diagnosis(
+                Health.STALLED,
+                f"The trainer (pid {pid}) is held stopped (its sidecar finds it so since "
+                f"{clock(since)}: a SIGSTOP, Ctrl-Z or a debugger) and logged nothing for "
+                f"{ago(now - last)}; nothing runs until it is continued (kill -CONT {pid}, or "
+                "the debugger lets go).",
             )
     return None
 

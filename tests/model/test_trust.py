@@ -534,6 +534,30 @@ def test_a_trainer_held_stopped_is_stalled_and_said_so(during: str) -> None:
     assert "held stopped" not in d.reason, d.reason
 
 
+def test_a_sidecar_continued_after_a_job_wide_stop_says_held_not_silent() -> None:
+    """Trainer and sidecar stopped together for a minute, then the sidecar alone
+    continued: its first samples count reads made before the stop, and it finds the
+    trainer held only from then. It read SILENT, "data files are being read: the
+    speculators.metrics logger may have no handler", of a trainer that logged steps
+    and was held stopped; held now, and quiet for 30 s or more, it is STALLED so."""
+    rank0 = Lines(writer="rank0", t0=T0, dt=0.0)
+    side = Lines(writer="side", t0=T0, dt=0.0)
+    data = rank0.event("start", pid=7, global_step=0)
+    t = T0
+    for s in range(20):
+        t += 1.0
+        data += rank0.at(t).train(s, 1.0)
+        data += side.at(t).io(4096.0)
+    back = t + 70.0  # the sidecar, continued
+    beat = {"pid": 7, "alive": True, "state": "T", "cpu_s": 20.0}
+    data += side.at(back).io(3300.0)
+    data += side.at(back).make("heartbeat", written=1, dropped=0, bytes=0, trainer=beat)
+    d = diagnose(state_of(data), back + 2)
+    assert d.health is Health.STALLED, d.reason
+    assert "(pid 7) is held stopped (its sidecar finds it so since" in d.reason, d.reason
+    assert "logged nothing for 72 s" in d.reason and "handler" not in d.reason, d.reason
+
+
 def test_a_trainer_held_with_its_sidecar_is_stalled_by_the_probes_word() -> None:
     """``kill -STOP`` of the trainer and its sidecar (a job-wide stop): no record comes,
     and the probe finds the trainer alive. It read "Validating (epoch 1/30) for 65 s;
