@@ -99,3 +99,14 @@ def test_a_progress_line_said_again_is_printed_once(capsys: pytest.CaptureFixtur
     print_progress(asked)
     err = capsys.readouterr().err.splitlines()
     assert [line.split(" ")[0] for line in err] == ["asked", "pid", "asked"], err
+
+
+def test_runs_given_a_directory_says_it_takes_hosts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``runs /some/dir`` said "cannot resolve host name (and it is not a local directory
+    either)" of a local directory."""
+    assert main(["runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: a directory here, and runs takes hosts" in err, err
+    assert f"eagle3-tui summary {tmp_path}" in err and "resolve" not in err, err

@@ -5,6 +5,8 @@ is said, and the others listed). Their rows with figures, live: ``fleet``."""
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 
 from eagle3_tui import exits
 from eagle3_tui.cli.common import (
@@ -47,6 +49,13 @@ def run(ns: argparse.Namespace) -> int:
     from eagle3_tui.transport.base import TargetError
     from eagle3_tui.transport.replies import to_builtins, to_json
 
+    for target in ns.target:  # a path given as a host: said, not "cannot resolve"
+        path_like = "/" in target or target in (".", "..") or target.startswith("~")
+        if path_like and ":" not in target and "@" not in target and os.path.isdir(target):
+            raise TargetError(
+                f"{target}: a directory here, and runs takes hosts ([USER@]HOST; none: this "
+                f"machine's trainings). A run directory: eagle3-tui summary {shlex.quote(target)}"
+            )
     if len(ns.target) <= 1:
         host = ns.target[0] if ns.target else None
         result = api.runs(host, all_users=ns.all, prune=ns.prune, ssh=ssh_options(ns))
