@@ -172,7 +172,9 @@ def registered_rows(all_users: bool = False) -> tuple[list[dict[str, Any]], int]
     other users' runs were left out."""
     seen: dict[str, dict[str, Any]] = {}
     for entry in read_index():
-        seen[str(entry.get("run_id") or entry["run_dir"])] = entry
+        key = str(entry.get("run_id") or entry["run_dir"])
+        seen.pop(key, None)  # a resume registers the run again: it moves to its newest place
+        seen[key] = entry
     runs = []
     others = 0
     for entry in reversed(list(seen.values())):

@@ -721,3 +721,27 @@ def test_an_attached_training_is_found_in_its_run_after_the_run_was_resumed(
     assert attached_run({"pid": 111, "started": t0, "ended_at": t0 + 50}) == str(run_dir)
     assert attached_run({"pid": 111, "started": t0 + 60, "ended_at": t0 + 80}) is None
     assert attached_run({"pid": 333, "started": t0, "ended_at": t0 + 50}) is None
+
+
+def test_runs_are_listed_newest_start_first_a_resume_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run resumed after another started kept its first place: "newest first" read
+    10:11, 10:10, 10:16 (the resumed run's new start, listed below an older one)."""
+    from eagle3_tui.agent.runs import registered_rows
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    index = tmp_path / "state" / "eagle3-tui" / "runs.jsonl"
+    index.parent.mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    dirs = {name: tmp_path / name for name in ("a", "b")}
+    for d in dirs.values():
+        d.mkdir()
+    entries = [
+        {"run_id": "a", "run_dir": str(dirs["a"]), "pid": 1, "started_at": t0},
+        {"run_id": "b", "run_dir": str(dirs["b"]), "pid": 2, "started_at": t0 + 10},
+        {"run_id": "a", "run_dir": str(dirs["a"]), "pid": 3, "started_at": t0 + 20},
+    ]
+    index.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    rows, _ = registered_rows()
+    assert [(r["run_id"], r["started_at"]) for r in rows] == [("a", t0 + 20), ("b", t0 + 10)]
