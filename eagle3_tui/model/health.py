@@ -495,9 +495,14 @@ def _stall_hint(state: RunState) -> str:
             f"the last steps waited on data ({frac:.0%} of step time): "
             "a dataloader worker may be stuck."
         )
-    return (
-        "the training loop looks hung (a dataloader deadlock, or a collective waiting for a rank)."
-    )
+    causes = []  # only what this run has: a run of one process has no collective to wait in
+    if any(w.role == "worker" for w in state.samplers.io_workers.values()):
+        causes.append("a dataloader deadlock")
+    if _distributed(state):
+        causes.append("a collective waiting for a rank")
+    if not causes:
+        causes.append("a deadlock, or a call that never returns")
+    return f"the training loop looks hung ({', or '.join(causes)})."
 
 
 USUAL_ROWS = 200

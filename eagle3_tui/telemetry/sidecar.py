@@ -244,7 +244,7 @@ class SamplerHost:
             {
                 "event": "crash",
                 "error": f"the trainer process {self.cfg.trainer_pid} exited without a "
-                f"finish event ({how}: killed by a signal, os._exit, or out of memory?)",
+                f"finish event ({how}{_exit_guess(status)})",
                 "step": self.last_step,
                 "pid": self.cfg.trainer_pid,
                 "exit_status": status,
@@ -485,6 +485,17 @@ def main(argv: list[str] | None = None) -> int:
     host.run()
     writer.close(5.0)
     return 0
+
+
+def _exit_guess(status: int | None) -> str:
+    """What an exit without a finish event may have been, as far as its status tells."""
+    if status is None:
+        return ": killed by a signal, os._exit, or out of memory?"
+    if status == -9:
+        return ": a kill -9, or the kernel's out-of-memory killer (dmesg says which)"
+    if status < 0:
+        return ""
+    return ": os._exit, or an error that ended it without Python's cleanup"
 
 
 if __name__ == "__main__":
