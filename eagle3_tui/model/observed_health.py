@@ -293,7 +293,7 @@ def ended_by(state: RunState) -> float | None:
 
 def _end_time(info: ProcessInfo, alive: float | None) -> str:
     """When it ended: ``at 14:02:11`` when a look watched it go, else between the last
-    moment it is known alive (``health.last_seen_alive``) and the look that found it gone."""
+    moment it is known alive (:func:`last_seen_alive`) and the look that found it gone."""
     if info.ended_at is None:
         return "at an unknown time"
     if alive is None:
