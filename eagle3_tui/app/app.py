@@ -60,7 +60,7 @@ from eagle3_tui.model.verdict import Health
 from eagle3_tui.notify import ALARMS
 from eagle3_tui.transport.base import Link, LinkChanged
 from eagle3_tui.transport.glancing import MIN_GLANCE_BYTES
-from eagle3_tui.transport.replies import KillReport, ResumeReport
+from eagle3_tui.transport.replies import AttachResult, KillReport, ResumeReport
 
 ENDED = (Health.FINISHED, Health.STOPPED)
 """A run its own records say ended: nothing of it left to stop."""
@@ -600,6 +600,8 @@ class MonitorApp(App[None]):
     def _control_finished(self, event: ControlDialog.Finished | AttachDialog.Finished) -> None:
         if isinstance(event, ControlDialog.Finished) and self._follow_restart(event.result):
             return
+        if isinstance(event, AttachDialog.Finished) and self._follow_attached(event.result):
+            return
         result = event.result
         if isinstance(result, KillReport) and result.status in ("stopped", "not_running"):
             self._stopped_by_kill = True
@@ -623,6 +625,24 @@ class MonitorApp(App[None]):
         ):
             return False
         chosen = f"restarted with telemetry: pid {result.pid}"
+        self.follow(self.open_run(result.run_dir), control.of_run(result.run_dir), chosen)
+        return True
+
+    def _follow_attached(self, result: object) -> bool:
+        """After ``a`` on a training without telemetry: its metrics are written to the run
+        directory the attach made; the monitor follows them there (the view from outside
+        said SILENT, "no metric has been logged", while they flowed). Whether it did."""
+        control = self.control
+        if (
+            not isinstance(result, AttachResult)
+            or result.status not in ("attached", "already")
+            or result.run_dir is None
+            or control is None
+            or not control.observed
+            or self.open_run is None
+        ):
+            return False
+        chosen = f"telemetry attached: pid {result.pid}" if result.pid else "telemetry attached"
         self.follow(self.open_run(result.run_dir), control.of_run(result.run_dir), chosen)
         return True
 

@@ -402,3 +402,35 @@ def test_the_kill_dialog_counts_the_wait_for_a_step_boundary_on_one_line() -> No
         "one) · 10 s so far",
         "stopped at a step boundary: speculators saves interrupted/",
     ]
+
+
+async def test_after_attaching_a_run_without_telemetry_the_monitor_follows_its_metrics() -> None:
+    """``a`` on a training without telemetry attached it: its metrics went to the run
+    directory the attach made, while the screen stayed on the view from outside (SILENT,
+    "no metric has been logged") until the run ended. It follows that run now."""
+    from eagle3_tui.transport.replies import AttachResult
+
+    data, control = observed_run()
+    app, _ = app_with(data, control=control)
+    lines = Lines(t0=NOW - 5)
+    attached = ReplayTransport(
+        [b"".join(lines.train(s, 2.0 - s * 0.01) for s in range(40, 45))],
+        label="/work/eagle3-runs/attached-4242",
+    )
+    opened: list[str] = []
+
+    def open_run(run_dir: str) -> ReplayTransport:
+        opened.append(run_dir)
+        return attached
+
+    app.open_run = open_run
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.observed is not None, what="observed")
+        result = AttachResult(
+            status="attached", pid=4242, run_dir="/work/eagle3-runs/attached-4242"
+        )
+        app.post_message(AttachDialog.Finished(result))
+        await until(pilot, lambda: app.snapshot.global_step == 44, what="its metrics")
+        assert opened == ["/work/eagle3-runs/attached-4242"]
+        assert app.snapshot.observed is None and app.snapshot.health is Health.RUNNING
+        assert app.control is not None and not app.control.observed
