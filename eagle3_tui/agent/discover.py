@@ -316,7 +316,9 @@ class Training:
         if save is not None:
             self.checkpoint_dir = os.path.normpath(os.path.join(self.cwd or "/", save))
         else:
-            self.checkpoint_dir = find_checkpoint_dir(self.cwd, command=list(argv), pid=t.pid)
+            self.checkpoint_dir = find_checkpoint_dir(
+                self.cwd, command=list(argv), pid=t.pid, since=procs.started_at(t.st)
+            )
         if self.checkpoint_dir and speculators_layout(self.checkpoint_dir):
             self.speculators = True
             ev.append("speculators checkpoints in " + self.checkpoint_dir)

@@ -735,10 +735,12 @@ class Observer:
                 self.set_checkpoint_dir(os.path.dirname(os.path.dirname(target)))
                 return
         command = self.row.get("command")
+        started = self.row.get("started")
         found = find_checkpoint_dir(
             self.cwd,
             command=[str(a) for a in command] if isinstance(command, list) else None,
             pid=self.pid,
+            since=started if isinstance(started, (int, float)) else None,
         )
         if found:
             self.set_checkpoint_dir(found)

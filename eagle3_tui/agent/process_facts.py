@@ -290,13 +290,19 @@ MAX_COMMAND_DIRS = 64
 
 
 def find_checkpoint_dir(
-    cwd: str | None, limit: int = 400, command: list[str] | None = None, pid: int | None = None
+    cwd: str | None,
+    limit: int = 400,
+    command: list[str] | None = None,
+    pid: int | None = None,
+    since: float | None = None,
 ) -> str | None:
     """A speculators-shaped checkpoint directory at most two levels below ``cwd``, or
     below (or at) a directory the ``command`` line names (``--run-dir /data/exp7``,
     ``--save-path=ckpts``: a run kept outside its working directory). Below ``cwd``, one
     in another run's directory (its ``run.json`` names another trainer than ``pid``) is
-    that run's, not this process's: a sibling run's checkpoints were taken for its own."""
+    that run's, not this process's: a sibling run's checkpoints were taken for its own;
+    and one nothing was saved into since the process started (``since``) is an earlier
+    run's (a resumed one's, found once it saves)."""
     if not cwd:
         return None
     seen = 0
@@ -312,7 +318,12 @@ def find_checkpoint_dir(
             todo.append((path, 1))  # its children are looked at (one level less)
     while todo and seen < limit:
         path, depth = todo.pop(0)
-        if depth and speculators_layout(path) and not _another_runs(path, pid):
+        if (
+            depth
+            and speculators_layout(path)
+            and not _another_runs(path, pid)
+            and (since is None or _saved_since(path, since))
+        ):
             return path
         if depth >= 2:
             continue
@@ -328,6 +339,14 @@ def find_checkpoint_dir(
             except OSError:
                 continue
     return None
+
+
+def _saved_since(path: str, since: float) -> bool:
+    """Something was saved into ``path`` (an entry added or replaced: its mtime) since."""
+    try:
+        return os.stat(path).st_mtime >= since
+    except OSError:
+        return False
 
 
 def _another_runs(path: str, pid: int | None) -> bool:

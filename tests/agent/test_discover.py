@@ -641,6 +641,12 @@ def test_another_runs_checkpoints_below_the_working_directory_are_not_its_own(
     assert process_facts.find_checkpoint_dir(str(work), pid=4622) == str(ckpt)  # its own run
     (work / "A" / "run.json").unlink()
     assert process_facts.find_checkpoint_dir(str(work), pid=777) == str(ckpt)
+    # nothing saved there since the process started: an earlier run's (no run.json: a
+    # run without telemetry's, another attach's); found once it saves there
+    os.utime(ckpt, (1_000_000.0, 1_000_000.0))
+    assert process_facts.find_checkpoint_dir(str(work), pid=777, since=2_000_000.0) is None
+    (ckpt / "1").mkdir()
+    assert process_facts.find_checkpoint_dir(str(work), since=time.time() - 60) == str(ckpt)
 
 
 def test_a_checkpoint_directory_its_command_line_names_is_found(tmp_path: Path) -> None:
