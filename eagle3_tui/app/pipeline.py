@@ -364,7 +364,9 @@ class Pipeline:
         now = self.clock()
         if event.link in LINK_DOWN:
             self._reconnected, self._catch_up = False, None
-            self._links.append((False, now, event.detail, None))
+            # an agent that fell silent: the link went down with its last byte
+            down = now - event.silent_s if event.silent_s else now
+            self._links.append((False, down, event.detail, None))
         elif event.link in (Link.CONNECTED, Link.LOCAL, Link.WAITING):
             self._reconnected, self._catch_up = True, event.size
             self._links.append((True, now, "", event.host_time))

@@ -46,6 +46,9 @@ class LinkChanged:
     waits for before a run counts as read)."""
     host_time: float | None = None
     """CONNECTED: the host's clock then (the records' ``ts`` are in its time)."""
+    silent_s: float | None = None
+    """RECONNECTING after a stream's agent said nothing for this long: the link went
+    down that long ago (no data since then), not when that was noticed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,8 +93,12 @@ class ChannelLostError(Exception):
 
 
 class AgentSilentError(ChannelLostError):
-    """Not a byte from a stream's agent for its idle limit: the client let go of it
-    (its channel's exit then says only that it was closed)."""
+    """Not a byte from a stream's agent for its idle limit (``idle_s``): the client let
+    go of it (its channel's exit then says only that it was closed)."""
+
+    def __init__(self, message: str, idle_s: float) -> None:
+        super().__init__(message)
+        self.idle_s = idle_s
 
 
 class FrameParser:
@@ -219,7 +223,8 @@ async def read_frames(
         except TimeoutError:
             raise AgentSilentError(
                 f"not a byte from the host's agent for {idle_s:.0f} s (it says something "
-                f"every {TICK_S:.0f} s): the agent is stopped or frozen, or the link is"
+                f"every {TICK_S:.0f} s): the agent is stopped or frozen, or the link is",
+                idle_s or 0.0,
             ) from None
         except errors as e:
             raise ChannelLostError(str(e) or type(e).__name__) from e

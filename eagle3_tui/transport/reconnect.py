@@ -91,7 +91,7 @@ class Reconnecting:
             channel: AgentChannel | None = None
             status: int | None = None
             stderr = ""
-            silent = False
+            silent: float | None = None
             refusal: LinkChanged | None = None
             try:
                 channel = await self._start()
@@ -100,7 +100,7 @@ class Reconnecting:
             except StreamOver:
                 return
             except (TargetError, ChannelLostError) as e:
-                silent = isinstance(e, AgentSilentError)
+                silent = e.idle_s if isinstance(e, AgentSilentError) else None
                 refused = self._refusal(e)
                 if refused is None:
                     raise
@@ -116,7 +116,7 @@ class Reconnecting:
                 if problem is not None:
                     if problem[0]:
                         refusal = self._refused(problem[1])
-                    elif not silent:  # a silent agent's channel was closed here: not news
+                    elif silent is None:  # a silent agent's channel was closed here: not news
                         reason = problem[1]
             if refusal is not None:
                 yield refusal
@@ -127,7 +127,7 @@ class Reconnecting:
             delay = self.backoff[min(self._failures, len(self.backoff) - 1)]
             self._failures += 1
             self.reconnects += 1
-            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay)
+            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay, silent_s=silent)
             await asyncio.sleep(delay)
             # the attempt now (an ssh connection can take its 15 s): no retry "in 1 s" left
             yield LinkChanged(Link.RECONNECTING, reason)

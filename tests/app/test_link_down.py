@@ -65,3 +65,18 @@ async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
         shown = text_of(header)
         assert "STALLED" in shown and "last known · LINK DOWN" in shown, shown
         assert "last stalled" not in shown, shown
+
+
+async def test_a_silent_agents_link_went_down_with_its_last_byte() -> None:
+    """A frozen agent is noticed 20 s after its last byte: the banner said "No data since"
+    the moment it was noticed (18 s of nothing, shown as current). The link is down
+    since the last byte."""
+    lines, data = training(steps=120)
+    now = [lines.ts + 1.0]
+    app, source = app_with(data, now=now)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        now[0] += 20.0
+        source.push(LinkChanged(Link.RECONNECTING, "not a byte", retry_in=0.2, silent_s=20.0))
+        await until(pilot, lambda: app.pipeline.run.link_down_since is not None, what="down")
+        assert app.pipeline.run.link_down_since == lines.ts + 1.0
