@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
@@ -93,12 +94,8 @@ class ChannelLostError(Exception):
 
 
 class AgentSilentError(ChannelLostError):
-    """Not a byte from a stream's agent for its idle limit (``idle_s``): the client let
-    go of it (its channel's exit then says only that it was closed)."""
-
-    def __init__(self, message: str, idle_s: float) -> None:
-        super().__init__(message)
-        self.idle_s = idle_s
+    """Not a byte from a stream's agent for its idle limit: the client let go of it (its
+    channel's exit then says only that it was closed)."""
 
 
 class FrameParser:
@@ -201,8 +198,21 @@ def _inflate(packed: bytes, length: int, offset: int) -> bytes:
     return data
 
 
+class Heard:
+    """When the last byte of a channel came (``time.monotonic``): a link found down later
+    (a keepalive's timeout, a frozen agent) went down then."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+
 async def read_frames(
-    reader: Reader, lost: tuple[type[BaseException], ...] = (), idle_s: float | None = None
+    reader: Reader,
+    lost: tuple[type[BaseException], ...] = (),
+    idle_s: float | None = None,
+    heard: Heard | None = None,
 ) -> AsyncIterator[Frame]:
     """Frames until the agent's output ends.
 
@@ -223,11 +233,12 @@ async def read_frames(
         except TimeoutError:
             raise AgentSilentError(
                 f"not a byte from the host's agent for {idle_s:.0f} s (it says something "
-                f"every {TICK_S:.0f} s): the agent is stopped or frozen, or the link is",
-                idle_s or 0.0,
+                f"every {TICK_S:.0f} s): the agent is stopped or frozen, or the link is"
             ) from None
         except errors as e:
             raise ChannelLostError(str(e) or type(e).__name__) from e
+        if heard is not None:
+            heard.last = time.monotonic()
         if not data:
             if parser.partial:
                 raise ChannelLostError("the output ended inside a frame")
@@ -284,12 +295,13 @@ class LocalChannel:
     def __init__(self, proc: asyncio.subprocess.Process, *, finish_alone: bool = False) -> None:
         self.proc = proc
         self.finish_alone = finish_alone
+        self.heard = Heard()
         assert proc.stderr is not None
         self._stderr = asyncio.ensure_future(proc.stderr.read())
 
     def frames(self, idle_s: float | None = None) -> AsyncIterator[Frame]:
         assert self.proc.stdout is not None
-        return read_frames(self.proc.stdout, idle_s=idle_s)
+        return read_frames(self.proc.stdout, idle_s=idle_s, heard=self.heard)
 
     async def finish(self) -> tuple[int | None, str]:
         status = await self.proc.wait()

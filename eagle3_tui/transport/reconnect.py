@@ -12,6 +12,7 @@ No textual here; asyncssh only where the host is an SSH host.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from eagle3_tui.transport.base import Link, LinkChanged, StreamEvent, TargetError
@@ -91,7 +92,7 @@ class Reconnecting:
             channel: AgentChannel | None = None
             status: int | None = None
             stderr = ""
-            silent: float | None = None
+            silent = False
             refusal: LinkChanged | None = None
             try:
                 channel = await self._start()
@@ -100,7 +101,7 @@ class Reconnecting:
             except StreamOver:
                 return
             except (TargetError, ChannelLostError) as e:
-                silent = e.idle_s if isinstance(e, AgentSilentError) else None
+                silent = isinstance(e, AgentSilentError)
                 refused = self._refusal(e)
                 if refused is None:
                     raise
@@ -116,7 +117,7 @@ class Reconnecting:
                 if problem is not None:
                     if problem[0]:
                         refusal = self._refused(problem[1])
-                    elif silent is None:  # a silent agent's channel was closed here: not news
+                    elif not silent:  # a silent agent's channel was closed here: not news
                         reason = problem[1]
             if refusal is not None:
                 yield refusal
@@ -127,7 +128,22 @@ class Reconnecting:
             delay = self.backoff[min(self._failures, len(self.backoff) - 1)]
             self._failures += 1
             self.reconnects += 1
-            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay, silent_s=silent)
+            yield LinkChanged(Link.RECONNECTING, reason, retry_in=delay, silent_s=_quiet(channel))
             await asyncio.sleep(delay)
             # the attempt now (an ssh connection can take its 15 s): no retry "in 1 s" left
             yield LinkChanged(Link.RECONNECTING, reason)
+
+
+QUIET_S = 2.0
+"""A channel whose last byte came longer ago than this went down with it (a keepalive's
+timeout, a frozen agent); a shorter quiet is any stream's between two writes."""
+
+
+def _quiet(channel: AgentChannel | None) -> float | None:
+    """How long before now the channel's last byte came, where that says the link went
+    down then; None: it went down now (as far as can be told)."""
+    heard = getattr(channel, "heard", None)
+    if heard is None:
+        return None
+    quiet = time.monotonic() - heard.last
+    return quiet if quiet > QUIET_S else None

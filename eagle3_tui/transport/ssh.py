@@ -52,6 +52,7 @@ from eagle3_tui.transport.channel import (
     ChannelLostError,
     DataFrame,
     Frame,
+    Heard,
     agent_error,
     agent_payload,
     keeps_stdin,
@@ -226,6 +227,7 @@ class SshChannel:
 
     def __init__(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         self.proc = proc
+        self.heard = Heard()
         self._stderr = asyncio.ensure_future(self._read_stderr())
 
     async def _read_stderr(self) -> bytes:
@@ -235,7 +237,9 @@ class SshChannel:
             return b""
 
     def frames(self, idle_s: float | None = None) -> AsyncIterator[Frame]:
-        return read_frames(self.proc.stdout, lost=(asyncssh.Error, OSError), idle_s=idle_s)
+        return read_frames(
+            self.proc.stdout, lost=(asyncssh.Error, OSError), idle_s=idle_s, heard=self.heard
+        )
 
     async def finish(self) -> tuple[int | None, str]:
         with contextlib.suppress(TimeoutError, asyncssh.Error, OSError):

