@@ -45,6 +45,13 @@ class Event:
     rank: int = 0
     exit_status: int | None = None
     host: str | None = None
+    done: int | None = None
+    """The steps done by then, as every view shows a step ("after step N"): ``step`` is
+    the record's own (a 0-based ``step`` where it has one, else its ``global_step``)."""
+
+    @property
+    def shown_step(self) -> int | None:
+        return self.done if self.done is not None else self.step
 
 
 @dataclass(frozen=True, slots=True)

@@ -751,7 +751,7 @@ def _rank_death(first: Event) -> Diagnosis:
     if first.host:
         where = f"{where} on {first.host}" if where else f"on {first.host}"
     who = f"Rank {first.rank}" + (f" ({where})" if where else "")
-    at = f"after step {first.step}" if first.step is not None else "before its first step"
+    at = f"after step {first.shown_step}" if first.step is not None else "before its first step"
     if first.exit_status is not None or (first.error or "").startswith("the trainer process"):
         how = exit_text(first.exit_status)  # seen from outside by its sidecar
     else:

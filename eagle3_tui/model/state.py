@@ -597,6 +597,7 @@ class RunState:
             rank=rec.rank,
             exit_status=rec.exit_status,
             host=rec.host,
+            done=_steps_done(rec),
         )
         self.events.append(event)
         if rec.event in ("start", "resume"):
@@ -739,3 +740,16 @@ def _leftover(m: ObservedMember) -> Leftover:
     later look found it gone too)."""
     rss = int(m.rss) if m.rss is not None and math.isfinite(m.rss) else None
     return Leftover(m.pid, m.comm[:32], rss, None, gone=m.state == "gone")
+
+
+def _steps_done(rec: Record) -> int | None:
+    """A lifecycle event's steps done by then (what "after step N" says). Its ``step``
+    is that count in the trainer's own events (interrupt, finish, a crash it raised),
+    while a kill's ``stop`` and a crash its sidecar saw carry the 0-based index of the
+    last step (the stop's ``global_step`` is the count)."""
+    if rec.event == "stop" and rec.global_step is not None:
+        return rec.global_step
+    seen = rec.event == "crash" and (rec.error or "").startswith("the trainer process")
+    if (rec.event == "stop" or seen) and rec.step is not None:
+        return rec.step + 1
+    return rec.step_or_global

@@ -374,3 +374,14 @@ def test_the_log_says_events_steps_as_the_banner_does() -> None:
     assert "start (pid 1)" in said, said
     assert "interrupt after step 22" in said and "resume after step 22 (pid 2)" in said, said
     assert not any("at step" in s for s in said), said
+    # a kill's stop and a crash its sidecar saw carry the last step's 0-based index: the
+    # log said "stop after step 77" and "crash after step 59" beside "after step 78/60"
+    data += lines.event("stop", step=29, global_step=30)
+    gone = "the trainer process 2 exited without a finish event (killed by SIGKILL)"
+    data += lines.event("crash", step=34, error=gone)
+    run = Run()
+    run.feed(0, data)
+    snap = build_snapshot(run.state, lines.ts, ViewParams())
+    said = [body.plain for _, body in log_entries(snap, 10)]
+    assert "stop after step 30" in said, said
+    assert any(s.startswith("crash after step 35: the trainer process 2") for s in said), said

@@ -90,7 +90,9 @@ def test_a_dead_rank_is_named_not_the_rank_that_raised_because_of_it() -> None:
     out.append(t.at(at + 1).event("interrupt", step=20))
     d = diagnose(run_of(out).state, at + 5)
     assert d.health is Health.DEAD, d
-    assert d.reason.startswith("Rank 1 (pid 101 on node1) died after step 19: killed by SIGKILL")
+    # its sidecar's crash names the last step's 0-based index (19): 20 steps done, as the
+    # other rank's own crash and every view count them
+    assert d.reason.startswith("Rank 1 (pid 101 on node1) died after step 20: killed by SIGKILL")
 
 
 def test_a_kill_that_stopped_every_rank_is_stopped_even_if_a_rank_was_escalated() -> None:

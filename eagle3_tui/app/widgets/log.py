@@ -42,8 +42,8 @@ def log_entries(snap: Snapshot, n: int) -> list[tuple[Text, Text]]:
         style = EVENT_STYLE.get(ev.event, "bold")
         head.append("▶ ", style=style)
         body = inert(ev.event, style=style)
-        if ev.step:  # the steps done by then (1-based steps: "after step N", as the banner)
-            body.append(f" after step {ev.step:,}")
+        if ev.shown_step:  # the steps done by then ("after step N", as the banner says it)
+            body.append(f" after step {ev.shown_step:,}")
         if ev.pid is not None:
             body.append(f" (pid {ev.pid})", style="dim")
         if ev.error:
