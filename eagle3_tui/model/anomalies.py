@@ -115,6 +115,9 @@ class Resume:
     """Steps trained before and done again (first, last), if it went back."""
     superseded: bool = False
     """Another process started after it (its steps, if any, were logged before that)."""
+    reached: int | None = None
+    """The last step it logged (as shown), where that is short of ``redone``'s last: the
+    steps to do again are not all done yet."""
 
     @property
     def said(self) -> str:
@@ -122,7 +125,12 @@ class Resume:
             return "resumed, no step logged before the next start"
         if self.first_step is None:
             return "resumed (no step logged since)"
-        again = f" (steps {self.redone[0]} to {self.redone[1]} done again)" if self.redone else ""
+        again = ""
+        if self.redone is not None:
+            a, b = self.redone
+            again = f" (steps {a} to {b} done again)"
+            if self.reached is not None and self.reached < b:
+                again = f" (steps {a} to {b} to be done again: up to {self.reached} so far)"
         return f"resumed at step {self.first_step}{again}"
 
 
@@ -369,6 +377,10 @@ def _resumes(state: RunState, steps: npt.NDArray[np.int64], ts: F64) -> list[Res
         if redo is not None:
             redos.remove(redo)
         again = (redo.first + 1, redo.last + 1) if redo is not None else None
-        out.append(Resume(event.ts, first, again, superseded=until < math.inf))
-    out += [Resume(r.ts, r.first + 1, (r.first + 1, r.last + 1)) for r in redos]
+        # the last step it logged (before the next start): how far its redoing got
+        j = int(np.searchsorted(ts, until, side="left")) - 1 if until < math.inf else len(ts) - 1
+        reached = step_number(int(steps[j])) if first is not None and j >= i else None
+        out.append(Resume(event.ts, first, again, superseded=until < math.inf, reached=reached))
+    last = step_number(int(steps[-1])) if len(steps) else None
+    out += [Resume(r.ts, r.first + 1, (r.first + 1, r.last + 1), reached=last) for r in redos]
     return out

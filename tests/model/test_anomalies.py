@@ -242,3 +242,22 @@ def test_the_spike_candidates_hold_every_loss_far_above_its_window_median() -> N
             med = float(np.median(f[max(0, p - w) : p]))
             if med <= 0 or f[p] >= SPIKE_FACTOR * med:
                 assert p in got, (trial, n, first, p)
+
+
+def test_steps_to_be_done_again_are_not_said_done_before_they_are() -> None:
+    """Resumed from step 90 of 100: at step 96 the history said "resumed at step 91
+    (steps 91 to 100 done again)" of steps 97 to 100 not yet done again."""
+    lines = Lines(t0=T0, dt=0.5)
+    data = lines.event("start", pid=1)
+    data += b"".join(lines.train(s, 2.0) for s in range(100))
+    data += lines.event("interrupt", step=100)
+    lines.at(lines.ts + 300)
+    data += lines.event("resume", pid=2, step=90)
+    data += b"".join(lines.train(s, 2.0) for s in range(90, 96))
+    (resume,) = summarize(run_of(data).state, lines.ts)["anomalies"]["resumes"]
+    assert (
+        resume["said"] == "resumed at step 91 (steps 91 to 100 to be done again: up to 96 so far)"
+    )
+    data += b"".join(lines.train(s, 2.0) for s in range(96, 104))
+    (resume,) = summarize(run_of(data).state, lines.ts)["anomalies"]["resumes"]
+    assert resume["said"] == "resumed at step 91 (steps 91 to 100 done again)", resume
