@@ -236,6 +236,20 @@ class Snapshot:
     gpus_at: float | None = None
     """When the newest GPU sample was taken (the host's clock)."""
     io: IoView | None = None
+    io_at: float | None = None
+    """When the newest read sample was taken (the host's clock)."""
+    host_now: float | None = None
+    """``now`` on the host's clock (the samples' times are in it)."""
+    sample_every_s: float | None = None
+    """The samplers' interval, as their last two read samples were apart."""
+
+    def samples_stale(self, at: float | None) -> bool:
+        """A sample taken at ``at`` is no longer current: none came for 10 s and three
+        of the samplers' intervals (the sidecar held, or gone)."""
+        if at is None or self.host_now is None:
+            return False
+        return self.host_now - at > max(10.0, 3 * (self.sample_every_s or 0.0))
+
     checkpoints: tuple[CkptEvent, ...] = ()
     saving: str | None = None
     """The checkpoint being written now, if any."""
@@ -561,6 +575,15 @@ def _progress(
     )
 
 
+def _sample_every(state: RunState) -> float | None:
+    """How far apart the last two read samples were (one rank's, the samplers' pace)."""
+    points = state.samplers.io_history
+    if len(points) < 2:
+        return None
+    gap = points[-1].ts - points[-2].ts
+    return gap if gap > 0 else None
+
+
 def _count_down(eta_s: float | None, late: float) -> float | None:
     """``eta_s`` as of ``late`` seconds after its evidence; None once that is past it."""
     if eta_s is None or (late > 0 and eta_s <= late):
@@ -704,6 +727,9 @@ def build_snapshot(
         gpus=_gpus(state, view) if cache is None else cache.gpus(state, view),
         gpus_at=state.samplers.last_gpu_ts,
         io=_io(state, view, ended is not None),
+        io_at=state.samplers.last_io_ts,
+        host_now=state.liveness.host_time(now),
+        sample_every_s=_sample_every(state),
         checkpoints=tuple(
             renamed_saves(list(state.ckpt_events)[-50:], state.manifest.get(STOP_SAVES))
         ),

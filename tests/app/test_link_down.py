@@ -80,3 +80,25 @@ async def test_a_silent_agents_link_went_down_with_its_last_byte() -> None:
         source.push(LinkChanged(Link.RECONNECTING, "not a byte", retry_in=0.2, silent_s=20.0))
         await until(pilot, lambda: app.pipeline.run.link_down_since is not None, what="down")
         assert app.pipeline.run.link_down_since == lines.ts + 1.0
+
+
+async def test_samples_that_stopped_coming_are_not_shown_as_current() -> None:
+    """The sidecar held (a SIGSTOP of it alone) while the trainer logs on: the data panel
+    said "read 77.6 KiB/s" of a sample a minute old, as if current. Past three of the
+    samplers' intervals (and 10 s) without one, the GPU and data panels say since when."""
+    lines, data = training(steps=120)  # a GPU and a read sample every 10 steps (5 s)
+    app, source = app_with(data, now=[lines.ts + 1.0])
+    async with app.run_test(size=(120, 40)) as pilot:
+        gpu, io = app.query_one(GpuPanel), app.query_one(DataPanel)
+        await until(pilot, lambda: app.snapshot.global_step == 119, what="step 120")
+        assert not gpu.border_subtitle and not io.border_subtitle
+        sampled = app.snapshot.io_at
+        assert sampled is not None
+        more = b"".join(lines.train(s, 0.5) for s in range(120, 160))  # no sample: 20 s
+        source.push(more)
+        app.clock = lambda: lines.ts + 1.0
+        await until(pilot, lambda: app.snapshot.global_step == 159, what="step 160")
+        await until(pilot, lambda: bool(io.border_subtitle), what="the data panel's note")
+        assert io.border_subtitle == f"no sample since {clock_time(sampled)}; the last read"
+        assert gpu.border_subtitle == f"no sample since {clock_time(app.snapshot.gpus_at or 0)}"
+        assert app.snapshot.health is Health.RUNNING

@@ -584,6 +584,8 @@ class GpuPanel(Panel):
             note = f"the run ended; sampled {clock_time(at)}"
         elif at is not None and down is not None:  # nothing can arrive: the last that did
             note = f"link down; sampled {clock_time(at)}"
+        elif at is not None and snap.samples_stale(at):
+            note = f"no sample since {clock_time(at)}"  # the sidecar held, or gone
         if note != (self.border_subtitle or ""):  # a border set repaints, same or not
             self.border_subtitle = note
         super().watch_snapshot(snap)
@@ -645,6 +647,10 @@ class DataPanel(Panel):
         live = snap.io is not None and snap.progress.ended_at is None
         # nothing can arrive while the link is down: the rates are the last that did
         note = f"link down since {clock_time(down)}; the last read" if down and live else ""
+        at = snap.io_at
+        if not note and live and at is not None and snap.samples_stale(at):
+            # no sample for a while (the sidecar held, or gone): these are not current
+            note = f"no sample since {clock_time(at)}; the last read"
         if note != (self.border_subtitle or ""):
             self.border_subtitle = note
         super().watch_snapshot(snap)
