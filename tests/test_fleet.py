@@ -321,3 +321,35 @@ def test_f_in_the_monitor_shows_this_hosts_fleet_and_q_there_ends_both(
         assert "TARGET" not in fleet  # a table of runs, not an error or a usage line
     finally:
         tmux.run("kill-server")
+
+
+def test_the_fleets_tau_trend_is_the_monitors() -> None:
+    """The fleet read its trend from the unsmoothed τ: a tiny run's noisy τ read ↓0.14 in
+    the fleet beside the monitor's "τ ↑ +0.077". It is built with the monitor's
+    smoothing: the two say the same."""
+    import math
+    import random
+
+    from eagle3_tui.fleet import VIEW
+    from eagle3_tui.model.run import Run
+    from eagle3_tui.model.snapshot import ViewParams, build_snapshot
+    from tests.records import Lines
+
+    noise = random.Random(3)
+    for seed in range(20):
+        noise.seed(seed)
+        lines = Lines(t0=1_800_000_000.0, dt=0.5)
+        data = b""
+        for s in range(96):  # rising, with noise larger than the rise over a quarter
+            base = 0.4 + 0.2 * s / 96
+            acc = tuple(min(0.99, max(0.0, base + noise.gauss(0, 0.08))) for _ in range(3))
+            data += lines.train(s, 2.0, acc=acc)
+        run = Run()
+        run.feed(0, data)
+        fleet = build_snapshot(run.state, lines.ts, VIEW).tau_line
+        monitor = build_snapshot(run.state, lines.ts, ViewParams()).tau_line
+        assert fleet is not None and monitor is not None
+        a, b = fleet.trend(), monitor.trend()
+        assert a is not None and b is not None
+        assert a == b, (seed, a, b)
+        assert math.isfinite(a[0])
