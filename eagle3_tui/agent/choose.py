@@ -8,6 +8,7 @@ Standard library only, Python 3.8+.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -68,7 +69,42 @@ def own_directories(row: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         path = os.path.dirname(value) if key in ("log", "metrics_file") else value
         out.append((what, os.path.realpath(path)))
+    return out + _command_directories(row)
+
+
+def _command_directories(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """The directories a training's command line names after an option of where it
+    writes (``--run-dir runs/exp7``, ``--output_dir=out``, ``--save-path``, a checkpoint
+    or log directory): where a run without telemetry keeps its run. What it reads
+    (``--data /shared``) names it not: a kill of that directory would stop each reader."""
+    argv, cwd = row.get("command"), row.get("cwd")
+    if not isinstance(argv, list) or not isinstance(cwd, str):
+        return []
+    out = []
+    pairs = zip(argv[:MAX_COMMAND_ARGS], argv[1:MAX_COMMAND_ARGS])  # noqa: B905, RUF007 (3.8)
+    for prev, arg in pairs:
+        if not isinstance(arg, str) or not isinstance(prev, str):
+            continue
+        if arg.startswith("-") and "=" in arg:
+            option, arg = arg.split("=", 1)
+        elif prev.startswith("-"):
+            option = prev
+        else:
+            continue  # a directory named as an option's value only
+        if not _WRITES_TO.search(option):
+            continue
+        if not arg or arg.startswith("-") or len(arg) > 4096:
+            continue
+        path = os.path.realpath(os.path.join(cwd, arg))
+        if os.path.isdir(path) and path != os.path.realpath(cwd):
+            out.append(("directory its command line names", path))
     return out
+
+
+_WRITES_TO = re.compile(r"run|out|save|ckpt|checkpoint|log", re.IGNORECASE)
+"""An option that names where a training writes (not its data)."""
+MAX_COMMAND_ARGS = 64
+"""Of another user's command line, the arguments looked at (bounded)."""
 
 
 def names(row: dict[str, Any], directory: str) -> bool:

@@ -751,3 +751,26 @@ def test_runs_are_listed_newest_start_first_a_resume_included(
     index.write_text("".join(json.dumps(e) + "\n" for e in entries))
     rows, _ = registered_rows()
     assert [(r["run_id"], r["started_at"]) for r in rows] == [("a", t0 + 20), ("b", t0 + 10)]
+
+
+def test_a_directory_a_trainings_command_line_names_names_the_training(tmp_path: Path) -> None:
+    """``eagle3-tui RUN`` of a training without telemetry started as ``--run-dir RUN``
+    from the directory above: "no live training works in this directory" (its working
+    directory is above, its checkpoints not there yet). The directory its command line
+    names after an option names it; a bare argument (a script) or its working directory's
+    parent does not."""
+    from eagle3_tui.agent.choose import names, works_below
+
+    work = tmp_path / "work"
+    (work / "E").mkdir(parents=True)
+    (work / "data").mkdir()
+    row = {
+        "pid": 5,
+        "cwd": str(work),
+        "command": ["python", "-m", "train.tiny", "--run-dir", "E", "--data=data", "--epochs", "3"],
+    }
+    assert names(row, str(work / "E")) and not names(row, str(work / "data"))  # what it reads
+    assert names(row, str(work))  # its working directory, as before
+    assert not names(row, str(tmp_path)) and works_below(row, str(tmp_path))
+    bare = {"pid": 6, "cwd": str(work), "command": ["python", "E"]}
+    assert not names(bare, str(work / "E"))
