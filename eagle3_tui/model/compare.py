@@ -385,8 +385,10 @@ def _verdict(
     if tau is not None and tau.delta is not None and math.isfinite(tau.delta):
         if abs(tau.delta) < 0.005:
             return f"Even: τ within ±0.005 {where}{caveat}."
-        lead = "ahead" if tau.delta > 0 else "behind"
-        return f"This run is {lead} by {tau.delta:+.2f} τ {where}{caveat}."
+        if tau.delta > 0:
+            return f"This run is ahead by {tau.delta:+.2f} τ {where}{caveat}."
+        # (its sign in the word: "behind by -0.10 τ" read as a double negative)
+        return f"This run is behind by {-tau.delta:.2f} τ {where}{caveat}."
     if loss is not None and loss.delta is not None and math.isfinite(loss.delta):
         word = "lower" if loss.delta < 0 else "higher"
         return f"This run's loss is {abs(loss.delta):.4g} {word} {where}{caveat}."

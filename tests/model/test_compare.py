@@ -83,7 +83,8 @@ def test_unequal_lengths_compare_at_the_furthest_common_step() -> None:
 
 def test_a_run_behind_says_so() -> None:
     c = compare(make_run(800, base=0.40), make_run(800, base=0.60))
-    assert "behind by -0." in c.verdict and row(c, "full_acc_0").better == "b"
+    assert "behind by 0." in c.verdict and row(c, "full_acc_0").better == "b"
+    assert "-" not in c.verdict.partition("behind by ")[2][:6], c.verdict
 
 
 def test_different_ttt_counts_compare_the_shared_steps_and_warn() -> None:
