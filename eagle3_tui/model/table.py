@@ -14,6 +14,7 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
+import gc
 import math
 from array import array
 from bisect import bisect_left
@@ -70,9 +71,22 @@ class StepTable:
             col = self.columns[key] = array("f", [NAN]) * rows
         return col
 
+    def _growable(self) -> None:
+        """Before the table grows: a view let go but not yet freed (held in a reference
+        cycle the collector has not reached) still exports its column, which then cannot
+        grow (BufferError, seen once under a test suite's load): collected first. A view
+        still in use stays one, and its error with it."""
+        try:
+            self.steps.append(0)
+        except BufferError:
+            gc.collect()
+        else:
+            self.steps.pop()
+
     def append_row(self, step: int, ts: float, values: dict[str, float | None]) -> None:
         """One step's values; the caller guarantees ``step`` > last step."""
         n = len(self.steps)
+        self._growable()
         self.steps.append(step)
         self.ts.append(ts)
         for key, v in values.items():
@@ -97,6 +111,7 @@ class StepTable:
         Values of any float dtype or byte order, strided or not: each is converted
         once, into its float32 column."""
         n = len(self.steps)
+        self._growable()
         self.steps.frombytes(_raw(steps.astype(np.int64, copy=False)))
         self.ts.frombytes(_raw(ts.astype(np.float64, copy=False)))
         for key, values in columns.items():

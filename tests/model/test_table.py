@@ -44,3 +44,30 @@ def test_floats_are_float64_copies_of_a_tail() -> None:
     assert tail is not None and tail.tolist() == [2.0, 1.5]
     assert longer is not None and longer.tolist() == [3.0, 2.0, 1.5]
     assert t.floats("absent") is None
+
+
+def test_a_view_let_go_in_a_reference_cycle_does_not_stop_the_table_growing() -> None:
+    """A step view let go but held in a cycle not yet collected exported the column: the
+    next rows raised BufferError ("cannot resize an array that is exporting buffers",
+    once under the suite's load). The table collects such garbage before it grows; a
+    view still in use keeps its error."""
+    import gc
+
+    table = StepTable()
+    table.append_row(0, 1.0, {"train/loss": 2.0})
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        cycle: list[object] = [table.step_view()]
+        cycle.append(cycle)
+        del cycle  # garbage, not freed: the view still exports the steps' buffer
+        table.append_row(1, 2.0, {"train/loss": 1.5})
+        table.extend_columns(np.array([2, 3]), np.array([3.0, 4.0]), {"train/loss": np.ones(2)})
+        assert list(table.step_view()) == [0, 1, 2, 3]
+        held = table.step_view()
+        with pytest.raises(BufferError):
+            table.append_row(4, 5.0, {"train/loss": 1.0})
+        del held
+    finally:
+        if was:
+            gc.enable()

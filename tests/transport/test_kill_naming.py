@@ -163,7 +163,8 @@ async def test_the_kill_dialog_lists_each_process_labelled_and_its_rows_scroll(
                 assert f"then     pid {helper:<8} worker, rank {rank} " in plan, plan
         assert f"then     pid {launcher.pid:<8} torchrun agent " in plan, plan
         body = dialog.query_one("#control-body", VerticalScroll)
-        assert body.max_scroll_y > 0  # more rows than the dialog shows
+        # more rows than the dialog shows (once laid out: a loaded machine lags a frame)
+        await until(pilot, lambda: body.max_scroll_y > 0, what="rows to scroll")
         body.scroll_end(animate=False)
         await until(pilot, lambda: body.scroll_y == body.max_scroll_y, what="scrolled")
         await pilot.press("n")
