@@ -375,7 +375,7 @@ async def test_a_copy_of_a_run_never_acts_on_the_runs_processes(tmp_path: Path) 
         os.kill(proc.pid, signal.SIGKILL)  # its worker outlives it
         proc.wait(10)
         copy = tmp_path / "copy"
-        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock"))
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock", ".*.tmp"))
         deadline = time.monotonic() + 30
         while not [x for x in status_of(str(run_dir))["leftovers"] if x.get("pid")]:
             assert time.monotonic() < deadline, status_of(str(run_dir))
@@ -460,7 +460,7 @@ def test_a_copy_of_a_live_run_is_judged_as_a_copy_not_as_a_stalled_run(tmp_path:
             assert proc.poll() is None and time.monotonic() < deadline, "no step logged"
             time.sleep(0.1)
         copy = tmp_path / "copy"
-        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock"))
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock", ".*.tmp"))
         opened = api.open_run(str(copy))
         later = diagnose(opened.state, opened.now + 600)  # ten minutes on: still a copy
         original = api.open_run(str(run_dir))
