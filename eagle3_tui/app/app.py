@@ -598,9 +598,7 @@ class MonitorApp(App[None]):
     @on(ControlDialog.Finished)
     @on(AttachDialog.Finished)
     def _control_finished(self, event: ControlDialog.Finished | AttachDialog.Finished) -> None:
-        if isinstance(event, ControlDialog.Finished) and self._follow_restart(event.result):
-            return
-        if isinstance(event, AttachDialog.Finished) and self._follow_attached(event.result):
+        if self._follow_new_run(event.result):
             return
         result = event.result
         if isinstance(result, KillReport) and result.status in ("stopped", "not_running"):
@@ -609,41 +607,21 @@ class MonitorApp(App[None]):
         self._probe_ok = True
         self.probe()
 
-    def _follow_restart(self, result: object) -> bool:
-        """After ``r`` on a training without telemetry: the restarted run writes its
-        metrics into the directory its kill recorded; the monitor follows it there, as if
-        it had been opened on it. Whether it did."""
+    def _follow_new_run(self, result: object) -> bool:
+        """After ``r`` or ``a`` on a training without telemetry, the monitor follows the run
+        directory its metrics now go to, as if it had been opened on it: a restart's (the
+        one its kill recorded), or the one an attach made (the view from outside said
+        SILENT, "no metric has been logged", while they flowed). Whether it did."""
+        run_dir, chosen = None, ""
+        if isinstance(result, ResumeReport) and result.status == "started" and result.restart:
+            run_dir, chosen = result.run_dir, f"restarted with telemetry: pid {result.pid}"
+        elif isinstance(result, AttachResult) and result.status in ("attached", "already"):
+            run_dir = result.run_dir
+            chosen = f"telemetry attached: pid {result.pid}" if result.pid else "telemetry attached"
         control = self.control
-        if (
-            not isinstance(result, ResumeReport)
-            or result.status != "started"
-            or not result.restart
-            or result.run_dir is None
-            or control is None
-            or not control.observed
-            or self.open_run is None
-        ):
+        if run_dir is None or control is None or not control.observed or self.open_run is None:
             return False
-        chosen = f"restarted with telemetry: pid {result.pid}"
-        self.follow(self.open_run(result.run_dir), control.of_run(result.run_dir), chosen)
-        return True
-
-    def _follow_attached(self, result: object) -> bool:
-        """After ``a`` on a training without telemetry: its metrics are written to the run
-        directory the attach made; the monitor follows them there (the view from outside
-        said SILENT, "no metric has been logged", while they flowed). Whether it did."""
-        control = self.control
-        if (
-            not isinstance(result, AttachResult)
-            or result.status not in ("attached", "already")
-            or result.run_dir is None
-            or control is None
-            or not control.observed
-            or self.open_run is None
-        ):
-            return False
-        chosen = f"telemetry attached: pid {result.pid}" if result.pid else "telemetry attached"
-        self.follow(self.open_run(result.run_dir), control.of_run(result.run_dir), chosen)
+        self.follow(self.open_run(run_dir), control.of_run(run_dir), chosen)
         return True
 
     def follow(self, source: Source, control: RunControl, chosen: str) -> None:
