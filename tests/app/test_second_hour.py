@@ -126,6 +126,7 @@ def test_a_silent_run_then_every_key_on_its_end(
     span = re.search(r"ran (\S+)", said)
     assert span is not None, said
     time.sleep(3)  # a finished run's span is its own: it does not grow with the clock
+    tmux.wait(lambda s: "still alive" not in flat(s), 60, "no leftovers, a look later")
     assert re.search(r"ran (\S+)", flat(tmux.screen())) is not None
     assert f"ran {span.group(1)}" in flat(tmux.screen())
 

@@ -227,6 +227,8 @@ class HealthBanner(Static):
             return d.label, d.reason, cls
         if snap.other_file is not None:
             return "OTHER FILE", f"{snap.other_file}. It says: {d.label}: {d.reason}", "-alarm"
+        if health == Health.FINISHED and any(not x.gone for x in snap.leftovers):
+            return d.label, d.reason, "-calm"  # what outlived it, and that k ends them
         if health in QUIET:
             return ("FILE", snap.file_news, "-calm") if snap.file_news else None
         if self.link.link == Link.WAITING and health == Health.WAITING:
