@@ -102,3 +102,20 @@ async def test_samples_that_stopped_coming_are_not_shown_as_current() -> None:
         assert io.border_subtitle == f"no sample since {clock_time(sampled)}; the last read"
         assert gpu.border_subtitle == f"no sample since {clock_time(app.snapshot.gpus_at or 0)}"
         assert app.snapshot.health is Health.RUNNING
+
+
+async def test_a_refusal_longer_than_the_banner_ends_where_it_is_cut() -> None:
+    """A one-sentence banner (a refusal, a path) longer than its three lines stopped
+    mid-word on the last line, as if that were all it said: it ends in "…" there."""
+    _, data = training(steps=10)
+    app, source = app_with(data)
+    detail = "gpu-box: " + " ".join(f"/home/someone/runs/exp{i}/metrics.jsonl" for i in range(30))
+    async with app.run_test(size=(80, 24)) as pilot:
+        banner = app.query_one(HealthBanner)
+        source.push(LinkChanged(Link.REFUSED, detail))
+        await until(pilot, lambda: "REFUSED" in text_of(banner), what="refused")
+        shown = text_of(banner)
+        rows = banner.render().wrap(app.console, banner.content_size.width)
+        assert len(rows) <= 3, shown
+        assert shown.rstrip().endswith("…"), shown
+        assert "gpu-box: /home/someone/runs/exp0/metrics.jsonl" in " ".join(shown.split())

@@ -183,6 +183,14 @@ def banner_text(label: str, sentence: str) -> Text:
     return text
 
 
+def cut_here(sentence: str, room: int) -> str:
+    """``sentence``'s first ``room`` characters and "…" where it is cut (a banner that
+    stopped mid-word at its last line read as if that were all it said)."""
+    if len(sentence) <= room:
+        return sentence
+    return sentence[:room].rstrip(" ,:;") + "…"
+
+
 def keep_the_remedy(sentence: str, room: int) -> str:
     """``sentence`` cut to about ``room`` characters in its middle: its end (the cause
     and what to do: "…: the speculators.metrics logger has no handler … Attach live (a,
@@ -268,8 +276,17 @@ class HealthBanner(Static):
         def fits(t: Text) -> bool:
             return len(t.wrap(self.app.console, width)) <= lines
 
-        if fits(text) or ". " not in sentence.rstrip():
-            return text  # one sentence (a path, an error): its beginning matters most
+        if fits(text):
+            return text
+        if ". " not in sentence.rstrip():  # one sentence (a path, an error): its beginning
+            lo, hi = 0, len(sentence)  # matters most, cut where it says so
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(banner_text(label, cut_here(sentence, mid))):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return banner_text(label, cut_here(sentence, lo))
         lo, hi = 30, len(sentence)  # the longest middle cut that fits: its end kept
         while lo < hi:
             mid = (lo + hi + 1) // 2
