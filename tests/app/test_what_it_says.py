@@ -385,3 +385,15 @@ def test_the_log_says_events_steps_as_the_banner_does() -> None:
     said = [body.plain for _, body in log_entries(snap, 10)]
     assert "stop after step 30" in said, said
     assert any(s.startswith("crash after step 35: the trainer process 2") for s in said), said
+
+
+async def test_the_acceptance_table_shows_the_last_validation_where_it_has_a_row() -> None:
+    """The table's last validation row needed a row more than its header, TTT steps
+    and τ take: at 120×40 (six rows, three TTT steps) it was never drawn."""
+    lines = Lines(t0=T0)
+    data = b"".join(lines.train(s, 1.0, acc=(0.5, 0.3, 0.2)) for s in range(10))
+    app, _ = app_with(data + lines.val(10, 0, 0.9))
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(AcceptanceTable)
+        await until(pilot, lambda: "val e1 loss 0.9000 acc0 0.400" in text_of(table), what="val")
+        assert text_of(table).count("\n") <= table.rows, text_of(table)

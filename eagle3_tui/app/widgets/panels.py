@@ -360,7 +360,8 @@ class AcceptanceTable(Panel):
             tau.append(f" {arrow} {delta:+.3f}", style=style)
             tau.append(f" in {steps:,} step{'' if steps == 1 else 's'}", style="dim")
         parts: list[RenderableType] = [*table, tau]
-        if self.rows >= snap.ttt_steps + 4 and snap.val_rows:
+        used = 1 + len(cells) + 1  # the table's header and rows, τ
+        if self.rows > used and snap.val_rows:  # room for one more: the last validation
             v = snap.val_rows[-1]
             val = Text(no_wrap=True, overflow="ellipsis", style="dim")
             val.append(f"val e{v.epoch + 1} loss {num(v.values.get('loss_epoch'))}")
