@@ -110,9 +110,10 @@ def real_mix(n_steps: int, seed: int = 0, t0: float = 1.79e9, dt: float = 0.5) -
             yield event("log", ts + 5, level="INFO", logger="speculators", msg="Checkpoint saved")
 
 
-MADE = "indexed as written"
+MADE = "indexed as written, each block with its pace"
 """The run directory's ``made``: its companion has the blocks a live writer closes (a
-run made before was indexed 1,024 rows a block, kinder than a live run's ~600)."""
+run made before was indexed 1,024 rows a block, kinder than a live run's ~600), each
+with its ``"pace"`` as the writer now says it (telemetry/columns.py's ``pace_of``)."""
 
 
 def make_run(steps: int) -> Path:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import struct
@@ -73,6 +74,7 @@ from eagle3_tui.telemetry.columns import (
     MAGIC,
     MARK_MAGIC,
     NL_ENVELOPE,
+    PACE_TIMINGS,
     PLAIN_TIME,
     SAMPLE_MAGIC,
     Block,
@@ -83,6 +85,8 @@ from eagle3_tui.telemetry.columns import (
     pack_column,
     pack_envelopes,
     seq_fits,
+    unpack_floats,
+    unpack_ints,
     walk_blocks,
 )
 from eagle3_tui.telemetry.parsing import parse_json
@@ -102,7 +106,7 @@ GROUP_ROWS = 8192
 and applies each frame once (a 1M-step run as a live writer indexes it, 1,667 blocks:
 132 frames, its local ``summary`` 1.20 -> 1.00 s), and a frame this long is ~120 KB
 for a summary (~10 ms of a 100 Mbit/s link)."""
-_PER_BLOCK = frozenset({"n", "cols", "stats", "span", "bytes"})
+_PER_BLOCK = frozenset({"n", "cols", "stats", "span", "bytes", "pace"})
 """A block header's fields that are its own (the rest its frame's: :func:`group_payload`)."""
 
 
@@ -139,6 +143,7 @@ class Segment:
         "rows_start",
         "samples",
         "start",
+        "tail_ts",
         "text",
     )
 
@@ -161,6 +166,9 @@ class Segment:
         """An accounted segment's samples, as ranges of sample blocks."""
         self.text: list[tuple[int, bytes]] = []
         """An accounted segment's events read (offset, line), in file order."""
+        self.tail_ts: float | None = None
+        """The time of the plan's newest row (its last block's), where its block is
+        old enough for its pace's timings to go as their sum (:func:`pace_summed`)."""
 
     @classmethod
     def of(cls, block: Block, first_seq: int | None) -> Segment | None:
@@ -345,7 +353,29 @@ class Segment:
             (str(g), tuple(x for x in v if isinstance(x, str)) if isinstance(v, list) else None)
             for g, v in keep.items()
         )
-        return self.block.packed(_kept(paths, wanted, only, self.latest))
+        kept = self.block.packed(_kept(paths, wanted, only, self.latest))
+        tokens = self._pace_sum(history) if only is not None else None
+        return kept if tokens is None else pace_summed(kept, self.block.n, tokens)
+
+    def _pace_sum(self, history: dict[str, Any]) -> float | None:
+        """The tokens of this old block's steps, where its timings can go as their sum
+        (its writer's ``"pace"``, telemetry/columns.py's :func:`pace_of`): the request
+        says how old (``pace_sums_s``), its rows are all older than that before the
+        plan's newest one, and no process starts among its lines (it is accounted: each
+        of its other lines was read, and is parsed here: a record of any kind that says
+        ``"event": "start"`` or ``"resume"`` is taken for one). None: sent as they are."""
+        recent, tail = history.get("pace_sums_s"), self.tail_ts
+        pace = _pace(self.block)
+        if not isinstance(recent, (int, float)) or tail is None or pace is None:
+            return None
+        if self.marks is None or pace[1] >= tail - recent:
+            return None
+        for _, line in self.text:
+            if b"start" in line or b"resume" in line:
+                rec = parse_json(line)
+                if isinstance(rec, dict) and rec.get("event") in ("start", "resume"):
+                    return None
+        return pace[0]
 
     def _history(self, history: Any) -> frozenset[str] | None:
         """The only columns to send of a block older than the request's newest rows (with
@@ -529,6 +559,9 @@ def planned(fd: int, jsonl_path: str, start: int, size: int) -> Iterator[Segment
         for seg in reversed(candidates):
             seg.newer, seg.latest = newer, latest
             newer += seg.block.n
+        tail = _newest_ts(candidates[-1].block)
+        for seg in candidates[1:-1]:  # (the first's first row starts a pace: never summed)
+            seg.tail_ts = tail
     listing = Listing(samples, marks)
     at = start
     for seg in candidates[:-1]:  # the last block's steps go as JSON (the exact latest)
@@ -605,6 +638,52 @@ def _kept(
             continue
         out.append(i)
     return tuple(out)
+
+
+def pace_summed(
+    kept: list[tuple[str, str, Any]], n: int, tokens: float
+) -> list[tuple[str, str, Any]]:
+    """A block's columns with its pace's timings as their sum, ``tokens``: every row's
+    absent (NaN) but the last's, whose ``step_ms`` is 1000 and ``tokens_per_s`` the
+    tokens -- the client's pace, which adds up the tokens of the steps of a span
+    (model/derived.py's ``pace``), adds this block's all at once. As sent where the
+    block sends no such columns."""
+    if n < 1 or any(path not in {p for p, _, _ in kept} for path in PACE_TIMINGS):
+        return kept
+    absent = [math.nan] * (n - 1)
+    summed = {
+        PACE_TIMINGS[0]: ("d", pack_column("d", [*absent, tokens])),
+        PACE_TIMINGS[1]: ("f", pack_column("f", [*absent, 1000.0])),
+    }
+    return [(path, *summed[path]) if path in summed else (path, kind, packed)
+            for path, kind, packed in kept]  # fmt: skip
+
+
+def _pace(block: Block) -> tuple[float, float] | None:
+    """A block's tokens and newest time, as its writer says them (its ``"pace"``)."""
+    pace = block.header.get("pace")
+    if not isinstance(pace, dict):
+        return None
+    tokens, ts = pace.get("tokens"), pace.get("ts")
+    if type(tokens) is not float or type(ts) is not float:
+        return None
+    if not (math.isfinite(tokens) and math.isfinite(ts)):
+        return None
+    return tokens, ts
+
+
+def _newest_ts(block: Block) -> float | None:
+    """The newest time among a block's rows (None: it cannot be read)."""
+    pace = _pace(block)
+    if pace is not None:
+        return pace[1]
+    try:
+        kind, packed = block.chunks["ts"]
+        if kind in ("f", "d"):
+            return max(unpack_floats(bytes(packed), block.n, kind), default=None)
+        return max(unpack_ints(bytes(packed), block.n, kind), default=None)
+    except (KeyError, ValueError, zlib.error):
+        return None
 
 
 def group_payload(

@@ -22,12 +22,17 @@ as C frames (agent/column_plan.py), with only these fields of these groups."""
 SUMMARY_HISTORY = {
     "paths": ["train.loss", "profile.step_ms", "profile.tokens_per_s"],
     "newest": 2048,
+    "pace_sums_s": 300,
 }
 """A read request's ``"history"``: of the steps before the newest ``newest``, only these
 columns (and each step's envelope, and any metric the newest block no longer has) --
 what a summary reads of a run's whole history: the loss (its anomalies), the steps and
 times (resumes, gaps, epochs) and the pace over the run; everything of the newest steps
-(the windows a verdict and the latest values read)."""
+(the windows a verdict and the latest values read). ``pace_sums_s``: of a block whose
+rows are all older than that before the newest block's last one, and among whose lines
+no process starts, the pace's timings go as their sum (agent/column_plan.py's
+:func:`~eagle3_tui.agent.column_plan.pace_summed`): a run's pace is the tokens of its
+current process over its time, or of its last minute, so no such block is split."""
 TICK_S = 5.0
 """A stream's agent (follow, observe) says ``tick`` after this long without another
 frame: a client that hears nothing for a few of them knows the agent is stopped or

@@ -175,8 +175,9 @@ def open_run(
     a ``pid``: that process on this machine. ``on_note`` is told what the host chose
     as soon as it has (also kept as ``note``). ``whole_history`` False: of the older
     steps, only what ``summary()`` reads (the loss, the steps and times, the pace's
-    timings: agent/names.py's ``SUMMARY_HISTORY``), so a long run's other metrics are
-    not read (nor sent) for it; the newest steps whole either way."""
+    timings: agent/names.py's ``SUMMARY_HISTORY``; an old block's timings as their sum
+    on its last row), so a long run's other metrics are not read (nor sent) for it; the
+    newest steps whole either way."""
     t = target_or_here(where, pid, ssh)
     label = label or label_of(where, pid)
     history = None if whole_history else SUMMARY_HISTORY

@@ -310,6 +310,21 @@ def unpack_ints(packed: bytes, n: int, kind: str = "q") -> list[int]:
     return list(accumulate(_diffs(packed, n)))
 
 
+def unpack_floats(packed: bytes, n: int, kind: str) -> array[float]:
+    """A float column's ``n`` values (``f`` or ``d``; ValueError: not that): the agent
+    sums the pace's timings of old blocks (agent/column_plan.py)."""
+    if kind not in ("f", "d"):
+        raise ValueError(f"a column of type {kind!r}, not floats")
+    width = 8 if kind == "d" else 4
+    raw = zlib.decompress(packed)
+    if len(raw) != n * width:
+        raise ValueError(f"{len(raw)} bytes for {n} values")
+    out: array[float] = array(kind, _unshuffle(raw, width))
+    if array("i", [1]).tobytes()[0] != 1:  # stored little-endian
+        out.byteswap()
+    return out
+
+
 def unpack_int_array(
     packed: bytes, n: int, ascending: bool = False, kind: str = "q", positive: bool = False
 ) -> array[int]:
@@ -379,6 +394,29 @@ def _diffs(packed: bytes, n: int) -> array[int]:
     return diffs
 
 
+PACE_TIMINGS = ("profile.tokens_per_s", "profile.step_ms")
+"""The columns a pace reads: a step's tokens are ``tokens_per_s × step_ms / 1000``."""
+
+
+def pace_of(cols: dict[str, list[Any]]) -> dict[str, float] | None:
+    """A block's ``"pace"``: the tokens of its steps that logged both timings, and its
+    newest row's time (a summary's read sends an old block's timings as this sum:
+    agent/column_plan.py's ``pace_summed``); None without both columns or times."""
+    tps, ms, ts = cols.get(PACE_TIMINGS[0]), cols.get(PACE_TIMINGS[1]), cols.get("ts")
+    if not tps or not ms or not ts:
+        return None
+    steps = []
+    for x, y in zip(tps, ms):  # noqa: B905 (3.8: no strict)
+        if isinstance(x, float) and isinstance(y, float):  # (absent: NaN, or not a float)
+            p = x * y / 1000.0
+            if math.isfinite(p):
+                steps.append(p)
+    newest = max(ts)
+    if not isinstance(newest, (int, float)) or not math.isfinite(newest):
+        return None
+    return {"tokens": math.fsum(steps), "ts": float(newest)}
+
+
 def encode_block(
     ident: tuple[int, int],
     const: tuple[str, str],
@@ -414,21 +452,22 @@ def encode_block(
     }
     if stats_out is not None:
         stats_out.update(stats)
-    header = json.dumps(
-        {
-            "dev": ident[0],
-            "ino": ident[1],
-            "n": len(rows),
-            "const": {"w": const[0], "kind": const[1]},
-            "groups": groups,
-            "order": [p for p, _ in shape],
-            "cols": meta,
-            "span": [offsets[0], offsets[-1] + lengths[-1]] if offsets else [0, 0],
-            "bytes": sum(lengths),
-            "stats": stats,
-        },
-        separators=(",", ":"),
-    ).encode()
+    head: dict[str, Any] = {
+        "dev": ident[0],
+        "ino": ident[1],
+        "n": len(rows),
+        "const": {"w": const[0], "kind": const[1]},
+        "groups": groups,
+        "order": [p for p, _ in shape],
+        "cols": meta,
+        "span": [offsets[0], offsets[-1] + lengths[-1]] if offsets else [0, 0],
+        "bytes": sum(lengths),
+    }
+    pace = pace_of(dict(zip((p for p, _ in data_shape), cols)))  # noqa: B905 (3.8)
+    if pace is not None:
+        head["pace"] = pace
+    head["stats"] = stats  # last: a reader that needs none of them cuts them off
+    header = json.dumps(head, separators=(",", ":")).encode()
     body = b"".join(parts)
     crc = zlib.crc32(body, zlib.crc32(header))
     return HEAD.pack(MAGIC, len(header), len(body), crc) + header + body

@@ -250,7 +250,11 @@ def summary_of(frames: list[DataFrame]) -> str:
     run = Run()
     for f in frames:
         run.feed_frame(f)
-    out = json.dumps(summarize(run.state, 2_000_000.0), sort_keys=True, default=str)
+    summary = summarize(run.state, 2_000_000.0)
+    if isinstance(summary["tokens_per_s"], float):  # old blocks' tokens are summed on the
+        # host (agent/column_plan.py's pace_summed): the same to its last bits or so
+        summary["tokens_per_s"] = float(f"{summary['tokens_per_s']:.12g}")
+    out = json.dumps(summary, sort_keys=True, default=str)
     # (a metric the last step lacks: null or NaN by how that step was decoded, as in
     # test_columnar's state_of)
     return out.replace('"NaN"', "null")
@@ -370,3 +374,61 @@ def test_a_plan_gives_its_first_segments_before_it_reads_the_later_sample_blocks
     assert [(s.start, s.end, len(s.samples)) for s in planned] == [
         (s.start, s.end, len(s.samples)) for s in whole
     ]
+
+
+def test_old_blocks_pace_timings_go_as_their_sums_and_the_pace_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of a summary's old blocks (all rows over ``pace_sums_s`` before the newest, no
+    process starting among their lines), the two timing columns go as one sum on the
+    last row: the pace (current process's tokens over its time) is every line's, a
+    block where a process starts is sent whole (benchmarks/bench_open.py: a 1M-step
+    run's read 15.4 -> 9.1 MB)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(messy_run(6000, 7, samples=0.5))
+    index_file(str(path), block_rows=300)
+    summed: list[int] = []
+    real = column_plan.pace_summed
+
+    def counted(kept: Any, n: int, tokens: float) -> Any:
+        summed.append(n)
+        return real(kept, n, tokens)
+
+    monkeypatch.setattr(column_plan, "pace_summed", counted)
+    want = json.loads(summary_of(plain_frames(path)))
+    frames = list(iter_frames(path, SUMMARY_HISTORY))
+    got = json.loads(summary_of(frames))
+    assert len(summed) >= 5, summed
+    assert got["tokens_per_s"] == want["tokens_per_s"] and got["pace_over"] == want["pace_over"]
+
+
+def test_a_block_where_a_process_resumes_keeps_its_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume in the middle of a block: that block's rows are two processes', and the
+    pace counts only the current one's; its timings go row by row, as every line's."""
+    lines = Lines(t0=1_000_000.0, dt=0.5)
+    out = [lines.event("start")]
+    for s in range(3150):
+        out.append(lines.train(s, 1.0))
+    out.append(lines.event("resume", step=3100))
+    for s in range(3100, 6000):
+        row = lines.train(s, 1.0)
+        out.append(row.replace(b'"tokens_per_s": 1000.0', b'"tokens_per_s": %d.5' % (2000 + s % 7)))
+    out.append(lines.event("finish", step=6000))
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"".join(out))
+    index_file(str(path), block_rows=300)
+    summed: list[int] = []
+    real = column_plan.pace_summed
+
+    def counted(kept: Any, n: int, tokens: float) -> Any:
+        summed.append(n)
+        return real(kept, n, tokens)
+
+    monkeypatch.setattr(column_plan, "pace_summed", counted)
+    want = json.loads(summary_of(plain_frames(path)))
+    got = json.loads(summary_of(list(iter_frames(path, SUMMARY_HISTORY))))
+    # its steps took 200 tokens each (the process before: 100)
+    assert want["pace_over"] == "run" and want["tokens_per_s"] / want["steps_per_s"] > 190
+    assert len(summed) >= 5 and got["tokens_per_s"] == want["tokens_per_s"], (got, want)
