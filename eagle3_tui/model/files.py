@@ -323,7 +323,7 @@ class FileNotice:
         )
         if self.change == "truncated":
             had = f" ({self.previous_size:,} bytes then)" if self.previous_size is not None else ""
-            return f"{f} was truncated{at}{had}: what was written before is not in it"
+            return f"{f} was truncated{at}{had}: what was written past its cut is not in it"
         moved = f" (moved aside to {self.moved_to})" if self.moved_to else ""
         if self.change == "replaced":
             return f"{f} was replaced{at} by another file{moved}; {who} recreated it{missing}"

@@ -49,7 +49,7 @@ import numpy as np
 
 from eagle3_tui.model.derived import Pace, run_pace, step_number, steps_done
 from eagle3_tui.model.events import Event
-from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace
+from eagle3_tui.model.files import WRITE_ERRORS, DiskSpace, FileNotice, Outcome
 from eagle3_tui.model.median import median
 from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.stack import StackSample, stack_line
@@ -144,19 +144,20 @@ def judge(state: RunState, now: float) -> Diagnosis:
     last = end_event(state)
     diverged = _diverged(state)
     count = steps_done(state)
+    first = _before_first(state)
     if last is not None and last.event == "finish":
-        done = f"after {count:,} steps" if count else "before any step"
+        done = f"after {count:,} steps" if count else first.replace("its first", "any")
         if diverged is not None:
             return Diagnosis(Health.DIVERGED, f"Training finished {done}, diverged: {diverged}")
         return Diagnosis(Health.FINISHED, f"Training finished {done}.{leftovers_sentence(state)}")
     if last is not None and last.event == "crash":
         err = f": {last.error.splitlines()[0][:160]}" if last.error else ""
-        at_step = f"after step {count}" if step is not None else "before its first step"
+        at_step = f"after step {count}" if step is not None else first
         return Diagnosis(
             Health.DEAD, f"The trainer crashed {at_step}{err}.{leftovers_sentence(state)}"
         )
     if last is not None and last.event == "interrupt":
-        after = f"after step {count:,}" if count else "before its first step"
+        after = f"after step {count:,}" if count else first
         if last.error:
             saved = f"({last.error.splitlines()[0][:120]})"
         elif stop_requested(state):  # a kill's stop: no signal; its save is converted
@@ -215,7 +216,7 @@ def judge(state: RunState, now: float) -> Diagnosis:
             or (seen_by_sidecar or {}).get("pid")
         )
         who = f"The trainer (pid {pid})" if pid else "The trainer"
-        at = f"after step {step_number(step)}" if step is not None else "before its first step"
+        at = f"after step {step_number(step)}" if step is not None else _before_first(state)
         probed_gone = state.liveness.process_alive is False and _about(current, pid)
         if probed_gone or (seen_by_sidecar is not None and seen_by_sidecar.get("alive") is False):
             how = "is gone"
@@ -248,14 +249,23 @@ def judge(state: RunState, now: float) -> Diagnosis:
     starting = state.starting
     if starting is not None and starting.ts:
         return _starting(state, now, starting.event, starting.ts)
-    if last_metric is None:
+    remade = _remade(state) if last_metric is None else None
+    if last_metric is None and remade is None:
         started = state.first_ts
         if started is None:
             return Diagnosis(Health.WAITING, "Waiting for the first record.")
         return _starting(state, now, "start", started)
+    if remade is not None:  # its steps went with the file: none since is no start
+        last_metric = remade.at if remade.at is not None else remade.noted
 
     quiet_for = now - last_metric
     if quiet_for <= limit:
+        if remade is not None:
+            said = state.file_sentence(remade)
+            return Diagnosis(
+                Health.RUNNING,
+                f"No step logged in this file yet: {said} ({ago(quiet_for)} ago).",
+            )
         return Diagnosis(Health.RUNNING, _running_sentence(state, pace))
     rank_stall = _rank_stall(state, now, quiet_for)  # before "GPU busy": NCCL waits spin at 100 %
     if rank_stall is not None:
@@ -289,6 +299,36 @@ def judge(state: RunState, now: float) -> Diagnosis:
         f"No record of any kind for {ago(quiet_for)} and no process evidence: "
         "the run may have stopped or the file is no longer written.",
     )
+
+
+def _before_first(state: RunState) -> str:
+    """When a run without a step ended: before its first step, or (its file made again
+    mid-run: :func:`_remade`) with none in this file (its earlier ones went with it)."""
+    if _remade(state) is not None:
+        return "with no step in this file (its steps before went with the one before)"
+    return "before its first step"
+
+
+def _remade(state: RunState) -> FileNotice | None:
+    """The writer's word, in a file without a step or a start of its own, that it made
+    the file again mid-run (the one before deleted, replaced or cut to nothing, after it
+    wrote records there): the run's steps went with it, and no step since is no start
+    ("No training step logged yet (0.2 s since start)" of a run at step 24)."""
+    if state.process_start() is not None:
+        return None
+    for notice in reversed(state.file_notices):
+        if (
+            notice.outcome is Outcome.HERE
+            and notice.written_before
+            and notice.change
+            in (
+                "deleted",
+                "replaced",
+                "truncated",
+            )
+        ):
+            return notice
+    return None
 
 
 def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:

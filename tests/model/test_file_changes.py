@@ -313,6 +313,31 @@ def test_a_file_read_after_it_was_recreated_says_what_it_does_not_hold() -> None
     assert summary["lost_records"] == 0 and summary["health"] == "running"
 
 
+def test_a_file_recreated_with_no_step_yet_is_no_start() -> None:
+    """Read once right after the trainer made its file again (the one before deleted,
+    mid-run: a validation under way), the file holds no step and no start: the run is
+    not "No training step logged yet (0.2 s since start)", nor, later, silent "since
+    start" with its logger lacking a handler."""
+    run = Run()
+    path = RunPath(run)
+    trainer = Lines("trainer-1", T0, 1.0)
+    trainer.seq = 812
+    path.write(
+        trainer.event("file", change="deleted", run_id=RUN_ID, noticed=T0 - 1, written_before=812),
+        trainer.heartbeat(),
+    )
+    d = diagnose(run.state, T0 + 6)
+    assert d.health == Health.RUNNING, d
+    assert d.reason == (
+        f"No step logged in this file yet: metrics.jsonl was deleted at {clock(T0 - 1)} and "
+        "recreated by a writer of this run: the 812 records it wrote before are not in "
+        "this file (7.0 s ago)."
+    ), d.reason
+    late = diagnose(run.state, T0 + 3600)  # its heartbeats stopped an hour ago: dead
+    assert late.health == Health.DEAD and "first step" not in late.reason, late
+    assert "with no step in this file (its steps before went with the one before)" in late.reason
+
+
 def test_a_symbolic_link_the_trainer_refused_at_start_is_said() -> None:
     run = Run()
     trainer = Lines("trainer-1", T0, 1.0)
