@@ -250,13 +250,15 @@ def judge(state: RunState, now: float) -> Diagnosis:
     if starting is not None and starting.ts:
         return _starting(state, now, starting.event, starting.ts)
     remade = _remade(state) if last_metric is None else None
-    if last_metric is None and remade is None:
+    if remade is not None:  # its steps went with the file: none since is no start
+        last_metric = remade.at if remade.at is not None else remade.noted
+        if last_metric is None:
+            last_metric = state.first_ts if state.first_ts is not None else now
+    if last_metric is None:
         started = state.first_ts
         if started is None:
             return Diagnosis(Health.WAITING, "Waiting for the first record.")
         return _starting(state, now, "start", started)
-    if remade is not None:  # its steps went with the file: none since is no start
-        last_metric = remade.at if remade.at is not None else remade.noted
 
     quiet_for = now - last_metric
     if quiet_for <= limit:
