@@ -124,6 +124,9 @@ class RunFile:
         """Where this writer's last write ended: the file shorter than this was truncated."""
         self.size = 0
         """The file's size when last looked at."""
+        self.cut_mid = False
+        """The file was found truncated in the middle of a line (``truncate -s``): the
+        next write starts with a newline, so its line is not glued onto that one."""
         self.problem = ""
         """Why no file is open: the reason the records are counted as not written."""
         self.said = ""
@@ -221,6 +224,11 @@ class RunFile:
         if st.st_size < self.end:
             change = FileChange("truncated", self._clock(), (*self.ident, max(self.size, self.end)))
             self.end = self.size = st.st_size
+            try:
+                last = os.pread(self.fd, 1, st.st_size - 1) if self.fd and st.st_size else b"\n"
+                self.cut_mid = last != b"\n"
+            except OSError:
+                self.cut_mid = False
             return change
         self.size = st.st_size
         return None

@@ -510,7 +510,8 @@ class JsonlWriter:
         # coming back first has ended it (its newline: ours would make a blank line)
         owed = self._torn and self._file.size == self._file.end
         looks = recovering or self._torn
-        prefix = b"\n" if owed or (looks and self._file.ends_mid_line()) else b""
+        cut = self._file.cut_mid  # truncated mid-line: its torn line must stay alone
+        prefix = b"\n" if owed or cut or (looks and self._file.ends_mid_line()) else b""
         data = prefix + (lines[0] if len(lines) == 1 else b"".join(lines))
         try:
             n = os.write(fd, data)
@@ -522,7 +523,7 @@ class JsonlWriter:
         if change is not None:  # the lines landed in a truncated file: its event is owed
             self._noticed(change)
         if n >= len(prefix):
-            self._torn = False
+            self._torn = self._file.cut_mid = False
         self.stats.bytes += n
         if n == len(data):
             self.stats.written += len(lines)

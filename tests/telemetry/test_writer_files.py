@@ -492,3 +492,37 @@ def test_a_line_torn_before_its_newline_only_is_a_record_once_ended(
     assert not [r for r in recs if r.get("event") == "write_gap"]
     assert w.stats.dropped == 0 and w.stats.dropped_by == {}
     assert w.stats.written == len(recs)
+
+
+def test_a_file_truncated_mid_line_keeps_the_next_records_whole(tmp_path: Path) -> None:
+    """``truncate -s HALF`` cuts a line in two: the next record written (the sidecar's
+    notice of the truncation, here) went onto that torn line, and both were lost as one
+    malformed line. Each writer's next line starts on a line of its own."""
+    path = tmp_path / "metrics.jsonl"
+    trainer = JsonlWriter(path, run_id=RUN, writer_id="trainer")
+    sidecar = JsonlWriter(path, run_id=RUN, writer_id="sidecar", columns=False)
+    for i in range(8):
+        trainer.write("train", {"train": {"loss": 1.0 / (i + 1)}}, step=i)
+        sidecar.write("heartbeat", {"pad": "x" * i})
+        assert trainer.flush(10) and sidecar.flush(10)
+    data = path.read_bytes()
+    cut = data.rindex(b"\n", 0, len(data) // 2) + 20  # 20 bytes into a line
+    os.truncate(path, cut)
+    sidecar.write("heartbeat", {"pad": "after"})
+    assert sidecar.flush(10)
+    for i in range(8, 12):
+        trainer.write("train", {"train": {"loss": 1.0 / (i + 1)}}, step=i)
+        assert trainer.flush(10)
+    trainer.close()
+    sidecar.close()
+    recs, torn = [], []
+    for line in path.read_bytes().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            torn.append(line)
+    assert torn == [data[:cut].splitlines()[-1]], torn  # the cut line alone, nothing on it
+    assert [r["step"] for r in recs if r["kind"] == "train"][-4:] == [8, 9, 10, 11]
+    assert any(r.get("pad") == "after" for r in recs), "the sidecar's line is whole"
+    changes = [r for r in recs if r.get("event") == "file"]
+    assert {r["w"] for r in changes} == {"trainer", "sidecar"}, changes
