@@ -110,7 +110,9 @@ class FleetApp(App[None]):
     def redraw(self) -> None:
         """The table from the fleet's rows when they, the order, the filter or the mark
         changed (or every 10 s: the checkpoints' ages): cells rewritten in place while
-        the same runs stand in the same order, the table rebuilt otherwise."""
+        the same runs stand in the same order (each column made as wide as its widest
+        figure now: ``96/144`` becoming ``105/144`` was cut to ``105/14``), the table
+        rebuilt otherwise."""
         now = time.time()
         rows = [r for r in self.fleet.rows.values() if matches(r, self.filter)]
         rows = sort_rows(rows, self.sort_key, self.reverse)
@@ -132,7 +134,7 @@ class FleetApp(App[None]):
             for key, values in drawn.items():
                 if values != self._cells.get(key):
                     for column, value in zip(self._columns, values, strict=True):
-                        table.update_cell(key, column, value)
+                        table.update_cell(key, column, value, update_width=True)
         else:
             selected = self.selected()
             table.clear()

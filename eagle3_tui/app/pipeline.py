@@ -497,11 +497,13 @@ def write_csv(
     names: list[str],
     cols: list[np.ndarray[Any, Any]],
 ) -> Path:
-    """Writes the CSV (its folder made if need be); its absolute path, to be shown."""
+    """Writes the CSV (its folder made if need be); its absolute path, to be shown.
+    ``step`` and ``epoch`` as every view shows them (1-based: speculators counts both
+    from 0); ``global_step`` is speculators' counter."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    cols = [c + 1 if name == "epoch" else c for name, c in zip(names, cols, strict=True)]
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        # step: as every view shows it (1-based); global_step: speculators' counter
         out.writerow(["step", "global_step", "ts", *names])
         for r in range(len(steps)):
             g = int(steps[r])

@@ -456,16 +456,21 @@ HISTORY_ORDER = (NonFinite, Spike, Resume, Gap)
 
 
 def history_line(anomalies: tuple[Anomaly, ...]) -> Text:
-    """One line of what happened on the way (``model/anomalies.py``): the one that
-    matters most (non-finite loss, then a spike, a resume, steps not logged), and how
-    many more ``summary`` lists."""
-    first = min(anomalies, key=lambda a: HISTORY_ORDER.index(type(a)))
+    """One line of what happened on the way (``model/anomalies.py``, oldest first): the
+    kind that matters most (non-finite loss, then a spike, a resume, steps not logged),
+    its newest (the second resume is the one the run goes on from, not the first), and
+    how many others ``summary`` lists before and after it."""
+    kind = min(HISTORY_ORDER.index(type(a)) for a in anomalies)
+    at = max(i for i, a in enumerate(anomalies) if HISTORY_ORDER.index(type(a)) == kind)
+    first = anomalies[at]
     line = Text(no_wrap=True, overflow="ellipsis")
     line.append("hist  ", style="dim")
     bad = isinstance(first, NonFinite | Spike)
     line.append(first.said, style="bold #d7af5f" if bad else "")
-    if len(anomalies) > 1:
-        line.append(f" · {len(anomalies) - 1} more in summary", style="dim")
+    later = len(anomalies) - 1 - at
+    others = [f"{n} {word}" for n, word in ((at, "earlier"), (later, "later")) if n]
+    if others:
+        line.append(f" · {', '.join(others)} in summary", style="dim")
     return line
 
 
