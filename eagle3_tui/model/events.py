@@ -126,6 +126,55 @@ WRITTEN_AT_WINDOW_S = 3600.0
 the host's to set: an older one, or one after the record, is not the save's)."""
 
 
+MAX_INVENTORY = 10_000
+"""Checkpoints an ``inventory`` lists that are taken, at most."""
+
+
+def inventory_events(rec: Record) -> list[CkptEvent]:
+    """The checkpoints an ``inventory`` found in the run's checkpoint directory when its
+    telemetry began (a training attached to mid-way had saved some): each as a save
+    finished when its files were last written (``written_at``; one without that time is
+    left out: the record's own time is not when it was saved), and the best one. The
+    monitor said "none saved yet" beside ``checkpoints/0`` and ``/1``."""
+    root, found = rec.path, rec.checkpoints
+    if not isinstance(root, str) or not isinstance(found, list) or rec.ts is None:
+        return []
+    out: list[CkptEvent] = []
+    for c in found[:MAX_INVENTORY]:
+        if not isinstance(c, dict):
+            continue
+        name, at, nbytes = c.get("name"), _number(c.get("written_at")), _number(c.get("bytes"))
+        if not isinstance(name, str) or not (name.isdigit() or name == "interrupted"):
+            continue
+        if at is None or at > rec.ts:
+            continue
+        epoch, complete = c.get("epoch"), c.get("complete")
+        out.append(
+            CkptEvent(
+                at,
+                "save_finished",
+                f"{root.rstrip('/')}/{name}",
+                epoch if type(epoch) is int else None,
+                nbytes if nbytes is not None and nbytes >= 0 else None,
+                None,
+                complete if isinstance(complete, bool) else None,
+                at,
+            )
+        )
+    out.sort(key=lambda e: e.ts)
+    best = rec.best
+    if isinstance(best, str) and best.isdigit() and out:
+        out.append(CkptEvent(rec.ts, "best", f"{root.rstrip('/')}/{best}", None, None, None, None))
+    return out
+
+
+def _number(x: object) -> float | None:
+    """A finite number of JSON (not a bool), as a float."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
 def save_written_at(rec: Record) -> float | None:
     at = rec.written_at
     if not isinstance(at, float | int) or not math.isfinite(at) or rec.ts is None:

@@ -148,6 +148,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """A numbered checkpoint's ``training_state.json`` (``epoch``, ``local_step``,
     ``global_step``: the steps done), with its ``save_finished`` and ``completed``."""
     complete: bool | None = None
+    checkpoints: Any = None
+    """An ``inventory``'s checkpoints found when telemetry began (a run resumed, or a
+    training attached to mid-way): ``[{"name", "epoch", "bytes", "complete",
+    "written_at"}, ...]``, with ``best`` the one ``checkpoint_best`` names."""
+    best: Any = None
     # gpu
     status: str | None = None
     host: str | None = None

@@ -39,6 +39,7 @@ from eagle3_tui.model.events import (
     LogLine,
     Redo,
     SavedProgress,
+    inventory_events,
     save_written_at,
     saved_progress_of,
 )
@@ -545,6 +546,9 @@ class RunState:
         )
 
     def _apply_ckpt(self, rec: Record) -> None:
+        if rec.event == "inventory":
+            self.ckpt_events.extend(inventory_events(rec))
+            return
         ev = CkptEvent(
             rec.ts,
             rec.event or "",

@@ -603,12 +603,15 @@ class CheckpointWatcher:
             nbytes, files = dir_contents(dirs[name])
             self._sizes[name] = nbytes
             self._weights[name] = _mtime(dirs[name] / "model.safetensors")
+            times = [t for t in (_mtime(dirs[name] / f) for f in files) if t is not None]
             found.append(
                 {
                     "name": name,
                     "epoch": epoch_of(name),
                     "bytes": nbytes,
                     "complete": is_complete(name, files),
+                    # when it was saved (its files' newest time): what the views list
+                    "written_at": round(max(times), 3) if times else None,
                 }
             )
         self._links = links

@@ -165,3 +165,31 @@ def test_only_the_checkpoint_best_points_at_is_marked_best() -> None:
     snap = build_snapshot(run_of(data).state, lines.ts, ViewParams())
     rows = {r.plain.split()[1]: r.plain for r in checkpoint_rows(snap.checkpoints)}
     assert ["★ best" in rows[f"checkpoints/{e}"] for e in range(3)] == [False, True, False]
+
+
+def test_checkpoints_saved_before_telemetry_began_are_listed_at_their_times() -> None:
+    """Telemetry attached to a training mid-way: its sampler's ``inventory`` names the
+    checkpoints already saved (``checkpoints/0``, ``/1``, the best one), which the panel
+    and ``summary`` left out ("none saved yet"). Each is listed at its files' time; an
+    entry without that time, or one from after the record, is not."""
+    from eagle3_tui.app.text import clock_time
+    from eagle3_tui.app.widgets.panels import checkpoint_rows
+    from eagle3_tui.model.summary import summarize
+
+    lines = Lines(t0=T0, dt=0.5)
+    found = [
+        {"name": "0", "epoch": 0, "bytes": 2048, "complete": True, "written_at": T0 - 300},
+        {"name": "1", "epoch": 1, "bytes": 2048, "complete": True, "written_at": T0 - 100},
+        {"name": "2", "epoch": 2, "bytes": 2048, "complete": False},  # no time: left out
+        {"name": "3", "epoch": 3, "bytes": 1, "written_at": T0 + 3600},  # after it: left out
+    ]
+    data = lines.event("attach", pid=4242)
+    data += lines.ckpt("inventory", "/r/checkpoints", checkpoints=found, best="0")
+    data += b"".join(lines.train(s, 1.0) for s in range(200, 204))
+    snap = build_snapshot(run_of(data).state, lines.ts, ViewParams())
+    rows = [r.plain for r in checkpoint_rows(snap.checkpoints)]
+    assert len(rows) == 2, rows
+    assert rows[0].startswith(clock_time(T0 - 100)) and "checkpoints/1" in rows[0], rows
+    assert rows[1].startswith(clock_time(T0 - 300)) and rows[1].endswith("★ best"), rows
+    said = summarize(run_of(data).state, lines.ts)["checkpoint"]
+    assert said is not None and said["path"] == "/r/checkpoints/1", said
