@@ -546,8 +546,11 @@ class RunState:
         )
 
     def _apply_ckpt(self, rec: Record) -> None:
-        if rec.event == "inventory":
-            self.ckpt_events.extend(inventory_events(rec))
+        if rec.event == "inventory":  # (a resume's look finds the saves its records hold)
+            held = {e.path for e in self.ckpt_events if e.event == "save_finished"}
+            found = inventory_events(rec)
+            if any(e.event == "save_finished" and e.path not in held for e in found):
+                self.ckpt_events.extend(e for e in found if e.path not in held)
             return
         ev = CkptEvent(
             rec.ts,

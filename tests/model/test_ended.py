@@ -193,3 +193,14 @@ def test_checkpoints_saved_before_telemetry_began_are_listed_at_their_times() ->
     assert rows[1].startswith(clock_time(T0 - 300)) and rows[1].endswith("★ best"), rows
     said = summarize(run_of(data).state, lines.ts)["checkpoint"]
     assert said is not None and said["path"] == "/r/checkpoints/1", said
+    # a resume's look finds the saves its records hold: listed as they were, with times
+    again = data + lines.event("resume", pid=4243)
+    again += lines.ckpt("inventory", "/r/checkpoints", checkpoints=found[:2], best="0")
+    snap = build_snapshot(run_of(again).state, lines.ts, ViewParams())
+    assert [r.plain for r in checkpoint_rows(snap.checkpoints)] == rows
+    timed = lines.ckpt("save_finished", "/r/checkpoints/4", bytes=8, duration_s=2.5)
+    again += timed + lines.ckpt("inventory", "/r/checkpoints", checkpoints=[
+        {"name": "4", "epoch": 4, "bytes": 8, "complete": True, "written_at": lines.ts - 1}
+    ])  # fmt: skip
+    snap = build_snapshot(run_of(again).state, lines.ts, ViewParams())
+    assert " in 2.5 s" in checkpoint_rows(snap.checkpoints)[0].plain
