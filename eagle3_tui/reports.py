@@ -296,15 +296,25 @@ def shown_command(cmd: list[str]) -> str:
     return " ".join("<eagle3-tui telemetry>" if a == BOOTSTRAP else a for a in cmd)
 
 
+REDO_SOURCES = {
+    "metrics": "metrics.jsonl's last training step",
+    "log": "its log's last metric line",
+    "bar": "its log's progress bar",
+}
+"""Where a redo's last step was read (its ``source``), as the plan names it: the number
+shown is the one that source gave (``stopping.redo_from_records``: metrics.jsonl;
+``restart.redo``: the log)."""
+
+
 def redo_line(redo: Redo | None) -> str:
     """The steps a resume will do again, and how that is known."""
     if redo is None:
         return "redo     not known (nothing records how far the run got after its checkpoint)"
     at = f"the checkpoint holds step {redo.checkpoint_step}"
     if redo.exact:
-        seen = "progress bar" if redo.source == "bar" else "metric line"
         last = _shown_step(redo.last_step)
-        return f"redo     {redo.steps} step(s): {at}, the run's last was {last} (its log's {seen})"
+        seen = REDO_SOURCES.get(redo.source, "its records")
+        return f"redo     {redo.steps} step(s): {at}, the run's last was {last} ({seen})"
     since = f"{redo.since_s:.0f} s" if redo.since_s is not None else "?"
     pace = f"{redo.pace:.2f}" if redo.pace is not None else "?"
     return (

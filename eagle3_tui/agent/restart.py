@@ -349,11 +349,11 @@ def _attached_run(pid: int, start: int | None, cwd: str | None) -> Path | None:
 def redo(m: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """How many steps resuming from ``checkpoint`` (``checkpoints.checkpoint_info``) does
     again, as best a restart record tells (``source``): the last step the stopped run's
-    output shows, a metric line (a handler of the user's) or its epoch's progress bar
-    (speculators prints it when the stop ends the epoch's loop), against the checkpoint's
-    global step; else, about, the pace of its checkpoints over the time from that
-    checkpoint's save to the stop. None when nothing tells. Read before the resume writes
-    its banner into the log."""
+    output shows, a metric line in its log (``log``: a handler of the user's) or its
+    epoch's progress bar (``bar``: speculators prints it when the stop ends the epoch's
+    loop), against the checkpoint's global step; else, about, the pace of its checkpoints
+    over the time from that checkpoint's save to the stop. None when nothing tells. Read
+    before the resume writes its banner into the log."""
     restart = m.get("restart")
     saved = checkpoint.get("global_step")
     if not isinstance(restart, dict) or not isinstance(saved, int):
@@ -379,7 +379,8 @@ def redo(m: dict[str, Any], checkpoint: dict[str, Any]) -> dict[str, Any] | None
 def _steps_done(log: object, checkpoint: dict[str, Any]) -> tuple[int | None, str]:
     """The steps the stopped run had done, from the end of its output: its last metric
     line's global step + 1, or its last training bar (``Epoch E  n/total`` where total is
-    an epoch's steps, known from the checkpoint) as E × total + n."""
+    an epoch's steps, known from the checkpoint) as E × total + n; with what told
+    (``log``: a metric line of the log, never ``metrics``, which names metrics.jsonl)."""
     if not isinstance(log, str):
         return None, ""
     try:
@@ -392,7 +393,7 @@ def _steps_done(log: object, checkpoint: dict[str, Any]) -> tuple[int | None, st
         found = metric_dict(line)
         step = found.get("global_step") if found is not None and "train" in found else None
         if isinstance(step, int) and not isinstance(step, bool):
-            return step + 1, "metrics"
+            return step + 1, "log"
         figures = bar(line) if per_epoch is not None else None
         epoch = _EPOCH.match(figures["desc"]) if figures is not None else None
         if per_epoch and figures and epoch and figures["total"] == per_epoch:

@@ -215,8 +215,9 @@ class Redo(msgspec.Struct, kw_only=True):
     steps: int
     exact: bool = False
     source: str = ""
-    """What tells: ``metrics`` (its last metric line), ``bar`` (its epoch's progress bar
-    in its log), ``pace`` (its checkpoints' pace: an estimate)."""
+    """What tells: ``metrics`` (metrics.jsonl's last training step), ``log`` (its log's
+    last metric line), ``bar`` (its epoch's progress bar in its log), ``pace`` (its
+    checkpoints' pace: an estimate)."""
     last_step: int | None = None
     """The 0-based global step of its last step, when known."""
     pace: float | None = None

@@ -34,6 +34,25 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
 
 
+def started_line(status: Status) -> str:
+    """When the trainer started, as the host knows it: the process's own start (the
+    kernel's: boot time plus its start ticks), never when telemetry was attached to it
+    mid-way (the manifest's ``started_at`` then); where only the telemetry's start is
+    known (a resumed run's manifest keeps its first run's start), said as that."""
+    m = status.manifest
+    row = status.row
+    first = m.get("first_started_at")
+    if row is not None and row.started is not None:  # describe: the agent's /proc read
+        own: object = row.started
+    elif m.get("observed"):  # a discovered training's identity: its row's start
+        own = m.get("started_at")
+    elif isinstance(first, int | float) and not m.get("resumes"):
+        own = first  # the telemetry's read of its process's start (boot time + ticks)
+    else:
+        return f"its telemetry started {_when(m.get('started_at'))}"
+    return f"started {_when(own)}"
+
+
 def kill_plan(status: Status, control: RunControl, saving: str | None = None) -> RenderableType:
     """What ``k`` will signal, from the host's answer to ``status`` (``saving``: the
     checkpoint the records show being written now, if any)."""
@@ -65,11 +84,27 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
         return Group(*lines)
     pid, pgid = m.get("pid"), m.get("pgid")
     launcher = m.get("launcher_pid")
-    if isinstance(m.get("stop"), dict):  # its telemetry stops at a step boundary when asked
+    held = status.state == "T"  # SIGSTOP, Ctrl-Z: the kill continues it first
+    if held:
         lines.append(
             inert(
-                f"Stop at the next step boundary: the trainer (pid {pid}) is asked, not "
-                "signalled; right after a step it saves checkpoints/interrupted/ and exits, "
+                f"The trainer (pid {pid}) is held stopped (state T: a SIGSTOP or Ctrl-Z): "
+                "it is continued first (SIGCONT), as is every held process of the run; a "
+                "stopped process takes no stop request and acts on no SIGTERM.",
+                style="bold #d7af5f",
+                wrap=True,
+            )
+        )
+    if isinstance(m.get("stop"), dict):  # its telemetry stops at a step boundary when asked
+        asked = (
+            "is continued (SIGCONT), then asked to stop, not sent SIGTERM"
+            if held
+            else "is asked, not signalled"
+        )
+        lines.append(
+            inert(
+                f"Stop at the next step boundary: the trainer (pid {pid}) {asked}; right "
+                "after a step it saves checkpoints/interrupted/ and exits, "
                 "and that save becomes the checkpoint a resume continues from (no step "
                 "redone). Only if no step boundary comes in time (max(60 s, 5 steps)):",
                 style="bold #5fd75f",
@@ -107,7 +142,7 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
     lines.append(head)
     lines.append(
         inert(
-            f"started {_when(m.get('started_at'))}; its start time (tick {m.get('start_ticks')}) "
+            f"{started_line(status)}; its start time (tick {m.get('start_ticks')}) "
             "and boot id are checked again before the signal",
             wrap=True,
         )
