@@ -359,7 +359,12 @@ class MonitorApp(App[None]):
 
     def _resume_refusal(self, snap: Snapshot) -> str | None:
         health, observed = snap.health, snap.observed
-        running: str | None = "resume: the run is running: nothing to resume (k stops it first)"
+        # (not "the run is running": it may be stalled, or held stopped by a SIGSTOP)
+        held = self.pipeline.run.unsettled.liveness.process_state in ("T", "t")
+        how = "held stopped" if held else health.value
+        running: str | None = (
+            f"resume: its trainer is still alive ({how}): nothing to resume (k stops it first)"
+        )
         if self._stopped_by_kill:
             running = None  # the kill saw it stop; the stream's word may come later
         if health == Health.FINISHED:  # with telemetry or without: it ran to its end

@@ -70,7 +70,7 @@ async def test_resume_on_a_running_run_says_it_runs() -> None:
     app, _ = app_with(data, control=FakeControl(alive=True), now=[lines.ts])
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
-        await says_why(app, pilot, "r", "is running: nothing to resume")
+        await says_why(app, pilot, "r", "still alive (running): nothing to resume")
 
 
 async def test_resume_on_a_stopped_run_with_a_checkpoint_acts() -> None:
@@ -206,7 +206,7 @@ async def test_resume_is_offered_as_soon_as_a_kill_saw_the_run_stop() -> None:
         await pilot.pause(0.1)
         await pilot.press("r")
         await pilot.pause(0.1)
-        assert any("is running: nothing to resume" in m for m in said(app)), said(app)
+        assert any("is still alive (silent): nothing to resume" in m for m in said(app)), said(app)
         stopped = decode(KillReport, {"op": "kill", "status": "stopped", "message": "stopped"})
         app.post_message(ControlDialog.Finished("kill", stopped))
         await pilot.pause(0.1)
@@ -434,3 +434,24 @@ async def test_after_attaching_a_run_without_telemetry_the_monitor_follows_its_m
         assert opened == ["/work/eagle3-runs/attached-4242"]
         assert app.snapshot.observed is None and app.snapshot.health is Health.RUNNING
         assert app.control is not None and not app.control.observed
+
+
+async def test_r_on_a_live_trainer_says_how_it_is_not_that_it_runs() -> None:
+    """``r`` on a stalled run whose trainer is held stopped (a SIGSTOP) said "the run is
+    running: nothing to resume" under the header's STALLED, held stopped."""
+    from eagle3_tui.transport.replies import Status
+
+    lines, data = training(100)
+    now = [lines.ts + 5]
+    app, _ = app_with(data, control=FakeControl(alive=True), now=now)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
+        live = "resume: its trainer is still alive (running): nothing to resume (k stops it first)"
+        assert app.refusal("resume") == live
+        await app.pipeline.set_status(Status(alive=True, state="T", now=lines.ts + 900), now[0])
+        now[0] = lines.ts + 900
+        await until(pilot, lambda: app.snapshot.health == Health.STALLED, what="stalled")
+        assert app.refusal("resume") == (
+            "resume: its trainer is still alive (held stopped): nothing to resume (k stops it "
+            "first)"
+        )
