@@ -119,3 +119,22 @@ async def test_a_refusal_longer_than_the_banner_ends_where_it_is_cut() -> None:
         assert len(rows) <= 3, shown
         assert shown.rstrip().endswith("…"), shown
         assert "gpu-box: /home/someone/runs/exp0/metrics.jsonl" in " ".join(shown.split())
+
+
+def test_a_banner_cut_in_its_middle_cuts_between_clauses() -> None:
+    """The SILENT banner at 120 columns read "its CPU is busy … complete in its output":
+    the cut dropped "(81%), epochs" mid-clause. Each side of the "…" is whole clauses."""
+    from eagle3_tui.app.widgets.header import keep_the_remedy
+
+    sentence = (
+        "The trainer (pid 4242) has run 5m10s: its CPU is busy (81%), epochs complete in "
+        "its output, data files are read, yet no metric has been logged: the "
+        "speculators.metrics logger has no handler. Attach live (a, or eagle3-tui attach) "
+        "or restart it with telemetry."
+    )
+    for room in range(120, len(sentence), 7):  # (a clause ends within the head's room)
+        head, _, tail = keep_the_remedy(sentence, room).partition(" … ")
+        assert sentence.startswith(head) and sentence.endswith(tail), (room, head, tail)
+        before = sentence[: len(sentence) - len(tail)]
+        assert before.endswith((". ", "; ", ": ", ", ")), (room, tail)
+        assert sentence[len(head)] in ".;:,", (room, head)

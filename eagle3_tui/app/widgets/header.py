@@ -200,9 +200,25 @@ def keep_the_remedy(sentence: str, room: int) -> str:
         return sentence
     head_room = room // 3
     head = sentence[:head_room]
-    head = head[: head.rfind(" ")] if " " in head else head
+    # each side cut where a clause ends or starts, where one is near ("its CPU is busy …
+    # complete in its output" read as one thought); else between words
+    ends = [head.rfind(p) for p in (". ", "; ", ": ", ", ")]
+    cut = max(ends)
+    head = (
+        head[: cut + 1]
+        if cut >= head_room // 2
+        else head[: head.rfind(" ")]
+        if " " in head
+        else head
+    )
     tail = sentence[len(sentence) - (room - len(head) - 2) :]
-    tail = tail[tail.find(" ") + 1 :] if " " in tail else tail
+    for p in (". ", "; ", ": ", ", "):
+        at = tail.find(p)
+        if 0 <= at <= len(tail) // 2:
+            tail = tail[at + 2 :]
+            break
+    else:
+        tail = tail[tail.find(" ") + 1 :] if " " in tail else tail
     return f"{head.rstrip(' ,:;')} … {tail}"
 
 
