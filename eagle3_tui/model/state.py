@@ -604,13 +604,27 @@ class RunState:
             rank=rec.rank,
             exit_status=rec.exit_status,
             host=rec.host,
-            done=_steps_done(rec),
+            done=self._done_by(rec),
         )
         self.events.append(event)
         if rec.event in ("start", "resume"):
             self._close(_ACTIVITIES, rec.ts)
             self._starting = event  # until its first step: a start-up, not a silence
             self.signalled = None
+
+    def _done_by(self, rec: Record) -> int | None:
+        """A lifecycle event's steps done by then (:func:`_steps_done`); a crash its
+        sidecar saw says the last step the sidecar heard of, which may be older than the
+        last one logged (the log panel said "crash after step 11" beside the banner's
+        12): not fewer than the steps logged before it."""
+        done = _steps_done(rec)
+        if rec.event != "crash" or not (rec.error or "").startswith("the trainer process"):
+            return done
+        start, last = self.process_start(), self.last_train_ts
+        if self.global_step is None or last is None or (start is not None and last < start.ts):
+            return done  # no step of this process logged: the last one is another's
+        logged = self.global_step + 1
+        return logged if done is None or logged > done else done
 
     def _note_run_id(self, run_id: object) -> None:
         if isinstance(run_id, str) and run_id and run_id not in self.run_ids:

@@ -156,3 +156,19 @@ def test_two_files_feed_one_run_each_with_its_own_torn_lines() -> None:
         state.samplers.rank_heartbeats[1].last_step == 9
         and state.samplers.rank_heartbeats[1].host == "node1"
     )
+
+
+def test_a_crash_its_sidecar_saw_late_counts_the_steps_logged_before_it() -> None:
+    """The sidecar's crash record carried the last step it had heard of (10, 0-based),
+    older than the last one logged (11): the log panel said "crash after step 11" beside
+    the banner's 12."""
+    lines = Lines("4242-a1b2c3", T0, 0.5)
+    side = Lines("4243-sidecar", T0, 0.5)
+    out = [lines.event("start", pid=4242)]
+    out += [lines.train(s, 1.0) for s in range(12)]
+    gone = "the trainer process 4242 exited without a finish event (killed by SIGKILL: ...)"
+    out.append(side.at(lines.ts).make("lifecycle", event="crash", pid=4242, step=10, error=gone))
+    state = run_of(out).state
+    crash = state.events[-1]
+    assert crash.event == "crash" and crash.shown_step == 12, crash  # the log panel's
+    assert "after step 12" in diagnose(state, lines.ts + 5).reason
