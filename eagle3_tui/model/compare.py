@@ -328,7 +328,7 @@ def _side(state: RunState, label: str) -> Side:
     )
 
 
-def _fmt_x(axis: str, x: float) -> str:
+def fmt_x(axis: str, x: float) -> str:
     if axis == "step":
         return f"step {x + 1:,.0f}"  # as every view shows a step (x: global_step)
     if axis == "tokens":  # a tiny run's thousands read as such, not "0.0M tokens"
@@ -368,7 +368,7 @@ def _verdict(
 ) -> str:
     if at is None:
         return f"The runs share no range on the {AXIS_LABEL[axis]} axis: nothing to compare yet."
-    where = f"at {_fmt_x(axis, at)} (same {'step' if axis == 'step' else axis})"
+    where = f"at {fmt_x(axis, at)} (same {'step' if axis == 'step' else axis})"
     said = [
         f"{who}'s loss is not finite from step {step:,} (diverged)"
         for who, step in (("This run", diverged[0]), ("The previous run", diverged[1]))
@@ -565,8 +565,8 @@ def format_comparison(c: Comparison) -> str:
     if c.at is not None and c.window is not None:
         lo, hi = c.window
         out.append(
-            f"compared at {_fmt_x(c.axis, c.at)}: mean over {_fmt_x(c.axis, lo)} – "
-            f"{_fmt_x(c.axis, hi)} (this run's step {step_number(c.at_step_a)}, previous "
+            f"compared at {fmt_x(c.axis, c.at)}: mean over {fmt_x(c.axis, lo)} – "
+            f"{fmt_x(c.axis, hi)} (this run's step {step_number(c.at_step_a)}, previous "
             f"run's step {step_number(c.at_step_b)})"
         )
         width = max(len(r.metric) for r in c.rows) if c.rows else 6

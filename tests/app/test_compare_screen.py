@@ -67,6 +67,12 @@ async def test_what_differs_is_the_clis_and_the_panels_fit(
         for panel in ("#cmp-rows", "#cmp-sides"):
             region = screen.query_one(panel).region
             assert region.bottom <= bottom, (panel, region, size)
+        # the table's values are each run's mean over the window, said as such (its "τ
+        # 1.1349" read as the τ at the step, beside the runs panel's last τ)
+        c = screen.comparison
+        assert c is not None and c.window is not None
+        title = str(screen.query_one("#cmp-rows").border_title)
+        assert title.startswith("mean over step ") and " – step " in title, title
         sides = screen.query_one("#cmp-sides")
         sides.scroll_end(animate=False)
         await pilot.pause(0.1)

@@ -157,11 +157,11 @@ def test_time_axis_takes_out_a_quick_kill_and_resume() -> None:
 
 def test_a_short_time_is_said_in_seconds() -> None:
     """A tiny run's minute of training read "mean over 0 min – 0 min of training"."""
-    from eagle3_tui.model.compare import _fmt_x
+    from eagle3_tui.model.compare import fmt_x
 
-    assert _fmt_x("time", 42.4) == "42 s of training"
-    assert _fmt_x("time", 150) == "2 min of training"
-    assert _fmt_x("time", 7200) == "2.0 h of training"
+    assert fmt_x("time", 42.4) == "42 s of training"
+    assert fmt_x("time", 150) == "2 min of training"
+    assert fmt_x("time", 7200) == "2.0 h of training"
 
 
 def test_hparam_diff_shows_only_what_differs() -> None:
@@ -300,11 +300,11 @@ def test_the_window_is_said_as_the_steps_it_averages() -> None:
 
 def test_a_small_token_count_is_said_in_its_own_unit() -> None:
     """A tiny run's ~7k tokens read "0.0M tokens" on every label of the token axis."""
-    from eagle3_tui.model.compare import _fmt_x
+    from eagle3_tui.model.compare import fmt_x
 
-    assert _fmt_x("tokens", 7_168) == "7.2k tokens"
-    assert _fmt_x("tokens", 512) == "512 tokens"
-    assert _fmt_x("tokens", 3.5e6) == "3.5M tokens" and _fmt_x("tokens", 2e9) == "2.00B tokens"
+    assert fmt_x("tokens", 7_168) == "7.2k tokens"
+    assert fmt_x("tokens", 512) == "512 tokens"
+    assert fmt_x("tokens", 3.5e6) == "3.5M tokens" and fmt_x("tokens", 2e9) == "2.00B tokens"
 
 
 def test_a_diverged_run_is_never_called_better() -> None:

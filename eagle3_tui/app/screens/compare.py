@@ -32,7 +32,7 @@ from eagle3_tui.app.widgets.plots import (
     step_label,
     step_ticks,
 )
-from eagle3_tui.model.compare import AXES, DELTA_DIGITS, Comparison
+from eagle3_tui.model.compare import AXES, DELTA_DIGITS, Comparison, fmt_x
 from eagle3_tui.model.derived import step_number
 from eagle3_tui.model.snapshot import Line
 
@@ -197,7 +197,14 @@ class CompareScreen(Screen[None]):
         verdict.append(" ")
         verdict.append_text(inert(c.verdict))
         self.query_one("#verdict", Static).update(verdict)
-        self.query_one("#cmp-rows").border_subtitle = f"aligned by {c.axis_label} (a: axis)"
+        rows_box = self.query_one("#cmp-rows")
+        rows_box.border_subtitle = f"aligned by {c.axis_label} (a: axis)"
+        # each value is its run's mean over the window (the runs panel says the last)
+        rows_box.border_title = (
+            f"mean over {fmt_x(c.axis, c.window[0])} – {fmt_x(c.axis, c.window[1])}"
+            if c.window is not None
+            else "at the same point"
+        )
         if c.axis_note and c.axis != self.axis and self._told != self.axis:
             self._told = self.axis  # asked for tokens, aligned by step: say why
             self.notify(c.axis_note, title="axis", severity="warning")
