@@ -609,6 +609,11 @@ class MonitorApp(App[None]):
         if isinstance(result, KillReport) and result.status in ("stopped", "not_running"):
             self._stopped_by_kill = True
             self._refresh_keys()
+        if isinstance(result, ResumeReport) and result.status == "started" and self.chosen:
+            # the header named the process it followed ("telemetry attached: pid N"),
+            # which has exited: the one resumed in its place
+            self.chosen = f"resumed: pid {result.pid}" if result.pid else "resumed"
+            self.query_one(RunHeader).show_target(self.source.label, self.chosen)
         self._probe_ok = True
         self.probe()
 
@@ -626,6 +631,8 @@ class MonitorApp(App[None]):
         control = self.control
         if run_dir is None or control is None or not control.observed or self.open_run is None:
             return False
+        if control.host_is_local:  # its CSV goes where its records are, as any local run's
+            self.export_dir = Path(run_dir) / "exports"
         self.follow(self.open_run(run_dir), control.of_run(run_dir), chosen)
         return True
 

@@ -72,6 +72,11 @@ class RunControl:
         """A run without telemetry: its records say whether it lives (no probes needed)."""
         return self.process is not None
 
+    @property
+    def host_is_local(self) -> bool:
+        """This machine's run: its directory can be written here (an export)."""
+        return isinstance(self.host, LocalHost)
+
     @classmethod
     def for_source(cls, source: object) -> RunControl | None:
         """The host of a run being streamed (the run compared with), to read its manifest:

@@ -21,12 +21,13 @@ from eagle3_tui.app.screens.attach import AttachDialog
 from eagle3_tui.app.screens.compare import CompareScreen
 from eagle3_tui.app.screens.kill_resume import ControlDialog
 from eagle3_tui.app.screens.runs import RunPicker
+from eagle3_tui.app.widgets.header import RunHeader
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.channel import LocalHost
 from eagle3_tui.transport.replay import ReplayTransport
-from eagle3_tui.transport.replies import KillReport, ProcessRow, RunEntry, decode
+from eagle3_tui.transport.replies import KillReport, ProcessRow, ResumeReport, RunEntry, decode
 from eagle3_tui.transport.target import LocalTarget
-from tests.app.conftest import T0, FakeControl, training
+from tests.app.conftest import T0, FakeControl, text_of, training
 from tests.app.test_pilot import NOW, app_with
 from tests.conftest import until
 from tests.records import Lines
@@ -434,6 +435,15 @@ async def test_after_attaching_a_run_without_telemetry_the_monitor_follows_its_m
         assert opened == ["/work/eagle3-runs/attached-4242"]
         assert app.snapshot.observed is None and app.snapshot.health is Health.RUNNING
         assert app.control is not None and not app.control.observed
+        # a local run's CSV goes where its records are (it went to ~/.local/share)
+        assert app.export_dir == Path("/work/eagle3-runs/attached-4242/exports")
+        header = app.query_one(RunHeader)
+        assert "telemetry attached: pid 4242" in text_of(header)
+        # resumed after a kill: the header names the process followed now, not the gone one
+        resumed = ResumeReport(status="started", pid=5151, run_dir=result.run_dir)
+        app.post_message(ControlDialog.Finished("resume", resumed))
+        await until(pilot, lambda: "resumed: pid 5151" in text_of(header), what="its new pid")
+        assert "pid 4242" not in text_of(header)
 
 
 async def test_r_on_a_live_trainer_says_how_it_is_not_that_it_runs() -> None:
