@@ -75,6 +75,13 @@ _VOLATILE = frozenset(
         "finished_at",
         "first_started_at",
         "resumes",
+        # a process's or a kill's bookkeeping, not how the run was trained
+        "stop",
+        "stop_saves",
+        "restart",
+        "resume_env_file",
+        "attached_at",
+        "copy_of",
     }
 )
 _VOLATILE_PREFIXES = ("telemetry.",)
@@ -304,8 +311,13 @@ def recipe(state: RunState) -> dict[str, str]:
 
 
 def hparam_diff(a: RunState, b: RunState) -> tuple[tuple[str, str, str], ...]:
+    """The recipe's entries that differ; where one run logged no ``hparams`` record at
+    all (it died before its first step), its hparams are unknown, not different ("–"
+    beside every one of the other's): they are left out."""
     ra, rb = recipe(a), recipe(b)
     keys = sorted(set(ra) | set(rb))
+    if not a.hparams or not b.hparams:
+        keys = [k for k in keys if not k.startswith("hparams.")]
     return tuple((k, ra.get(k, "–"), rb.get(k, "–")) for k in keys if ra.get(k) != rb.get(k))
 
 
@@ -367,6 +379,9 @@ def _verdict(
     diverged: tuple[int | None, int | None] = (None, None),
 ) -> str:
     if at is None:
+        for who, side in (("This run", a), ("The previous run", b)):
+            if side.last_step is None:
+                return f"{who} logged no training step: nothing to compare."
         return f"The runs share no range on the {AXIS_LABEL[axis]} axis: nothing to compare yet."
     where = f"at {fmt_x(axis, at)} (same {'step' if axis == 'step' else axis})"
     said = [

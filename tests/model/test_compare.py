@@ -331,3 +331,29 @@ def test_a_diverged_run_is_never_called_better() -> None:
     early = Run()
     early.feed(0, b"".join(parts[:100]))
     assert "ahead" in compare(make_run(100, 0.6), early.state).verdict
+
+
+def test_a_run_that_logged_no_step_is_said_so_and_its_unknown_hparams_are_no_difference() -> None:
+    """``compare A F``, F dead before its first step: "nothing to compare yet" (it will
+    never have a step), and every hparam of A listed as differing from F's "–"; a kill's
+    bookkeeping (``run.stop_saves``) shown as a raw structure."""
+    lines = Lines(t0=T0)
+    a = state_of(
+        lines.make("hparams", hparams={"epochs": 6, "lr": 0.01})
+        + b"".join(lines.train(s, 1.0) for s in range(20))
+    )
+    a.set_manifest({"stop_saves": [{"at": T0, "from": "interrupted", "path": "3"}], "epochs": 6})
+    dead = Lines(t0=T0)
+    f = state_of(dead.event("start", pid=4242) + dead.event("crash", error="OOM"))
+    f.set_manifest({"epochs": 6})
+    c = compare(a, f)
+    assert c.verdict == "The previous run logged no training step: nothing to compare.", c.verdict
+    keys = {key for key, _, _ in c.hparam_diff}
+    assert not any(k.startswith("hparams.") for k in keys), c.hparam_diff
+    assert "run.stop_saves" not in keys, c.hparam_diff
+
+
+def state_of(data: bytes) -> RunState:
+    run = Run()
+    run.feed(0, data)
+    return run.state

@@ -209,7 +209,9 @@ class CompareScreen(Screen[None]):
             self._told = self.axis  # asked for tokens, aligned by step: say why
             self.notify(c.axis_note, title="axis", severity="warning")
         width = self.query_one("#cmp-rows").size.width or self.app.size.width // 2
-        rows = rows_table(c, width) if c.rows else Text("no common range yet", style="dim")
+        stepless = c.a.last_step is None or c.b.last_step is None  # (it will never have one)
+        none = "a run logged no step: nothing to compare" if stepless else "no common range yet"
+        rows = rows_table(c, width) if c.rows else Text(none, style="dim")
         self.query_one("#cmp-rows-text", Static).update(rows)
         self.query_one("#cmp-sides-text", Static).update(side_text(c))
 
