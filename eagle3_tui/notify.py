@@ -5,8 +5,9 @@ slow or failing destination never holds the watching up.
 ``--notify`` specs:
 
 - ``exec:CMD`` — ``CMD`` run by ``/bin/sh -c`` with the alert as JSON on stdin and in
-  ``EAGLE3_TUI_ALERT_*`` environment variables (``_KIND``, ``_RUN``, ``_HOST``,
-  ``_PID``, ``_HEALTH``, ``_REASON``, ``_COMMAND``, ``_JSON``); exit status 0 is delivered;
+  ``EAGLE3_TUI_ALERT_*`` environment variables (``_ID``, ``_AT``, ``_KIND``, ``_RUN``,
+  ``_HOST``, ``_PID``, ``_HEALTH``, ``_REASON``, ``_COMMAND``, ``_JSON``); exit status 0
+  is delivered;
 - ``http://…``/``https://…`` — a POST: Slack's ``{"text"}`` for a Slack incoming
   webhook (``hooks.slack.com``), Discord's ``{"content"}`` for a Discord one
   (``…/api/webhooks/…``), the alert's JSON otherwise; ``slack:URL``, ``discord:URL``
@@ -16,10 +17,16 @@ slow or failing destination never holds the watching up.
 
 What an alert quotes of a run (its reason, its directory) came from the run: it is
 passed as data (JSON, environment variables), never as shell code.
+
+Each alert has an ``id`` (the same on every try, and after a restart: a receiver drops
+a repeat, one that came again after a try timed out) and the time it was raised; the
+deliveries to one destination go in the order their alerts were raised.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -69,11 +76,22 @@ class Alert:
     command: str | None
     """The command that acts on it (attach, kill, resume), or None."""
     at: float
+    """When it was raised (seconds since the epoch)."""
     id: str = ""
-    """Unique per alert (deliveries are retried under it)."""
+    """Unique per alert, the same on each try of it (a receiver drops a repeat). One of a
+    state file written without it is made of what it says (the same after a restart)."""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            said = json.dumps([self.kind, self.run, self.host, self.pid, self.at, self.reason])
+            object.__setattr__(self, "id", hashlib.sha1(said.encode()).hexdigest()[:32])
+
+    def raised(self) -> str:
+        """When it was raised, ISO 8601 in UTC: a delivery may come long after."""
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": "eagle3-tui.alert", **asdict(self)}
+        return {"event": "eagle3-tui.alert", **asdict(self), "raised": self.raised()}
 
     def headline(self) -> str:
         """One line: what happened to which run."""
@@ -85,11 +103,14 @@ class Alert:
             at = f" at step {self.step:,}{of}"
         return f"eagle3-tui: {word}: {self.run}{where}{at}"
 
-    def text(self) -> str:
-        """The headline, the reason and the command: a chat message, a desktop note."""
+    def text(self, raised: bool = False) -> str:
+        """The headline, the reason and the command: a chat message (``raised``: with when
+        it was raised, for one delivered late), a desktop note."""
         lines = [self.headline(), self.reason]
         if self.command:
             lines.append(f"→ {self.command}")
+        if raised:
+            lines.append(f"raised {self.raised().replace('T', ' ').replace('Z', ' UTC')}")
         return "\n".join(printable(line) for line in lines if line)
 
 
@@ -113,7 +134,7 @@ class ExecNotifier:
     def send(self, alert: Alert) -> None:
         payload = json.dumps(alert.to_json())
         env = dict(os.environ)
-        for key in ("kind", "run", "host", "pid", "health", "reason", "command"):
+        for key in ("id", "at", "kind", "run", "host", "pid", "health", "reason", "command"):
             value = getattr(alert, key)
             env[f"EAGLE3_TUI_ALERT_{key.upper()}"] = "" if value is None else str(value)
         env["EAGLE3_TUI_ALERT_JSON"] = payload
@@ -148,27 +169,34 @@ class WebhookNotifier:
         text there, never a mention or a link: Slack's control characters escaped, and
         Discord told to parse no mention (a planted ``@everyone`` pings nobody)."""
         if self.style == "slack":
-            return {"text": markup_escaped(alert.text())}
+            return {"text": markup_escaped(alert.text(raised=True))}
         if self.style == "discord":
-            return {"content": alert.text()[:2000], "allowed_mentions": {"parse": []}}
+            text = alert.text(raised=True)
+            return {"content": text[:2000], "allowed_mentions": {"parse": []}}
         return alert.to_json()
 
     def send(self, alert: Alert) -> None:
+        """A POST; a URL's ``user:password@`` sent as Basic authentication (urllib would
+        take it for the host, and say the password in its error)."""
         data = json.dumps(self.payload(alert)).encode()
-        request = urllib.request.Request(
-            self.url,
-            data=data,
-            method="POST",
-            headers={"Content-Type": "application/json", "User-Agent": "eagle3-tui watch"},
-        )
+        parts = urllib.parse.urlsplit(self.url)
+        headers = {"Content-Type": "application/json", "User-Agent": "eagle3-tui watch"}
+        url = self.url
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            url = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+            user, _, password = (urllib.parse.unquote(x) for x in userinfo.partition(":"))
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        request = urllib.request.Request(url, data=data, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
                 status = answer.status
         except urllib.error.HTTPError as e:
             raise DeliveryError(f"HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
-            raise DeliveryError(f"{reason}") from None
+            raise DeliveryError(scrubbed(f"{reason}", self.url)) from None
         if not 200 <= status < 300:
             raise DeliveryError(f"HTTP {status}")
 
@@ -204,7 +232,9 @@ def markup_escaped(text: str) -> str:
 
 
 def parse_notify(spec: str) -> Notifier:
-    """A ``--notify`` spec as a destination; ValueError (one line) when it is none."""
+    """A ``--notify`` spec as a destination; ValueError (one line) when it is none. A URL
+    is checked here (a host, a port in range): one that can never be delivered to is
+    refused at the start, not retried for 17 minutes."""
     if spec == "desktop":
         return DesktopNotifier()
     if spec.startswith("exec:"):
@@ -214,12 +244,12 @@ def parse_notify(spec: str) -> Notifier:
         return ExecNotifier(spec, command)
     style, _, rest = spec.partition(":")
     if style in ("slack", "discord", "json") and rest.startswith(("http://", "https://")):
-        return WebhookNotifier(spec, rest, style)
+        return WebhookNotifier(spec, checked_url(rest), style)
     if spec.startswith(("http://", "https://")):
-        return WebhookNotifier(spec, spec, webhook_style(spec))
+        return WebhookNotifier(spec, checked_url(spec), webhook_style(spec))
     raise ValueError(
-        f"{spec!r}: not a destination (exec:CMD, an http(s):// URL, slack:URL, discord:URL, "
-        "json:URL or desktop)"
+        f"{shown(spec)!r}: not a destination (exec:CMD, an http(s):// URL, slack:URL, "
+        "discord:URL, json:URL or desktop)"
     )
 
 
@@ -232,6 +262,51 @@ def webhook_style(url: str) -> str:
     if host.endswith(("discord.com", "discordapp.com")) and "/api/webhooks/" in parts.path:
         return "discord"
     return "json"
+
+
+def checked_url(url: str) -> str:
+    """``url`` where it has a host and a port in range; ValueError naming it (its
+    password hidden) otherwise."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port out of range or not a number
+    except ValueError as e:
+        raise ValueError(f"{shown(url)!r}: {e}") from None
+    if not parts.hostname:
+        raise ValueError(f"{shown(url)!r}: no host in the URL")
+    return url
+
+
+def shown(spec: str) -> str:
+    """A spec as it may be printed: a URL's password as ``***`` (``http://user:***@host``)."""
+    userinfo = _userinfo(spec)
+    if userinfo is None or ":" not in userinfo:
+        return spec
+    return spec.replace(f"{userinfo}@", f"{userinfo.partition(':')[0]}:***@", 1)
+
+
+def scrubbed(text: str, spec: str) -> str:
+    """``text`` (what a failure said) without ``spec``'s password, as given or unquoted."""
+    password = _password(spec)
+    if not password:
+        return text
+    text = text.replace(spec, shown(spec))
+    for secret in {password, urllib.parse.unquote(password)}:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _password(spec: str) -> str | None:
+    """The password in a spec's URL (``scheme://user:password@host``), or None."""
+    userinfo = _userinfo(spec)
+    return userinfo.partition(":")[2] if userinfo and ":" in userinfo else None
+
+
+def _userinfo(spec: str) -> str | None:
+    _, sep, rest = spec.partition("://")
+    netloc = rest.partition("/")[0].partition("?")[0].partition("#")[0]
+    userinfo, at, _ = netloc.rpartition("@")
+    return userinfo if sep and at else None
 
 
 @dataclass
@@ -269,7 +344,13 @@ class Delivery:
 class Outbox:
     """Deliveries waiting or being retried, worked off by one thread. ``say`` gets one
     line per failed try, per delivery given up and per delivery after a failure;
-    ``changed`` is called when the queue changes (the watcher saves its state)."""
+    ``changed`` is called when the queue changes (the watcher saves its state).
+
+    The queue is in the order alerts were raised (kept so in the state file), and each
+    destination gets its alerts in that order: a later one waits while an earlier one
+    to the same destination is still being retried (a "stalled" retried last would
+    otherwise be the final word on a run that finished since); one given up lets the
+    next go."""
 
     notifiers: list[Notifier]
     say: Callable[[str], None]
@@ -307,9 +388,32 @@ class Outbox:
             self._thread.join(timeout=EXEC_TIMEOUT_S + HTTP_TIMEOUT_S)
 
     def due(self) -> list[Delivery]:
+        """The deliveries to try now: each destination's first, when its wait is over."""
         now = self.clock()
+        return [d for d in self.heads() if d.next_at <= now]
+
+    def heads(self) -> list[Delivery]:
+        """Each destination's first delivery (the others wait for it)."""
         with self._lock:
-            return [d for d in self.queue if d.next_at <= now]
+            firsts: dict[str, Delivery] = {}
+            for d in self.queue:
+                firsts.setdefault(d.notifier, d)
+            return list(firsts.values())
+
+    def try_all(self) -> None:
+        """Every delivery tried once now, in order (``watch --once``: cron's next look is
+        minutes away): a destination's next only once its earlier one is delivered or
+        given up."""
+        for notifier in [d.notifier for d in self.heads()]:
+            while True:
+                with self._lock:
+                    first = next((d for d in self.queue if d.notifier == notifier), None)
+                if first is None:
+                    break
+                self.attempt(first)
+                with self._lock:
+                    if any(d is first for d in self.queue):
+                        break  # still pending: the later ones wait for it
 
     def pending(self) -> int:
         with self._lock:
@@ -317,12 +421,12 @@ class Outbox:
 
     def _run(self) -> None:
         while not self._stop:
-            for delivery in self.due():
-                if self._stop:
-                    return
-                self.attempt(delivery)
-            with self._lock:
-                waits = [d.next_at for d in self.queue]
+            while due := self.due():  # one delivered, or given up: its next is due at once
+                for delivery in due:
+                    if self._stop:
+                        return
+                    self.attempt(delivery)
+            waits = [d.next_at for d in self.heads()]
             wait = min(waits) - self.clock() if waits else 3600.0
             self._wake.wait(timeout=max(0.05, min(wait, 3600.0)))
             self._wake.clear()
@@ -332,7 +436,7 @@ class Outbox:
         notifier = next((n for n in self.notifiers if n.spec == delivery.notifier), None)
         if notifier is None:  # a destination no longer given (--notify): said, dropped
             self._drop(delivery)
-            self.say(f"not delivered: {delivery.notifier} is no longer a destination")
+            self.say(f"not delivered: {shown(delivery.notifier)} is no longer a destination")
             self.changed()
             return False
         delivery.attempts += 1
@@ -343,19 +447,20 @@ class Outbox:
                 raise
             except Exception as e:  # a destination's own failure: a failed try, said
                 raise DeliveryError(f"{type(e).__name__}: {e}") from None
-        except DeliveryError as e:
+        except DeliveryError as failure:
+            why = scrubbed(str(failure), notifier.spec)  # said on stderr: no password
             self.failed_tries += 1
-            delivery.last_error = str(e)
-            label = f"{notifier.spec}: {delivery.alert.kind} of {delivery.alert.run}"
+            delivery.last_error = why
+            label = f"{shown(notifier.spec)}: {delivery.alert.kind} of {delivery.alert.run}"
             if delivery.attempts >= ATTEMPTS:
                 self.given_up += 1
                 self._drop(delivery)
-                self.say(f"not delivered, given up after {delivery.attempts} tries: {label}: {e}")
+                self.say(f"not delivered, given up after {delivery.attempts} tries: {label}: {why}")
             else:
                 wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (delivery.attempts - 1))
                 delivery.next_at = self.clock() + wait
                 self.say(
-                    f"not delivered ({e}); try {delivery.attempts + 1} in {wait:.0f} s: {label}"
+                    f"not delivered ({why}); try {delivery.attempts + 1} in {wait:.0f} s: {label}"
                 )
             self.changed()
             return False
@@ -363,7 +468,7 @@ class Outbox:
         self._drop(delivery)
         if delivery.attempts > 1:
             self.say(
-                f"delivered on try {delivery.attempts}: {notifier.spec}: "
+                f"delivered on try {delivery.attempts}: {shown(notifier.spec)}: "
                 f"{delivery.alert.kind} of {delivery.alert.run}"
             )
         self.changed()

@@ -46,6 +46,7 @@ from eagle3_tui.notify import ALARMS, Alert, Delivery, Notifier, Outbox
 from eagle3_tui.telemetry.parsing import parse_json
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.target import LocalTarget
 
 REMEMBERED = 2000
 """Runs the state file keeps (those seen last): enough that no run still listed or named
@@ -325,6 +326,17 @@ class WatchState:
             state.runs, state.outbox = {}, []
         return state
 
+    def memory(self, key: str, label: str) -> RunMemory:
+        """What is kept of a run, under its key; one kept under the key an older watcher
+        gave it (a local directory as typed: ``this machine:r2``, now its resolved
+        path) is found there and kept under the new one (its alert is not sent again)."""
+        memory = self.runs.get(key)
+        if memory is None:
+            old = _old_key(key, self.runs)
+            memory = self.runs.pop(old) if old is not None else RunMemory(label)
+            self.runs[key] = memory
+        return memory
+
     def save(self, outbox: list[Delivery]) -> None:
         """Written whole (a temporary file, then renamed). Of the runs, the
         :data:`REMEMBERED` seen last are kept: a watcher of a busy fleet over months would
@@ -346,6 +358,22 @@ class WatchState:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.path)
+
+
+def _old_key(key: str, runs: dict[str, RunMemory]) -> str | None:
+    """The key of ``runs`` that names the same local directory as ``key`` (a resolved
+    path) as it was typed then, relative to this directory; None if none does."""
+    local = f"{host_name(LocalTarget(Path('.')))}:"
+    path = key[len(local) :]
+    if not key.startswith(local) or not os.path.isabs(path):
+        return None
+    for old in runs:
+        typed = old[len(local) :]
+        if old.startswith(local) and typed and not typed.startswith("pid:"):
+            with contextlib.suppress(OSError, ValueError):
+                if str(Path(typed).resolve()) == path:
+                    return old
+    return None
 
 
 def _float_or_none(value: object) -> float | None:
@@ -406,7 +434,7 @@ class Watcher(Follower):
         self.save()
 
     def started(self, f: Followed) -> None:
-        self.state.runs.setdefault(f.key, RunMemory(f.label)).label = f.label
+        self.state.memory(f.key, f.label).label = f.label
 
     def looked(self, key: str, f: Followed, snap: Snapshot) -> None:
         v = verdict_of(snap, f.pipeline.run.unsettled)
@@ -417,8 +445,8 @@ class Watcher(Follower):
     def judge(self, key: str, label: str, host: str, v: Verdict, looks: int = 2) -> None:
         """One look's verdict on a run: an alert posted when it calls for one."""
         now = self.clock()
-        memory = self.state.runs.setdefault(key, RunMemory(label))
-        memory.seen_at = now
+        memory = self.state.memory(key, label)
+        memory.label, memory.seen_at = label, now
         kind = transition(memory, v, now, self.rules, looks)
         if kind is None:
             return
@@ -478,8 +506,7 @@ def once(w: Watcher) -> int:
             said = str(e) if str(e).startswith(wt.text) else f"{wt.text}: {e}"
             w.say(f"eagle3-tui watch: {said}")
             errors.append(api.exit_status(e))
-    for delivery in list(w.outbox.queue):  # cron's next look is minutes away: all now
-        w.outbox.attempt(delivery)
+    w.outbox.try_all()  # cron's next look is minutes away: all now, in order
     w.save()
     from eagle3_tui import exits
 

@@ -185,19 +185,26 @@ def test_a_run_is_resumable_from_a_numbered_save_or_its_stops_save_only() -> Non
 
 
 class Hook:
-    """A real HTTP server on loopback that records what is posted to it."""
+    """A real HTTP server on loopback that records what is posted to it (and what it
+    answered, with ``status``; ``statuses`` first, one a post)."""
 
     def __init__(self, status: int = 200, delay: float = 0.0) -> None:
         self.status, self.delay = status, delay
+        self.statuses: list[int] = []
         self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.answers: list[int] = []
+        self.auth: list[str | None] = []
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(hook.delay)
+                status = hook.statuses.pop(0) if hook.statuses else hook.status
                 hook.posts.append((self.path, json.loads(body)))
-                self.send_response(hook.status)
+                hook.answers.append(status)
+                hook.auth.append(self.headers.get("Authorization"))
+                self.send_response(status)
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
@@ -210,6 +217,10 @@ class Hook:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def delivered(self) -> list[dict[str, Any]]:
+        """The bodies it took (answered 2xx), in the order they came."""
+        return [body for (_, body), a in zip(self.posts, self.answers, strict=True) if a < 300]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -257,7 +268,7 @@ def test_webhooks_get_the_payload_their_url_expects(hook: Hook) -> None:
     (_, generic), (_, slack), (_, discord) = hook.posts
     assert generic["kind"] == "silent" and generic["pid"] == 4242
     assert generic["command"] == "eagle3-tui attach gpu-box --pid 4242"
-    assert slack == {"text": ALERT.text()} and "→ eagle3-tui attach" in slack["text"]
+    assert slack == {"text": ALERT.text(raised=True)} and "→ eagle3-tui attach" in slack["text"]
     assert discord["content"].startswith("eagle3-tui: SILENT: gpu-box:runs/exp7 (pid 4242)")
     assert discord["allowed_mentions"] == {"parse": []}
     # what a run wrote is text there: no Slack mention or link, no Discord ping
@@ -324,16 +335,121 @@ def test_a_slow_destination_never_holds_the_watching_up() -> None:
         slow.close()
 
 
+def alert(kind: str, at: float, **kw: Any) -> Alert:
+    return Alert(**{**ALERT.__dict__, "kind": kind, "health": kind, "at": at, **kw})
+
+
+def test_one_destinations_alerts_arrive_in_the_order_they_were_raised(
+    tmp_path: Path, hook: Hook
+) -> None:
+    """An endpoint down while finished, dead, recovered, stalled were raised, each
+    retried on its own backoff: back up, it got "stalled" after "finished". A later
+    alert waits while an earlier one to the same endpoint is retried, then goes; one
+    given up lets the next go; a restart (the state file) keeps the order."""
+    from eagle3_tui.watch import WatchState
+
+    now = [0.0]
+    said: list[str] = []
+    good = Hook()
+    try:
+        box = Outbox(
+            [WebhookNotifier("down", hook.url, "json"), WebhookNotifier("up", good.url, "json")],
+            said.append,
+            clock=lambda: now[0],
+        )
+        hook.status = 503
+        kinds = ["finished", "dead", "recovered", "stalled"]
+        for t in range(120):
+            now[0] = float(t)
+            if t % 3 == 0 and t // 3 < len(kinds):
+                box.post(alert(kinds[t // 3], float(t), id=f"a{t // 3}"))
+            if t == 42:
+                hook.status = 200
+            while due := box.due():
+                for d in due:
+                    box.attempt(d)
+        assert [b["kind"] for b in hook.delivered()] == kinds  # in order, though late
+        assert [b["kind"] for b in good.delivered()] == kinds
+        assert box.queue == []
+        # the first one given up lets the next go; a restart keeps them in order
+        hook.status = 503
+        box.post(alert("dead", 200.0, id="b0"))
+        box.post(alert("stopped", 201.0, id="b1"))
+        for _ in range(ATTEMPTS - 1):
+            for d in box.due():
+                box.attempt(d)
+            now[0] = next(d.next_at for d in box.queue if d.notifier == "down")
+        assert [d.alert.id for d in box.queue if d.notifier == "down"] == ["b0", "b1"]
+        assert all(d.attempts == 0 for d in box.queue if d.alert.id == "b1")  # it waited
+        state = WatchState(tmp_path / "state.json")
+        state.save(box.queue)
+        back = Outbox(box.notifiers, said.append, clock=lambda: now[0])
+        back.queue = WatchState.load(state.path).outbox
+        hook.status = 200
+        hook.statuses = [503]  # b0's last try fails: given up, and b1 goes at once
+        back.try_all()
+        assert back.given_up == 1 and back.queue == []
+        assert [b["id"] for b in hook.delivered()][-1:] == ["b1"]
+        # watch --once tries all at once: one that fails holds the next back
+        back.post(alert("dead", 300.0, id="c0"))
+        back.post(alert("finished", 301.0, id="c1"))
+        hook.statuses = [503]
+        back.try_all()
+        assert [d.alert.id for d in back.queue] == ["c0", "c1"]
+        back.try_all()
+        assert [b["id"] for b in hook.delivered()][-2:] == ["c0", "c1"] and back.queue == []
+    finally:
+        good.close()
+
+
+def test_each_alert_has_an_id_and_its_raise_time_the_same_on_every_try(
+    tmp_path: Path, hook: Hook
+) -> None:
+    """A slow endpoint got each alert again after each timeout, with nothing to tell a
+    repeat: the id is the same on every try, after a restart too (one kept without an
+    id gets one made of what it says), and when it was raised is in the body and in a
+    chat's text."""
+    from eagle3_tui.notify import Delivery
+    from eagle3_tui.watch import WatchState
+
+    box = Outbox([WebhookNotifier("j", hook.url, "json")], lambda line: None)
+    hook.statuses = [504]
+    box.post(ALERT)
+    box.try_all()  # 504
+    box.try_all()  # delivered
+    state = WatchState(tmp_path / "state.json")
+    state.save([Delivery(ALERT, "j")])
+    data = json.loads(state.path.read_text())
+    del data["outbox"][0]["alert"]["id"]  # as an older watcher kept it
+    state.path.write_text(json.dumps(data))
+    loaded = [WatchState.load(state.path).outbox[0] for _ in range(2)]  # two restarts
+    assert loaded[0].alert.id and loaded[0].alert.id == loaded[1].alert.id
+    box.queue = [loaded[0]]
+    box.try_all()
+    bodies = [b for _, b in hook.posts]
+    assert [b["id"] for b in bodies[:2]] == ["a1", "a1"]  # a retry: the same id
+    assert bodies[2]["id"] == loaded[0].alert.id and len(hook.delivered()) == 2
+    assert {b["raised"] for b in bodies} == {"2027-01-15T08:00:00Z"}
+    assert {b["at"] for b in bodies} == {ALERT.at}
+    slack = WebhookNotifier("s", hook.url, "slack").payload(ALERT)["text"]
+    assert slack.endswith("raised 2027-01-15 08:00:00 UTC")
+    discord = WebhookNotifier("d", hook.url, "discord").payload(ALERT)["content"]
+    assert "raised 2027-01-15 08:00:00 UTC" in discord
+
+
 # ---- the whole command: --once on a real run, twice, and a state kept ----------------
 
 
-def watch_once(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def watch_once(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "eagle3_tui", "watch", "--once", *args],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
+        cwd=cwd,
         check=False,
     )
 
@@ -392,6 +508,65 @@ def test_once_alerts_a_change_once_and_a_failed_delivery_waits_for_the_next(
     got = [json.loads(line) for line in (tmp_path / "got.jsonl").read_text().splitlines()]
     assert [g["kind"] for g in got] == ["finished"]  # delivered late, not lost
     assert json.loads(state.read_text())["outbox"] == []
+
+
+def test_a_local_run_is_one_run_however_it_is_spelled(
+    tiny_run: Path, tmp_path: Path, hook: Hook
+) -> None:
+    """``watch r2``, ``watch /tmp/x/r2``, ``watch ./r2/`` with one state file each sent
+    the alert again (kept under the target as typed): it is the run's resolved path, in
+    the state, the alert's run and its command; a state kept the old way still counts."""
+    import os
+
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    cwd, name = tiny_run.parent, tiny_run.name
+    state = tmp_path / "watch.json"
+    for spelled in (name, str(tiny_run), f"./{name}/", f"../{cwd.name}/{name}"):
+        done = watch_once(spelled, "--notify", hook.url, "--state", str(state), env=env, cwd=cwd)
+        assert done.returncode == 0, done.stderr
+    resolved = str(tiny_run.resolve())
+    assert [(b["kind"], b["run"]) for b in hook.delivered()] == [("finished", resolved)]
+    assert hook.delivered()[0]["command"] == f"eagle3-tui summary {resolved}"
+    assert list(json.loads(state.read_text())["runs"]) == [f"this machine:{resolved}"]
+    # a state file an older watcher kept (its key as typed) is read: nothing sent again
+    old = tmp_path / "old.json"
+    old.write_text(
+        json.dumps({"version": 1, "runs": {f"this machine:{name}": {"alerted": "finished"}}})
+    )
+    done = watch_once(f"./{name}", "--notify", hook.url, "--state", str(old), env=env, cwd=cwd)
+    assert done.returncode == 0 and "FINISHED" not in done.stdout, done.stdout
+    assert len(hook.delivered()) == 1
+    assert list(json.loads(old.read_text())["runs"]) == [f"this machine:{resolved}"]
+
+
+def test_a_webhooks_password_is_never_printed_and_a_bad_url_refused_at_start(
+    tiny_run: Path, tmp_path: Path, hook: Hook
+) -> None:
+    """``http://user:secret@host/x``: the secret was in the errors on stderr (urllib
+    took it for a port); it is sent as Basic authentication and shown ``***``. A URL
+    no delivery can reach (no host, a port out of range) was accepted and retried: it
+    is refused at the start, with the usage error's status, the value named."""
+    import os
+
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    down = f"http://user:s%40cret@127.0.0.1:{closed_port()}/x"
+    up = hook.url.replace("http://", "http://user:s%40cret@")
+    state = str(tmp_path / "w.json")
+    done = watch_once(str(tiny_run), "--notify", down, "--notify", up, "--state", state, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "not delivered (" in done.stderr and "user:***@127.0.0.1" in done.stderr
+    assert "cret" not in done.stderr + done.stdout, done.stderr
+    assert hook.delivered() and hook.auth == ["Basic dXNlcjpzQGNyZXQ="]  # user:s@cret
+    for url, said in (
+        ("http://", "'http://': no host"),
+        ("http://127.0.0.1:99999/x", "'http://127.0.0.1:99999/x': Port out of range"),
+        ("json:http://[::1/x", "'http://[::1/x': Invalid IPv6 URL"),
+        ("http://u:pw@:80/x", "'http://u:***@:80/x': no host"),
+    ):
+        done = watch_once(str(tiny_run), "--notify", url, "--state", state, env=env)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+        assert "pw" not in done.stderr and "FINISHED" not in done.stdout
 
 
 # ---- following a live run --------------------------------------------------------------

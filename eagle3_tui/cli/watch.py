@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def watch_targets(ns: argparse.Namespace) -> list[WatchTarget]:
+    """The targets, a local directory as its resolved path: its key in the state file,
+    and the run its alerts (and their commands) name, whatever the spelling (``r2``,
+    ``./r2/``, ``/tmp/x/r2`` would each send its alerts again). A remote path stays as
+    typed: it cannot be resolved here."""
     from eagle3_tui.following import WatchTarget
     from eagle3_tui.transport.target import LocalTarget, SshTarget, parse_target
 
@@ -99,6 +103,9 @@ def watch_targets(ns: argparse.Namespace) -> list[WatchTarget]:
         discover = isinstance(target, SshTarget) and target.run_dir is None and not target.job
         if isinstance(target, LocalTarget) and not target.job and not target.run_dir.exists():
             raise TargetError(f"{text}: no such directory (a run directory, HOST:DIR or HOST)")
+        if isinstance(target, LocalTarget) and not target.job:
+            target = LocalTarget(target.run_dir.resolve())
+            text = str(target.run_dir)
         out.append(WatchTarget(text, target, discover))
     return out
 
@@ -120,7 +127,7 @@ def run(ns: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from eagle3_tui.notify import parse_notify
+    from eagle3_tui.notify import parse_notify, shown
     from eagle3_tui.watch import Rules, Watcher, WatchState, state_path
 
     try:
@@ -132,7 +139,12 @@ def run(ns: argparse.Namespace) -> int:
             raise TargetError(f"--{flag.replace('_', '-')}: a number of seconds above 0")
     targets = watch_targets(ns)
     path = state_path([t.text for t in targets], ns.state)
-    state = WatchState.load(path)
+    older = state_path(ns.target)  # the default file of targets as typed, before
+    if not ns.state and not path.exists() and older.exists():
+        state = WatchState.load(older)
+        state.path = path
+    else:
+        state = WatchState.load(path)
     if state.problem:
         say(f"eagle3-tui watch: {state.problem}", err=True)
     rules = Rules(hold_s=ns.hold, gap_s=ns.gap, link_down_s=ns.link_down)
@@ -154,10 +166,10 @@ def run(ns: argparse.Namespace) -> int:
         from eagle3_tui.watch import once
 
         return once(watcher)
-    shown = ", ".join(n.spec for n in notifiers) or "stdout only"
+    destinations = ", ".join(shown(n.spec) for n in notifiers) or "stdout only"
     report(
-        f"following {' '.join(shlex.quote(t.text) for t in targets)}; alerts to {shown}; "
-        f"state in {path}"
+        f"following {' '.join(shlex.quote(t.text) for t in targets)}; alerts to "
+        f"{destinations}; state in {path}"
     )
 
     async def main() -> None:
