@@ -158,6 +158,9 @@ class Follower:
         """Targets whose last listing failed, and how (said once per failure)."""
         self._ended: set[str] = set()
         """Runs found on a host and let go after their end."""
+        self._with_telemetry: set[tuple[str, int, int | None]] = set()
+        """(host, PID, start) of each training found writing telemetry: the same process
+        found later without it (exiting, its telemetry closed) is that run, not another."""
         self._finding: dict[str, asyncio.Task[None]] = {}
         """Each target's listing in flight (a task: a host that hangs holds up no other)."""
         self.listed: set[str] = set()
@@ -320,7 +323,9 @@ class Follower:
     async def _follow_row(self, text: str, target: Target, row: ProcessRow) -> None:
         """A live training found on a host: its run directory when it writes telemetry,
         else the process watched from outside (live again after its end: followed again)."""
+        trainer = (host_name(target), row.pid, row.start_ticks)
         if row.run_dir and row.telemetry:
+            self._with_telemetry.add(trainer)
             key = f"{host_name(target)}:{row.run_dir}"
             if key not in self.followed:
                 self._ended.discard(key)
@@ -328,6 +333,8 @@ class Follower:
                 self.follow_dir(key, label_of(text, target, row.run_dir), at)
                 self.followed[key].found = True
             return
+        if trainer in self._with_telemetry:
+            return  # its run directory's run (a second alert of its end, by PID)
         key = f"{host_name(target)}:pid:{row.pid}:{row.start_ticks}"
         if key not in self.followed and key not in self._ended:
             self._follow_process(key, target, row)

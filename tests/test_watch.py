@@ -29,6 +29,7 @@ from eagle3_tui.notify import (
     webhook_style,
 )
 from eagle3_tui.watch import Rules, RunMemory, Verdict, action, transition
+from tests.records import Lines
 
 RULES = Rules(hold_s=10.0, gap_s=30.0, link_down_s=60.0)
 
@@ -627,3 +628,34 @@ def test_a_live_run_whose_loss_turns_nan_is_diverged_once(tmp_path: Path, hook: 
 
     with live_training(run_dir, args, dict(os.environ, **launch_env(run_dir))) as run:
         asyncio.run(watch(run))
+
+
+async def test_a_training_found_with_telemetry_is_not_found_again_by_its_pid(
+    tmp_path: Path,
+) -> None:
+    """``watch localhost``: a finished training was alerted twice, as its run directory and
+    then as "this machine pid N" (a later listing found the exiting process without its
+    telemetry). The same process (PID and start) is its run's, not another training."""
+    from eagle3_tui.following import Follower, WatchTarget
+    from eagle3_tui.transport.replies import DiscoverReport, ProcessRow
+    from eagle3_tui.transport.target import parse_target
+
+    (tmp_path / "metrics.jsonl").write_bytes(Lines(t0=time.time()).train(0, 1.0))
+    target = parse_target("localhost")
+    follower = Follower([WatchTarget("localhost", target, True)], say=lambda _: None)
+
+    def row(telemetry: bool, start: int = 777) -> ProcessRow:
+        return ProcessRow(
+            pid=4242, start_ticks=start, mine=True, run_dir=str(tmp_path), telemetry=telemetry
+        )
+
+    try:
+        await follower.discovered("localhost", target, DiscoverReport(live=[row(True)]))
+        assert len(follower.followed) == 1
+        await follower.discovered("localhost", target, DiscoverReport(live=[row(False)]))
+        assert len(follower.followed) == 1, list(follower.followed)
+        reused = row(False, start=778)  # the PID of another process since
+        await follower.discovered("localhost", target, DiscoverReport(live=[reused]))
+        assert len(follower.followed) == 2, list(follower.followed)
+    finally:
+        await follower.close()
