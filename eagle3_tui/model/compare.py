@@ -17,6 +17,9 @@ step does not decide). τ = 1 + Σ full_acc_k uses each run's own TTT steps; whe
 the counts differ the verdict says so, since more draft tokens raise τ by
 themselves.
 
+Over 600 lines: the alignment, its window, the verdict and the recipe's differences
+are one comparison, each read with the others (and its JSON and text made of them).
+
 Pure: no textual, no asyncssh.
 """
 
