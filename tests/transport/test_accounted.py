@@ -376,8 +376,22 @@ def test_a_plan_gives_its_first_segments_before_it_reads_the_later_sample_blocks
     ]
 
 
+@pytest.fixture
+def summed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each block whose pace timings the agent sends as their sum."""
+    out: list[int] = []
+    real = column_plan.pace_summed
+
+    def counted(kept: Any, n: int, tokens: float) -> Any:
+        out.append(n)
+        return real(kept, n, tokens)
+
+    monkeypatch.setattr(column_plan, "pace_summed", counted)
+    return out
+
+
 def test_old_blocks_pace_timings_go_as_their_sums_and_the_pace_is_the_same(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, summed: list[int]
 ) -> None:
     """Of a summary's old blocks (all rows over ``pace_sums_s`` before the newest, no
     process starting among their lines), the two timing columns go as one sum on the
@@ -387,14 +401,6 @@ def test_old_blocks_pace_timings_go_as_their_sums_and_the_pace_is_the_same(
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(messy_run(6000, 7, samples=0.5))
     index_file(str(path), block_rows=300)
-    summed: list[int] = []
-    real = column_plan.pace_summed
-
-    def counted(kept: Any, n: int, tokens: float) -> Any:
-        summed.append(n)
-        return real(kept, n, tokens)
-
-    monkeypatch.setattr(column_plan, "pace_summed", counted)
     want = json.loads(summary_of(plain_frames(path)))
     frames = list(iter_frames(path, SUMMARY_HISTORY))
     got = json.loads(summary_of(frames))
@@ -403,7 +409,7 @@ def test_old_blocks_pace_timings_go_as_their_sums_and_the_pace_is_the_same(
 
 
 def test_a_block_where_a_process_resumes_keeps_its_timings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, summed: list[int]
 ) -> None:
     """A resume in the middle of a block: that block's rows are two processes', and the
     pace counts only the current one's; its timings go row by row, as every line's."""
@@ -419,14 +425,6 @@ def test_a_block_where_a_process_resumes_keeps_its_timings(
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b"".join(out))
     index_file(str(path), block_rows=300)
-    summed: list[int] = []
-    real = column_plan.pace_summed
-
-    def counted(kept: Any, n: int, tokens: float) -> Any:
-        summed.append(n)
-        return real(kept, n, tokens)
-
-    monkeypatch.setattr(column_plan, "pace_summed", counted)
     want = json.loads(summary_of(plain_frames(path)))
     got = json.loads(summary_of(list(iter_frames(path, SUMMARY_HISTORY))))
     # its steps took 200 tokens each (the process before: 100)

@@ -294,20 +294,14 @@ class HealthBanner(Static):
 
         if fits(text):
             return text
-        if ". " not in sentence.rstrip():  # one sentence (a path, an error): its beginning
-            lo, hi = 0, len(sentence)  # matters most, cut where it says so
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if fits(banner_text(label, cut_here(sentence, mid))):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return banner_text(label, cut_here(sentence, lo))
-        lo, hi = 30, len(sentence)  # the longest middle cut that fits: its end kept
+        # one sentence (a path, an error): its beginning matters most, cut where it says
+        # so; else the longest middle cut that fits, its end (the remedy) kept
+        cut, least = (cut_here, 0) if ". " not in sentence.rstrip() else (keep_the_remedy, 30)
+        lo, hi = least, len(sentence)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if fits(banner_text(label, keep_the_remedy(sentence, mid))):
+            if fits(banner_text(label, cut(sentence, mid))):
                 lo = mid
             else:
                 hi = mid - 1
-        return banner_text(label, keep_the_remedy(sentence, lo))
+        return banner_text(label, cut(sentence, lo))
