@@ -138,6 +138,9 @@ def judge(state: RunState, now: float) -> Diagnosis:
     step = state.global_step
     if state.records == 0 and state.malformed_count:
         return _unreadable(state)
+    foreign = _another_runs(state)
+    if foreign is not None:
+        return foreign
     end = _ranks_end(state)  # torchrun: the first rank to end says how the run ended
     if end is not None and end.event == "crash":
         return _rank_death(end)
@@ -355,6 +358,26 @@ def _starting(state: RunState, now: float, how: str, since: float) -> Diagnosis:
     return Diagnosis(
         Health.WAITING,
         f"No training step logged yet ({ago(quiet_for)} {what}{learned}).",
+    )
+
+
+def _another_runs(state: RunState) -> Diagnosis | None:
+    """The file read names only other runs than the directory's ``run.json`` (another
+    run's file moved over this run's, read afresh: ``summary``, a monitor opened then):
+    what it says is not this run's, which cannot be judged from it. None otherwise
+    (a monitor that saw the change keeps the run's history apart: ``foreign``)."""
+    mine, named = state.manifest.get("run_id"), state.file_run_ids
+    if not isinstance(mine, str) or not mine or state.foreign or not named:
+        return None
+    if mine[:80] in named:
+        return None
+    theirs = ", ".join(named[-3:])
+    return Diagnosis(
+        Health.UNREADABLE,
+        f"metrics.jsonl holds another run's records (run {theirs}), not this directory's "
+        f"(its run.json names run {mine}): another file was put at the path, and this "
+        "run's own is not there to judge it by (its telemetry moves such a file aside "
+        "and writes its own at its next record).",
     )
 
 

@@ -162,6 +162,8 @@ class RunState:
     """The newest room report of each file's filesystem (by stream: a node's)."""
     run_ids: list[str] = field(default_factory=list)
     """The run ids its records and manifest named, first seen first."""
+    file_run_ids: list[str] = field(default_factory=list)
+    """Those its records named (the file's own word: another run's file names others)."""
     train_writer: str | None = None
     """The writer (``w``) of the latest training step: the trainer."""
     history: History | None = None
@@ -218,7 +220,7 @@ class RunState:
 
     def set_manifest(self, manifest: dict[str, Any]) -> None:
         self.manifest = dict(manifest)
-        self._note_run_id(manifest.get("run_id"))
+        self._note_run_id(manifest.get("run_id"), in_file=False)
         epochs = manifest.get("epochs")
         if isinstance(epochs, int) and epochs > 0:
             self.epochs_total = epochs
@@ -626,9 +628,13 @@ class RunState:
         logged = self.global_step + 1
         return logged if done is None or logged > done else done
 
-    def _note_run_id(self, run_id: object) -> None:
-        if isinstance(run_id, str) and run_id and run_id not in self.run_ids:
+    def _note_run_id(self, run_id: object, in_file: bool = True) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            return
+        if run_id[:80] not in self.run_ids:
             self.run_ids.append(run_id[:80])
+        if in_file and run_id[:80] not in self.file_run_ids:
+            self.file_run_ids.append(run_id[:80])
 
     def _file_event(self, rec: Record) -> None:
         """A writer's word on what happened to its file: with the change the stream saw,

@@ -577,3 +577,30 @@ def test_a_file_replaced_again_before_it_said_whose_it_is_is_not_mixed_in() -> N
     assert state.table.step_view().tolist() == list(range(15)) and state.lost_records == 0
     assert run.shelved[-1].malformed_count == 3
     assert [n.outcome.value for n in state.file_notices] == ["other", "back"]
+
+
+def test_another_runs_file_read_afresh_is_not_judged_as_this_run() -> None:
+    """Another run's metrics.jsonl moved over this run's, then read afresh (``summary``,
+    a monitor opened then): its "stopped after step 105" was said of this live run at
+    step 50 (exit 7), its step over this run's total. Not this run's: unreadable."""
+    other = Lines("w-other", T0, 1.0)
+    run = Run()
+    RunPath(run).write(
+        other.event("start", run_id="other-run"),
+        *(other.train(s, 1.0) for s in range(105)),
+        other.event("interrupt", step=105, run_id="other-run"),
+    )
+    run.state.set_manifest({"run_id": RUN_ID, "pid": 4242, "total_steps": 240})
+    d = diagnose(run.state, other.ts + 5)
+    assert d.health == Health.UNREADABLE, d
+    assert d.reason.startswith(
+        f"metrics.jsonl holds another run's records (run other-run), not this directory's "
+        f"(its run.json names run {RUN_ID})"
+    ), d.reason
+    assert EXIT_BY_HEALTH[d.health.value] == 10
+    # its own file back (the trainer moved the other aside): judged as itself
+    own = Run()
+    mine = Lines("trainer-1", T0, 1.0)
+    RunPath(own).write(mine.event("start", run_id=RUN_ID), mine.train(0, 1.0))
+    own.state.set_manifest({"run_id": RUN_ID, "pid": 4242})
+    assert diagnose(own.state, mine.ts + 1).health == Health.RUNNING
