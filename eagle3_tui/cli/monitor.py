@@ -155,7 +155,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
         from eagle3_tui.app.run_control import RunControl
 
         if isinstance(target, LocalTarget) and not needs_choice(target, pid):
-            check_run_dir(target.run_dir)
+            check_run_dir(target.run_dir, wait_for_file=True)
             app = make_app(
                 LocalTransport(target.run_dir),
                 control=slurmed(RunControl.for_target(target)),
@@ -206,7 +206,7 @@ async def monitor(target: Target, ns: argparse.Namespace, nodes: Sequence[SshTar
             if isinstance(target, LocalTarget):
                 export_dir = local_export_dir(Path(run_dir))
                 pinned_local = LocalTarget(Path(run_dir))
-                check_run_dir(pinned_local.run_dir)
+                check_run_dir(pinned_local.run_dir, wait_for_file=True)
                 source = LocalTransport(pinned_local.run_dir)
                 app_control = RunControl.for_target(pinned_local)
                 compare, open_run = compare_source(ns, pinned_local), open_run_for(pinned_local)

@@ -19,7 +19,7 @@ from eagle3_tui.telemetry.safefs import (
     open_file,
     open_regular,
 )
-from eagle3_tui.telemetry.schema import METRICS_FILE
+from eagle3_tui.telemetry.schema import MANIFEST_FILE, METRICS_FILE
 from eagle3_tui.transport.base import (
     Chunk,
     DiskSpace,
@@ -77,14 +77,25 @@ def check_local_input(path: Path) -> None:
         raise _error(problem) from None
 
 
-def check_run_dir(run_dir: Path) -> Path:
+def check_run_dir(run_dir: Path, wait_for_file: bool = False) -> Path:
     """The metrics file of ``run_dir``, or a one-line TargetError saying what is wrong
-    (:func:`check_local_input`'s, or what is missing)."""
+    (:func:`check_local_input`'s, or what is missing). A run directory whose ``run.json``
+    is there without its file (deleted or moved away under the run): ``wait_for_file``
+    (the monitor: it waits for the file, as it does when the file goes while it follows),
+    else said so, not "is telemetry attached?"."""
     check_local_input(run_dir)
     if not run_dir.exists():
         raise TargetError(f"{run_dir}: no such run directory")
     path = run_dir / METRICS_FILE
     if not path.exists():
+        if (run_dir / MANIFEST_FILE).exists():
+            if wait_for_file:
+                return path
+            raise TargetError(
+                f"{run_dir}: no {METRICS_FILE} here, though its {MANIFEST_FILE} is (deleted "
+                "or moved away under the run?): its telemetry writes the file again with its "
+                f"next record; the monitor waits for it (eagle3-tui {run_dir})"
+            )
         raise TargetError(
             f"{run_dir}: no {METRICS_FILE} here (is telemetry attached to the trainer?)"
         )

@@ -366,3 +366,30 @@ def headless_summary(
         return cli("summary", str(run_dir), "--json")
     sshd: Sshd = request.getfixturevalue("sshd")
     return cli("summary", *sshd.args(), f"{ALIAS}:{run_dir}", "--json")
+
+
+async def test_a_run_directory_without_its_file_is_waited_for_and_said_so(tmp_path: Path) -> None:
+    """metrics.jsonl deleted under a live run (its run.json there): ``summary`` said "is
+    telemetry attached to the trainer?" and the monitor refused to open (exit 2), though
+    an open monitor waits for the file then. The monitor opened now waits as well; the
+    others say what is missing and why."""
+    from eagle3_tui.transport.base import Chunk, Link, LinkChanged, TargetError
+    from eagle3_tui.transport.local import LocalTransport, check_run_dir
+
+    (tmp_path / "run.json").write_text('{"run_id": "r1", "pid": 1}')
+    with pytest.raises(TargetError) as said:
+        check_run_dir(tmp_path)
+    assert "no metrics.jsonl here, though its run.json is" in str(said.value), said.value
+    assert check_run_dir(tmp_path, wait_for_file=True) == tmp_path / "metrics.jsonl"
+    stream = LocalTransport(tmp_path).stream()
+    seen: list[object] = []
+    try:
+        while not any(isinstance(x, LinkChanged) for x in seen):  # (its disk's room first)
+            seen.append(await asyncio.wait_for(stream.__anext__(), 10))
+        (tmp_path / "metrics.jsonl").write_bytes(b'{"v":1}\n')
+        while not any(isinstance(x, Chunk) for x in seen):
+            seen.append(await asyncio.wait_for(stream.__anext__(), 10))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    links = [x.link for x in seen if isinstance(x, LinkChanged)]
+    assert links == [Link.WAITING, Link.LOCAL], seen  # waited for, then read
