@@ -240,8 +240,11 @@ def _exited(state: RunState, info: ProcessInfo) -> Diagnosis:
     if interrupted:
         return Diagnosis(
             Health.STOPPED,
-            f"{who} stopped {when}{how} after saving {interrupted[-1].path} (a SIGTERM or "
-            "Ctrl+C); a restart resumes from the last numbered checkpoint.",
+            # (a kill's stop asks at a step boundary, sends no signal, and renames the
+            # save: "a SIGTERM" and the path were said of such a stop too)
+            f"{who} stopped {when}{how} after saving {interrupted[-1].path} (a stop: a "
+            "SIGTERM, Ctrl+C, or a kill's request, which makes it a numbered checkpoint); "
+            "a restart resumes from the last numbered checkpoint.",
         )
     seen = last_train_bar(state.bars)
     epochs = info.epochs or state.epochs_total

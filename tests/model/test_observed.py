@@ -145,6 +145,8 @@ def test_how_an_observed_trainer_ended() -> None:
     o.feed(o.obs.at(o.t + 2).proc(alive=False, started=o.started))
     d = diagnose(o.run.state, o.t + 2)
     assert d.health == Health.STOPPED and "interrupted" in d.reason
+    # a kill's stop sends no signal (it asks at a step boundary): no "a SIGTERM" alone
+    assert "(a stop: a SIGTERM, Ctrl+C, or a kill's request" in d.reason, d.reason
     o = Observed()
     o.feed(o.obs.at(o.t).proc(started=o.started, epochs=2))
     o.bar(1, 10, 10, 5.0)
