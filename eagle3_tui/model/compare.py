@@ -268,7 +268,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             out.update(_flatten(v, f"{prefix}{k}."))
-    else:
+    elif obj is not None:  # (null: not known, as a value left out: "–")
         out[prefix.rstrip(".")] = str(obj)
     return out
 
@@ -306,7 +306,8 @@ def recipe(state: RunState) -> dict[str, str]:
         flags = argv_flags([str(a) for a in argv])
         flags.pop("run-dir", None)
         out.update({f"argv.--{k}": v for k, v in flags.items()})
-    out["ttt_steps"] = str(state.ttt_steps)
+    if state.ttt_steps:  # (none before its first step: not known, not 0)
+        out["ttt_steps"] = str(state.ttt_steps)
     log_every = _log_every(state)
     if log_every is not None:
         out["log_every_steps"] = str(log_every)
@@ -321,6 +322,11 @@ def hparam_diff(a: RunState, b: RunState) -> tuple[tuple[str, str, str], ...]:
     keys = sorted(set(ra) | set(rb))
     if not a.hparams or not b.hparams:
         keys = [k for k in keys if not k.startswith("hparams.")]
+    for r, state in ((ra, a), (rb, b)):  # a run without a step: what its steps say unknown
+        if state.global_step is None:
+            keys = [k for k in keys if k in r or k not in ("ttt_steps", "log_every_steps")]
+    # a manifest's field one run's does not have (null, or older telemetry): not known
+    keys = [k for k in keys if not k.startswith("run.") or (k in ra and k in rb)]
     return tuple((k, ra.get(k, "–"), rb.get(k, "–")) for k in keys if ra.get(k) != rb.get(k))
 
 

@@ -351,6 +351,11 @@ def test_a_run_that_logged_no_step_is_said_so_and_its_unknown_hparams_are_no_dif
     keys = {key for key, _, _ in c.hparam_diff}
     assert not any(k.startswith("hparams.") for k in keys), c.hparam_diff
     assert "run.stop_saves" not in keys, c.hparam_diff
+    # what only steps tell (TTT steps, the logging interval) and nulls: unknown, not "0"
+    f.set_manifest({"epochs": 6, "total_steps": None})
+    a.set_manifest({"epochs": 6, "total_steps": 240})
+    keys = {key for key, _, _ in compare(a, f).hparam_diff}
+    assert not keys & {"ttt_steps", "log_every_steps", "run.total_steps"}, keys
 
 
 def state_of(data: bytes) -> RunState:
