@@ -580,7 +580,7 @@ def _refuse_if_running(m: dict[str, Any]) -> None:
     trainer, problem = verify_trainer(m)
     if trainer is not None and problem is None:
         raise AgentError(
-            ERR_REFUSED, f"the run is still running (pid {trainer.pid}); kill it first"
+            ERR_REFUSED, f"the run's trainer is still alive (pid {trainer.pid}); kill it first"
         )
     alive = find_members(m, None)
     if alive:

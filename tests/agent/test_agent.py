@@ -516,7 +516,7 @@ async def test_resume_refuses_without_a_complete_checkpoint_then_launches_detach
         assert seen["pid"] == result.pid and seen["sid"] == result.pid  # setsid
         assert seen["cwd"] == str(cwd) and seen["flag"] == "from-manifest"
         assert seen["marker"] == run_id
-        with pytest.raises(AgentAnswerError, match="still running") as refused:
+        with pytest.raises(AgentAnswerError, match="still alive") as refused:
             await resume_run(host, str(run_dir), 5.0)
         assert refused.value.kind is ErrorKind.REFUSED
     finally:

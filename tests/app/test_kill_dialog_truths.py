@@ -122,3 +122,17 @@ def test_a_resumed_runs_plan_names_its_telemetrys_start_as_that() -> None:
     assert said == "its telemetry started " + time.strftime(
         "%Y-%m-%d %H:%M:%S", time.localtime(resumed)
     )
+
+
+def test_the_resume_plan_of_a_live_trainer_says_it_lives_and_how() -> None:
+    """``r`` on a trainer held by SIGSTOP said "The run is still running" under the
+    header's STALLED, held stopped."""
+    from eagle3_tui.app.screens.kill_resume import resume_plan
+    from eagle3_tui.transport.replies import Status
+
+    control = RunControl(LocalHost(), "/runs/exp7", "/runs/exp7")
+    held = plain(resume_plan(Status(alive=True, state="T", manifest={"pid": 4242}), control))
+    assert "The run's trainer is still alive (pid 4242, held stopped)" in held, held
+    assert "still running" not in held
+    live = plain(resume_plan(Status(alive=True, state="S", manifest={"pid": 4242}), control))
+    assert "The run's trainer is still alive (pid 4242): resume will be refused" in live, live

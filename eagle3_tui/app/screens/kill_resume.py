@@ -207,7 +207,9 @@ def resume_plan(status: Status, control: RunControl) -> RenderableType:
     if status.alive:
         lines.append(
             inert(
-                f"The run is still running (pid {m.get('pid')}): resume will be refused.",
+                f"The run's trainer is still alive (pid {m.get('pid')}"
+                f"{', held stopped' if status.state in ('T', 't') else ''}): resume will be "
+                "refused (k stops it first).",
                 style="bold #d7af5f",
             )
         )
