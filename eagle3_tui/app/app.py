@@ -39,7 +39,7 @@ from eagle3_tui.app.pipeline import (
     Source,
     compare_runs,
     export_dirs,
-    short_label,
+    short_labels,
 )
 from eagle3_tui.app.run_control import RunControl
 from eagle3_tui.app.screens.attach import AttachDialog
@@ -518,7 +518,7 @@ class MonitorApp(App[None]):
             return
         self._building = True
         try:
-            labels = (short_label(self.source.label), short_label(self.compare_label))
+            labels = short_labels(self.source.label, self.compare_label)
             comparison = await compare_runs(self.pipeline, other, screen.axis, params, labels)
         finally:
             self._building = False

@@ -526,6 +526,23 @@ def short_label(label: str) -> str:
     return label.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or label
 
 
+def short_labels(a: str, b: str) -> tuple[str, str]:
+    """Two runs' labels, each as short as tells them apart: ``exp7`` and ``exp6``, but
+    ``a/exp7`` and ``b/exp7`` (or the whole labels) where their last parts are the same."""
+
+    def tails(label: str) -> list[str]:
+        x = label.rstrip("/") or label
+        cuts = [i for i, ch in enumerate(x) if ch in "/:"]
+        return [t for t in (x[i + 1 :] for i in reversed(cuts)) if t] + [x]
+
+    ta, tb = tails(a), tails(b)
+    for k in range(max(len(ta), len(tb))):
+        sa, sb = ta[min(k, len(ta) - 1)], tb[min(k, len(tb) - 1)]
+        if sa != sb:
+            return sa.lstrip("/") or sa, sb.lstrip("/") or sb
+    return short_label(a), short_label(b)
+
+
 def export_name(label: str, first: int | None, last: int | None) -> str:
     """A file name for an export of ``label``'s steps ``first``..``last`` (speculators'
     ``global_step``): the run's name (its directory's), then the steps as shown (1-based:

@@ -404,7 +404,7 @@ def _verdict(
     tau = next((r for r in cmp_rows if r.metric == "τ"), None)
     loss = next((r for r in cmp_rows if r.metric == "loss"), None)
     caveat = ""
-    if a.ttt_steps != b.ttt_steps:
+    if a.ttt_steps and b.ttt_steps and a.ttt_steps != b.ttt_steps:  # (0: no step, not known)
         caveat = f"; note: {a.ttt_steps} vs {b.ttt_steps} TTT steps, which moves τ by itself"
     if tau is not None and tau.delta is not None and math.isfinite(tau.delta):
         if abs(tau.delta) < 0.005:
@@ -535,7 +535,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
             "label": s.label,
             "last_step": step_number(s.last_step),  # 1-based, as shown
             "last_global_step": s.last_step,  # speculators' counter (0-based)
-            "ttt_steps": s.ttt_steps,
+            "ttt_steps": s.ttt_steps or None,  # null: no step logged, not known
             "tau_end": num(s.tau_end),
             "loss_end": num(s.loss_end),
             "log_every": s.log_every,
@@ -606,7 +606,8 @@ def format_comparison(c: Comparison) -> str:
             if side.last_step is not None
             else "–"
         )
-        out.append(f"{side.label}: reached {end}; {side.ttt_steps} TTT steps")
+        ttt = f"{side.ttt_steps} TTT steps" if side.ttt_steps else "TTT steps not known"
+        out.append(f"{side.label}: reached {end}; {ttt}")
         for vr in rows:
             val_tau = tau_of(vr.values, prefix="", suffix="_epoch")
             out.append(

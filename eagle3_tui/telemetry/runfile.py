@@ -225,7 +225,11 @@ class RunFile:
             change = FileChange("truncated", self._clock(), (*self.ident, max(self.size, self.end)))
             self.end = self.size = st.st_size
             try:
-                last = os.pread(self.fd, 1, st.st_size - 1) if self.fd and st.st_size else b"\n"
+                last = (
+                    os.pread(self.fd, 1, st.st_size - 1)
+                    if self.fd is not None and st.st_size
+                    else b"\n"
+                )
                 self.cut_mid = last != b"\n"
             except OSError:
                 self.cut_mid = False

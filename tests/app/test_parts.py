@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.text import Text
 
-from eagle3_tui.app.pipeline import coalesce, export_name, short_label
+from eagle3_tui.app.pipeline import coalesce, export_name, short_label, short_labels
 from eagle3_tui.app.text import (
     bar,
     clean,
@@ -101,6 +101,11 @@ def test_file_names_from_labels() -> None:
     # the run's own name once: the demo's run directory already starts with eagle3-tui
     assert export_name("/tmp/eagle3-tui-demo-x1", 0, 50) == "eagle3-tui-demo-x1-steps1-51.csv"
     assert short_label("gpu-box:/runs/exp7/") == "exp7" and short_label("exp7") == "exp7"
+    # two runs compared: as short as tells them apart (the compare screen's legend)
+    assert short_labels("runs/exp7", "runs/exp6") == ("exp7", "exp6")
+    assert short_labels("/a/seed1/run", "/b/seed1/run/") == ("a/seed1/run", "b/seed1/run")
+    assert short_labels("h1:/runs/x", "h2:/runs/x") == ("h1:/runs/x", "h2:/runs/x")
+    assert short_labels("exp7", "exp7") == ("exp7", "exp7")
 
 
 def _cells(renderable: object, width: int) -> list[list[tuple[str, str]]]:

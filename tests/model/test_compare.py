@@ -356,6 +356,11 @@ def test_a_run_that_logged_no_step_is_said_so_and_its_unknown_hparams_are_no_dif
     a.set_manifest({"epochs": 6, "total_steps": 240})
     keys = {key for key, _, _ in compare(a, f).hparam_diff}
     assert not keys & {"ttt_steps", "log_every_steps", "run.total_steps"}, keys
+    # its TTT steps, in the JSON and the text: not known, not "0"
+    assert comparison_json(c)["b"]["ttt_steps"] is None, comparison_json(c)["b"]
+    assert comparison_json(c)["a"]["ttt_steps"] == a.ttt_steps > 0
+    assert "TTT steps not known" in format_comparison(c), format_comparison(c)
+    assert "0 TTT steps" not in format_comparison(c), format_comparison(c)
 
 
 def state_of(data: bytes) -> RunState:

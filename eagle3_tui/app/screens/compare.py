@@ -124,7 +124,8 @@ def side_text(c: Comparison) -> RenderableType:
         head.append_text(inert(side.label, style="bold"))
         shown = step_number(side.last_step)
         end = f" step {shown:,}" if shown is not None else " no step"
-        head.append(f"{end} · τ {num(side.tau_end, 3)} · {side.ttt_steps} TTT steps", style="dim")
+        ttt = f"{side.ttt_steps} TTT steps" if side.ttt_steps else "TTT steps not known"
+        head.append(f"{end} · τ {num(side.tau_end, 3)} · {ttt}", style="dim")
         parts.append(head)
         for v in rows[-4:]:
             parts.append(
