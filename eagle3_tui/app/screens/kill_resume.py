@@ -106,7 +106,8 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
                 f"Stop at the next step boundary: the trainer (pid {pid}) {asked}; right "
                 "after a step it saves checkpoints/interrupted/ and exits, "
                 "and that save becomes the checkpoint a resume continues from (no step "
-                "redone). Only if no step boundary comes in time (max(60 s, 5 steps)):",
+                "redone). Only if no step boundary comes in time (max(60 s, 5 median "
+                "steps, 1.5 × its longest gap)):",
                 style="bold #5fd75f",
                 wrap=True,
             )
