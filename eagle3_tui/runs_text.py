@@ -84,8 +84,10 @@ def format_discovered(result: DiscoverReport) -> str:
     for e in result.runs:
         if e.live_pid:
             continue  # shown above, as the live process it is
+        state = "stopped" if e.state == "interrupted" else e.state  # summary's word for it
+        user = printable(e.user)[:10] if e.user else "-"
         rows.append(
-            (_when(e.started_at), e.state, str(e.pid or "-"), "-", "yes", printable(e.run_dir))
+            (_when(e.started_at), state, str(e.pid or "-"), user, "yes", printable(e.run_dir))
         )
     lines = _columns(rows)
     if result.others:

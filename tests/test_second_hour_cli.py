@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -318,10 +320,20 @@ def test_kill_of_a_run_that_is_not_running_says_it_in_words(tmp_path: Path) -> N
 
 
 def test_runs_columns_line_up_and_the_footnote_reads(tmp_path: Path) -> None:
-    """``runs``: a registered run whose health is ``interrupted`` (11 letters) keeps
-    its columns under their headings, and the note on gone runs is a sentence."""
+    """``runs``: a registered run stopped by a kill (its manifest's ``interrupted``) is
+    ``stopped`` as ``summary`` says it, under its owner's name and its first start (not
+    its last resume's); a directory started afresh is one row; its columns stay under
+    their headings, and the note on gone runs is a sentence."""
     interrupted = tmp_path / "interrupted"
-    m = fake_manifest(interrupted, dead_pid(), f"int-{tmp_path.name}", status="interrupted")
+    reused = fake_manifest(interrupted, dead_pid(), f"old-{tmp_path.name}", status="finished")
+    mf.register_run(reused)  # the directory's first run, then a new one started there
+    m = fake_manifest(
+        interrupted,
+        dead_pid(),
+        f"int-{tmp_path.name}",
+        status="interrupted",
+        first_started_at=1_700_000_000.0,
+    )
     mf.register_run(m)
     gone = tmp_path / "gone"
     g = fake_manifest(gone, dead_pid(), f"gone-{tmp_path.name}", status="finished")
@@ -336,7 +348,10 @@ def test_runs_columns_line_up_and_the_footnote_reads(tmp_path: Path) -> None:
     assert len(mine) == 2, proc.stdout
     for line in mine:
         assert line[where:].startswith(str(tmp_path)), (header, line)
-        assert line[header.index("HEALTH") :].split()[0] in ("interrupted", "gone"), line
+        assert line[header.index("HEALTH") :].split()[0] in ("stopped", "gone"), line
+    row = next(line for line in mine if str(interrupted) in line)
+    assert row.startswith(time.strftime("%Y-%m-%d %H:%M", time.localtime(1_700_000_000))), row
+    assert row[header.index("USER") :].split()[0] == pwd.getpwuid(os.getuid()).pw_name, row
     for line in lines[1:]:  # every row, live ones too: its columns under their headings
         if line.startswith("("):
             continue

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import time
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,10 @@ def registered_rows(all_users: bool = False) -> tuple[list[dict[str, Any]], int]
     for entry in read_index():
         key = str(entry.get("run_id") or entry["run_dir"])
         seen.pop(key, None)  # a resume registers the run again: it moves to its newest place
+        # a directory started afresh holds its newest run alone (its manifest, its
+        # records): an older run there is not listed again with the newer one's state
+        for older in [k for k, e in seen.items() if e["run_dir"] == entry["run_dir"]]:
+            del seen[older]
         seen[key] = entry
     runs = []
     others = 0
@@ -192,17 +197,33 @@ def registered_rows(all_users: bool = False) -> tuple[list[dict[str, Any]], int]
             "alive": False,
         }
         if row["exists"]:
+            row["user"] = _owner(run_dir)
             try:
                 m = read_manifest(run_dir)
             except AgentError:
                 pass
             else:
                 trainer, problem = verify_trainer(m)
+                first = m.get("first_started_at")  # a resumed run's first start, not its last
+                if isinstance(first, (int, float)) and not isinstance(first, bool):
+                    row["started_at"] = float(first)
                 row["status"] = m.get("status")
                 row["pid"] = m.get("pid")
                 row["alive"] = trainer is not None and problem is None
         runs.append(row)
     return runs, others
+
+
+def _owner(path: Path) -> str | None:
+    """The name of the user who owns ``path`` (its uid where it has none), or None."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def op_runs(req: dict[str, Any]) -> int:

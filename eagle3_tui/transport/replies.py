@@ -372,6 +372,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     alive: bool = False
     live_pid: int | None = None
     """``discover``: the live training this run is (shown once, as that)."""
+    user: str | None = None
+    """The owner of its directory."""
 
     @property
     def state(self) -> str:
