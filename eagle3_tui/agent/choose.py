@@ -142,17 +142,22 @@ def _candidate(row: dict[str, Any]) -> str:
 CANDIDATES_SHOWN = 8
 
 
-def not_named(path: str, candidates: list[dict[str, Any]]) -> AgentError:
+def not_named(path: str, candidates: list[dict[str, Any]], live: int) -> AgentError:
     """The refusal of a directory that is none of a training's own but above some:
-    nothing is chosen (nothing signalled), the candidates are listed."""
+    nothing is chosen (nothing signalled), the candidates (the first ``live`` of them
+    live trainings, then runs and trainings that ended) are listed."""
     listed = "; ".join(_candidate(r) for r in candidates[:CANDIDATES_SHOWN])
     more = len(candidates) - CANDIDATES_SHOWN
     tail = f"; and {more} more" if more > 0 else ""
+    below = (
+        f"{len(candidates)} training(s) work below it"
+        if live == len(candidates)
+        else f"{len(candidates)} training(s) or run(s) lie below it, {live} of them live"
+    )
     return AgentError(
         ERR_NOT_NAMED,
         f"{path} names no training: it is not the run, working, log or checkpoint directory "
-        f"of one; {len(candidates)} training(s) work below it (give one of their "
-        f"directories, or --pid PID): {listed}{tail}",
+        f"of one; {below} (give one of their directories, or --pid PID): {listed}{tail}",
     )
 
 
@@ -419,6 +424,7 @@ def _choose_stopped(
     if os.path.exists(os.path.join(path, "metrics.jsonl")):  # its own handler's, read as is
         return dict(choice=CHOICE_RUN, run_dir=path, note="", short="", **base)
     below = [r for r in live if works_below(r, path)]
+    live_below = len(below)
     # a live run with telemetry is also a registered one: listed once, as the live row
     live_dirs = {os.path.realpath(str(r["run_dir"])) for r in below if r.get("run_dir")}
     below += [
@@ -426,7 +432,7 @@ def _choose_stopped(
     ]
     below += [r for r in ended if works_below(r, path)]
     if below:
-        raise not_named(path, below)
+        raise not_named(path, below, live_below)
     raise AgentError(
         ERR_MISSING,
         f"{path}: no metrics.jsonl here (is telemetry attached to the trainer?), and no "

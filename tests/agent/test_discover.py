@@ -688,7 +688,8 @@ def test_a_live_run_below_a_directory_is_listed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``summary /tmp`` listed each live run with telemetry twice, as its live process
-    and as its registered run ("5 training(s) work below it" for 3)."""
+    and as its registered run ("5 training(s) work below it" for 3), and counted a run
+    that ended as working there."""
     from eagle3_tui.agent.frames import AgentError
 
     run = tmp_path / "work" / "run1"
@@ -701,7 +702,9 @@ def test_a_live_run_below_a_directory_is_listed_once(
     with pytest.raises(AgentError) as refused:
         choosing._choose_stopped(str(tmp_path), live, False, {})
     said = str(refused.value)
-    assert "2 training(s) work below it" in said and said.count(str(run)) == 1, said
+    # (the registered run0 ended: not said to work there)
+    assert "2 training(s) or run(s) lie below it, 1 of them live" in said, said
+    assert said.count(str(run)) == 1, said
 
 
 def test_an_attached_training_is_found_in_its_run_after_the_run_was_resumed(
