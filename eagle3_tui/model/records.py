@@ -292,9 +292,16 @@ def _no_kind(line: bytes, line_no: int, offset: int) -> Malformed:
 
 
 def to_float(v: Any) -> float | None:
-    """A metric value as float: numbers, the non-finite strings, or None."""
-    if isinstance(v, (bool, int, float)):
-        return float(v)
+    """A metric value as float: numbers, numeric strings (the schema's ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``, as the typed decoders take them), or None (a
+    boolean, an object, any other text: not a metric value)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        try:
+            return float(v)
+        except OverflowError:  # an integer past a float's range
+            return None
     if isinstance(v, str):
         try:
             return float(v)  # "NaN", "Infinity", "-Infinity", "1e-3"
@@ -385,7 +392,11 @@ def _coerce(obj: dict[str, Any]) -> Record:
         if m is not None:
             if not isinstance(m, dict):
                 raise ValueError(f"'{numeric_map}' is not an object")
-            known[numeric_map] = {str(k): to_float(v) for k, v in m.items()}
+            values = {str(k): to_float(v) for k, v in m.items()}
+            for k, f in values.items():
+                if f is None and m[k] is not None:  # null: not logged this step
+                    raise ValueError(f"'{numeric_map}.{k[:40]}' is {m[k]!r:.40}, not a number")
+            known[numeric_map] = values
     for raw_field in ("devices", "workers", "processes", "frames"):
         if raw_field in known:
             known[raw_field] = msgspec.Raw(msgspec.json.encode(known[raw_field]))
@@ -430,6 +441,11 @@ def io_workers(rec: Record) -> list[IoWorker]:
 # ---- specialised decoding of training steps ---------------------------------------
 
 
+def _NAMEABLE(name: str) -> bool:  # noqa: N802 (a predicate, named as the rule it checks)
+    """Whether msgspec can decode a JSON key of this name into a struct field."""
+    return not any(c in '"\\' or ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name)
+
+
 class TrainMetrics(msgspec.Struct, gc=False):
     """Base of the per-run typed ``train`` structs (see :func:`train_metrics_type`)."""
 
@@ -445,11 +461,15 @@ def train_metrics_type(keys: tuple[str, ...]) -> type[TrainMetrics]:
     whose metrics change falls back to the general decoder and is re-learned.
     """
     fields = [(f"m{i}", float, math.nan) for i in range(len(keys))]
+    # a name msgspec cannot rename to (a quote, a backslash, a control character: a
+    # user's handler may log one) leaves the struct unnamed: its lines then fail the
+    # typed decode (an unknown field) and take the general decoder, as a new key does
+    named = all(_NAMEABLE(k) for k in keys)
     cls = msgspec.defstruct(
         "TrainMetricsOf",
         fields,  # type: ignore[arg-type, unused-ignore]  # older msgspec stubs: a narrower type
         bases=(TrainMetrics,),
-        rename={f"m{i}": k for i, k in enumerate(keys)},
+        rename={f"m{i}": k for i, k in enumerate(keys)} if named else None,
         forbid_unknown_fields=True,
         gc=False,
     )
@@ -632,6 +652,27 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
         return train_items(lr) if isinstance(lr, TrainMetrics) else lr
 
 
+COUNT_LIMIT = 1 << 53
+"""A ``seq``, ``step`` or ``global_step`` at or past this is no count a writer reaches
+(nor one a float holds exactly): the line is malformed, not a run of 2**53 steps."""
+EPOCH_LIMIT = 1 << 31
+TS_LIMIT = 4_102_444_800.0
+"""2100-01-01: a ``ts`` past it is no clock's reading (it made a run's pace 0 steps/s)."""
+
+
+def _counts_problem(rec: Record | TrainStep) -> str | None:
+    """A count past what a writer reaches, an epoch past any, a time past 2100."""
+    for name, value in (("seq", rec.seq), ("step", rec.step), ("global_step", rec.global_step)):
+        if value is not None and value >= COUNT_LIMIT:
+            return f"'{name}' is {value:.6g}: past any count a writer reaches"
+    epoch = rec.epoch
+    if isinstance(epoch, int) and not 0 <= epoch < EPOCH_LIMIT:
+        return f"'epoch' is {epoch:.6g}, not an epoch"
+    if rec.ts > TS_LIMIT:
+        return f"'ts' is {rec.ts:.6g}: past the year 2100"
+    return None
+
+
 def _integral(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x == int(x)
 
@@ -647,7 +688,7 @@ def record_problem(rec: Record | TrainStep) -> str | None:
     text message, ``lifecycle``/``ckpt`` an event, ``hparams`` its object.
     """
     if isinstance(rec, TrainStep):
-        return _step_problem(rec)
+        return _step_problem(rec) or _counts_problem(rec)
     v = rec.v
     if v > SUPPORTED_SCHEMA:
         return (
@@ -682,7 +723,7 @@ def record_problem(rec: Record | TrainStep) -> str | None:
         return f"a {kind} record without 'event'"
     elif kind == "hparams" and rec.hparams is None:
         return "an hparams record without 'hparams'"
-    return None
+    return _counts_problem(rec)
 
 
 def _step_problem(rec: TrainStep) -> str | None:

@@ -101,6 +101,10 @@ _SIGNAL_RE = re.compile(r"^Received (SIG\w+) .* interrupting")
 ``interrupted/`` (a ``finish`` written after it does not make the run finished)."""
 
 
+_YEAR_S = 365 * 86400.0
+"""Longer than any run: a record's time this far before the newest is not its start."""
+
+
 @dataclass
 class RunState:
     """Mutable state of one run, built by :meth:`apply_all`."""
@@ -248,10 +252,14 @@ class RunState:
 
     def _touch(self, ts: float) -> None:
         if ts:
-            if self.first_ts is None or ts < self.first_ts:
-                self.first_ts = ts
             if self.last_ts is None or ts > self.last_ts:
                 self.last_ts = ts
+            # no run spans a year: a time a year before the newest is no start of it
+            # (a line dated 1970 made a run of a minute "ran 20794d"), and a start a
+            # year before the newest was such a line
+            floor = self.last_ts - _YEAR_S
+            if self.first_ts is None or self.first_ts < floor or floor <= ts < self.first_ts:
+                self.first_ts = ts
 
     def _apply_record(self, rec: Record | TrainStep) -> None:
         self.records += 1

@@ -25,8 +25,11 @@ import numpy.typing as npt
 
 from eagle3_tui.model.reader import Item, Restarted
 from eagle3_tui.model.records import (
+    COUNT_LIMIT,
+    EPOCH_LIMIT,
     PROFILE_FIELDS,
     SUPPORTED_SCHEMA,
+    TS_LIMIT,
     AnyRecord,
     Deferred,
     Malformed,
@@ -220,7 +223,8 @@ def split_batch(items: list[Item]) -> Batch | None:
         cols = record_columns(trains)
         if cols is None:
             return None
-    steps = cols["step"].astype(np.int64)
+    with np.errstate(invalid="ignore"):  # a step past int64 (steps_valid refuses it)
+        steps = cols["step"].astype(np.int64)
     return Batch(types, recs, trains, cols, steps, kind_arr, rec_arr)
 
 
@@ -231,6 +235,8 @@ def steps_valid(batch: Batch, unnamed_writer: bool) -> bool:
     steps, ts = batch.steps, batch.cols["ts"]
     if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
         return False
+    if not bool((ts <= TS_LIMIT).all()) or int(steps[-1]) >= COUNT_LIMIT:
+        return False  # the careful path says which line, and why
     if "v" in batch.cols and (
         unnamed_writer or not bool((ts > 0).all()) or not np.isfinite(ts).all()
     ):
@@ -266,6 +272,8 @@ def lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] 
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, which is not 0
         if not bool((ints - np.floor(ints) == 0).all()):  # False for NaN, ±inf, 2.5
             return None
+    if not bool((np.abs(ints) < COUNT_LIMIT).all()) or not bool((epoch < EPOCH_LIMIT).all()):
+        return None  # past any count: the careful path says which line, and why
     cols.update(seq=seq, step=step, epoch=epoch, ts=ts)
     return cols
 

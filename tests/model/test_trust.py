@@ -296,6 +296,28 @@ def test_an_invalid_train_line_is_malformed_and_moves_nothing(steps: int) -> Non
     assert only_bad.latest("train/full_acc_0") is not None
 
 
+@pytest.mark.parametrize("steps", [5, 200])  # record by record, and the column path
+@pytest.mark.parametrize("field", ['"epoch": 1e30', '"step": 1180591620717411303424'])
+def test_a_count_past_any_writers_is_malformed_among_good_steps(steps: int, field: str) -> None:
+    """``"epoch": 10**30`` shown as "epoch 1000000000000000019884624838657/2"; ``"step":
+    2**70`` crashed every command (int64 overflow) and made a finished run dead."""
+    lines, side = Lines(t0=T0), Lines(writer="sidecar", t0=T0)
+    good = b"".join(lines.train(s, 1.5) + side.heartbeat() for s in range(steps))
+    bad = lines.train(steps, 9.0)
+    if "epoch" in field:
+        bad = bad.replace(b'"epoch": 0', field.encode())
+    else:
+        bad = re.sub(rb'"step": \d+', field.encode(), bad, count=1)
+    assert field.encode() in bad
+    after = b"".join(lines.train(s, 1.4) for s in range(steps + 1, steps + 40))
+    state = state_of(good + bad + after + lines.event("finish", step=steps + 40))
+    # the line malformed, or (a typed field of the wrong type) its epoch left out
+    assert state.malformed_count == 1 or ("epoch" in field and not state.malformed_count)
+    assert state.global_step == steps + 39 and state.epoch == 0
+    assert summarize(state, lines.ts)["epoch"] == 1
+    assert diagnose(state, lines.ts).health == Health.FINISHED
+
+
 @pytest.mark.parametrize(
     ("line", "why"),
     [
@@ -309,6 +331,44 @@ def test_an_invalid_train_line_is_malformed_and_moves_nothing(steps: int) -> Non
         (b'{"kind":"val","v":1,"seq":7,"w":"w1","ts":5.0,"epoch":0}', "val"),
         (b'{"kind":"bogus","v":1,"seq":7,"w":"w1","ts":5.0}', "unknown kind"),
         (b'{"hello": "world", "n": 3}', "without 'kind'"),
+        # numbers past any count (an OverflowError in the step table; a seq past int64
+        # dropped every later record of its writer as a repeat), a time past 2100
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":1180591620717411303424,'
+            b'"train":{"loss":1.0}}',
+            "'step'",
+        ),
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":1e20,"train":{"loss":1}}',
+            "'step'",
+        ),
+        (
+            b'{"kind":"train","v":1,"seq":9223372036854775808,"w":"w1","ts":5.0,"step":3,'
+            b'"train":{"loss":1.0}}',
+            "'seq'",
+        ),
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":3,"epoch":-1,'
+            b'"train":{"loss":1.0}}',
+            "'epoch'",
+        ),
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":4e10,"step":3,"train":{"loss":1.0}}',
+            "'ts'",
+        ),
+        # a metric that is no number: not read as 1.0 or NaN
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":3,"train":{"loss":true}}',
+            "not a number",
+        ),
+        (
+            b'{"kind":"train","v":1,"seq":7,"w":"w1","ts":5.0,"step":3,"train":{"loss":{"a":1}}}',
+            "not a number",
+        ),
+        (
+            b'{"kind":"val","v":1,"seq":7,"w":"w1","ts":5.0,"epoch":0,"val":{"loss_epoch":"x"}}',
+            "not a number",
+        ),
     ],
 )
 def test_each_kind_needs_its_fields(line: bytes, why: str) -> None:
@@ -319,6 +379,34 @@ def test_each_kind_needs_its_fields(line: bytes, why: str) -> None:
     assert why in state.malformed[-1].reason
     assert state.global_step == 2 and state.records == 3
     assert not state.events and not state.logs and not state.val_by_epoch
+
+
+@pytest.mark.parametrize("steps", [5, 200])  # record by record, and the column path
+@pytest.mark.parametrize("name", ['loss"x', "loss\\x", "loss\x1b]52;c;ZXZpbA==\x07"])
+def test_a_metric_name_msgspec_cannot_rename_is_read(steps: int, name: str) -> None:
+    """A metric named with a quote, a backslash or a control character: every command
+    crashed (msgspec refuses such a field name) and the monitor waited for a first
+    record of a finished run."""
+    lines = Lines(t0=T0)
+    data = b"".join(
+        lines.make("train", step=s, global_step=s, epoch=0, lr=1e-3, train={"loss": 2.0, name: 1.0})
+        for s in range(steps)
+    )
+    state = state_of(data + lines.event("finish", step=steps))
+    assert state.malformed_count == 0 and state.global_step == steps - 1
+    assert state.latest("train/" + name) == pytest.approx(1.0)
+    assert diagnose(state, lines.ts).health == Health.FINISHED
+
+
+def test_a_line_dated_1970_is_no_start_of_the_run() -> None:
+    """A log line with ``ts`` 1.0 after a run of a minute: "ran 20794d19h"."""
+    lines = Lines(t0=1_800_000_000.0)
+    data = b"".join(lines.train(s, 1.5) for s in range(60)) + lines.event("finish", step=60)
+    other = Lines(writer="w2", t0=1.0)  # another writer's line (a handler's), dated 1970
+    early = other.make("log", level="INFO", logger="x", msg="hello")
+    for order in (data + early, early + data):
+        summary = summarize(state_of(order), lines.ts)
+        assert summary["elapsed_s"] == pytest.approx(60, abs=3), summary["elapsed_s"]
 
 
 @pytest.mark.parametrize("steps", [3, 300])
