@@ -325,6 +325,20 @@ class RunState:
             if first and first >= starting.ts:
                 self.startups.append(first - starting.ts)
                 self._starting = None
+        crash = self.events[-1] if self.events else None
+        if (
+            crash is not None
+            and crash.event == "crash"
+            and (crash.error or "").startswith("the trainer process")
+            and rec.ts
+            and rec.ts <= crash.ts
+        ):
+            # a step logged before the crash its sidecar saw, whose line came after the
+            # crash's in the file (two writers): one more step done by then (a fresh
+            # read said "crash after step 80" where the live monitor said 81)
+            done = self._done_by_crash(crash.done)
+            if done != crash.done:
+                self.events[-1] = replace(crash, done=done)
 
     def _apply_train(self, rec: Record | TrainStep) -> None:
         step = rec.step_or_global
@@ -630,6 +644,10 @@ class RunState:
         done = _steps_done(rec)
         if rec.event != "crash" or not (rec.error or "").startswith("the trainer process"):
             return done
+        return self._done_by_crash(done)
+
+    def _done_by_crash(self, done: int | None) -> int | None:
+        """A sidecar's crash: not fewer steps done than this process logged."""
         start, last = self.process_start(), self.last_train_ts
         if self.global_step is None or last is None or (start is not None and last < start.ts):
             return done  # no step of this process logged: the last one is another's

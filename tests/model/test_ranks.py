@@ -172,3 +172,21 @@ def test_a_crash_its_sidecar_saw_late_counts_the_steps_logged_before_it() -> Non
     crash = state.events[-1]
     assert crash.event == "crash" and crash.shown_step == 12, crash  # the log panel's
     assert "after step 12" in diagnose(state, lines.ts + 5).reason
+
+
+def test_a_step_whose_line_came_after_its_sidecars_crash_still_counts() -> None:
+    """Two writers: the trainer's last step (ts before the crash) reached the file after
+    the sidecar's crash line; read afresh, the log panel said "crash after step 80"
+    where the live monitor had said 81."""
+    lines = Lines("4242-a1b2c3", T0, 0.5)
+    side = Lines("4243-sidecar", T0, 0.5)
+    out = [lines.event("start", pid=4242)]
+    out += [lines.train(s, 1.0) for s in range(11)]
+    last = lines.train(11, 1.0)  # logged at lines.ts - 0.5, written after the crash
+    gone = "the trainer process 4242 exited without a finish event (killed by SIGKILL: ...)"
+    out.append(side.at(lines.ts).make("lifecycle", event="crash", pid=4242, step=10, error=gone))
+    out.append(last)
+    state = run_of(out).state
+    crash = next(e for e in state.events if e.event == "crash")
+    assert crash.shown_step == 12, crash
+    assert "after step 12" in diagnose(state, lines.ts + 5).reason
