@@ -97,6 +97,10 @@ DATA_TICKS = 2
 """New data alone is shown at most every this many refresh ticks (1 s at the default
 0.5 s): each picture re-renders the header, progress and TTT table and costs a snapshot;
 a key (a new view) is shown at the next tick."""
+TELEMETRY_LOOK_S = 15.0
+"""How often a view of a training without telemetry that logs nothing asks whether it has
+telemetry now (each ask starts the agent on the host: ~1 % of a core at this interval,
+and only while the view says SILENT or WAITING)."""
 STATUS_BUSY_S = 60.0
 """While new steps keep arriving (the trainer writes them: it lives), the periodic probe
 asks the host at most this often; each probe starts the agent there (~150 ms of CPU
@@ -259,6 +263,8 @@ class MonitorApp(App[None]):
             self.notify(self.note, title="chosen", timeout=20)
         if self.control is not None and not self.control.observed:
             self._start_probing()
+        elif self.control is not None:  # telemetry attached from outside (attach, a script)
+            self.set_interval(TELEMETRY_LOOK_S, self._telemetry_tick, name="telemetry")
         if self.quit_stops_run:  # the terminal closed, or a kill: as on q, the run stops too
             loop = asyncio.get_running_loop()
             for hang_up in (signal.SIGHUP, signal.SIGTERM):
@@ -635,6 +641,34 @@ class MonitorApp(App[None]):
             self.export_dir = Path(run_dir) / "exports"
         self.follow(self.open_run(run_dir), control.of_run(run_dir), chosen)
         return True
+
+    def _telemetry_tick(self) -> None:
+        """While a training without telemetry is said to log nothing (SILENT, WAITING),
+        ask the host whether it has telemetry now: an ``eagle3-tui attach`` from another
+        terminal, or a script's ``attach()``, left this view saying "no handler" while
+        its metrics flowed."""
+        control, observed = self.control, self.snapshot.observed
+        if control is None or not control.observed or observed is None or not observed.alive:
+            return
+        if self.snapshot.health in (Health.SILENT, Health.WAITING):
+            self._worker(self._look_for_telemetry(control), "telemetry")
+
+    async def _look_for_telemetry(self, control: RunControl) -> None:
+        from eagle3_tui.transport.base import TargetError
+
+        try:
+            status = await control.status()
+        except TargetError:  # gone, unreachable: the stream says so
+            return
+        row = status.row
+        if control is not self.control or row is None or not row.telemetry or not row.run_dir:
+            return
+        if self.open_run is None:
+            return
+        if control.host_is_local:
+            self.export_dir = Path(row.run_dir) / "exports"
+        chosen = f"telemetry found (attached since this view opened): pid {row.pid}"
+        self.follow(self.open_run(row.run_dir), control.of_run(row.run_dir), chosen)
 
     def follow(self, source: Source, control: RunControl, chosen: str) -> None:
         """Show another run in place of this one: a model of its own fed by ``source``

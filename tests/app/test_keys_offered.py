@@ -465,3 +465,52 @@ async def test_r_on_a_live_trainer_says_how_it_is_not_that_it_runs() -> None:
             "resume: its trainer is still alive (held stopped): nothing to resume (k stops it "
             "first)"
         )
+
+
+async def test_telemetry_attached_from_elsewhere_is_followed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A view of a training without telemetry kept saying SILENT ("the logger has no
+    handler") after ``eagle3-tui attach`` from another terminal had attached it, its
+    metrics flowing into the attach's run directory; ``a`` then said "pid has telemetry
+    already". It now asks the host while it says the training logs nothing, and follows
+    the run directory the training's telemetry writes to."""
+    import eagle3_tui.app.app as app_module
+    from eagle3_tui.transport.replies import Status
+
+    monkeypatch.setattr(app_module, "TELEMETRY_LOOK_S", 0.2)
+    data, control = observed_run()
+    asked: list[str] = []
+
+    class Attached(RunControl):
+        async def status(self, plan: bool = False) -> Status:
+            asked.append("status")
+            row = ProcessRow(
+                pid=4242,
+                command=["python", "train.py"],
+                mine=True,
+                telemetry=True,
+                run_dir="/work/eagle3-runs/attached-4242",
+            )
+            return Status(alive=True, row=row, run_dir=row.run_dir)
+
+    assert control.process is not None
+    watched = Attached(LocalHost(), None, "pid 4242", process=control.process)
+    app, _ = app_with(data, control=watched)
+    lines = Lines(t0=NOW - 5)
+    attached = ReplayTransport(
+        [b"".join(lines.train(s, 2.0 - s * 0.01) for s in range(40, 45))],
+        label="/work/eagle3-runs/attached-4242",
+    )
+    opened: list[str] = []
+
+    def open_run(run_dir: str) -> ReplayTransport:
+        opened.append(run_dir)
+        return attached
+
+    app.open_run = open_run
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.snapshot.global_step == 44, what="its metrics")
+        assert opened == ["/work/eagle3-runs/attached-4242"] and asked
+        assert app.snapshot.observed is None and app.snapshot.health is Health.RUNNING
+        assert "telemetry found" in text_of(app.query_one(RunHeader))
