@@ -79,7 +79,7 @@ def check_input(path: str) -> None:
     for name in (MANIFEST_FILE, METRICS_FILE):
         file = os.path.join(path, name)
         try:
-            os.lstat(file)
+            at = os.lstat(file)
         except FileNotFoundError:
             continue
         except OSError as e:
@@ -97,8 +97,23 @@ def check_input(path: str) -> None:
             raise BadInputError(
                 ERR_WRONG_KIND, f"{file}: is {kind_of(st.st_mode)}, not a regular file"
             )
+        if stat.S_ISLNK(at.st_mode) and _borrowed(at, st):
+            raise BadInputError(
+                ERR_PERMISSION,
+                f"{file}: is a symbolic link of user {user_name(at.st_uid)} to "
+                f"{_link(file)}, a file of user {user_name(st.st_uid)} that they may not "
+                "read: not followed (read it at its own path, as its owner)",
+            )
         if not os.access(file, os.R_OK):
             raise input_problem(file, PermissionError(errno.EACCES, "permission denied"))
+
+
+def _borrowed(link: os.stat_result, target: os.stat_result) -> bool:
+    """A link another user made to a file of someone else's that its maker may not read
+    (not for every user to read): read through it, root would show them what it holds."""
+    if link.st_uid in (0, target.st_uid):
+        return False
+    return not target.st_mode & stat.S_IROTH
 
 
 def _link(path: str) -> str | None:

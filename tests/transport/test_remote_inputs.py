@@ -141,3 +141,28 @@ def test_the_check_opens_no_file_a_link_names(tmp_path: Path) -> None:
     finally:
         os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the writer
         thread.join(5)
+
+
+def test_another_users_link_to_a_file_they_may_not_read_is_not_followed(tmp_path: Path) -> None:
+    """As root: a user's run directory whose metrics.jsonl is their link to root's 0600
+    run file was read through the link and shown as their run (a file of the other user's
+    link to /etc/shadow leaked its line count)."""
+    from eagle3_tui.agent.inputs import BadInputError, check_input
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a link owned by another user)")
+    private = tmp_path / "private.jsonl"
+    private.write_text("{}\n")
+    private.chmod(0o600)
+    run_dir = tmp_path / "theirs"
+    run_dir.mkdir()
+    link = run_dir / "metrics.jsonl"
+    link.symlink_to(private)
+    os.lchown(link, 65534, 65534)  # nobody's link
+    with pytest.raises(BadInputError, match="symbolic link of user nobody"):
+        check_input(str(run_dir))
+    private.chmod(0o644)  # every user may read it: nothing to keep from its maker
+    check_input(str(run_dir))
+    os.lchown(link, 0, 0)  # root's own link: followed
+    private.chmod(0o600)
+    check_input(str(run_dir))
