@@ -348,9 +348,23 @@ def gpu_memory(pids: set[int]) -> dict[int, tuple[int, list[int]]] | None:
     return out
 
 
+_FOUND_AS = ("child", "marked")
+""":func:`find_members`' roles of a process known only by where it was found."""
+
+
+def leftover_role(mb: Member) -> str:
+    """A leftover's role as the monitor names it (model/liveness.py's ``process_role``,
+    observe.py's roles): ``worker`` for a dataloader worker, by the name torch gives
+    it (a SIGKILLed trainer's workers are found by the run's marker, as ``marked``)."""
+    if mb.comm == "pt_data_worker" and mb.role in _FOUND_AS:
+        return "worker"
+    return mb.role
+
+
 def leftovers(m: dict[str, Any]) -> list[dict[str, Any]]:
     """The run's processes that are alive though its trainer is not (dataloader
-    workers of a SIGKILLed trainer...): PID, name, memory, GPU memory."""
+    workers of a SIGKILLed trainer...): PID, name, role (:func:`leftover_role`),
+    memory, GPU memory."""
     members = find_members(m, None)
     if not members:
         return []
@@ -363,7 +377,7 @@ def leftovers(m: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "pid": pid,
                 "comm": mb.comm,
-                "role": mb.role,
+                "role": leftover_role(mb),
                 "label": mb.label,
                 "rss_bytes": rss_bytes(pid),
                 "gpu_bytes": held if gpus is not None else None,

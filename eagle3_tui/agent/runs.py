@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_tui.agent.checkpoints import checkpoint_dir, latest_numbered
 from eagle3_tui.agent.frames import AgentError, emit
 from eagle3_tui.agent.inputs import check_input
 from eagle3_tui.agent.names import (
@@ -257,6 +258,7 @@ def status_of(run_dir: str | None, plan: bool = False) -> dict[str, Any]:
     trainer, problem = verify_trainer(m)
     alive = trainer is not None and problem is None
     copied = copy_of(m, path)  # its marked processes are the first run's, not its own
+    ckpt = checkpoint_dir(m, path)
     return {
         "run_dir": str(path),
         "alive": alive,
@@ -266,6 +268,8 @@ def status_of(run_dir: str | None, plan: bool = False) -> dict[str, Any]:
         "copy_of": str(copied) if copied is not None else None,
         # T: held stopped (a SIGSTOP, Ctrl-Z); its sidecar, held too, may say nothing
         "state": trainer.state if alive and trainer is not None else None,
+        # what a resume continues from is there still (a moved directory: not)
+        "checkpoints_present": None if ckpt is None else latest_numbered(ckpt) is not None,
         "processes": kill_plan(m, trainer) if plan and alive else [],
         "host": os.uname().nodename,
         "now": time.time(),

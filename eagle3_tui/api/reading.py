@@ -182,6 +182,7 @@ def apply_status(state: RunState, status: Status, now: float) -> None:
     place a status moves the model (the app's probe, the API and the commands)."""
     if status.manifest:
         state.set_manifest(status.manifest)
+    state.liveness.set_checkpoints(status.checkpoints_present)
     if status.now is not None:
         state.liveness.set_host_clock(status.now, now)
     if status.copy_of is not None:  # its trainer is the first run's: nothing of the copy

@@ -168,7 +168,12 @@ def judge(state: RunState, now: float) -> Diagnosis:
         else:
             saved = "(a signal); speculators saved checkpoints/interrupted/"
         # a stop's save counts too: the kill makes it a numbered checkpoint
-        if numbered_checkpoint(state) or stop_requested(state):
+        if state.liveness.checkpoints_present is False:  # the host found none there now
+            then = (
+                "Its checkpoint directory holds no numbered checkpoint now: "
+                "a resume would start over."
+            )
+        elif numbered_checkpoint(state) or stop_requested(state):
             then = "Resume continues from the last numbered checkpoint."
         else:  # speculators resumes from no interrupted/: only from a numbered save
             then = "No numbered checkpoint is in its records: a resume may start over."

@@ -16,6 +16,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+DATALOADER_WORKER = "pt_data_worker"
+"""The name torch gives its dataloader workers (``/proc/PID/comm``) once their loop runs."""
+
+_UNNAMED = (None, "", "child", "spawned", "marked")
+"""Roles a process of the run gets from where it was found, before its name said more:
+a child of the trainer, a multiprocessing child still importing, an escaped process
+carrying the run's marker."""
+
+
+def process_role(role: str | None, comm: str) -> str | None:
+    """A process's role as the monitor names it: ``worker`` for a dataloader worker,
+    known by its name (what the banner shows: ``pid N pt_data_worker``) where the look
+    that first recorded it knew it only as a child (torch names a worker when its loop
+    starts, after that look; a SIGKILLed trainer's workers are found by its marker);
+    else the role as found."""
+    if comm == DATALOADER_WORKER and role in _UNNAMED:
+        return "worker"
+    return role
+
 
 @dataclass(frozen=True, slots=True)
 class Leftover:
@@ -29,6 +48,15 @@ class Leftover:
     gpus: tuple[int, ...] = ()
     gone: bool = False
     """Found gone by a later look (kept: what was alive when the trainer ended)."""
+    role: str | None = None
+    """What it is, as the host found it (``worker``, ``helper``, ``child``...; None: not
+    said); :attr:`kind` is what the monitor calls it."""
+
+    @property
+    def kind(self) -> str | None:
+        """Its role as the monitor names it (:func:`process_role`): a dataloader worker
+        by its name whatever the host's row said."""
+        return process_role(self.role, self.comm)
 
 
 @dataclass
@@ -51,6 +79,14 @@ class Liveness:
     there; this one's records end where it was copied."""
     original_alive: bool | None = None
     """That run's trainer alive (its host's word)."""
+    checkpoints_present: bool | None = None
+    """Whether the host found a numbered checkpoint (``checkpoints/N``, what a resume
+    continues from: ``agent/checkpoints.latest_numbered``) in the run's checkpoint
+    directory at its last look; None: not looked (an older agent, nothing asked)."""
+
+    def set_checkpoints(self, present: bool | None) -> None:
+        """The host's word on the run's numbered checkpoints (see ``checkpoints_present``)."""
+        self.checkpoints_present = present
 
     def set_copy(self, original: str, alive: bool) -> None:
         self.copy_of, self.original_alive = original, alive

@@ -6,16 +6,18 @@ Pure: no textual, no asyncssh.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from eagle3_tui.model.anomalies import NonFinite, Resume, Spike
 from eagle3_tui.model.derived import epoch_number, step_number
 from eagle3_tui.model.health import stuck_at
 from eagle3_tui.model.inert import printable
+from eagle3_tui.model.liveness import process_role
 from eagle3_tui.model.observed import metrics_source
 from eagle3_tui.model.observed_health import stuck_observed
 from eagle3_tui.model.snapshot import Snapshot, ViewParams, build_snapshot
-from eagle3_tui.model.stack import stuck_json
+from eagle3_tui.model.stack import StackFrame, StackSample, key_frames, stuck_json
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import clock, duration, size
 
@@ -39,11 +41,57 @@ def summarize(state: RunState, now: float) -> dict[str, Any]:
         }
     observed = state.observed is not None and state.last_train_ts is None
     stuck = stuck_observed(state) if observed else stuck_at(state)
-    out["stuck"] = stuck_json(stuck) if stuck is not None else None
+    # a stall is current only while the run goes on: once it ended (finished, stopped,
+    # died) a stack of its last quiet spell (a final validation...) is history
+    ended = out.get("ended_at") is not None
+    out["stuck"] = _stuck(stuck) if stuck is not None and not ended else None
+    out["stack_before_end"] = _stuck(stuck) if stuck is not None and ended else None
+    if out["checkpoint"] is not None:
+        out["checkpoint"]["present"] = _present(
+            out["checkpoint"]["path"], state.liveness.checkpoints_present
+        )
     if observed and stuck is None and state.observed is not None:
         # where a run without telemetry is stuck cannot be read (no py-spy): why
         out["stuck_unavailable"] = state.observed.info.stack_unavailable
     return out
+
+
+def _in_speculators(f: StackFrame) -> bool:
+    return f"{os.sep}speculators{os.sep}" in f.file
+
+
+def where_frames(frames: tuple[StackFrame, ...]) -> list[StackFrame]:
+    """The frames a location is told by, innermost first: ``stack.key_frames`` (the
+    innermost, the training's own, speculators' where it called the training's code),
+    and the speculators Trainer's method the main thread is in (``Trainer.val_epoch``:
+    validating) where none of them is one: a script whose ``main`` calls
+    ``run_training`` (its own frame outermost) would else say nothing of the loop."""
+    chosen = key_frames(frames)
+    loop = [f for f in frames if _in_speculators(f)]
+    if not any(f in loop and f.func.startswith("Trainer.") for f in chosen):
+        trainer = next((f for f in loop if f.func.startswith("Trainer.")), None)
+        if trainer is None and not any(f in loop for f in chosen):
+            trainer = next(iter(loop), None)
+        if trainer is not None and trainer not in chosen:
+            chosen.append(trainer)
+    return sorted(chosen, key=frames.index)
+
+
+def _stuck(sample: StackSample) -> dict[str, Any]:
+    """``stuck_json``, its one line told by :func:`where_frames`."""
+    out = stuck_json(sample)
+    out["where"] = " ← ".join(
+        f"{f.func} ({os.path.basename(f.file)}:{f.line})" for f in where_frames(sample.frames)
+    )
+    return out
+
+
+def _present(path: str, numbered: bool | None) -> bool | None:
+    """Whether the last checkpoint saved is still there, as far as the host said: a
+    numbered one is gone when the host found no numbered checkpoint in its directory."""
+    if numbered is False and path.rstrip("/").rsplit("/", 1)[-1].isdigit():
+        return False
+    return None
 
 
 def summary_of(snap: Snapshot) -> dict[str, Any]:
@@ -158,6 +206,7 @@ def summary_of(snap: Snapshot) -> dict[str, Any]:
             {
                 "pid": x.pid,
                 "comm": x.comm,
+                "role": x.kind,
                 "rss_bytes": x.rss_bytes,
                 "gpu_bytes": x.gpu_bytes,
                 "alive": not x.gone,
@@ -262,7 +311,14 @@ def _observed(snap: Snapshot) -> dict[str, Any] | None:
         "ended_at": o.ended_at,
         "last_alive": o.last_alive,
         "processes": [
-            {"pid": m.pid, "role": m.role, "comm": m.comm, "cpu_pct": m.cpu_pct, "rss": m.rss}
+            {
+                "pid": m.pid,
+                # a dataloader worker first seen as a child: a worker, as the banner says
+                "role": process_role(m.role, m.comm),
+                "comm": m.comm,
+                "cpu_pct": m.cpu_pct,
+                "rss": m.rss,
+            }
             for m in o.members
         ],
     }
@@ -367,7 +423,11 @@ def format_text(summary: dict[str, Any]) -> str:
         )
         lines.append(f"gpus     {utils}")
     if summary["checkpoint"]:
-        lines.append(f"ckpt     {summary['checkpoint']['path']}")
+        gone = summary["checkpoint"].get("present") is False
+        lines.append(
+            f"ckpt     {summary['checkpoint']['path']}"
+            + (" (gone: no numbered checkpoint in its directory now)" if gone else "")
+        )
     if summary.get("stuck"):
         lines.append(f"stuck    {summary['stuck']['where']}")
     lines.append(

@@ -126,6 +126,9 @@ class Status(Reply, kw_only=True):
     manifest's processes are that run's, none of them this copy's."""
     state: str | None = None
     """The live trainer's process state (``/proc``: R, S, D, T held stopped...)."""
+    checkpoints_present: bool | None = None
+    """Whether its checkpoint directory holds a numbered checkpoint (what a resume
+    continues from); None: no checkpoint directory known."""
 
 
 def leftover_of(x: LeftoverProcess) -> Leftover:
