@@ -112,6 +112,11 @@ def format_progress(ev: Event) -> str | None:
         if phase == "step_boundary":
             return "stopped at a step boundary: speculators saves interrupted/"
         if phase == "sigterm":
+            if _while_starting(ev.get("reason")):
+                return (
+                    "it has logged no step since it started (still starting up): SIGTERM, "
+                    "nothing of its own to save yet"
+                )
             return "no stop at a step boundary: SIGTERM"
         return None
     if step == "attach_first":
@@ -219,6 +224,14 @@ def attached_first_line(first: AttachedFirst) -> str:
     return f"not attached first ({status_line(first.status, first.message)}): SIGTERM as before"
 
 
+def _while_starting(reason: object) -> bool:
+    """A kill's reason for its SIGTERM says the trainer was still starting up (it had
+    logged no step since its process started: ``stopping.ask_for_stop`` asks nothing)."""
+    from eagle3_tui.agent.stopping import NOT_STARTED  # (the agent's modules: when needed)
+
+    return isinstance(reason, str) and reason.startswith(NOT_STARTED)
+
+
 def stop_lines(stop: StopReport) -> list[str]:
     """How the kill stopped a run with telemetry, what its save holds (steps and epochs
     numbered from 1, as everywhere), and where a restart continues."""
@@ -240,6 +253,11 @@ def stop_lines(stop: StopReport) -> list[str]:
         else:
             why = "; ".join(stop.not_converted) or "?"
             lines.append(f"  but its save did not become the numbered checkpoint: {printable(why)}")
+    elif stop.how == "sigterm" and _while_starting(stop.reason):
+        lines = [  # the trainer was loading: no step boundary would have come
+            "SIGTERM'd during start-up, before its first step (none logged since the "
+            "process started): nothing of its own to save yet"
+        ]
     elif stop.how == "sigterm":
         lines = [f"SIGTERM'd mid-step: {printable(str(stop.reason))}"]
     elif stop.how in ("exited", "finished"):

@@ -190,7 +190,13 @@ def _ask_for_stop(
         lambda: any(t.alive() for t in targets),
         lambda fn, *args: as_user(uid, gid, fn, *args),
     )
-    emit(EV_PROGRESS, step="stop", phase=stop["how"], elapsed=stop.get("waited_s", 0.0))
+    emit(
+        EV_PROGRESS,
+        step="stop",
+        phase=stop["how"],
+        elapsed=stop.get("waited_s", 0.0),
+        reason=stop.get("reason"),  # a SIGTERM's: still starting up, no step boundary...
+    )
     return stop
 
 

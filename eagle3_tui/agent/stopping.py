@@ -63,6 +63,11 @@ TELL_S = 5.0
 STOPPED = ("stopped", "saved", "save_failed")
 """The state file's phases once the trainer has raised at its step boundary."""
 UNDER_WAY = ("accepted", "scheduled")
+NOT_STARTED = "no step logged since the process started"
+"""The start of the reason a kill gives for the SIGTERM it sends at once, asking nothing
+(:func:`ask_for_stop`): the trainer is still starting up (loading the model, spawning its
+workers), before its first step; what a client says of it (``reports.py``, the ``k``
+dialog) keys on it."""
 
 
 def stop_files(m: dict[str, Any]) -> tuple[str, str] | None:
@@ -311,7 +316,7 @@ def ask_for_stop(
     if pace.steps == 0 and not pace.attached:
         # a SIGTERM loses nothing: the process has not trained since the checkpoint it
         # resumed from (or since step 0), and no step boundary comes while it loads
-        return _not_asked("no step logged since the process started: a signal loses nothing")
+        return _not_asked(f"{NOT_STARTED}: a signal loses nothing")
     request = StopRequest(run_dir, names, as_owner)
     try:
         request.write()

@@ -409,10 +409,30 @@ class MonitorApp(App[None]):
                 return  # the key of a screen or widget in front of the monitor
             for binding in found:
                 reason = self.refusal(binding.action)
-                if reason is not None:
+                if reason is not None and self._probed_alive(binding.action):
+                    event.stop()  # the host asked again first: a kill may have ended it since
+                    self._worker(self._ask_again(binding.action), "status")
+                elif reason is not None:
                     self.notify(reason, severity="warning")
                     event.stop()
             return
+
+    def _probed_alive(self, action: str) -> bool:
+        """``r`` refused on the last probe's word alone that the trainer lives (a run
+        with telemetry): that word may be older than a kill that ended it (from the
+        command line, another monitor): the host is asked again before it is said."""
+        if action != "resume" or self.control is None or self.control.observed:
+            return False
+        return self.pipeline.run.unsettled.liveness.process_alive is True
+
+    async def _ask_again(self, action: str) -> None:
+        """The host's answer now, then ``action``, or why not on that answer."""
+        await self._probe()
+        reason = self.refusal(action)
+        if reason is not None:
+            self.notify(reason, severity="warning")
+            return
+        await self.run_action(action)
 
     def watch_snapshot(self) -> None:
         """The footer follows what the keys can do (a run that ends, a probe's answer);
@@ -806,6 +826,9 @@ class MonitorApp(App[None]):
     async def _run_or_say(self, action: str) -> None:
         """A palette entry: the action, or why it cannot act now (as its key says)."""
         reason = self.refusal(action)
+        if reason is not None and self._probed_alive(action):
+            await self._ask_again(action)
+            return
         if reason is not None:
             self.notify(reason, severity="warning")
             return

@@ -52,6 +52,9 @@ class RunControl:
     """A Slurm job's run: a kill then ends the job through the scheduler, and a resume
     requeues it (its script runs again, under Slurm), asked of ``login``."""
     login: Target | None = None
+    kills_under_way: int = field(default=0, init=False, compare=False)
+    """This monitor's kills of the run not ended yet (a second ``k`` says so: the agent
+    makes it wait for the first and send no signal)."""
 
     @classmethod
     def for_target(cls, target: Target, host: Host | None = None) -> RunControl:
@@ -100,11 +103,15 @@ class RunControl:
         return await calls.run_status(self.host, self.run_dir, plan)
 
     async def kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
-        report = await self._kill(on_progress)
-        stopped = report.status in ("stopped", "not_running")
-        if self.job is not None and self.login is not None and stopped:
-            report.slurm = await slurm.cancel(JobPlace(self.job, self.login, None, None))
-        return report
+        self.kills_under_way += 1
+        try:
+            report = await self._kill(on_progress)
+            stopped = report.status in ("stopped", "not_running")
+            if self.job is not None and self.login is not None and stopped:
+                report.slurm = await slurm.cancel(JobPlace(self.job, self.login, None, None))
+            return report
+        finally:
+            self.kills_under_way -= 1
 
     async def _kill(self, on_progress: ProgressCallback | None = None) -> KillReport:
         if not self.nodes:

@@ -53,11 +53,53 @@ def started_line(status: Status) -> str:
     return f"started {_when(own)}"
 
 
-def kill_plan(status: Status, control: RunControl, saving: str | None = None) -> RenderableType:
+STARTING, STEPPING = "starting", "stepping"
+"""What the records say of the trainer since its process began (:func:`since_start`)."""
+
+
+def since_start(app: object, pid: object) -> str | None:
+    """What the monitor's records say of the trainer ``pid`` since its process began, as
+    a kill decides on it (``stopping.ask_for_stop``): :data:`STARTING` (its start or
+    resume record and no step since: a kill sends it SIGTERM at once, asking nothing),
+    :data:`STEPPING` (a step logged since, or its telemetry attached to it live: asked to
+    stop at a step boundary); None where the records read so far do not show that
+    process (not yet read, no telemetry, another view)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    pipeline = getattr(app, "pipeline", None)
+    run = getattr(pipeline, "run", None)
+    starting = getattr(getattr(run, "unsettled", None), "starting", None)
+    if starting is not None:  # a process that has logged no step yet: this trainer?
+        return STARTING if starting.pid == pid else None
+    snap = getattr(app, "snapshot", EMPTY)
+    for event in reversed(snap.events):
+        if event.event == "attach" and event.pid == pid:
+            return STEPPING  # attached live: it trained before; a kill asks it
+        if event.event in ("start", "resume"):  # the newest process the records know
+            return STEPPING if event.pid == pid and run is not None else None
+    return None
+
+
+def kill_plan(
+    status: Status,
+    control: RunControl,
+    saving: str | None = None,
+    since: str | None = None,
+) -> RenderableType:
     """What ``k`` will signal, from the host's answer to ``status`` (``saving``: the
-    checkpoint the records show being written now, if any)."""
+    checkpoint the records show being written now, if any; ``since``: what the records
+    say of the trainer since its process began, :func:`since_start`)."""
     m = status.manifest
     lines: list[Text] = []
+    if control.kills_under_way:  # this monitor's earlier k, not ended yet
+        lines.append(
+            Text(
+                "A kill of this run from this monitor is still under way (its result is "
+                "shown when it ends): confirmed now, this one waits for it to end and sends "
+                "no signal of its own.",
+                style="bold #ffd75f",
+            )
+        )
     if not status.alive:
         why = status.problem or "its trainer is not running"
         left = status.leftovers
@@ -95,19 +137,39 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
                 wrap=True,
             )
         )
-    if isinstance(m.get("stop"), dict):  # its telemetry stops at a step boundary when asked
+    starting = since == STARTING
+    if isinstance(m.get("stop"), dict) and starting:  # stopping.ask_for_stop: not asked
+        lines.append(
+            inert(
+                f"The trainer (pid {pid}) has logged no step since it started (still "
+                "starting up: no step boundary comes while it loads): it is sent SIGTERM, "
+                "not asked to stop at a step boundary; nothing of its own to save yet. "
+                "Should it log a step before the kill begins, it is asked to stop at that "
+                "step boundary instead.",
+                style="bold #d7af5f",
+                wrap=True,
+            )
+        )
+    elif isinstance(m.get("stop"), dict):  # its telemetry stops at a step boundary when asked
         asked = (
             "is continued (SIGCONT), then asked to stop, not sent SIGTERM"
             if held
             else "is asked, not signalled"
         )
+        # the records do not show this trainer's start: the kill's rule said too
+        unseen = (
+            ""
+            if since == STEPPING
+            else " A trainer that has logged no step since it started (still starting up) "
+            "is sent SIGTERM at once instead: nothing of its own to save yet."
+        )
         lines.append(
             inert(
                 f"Stop at the next step boundary: the trainer (pid {pid}) {asked}; right "
                 "after a step it saves checkpoints/interrupted/ and exits, "
-                "and that save becomes the checkpoint a resume continues from (no step "
-                "redone). Only if no step boundary comes in time (max(60 s, 5 median "
-                "steps, 1.5 × its longest gap)):",
+                f"and that save becomes the checkpoint a resume continues from (no step "
+                f"redone).{unseen} Only if no step boundary comes in time (max(60 s, 5 "
+                "median steps, 1.5 × its longest gap)):",
                 style="bold #5fd75f",
                 wrap=True,
             )
@@ -167,11 +229,16 @@ def kill_plan(status: Status, control: RunControl, saving: str | None = None) ->
                 "leaves that checkpoint incomplete."
             )
         )
+    saves = (
+        "speculators then saves checkpoints/interrupted/ and exits"
+        if not starting
+        else "before its training loop a SIGTERM ends it at once, nothing saved; in the "
+        "loop, speculators saves checkpoints/interrupted/ and exits"
+    )
     lines.append(
         Text(
-            f"speculators then saves checkpoints/interrupted/ and exits; after "
-            f"{duration(control.kill_grace_s)} whatever of the run remains (dataloader workers, "
-            "escaped processes) gets SIGTERM, then SIGKILL."
+            f"{saves}; after {duration(control.kill_grace_s)} whatever of the run remains "
+            "(dataloader workers, escaped processes) gets SIGTERM, then SIGKILL."
         )
     )
     if control.job is not None:  # what the scheduler is then asked
@@ -281,11 +348,12 @@ class ControlDialog(ConfirmDialog):
             return
         if not self.is_attached:
             return
-        self.ready(
-            kill_plan(status, self.control, getattr(self.app, "snapshot", EMPTY).saving)
-            if self.op == "kill"
-            else resume_plan(status, self.control)
-        )
+        if self.op == "kill":
+            saving = getattr(self.app, "snapshot", EMPTY).saving
+            since = since_start(self.app, status.manifest.get("pid"))
+            self.ready(kill_plan(status, self.control, saving, since))
+        else:
+            self.ready(resume_plan(status, self.control))
 
     async def _load_restart(self) -> None:
         """``r``: the host's plan, every check made there (a refusal shown before any

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 
 from rich.text import Text
@@ -12,6 +13,7 @@ from textual.widgets import Static
 from eagle3_tui.app.text import inert
 from eagle3_tui.app.view import ViewState
 from eagle3_tui.app.widgets.panels import KeptLines
+from eagle3_tui.model.events import Event
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.model.verdict import Health
 from eagle3_tui.transport.base import Link, LinkChanged
@@ -58,6 +60,40 @@ def link_text(link: LinkChanged, waited: float = 0.0) -> Text:
     return Text("✖ refused", style="bold #ffffff on #d70000")
 
 
+NAMED_PID = re.compile(r"\bpid (\d+)\b")
+"""The process a header note names ("resumed: pid 21786", "pid 4242")."""
+
+
+def host_time(snap: Snapshot) -> float | None:
+    """The run's host's clock as of ``snap`` (the client's where the host's is not known);
+    None for the empty picture."""
+    if snap is EMPTY:
+        return None
+    return snap.host_now if snap.host_now is not None else snap.now
+
+
+def newest_process(snap: Snapshot) -> Event | None:
+    """The start or resume record of the newest process the run's records show."""
+    for event in reversed(snap.events):
+        if event.event in ("start", "resume"):
+            return event
+    return None
+
+
+def note_now(note: str, since: float | None, snap: Snapshot) -> str:
+    """``note`` as the header shows it: where it names a process (``pid N``) and a
+    process other than that one started or resumed the run after the note was said
+    (``since``, the host's clock; a ``resume`` run from the command line while the
+    monitor is open), the trainer now, as its records name it."""
+    named = NAMED_PID.search(note)
+    newest = newest_process(snap)
+    if named is None or since is None or newest is None or newest.pid is None:
+        return note
+    if newest.pid == int(named.group(1)) or newest.ts <= since:
+        return note
+    return f"{'resumed' if newest.event == 'resume' else 'started'}: pid {newest.pid}"
+
+
 class RunHeader(KeptLines):
     """One line: app, target, link, health, step and epoch, and the view's state."""
 
@@ -74,6 +110,9 @@ class RunHeader(KeptLines):
         self.target = target
         self.note = note
         """Why this run is shown (the host's live training, its latest run...)."""
+        self._note_at: float | None = None
+        """When ``note`` was said, on the run's host's clock (None: at the first picture):
+        a process started after it is the trainer shown (:func:`note_now`)."""
         self._inputs: object = None
         self.renders = 0
         self._link_at = time.monotonic()
@@ -95,14 +134,19 @@ class RunHeader(KeptLines):
     def show_target(self, target: str, note: str) -> None:
         """Another run is shown now (a restarted training, followed): where, and why."""
         self.target, self.note = target, note
+        self._note_at = host_time(self.snapshot)
+        self._inputs = None
         self.refresh()
 
     def watch_snapshot(self, snap: Snapshot) -> None:
+        if self._note_at is None:  # the note said as the monitor opened: from now on
+            self._note_at = host_time(snap)
         d, p = snap.diagnosis, snap.progress
         key = (d.label, d.health, d.link_down_since is None, snap.other_file is None)
         key2 = (p.step, p.total_steps, p.epoch, p.epochs_total, _source(snap), snap.history)
-        if (key, key2) != self._inputs:
-            self._inputs = (key, key2)
+        key3 = note_now(self.note, self._note_at, snap)
+        if (key, key2, key3) != self._inputs:
+            self._inputs = (key, key2, key3)
             self.repaint_changed()
 
     def render(self) -> Text:
@@ -147,8 +191,9 @@ class RunHeader(KeptLines):
         if snap.history:  # opened at a glance: the rest is being read
             text.append(f" · {snap.history}", style="dim")
         text.append("  ")
-        if self.note:  # why this run (before the target, which may be long)
-            text.append_text(inert(self.note, style="italic"))
+        note = note_now(self.note, self._note_at, snap)
+        if note:  # why this run (before the target, which may be long)
+            text.append_text(inert(note, style="italic"))
             text.append(": ", style="dim")
         text.append_text(inert(self.target, style="dim"))
         return text
