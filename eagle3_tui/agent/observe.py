@@ -136,13 +136,17 @@ class _WithoutInventory:
 
     def __init__(self, sink: FrameSink) -> None:
         self.sink = sink
+        self.at: float | None = None
+        """The time of the trainer's message being passed on (``Saving checkpoint to``...):
+        the records it makes are stamped with it, not with the look's time (a look that
+        reads an old message, as a first look's catch-up does, would date its save now)."""
 
     def write(
         self, kind: str, payload: Mapping[str, Any] | None = None, step: int | None = None
     ) -> bool:
         if kind == Kind.CKPT and isinstance(payload, dict) and payload.get("event") == "inventory":
             return True
-        return self.sink.write(kind, payload, step)
+        return self.sink.write(kind, payload, step, ts=self.at)
 
 
 class _Followed:
@@ -504,7 +508,8 @@ class Observer:
             row.get("metrics_file") and row.get("metrics_file") != row.get("log")
         )  # the metrics come from their own file: the log's printed ones would come twice
         self.parser = LineParser(cursor.get("parser"), key_values=not separate)
-        self.watcher = CheckpointWatcher(_WithoutInventory(self.sink), None)
+        self.ckpt_sink = _WithoutInventory(self.sink)
+        self.watcher = CheckpointWatcher(self.ckpt_sink, None)
         self.ckpt_dir: str | None = None
         self.inventoried = False
         log = log_source or row.get("log")
@@ -556,6 +561,8 @@ class Observer:
         self._roles: dict[tuple[int, int], str] = {}
         self._recorded: set[tuple[int, int]] = set()
         self._cpu: dict[int, tuple[int, float]] = {}
+        self._held: dict[tuple[int, int], float] = {}
+        """Its processes in state T (held stopped): when a round first found each so."""
         self._last = time.monotonic()
         self._vals: dict[str, float] = {}
         self.rounds = 0
@@ -656,8 +663,17 @@ class Observer:
             parser,
             int(cursor.get(f"{name}_offset") or 0) if same else 0,
             cursor.get(f"{name}_identity") if same else None,
-            on_message=self.watcher.on_message if name == "log" else None,
+            on_message=self._on_message if name == "log" else None,
         )
+
+    def _on_message(self, text: str, ts: float) -> None:
+        """A line of the trainer's log, to the checkpoint watcher: the save records it
+        makes carry the line's time."""
+        self.ckpt_sink.at = ts
+        try:
+            self.watcher.on_message(text, ts)
+        finally:
+            self.ckpt_sink.at = None
 
     # -- the tree ------------------------------------------------------------------------
     def _role(self, st: procs.ProcStat) -> str:
@@ -691,6 +707,8 @@ class Observer:
         out = []
         members: dict[int, str] = {}
         cpu: dict[int, tuple[int, float]] = {}
+        held: dict[tuple[int, int], float] = {}
+        seen_at = time.time()
         for pid in [self.root, *procs.descendants(self.root)]:
             st = procs.stat(pid)
             if st is None or st.zombie:
@@ -707,18 +725,21 @@ class Observer:
             if prev is not None and prev[0] == st.start_ticks:
                 pct = round(max(0.0, st.cpu_s - prev[1]) / wall * 100.0, 1)
             cpu[pid] = (st.start_ticks, st.cpu_s)
-            out.append(
-                {
-                    "pid": pid,
-                    "role": role,
-                    "comm": st.comm,
-                    "state": st.state,
-                    "cpu_pct": pct,
-                    "rss": procs.rss_bytes(pid),
-                }
-            )
+            member: dict[str, Any] = {
+                "pid": pid,
+                "role": role,
+                "comm": st.comm,
+                "state": st.state,
+                "cpu_pct": pct,
+                "rss": procs.rss_bytes(pid),
+            }
+            if st.state == "T":  # held stopped (SIGSTOP, Ctrl-Z): since this look first saw it
+                key = (pid, st.start_ticks)
+                member["held_since"] = held[key] = self._held.get(key, seen_at)
+            out.append(member)
         self.members = members
         self._cpu = cpu
+        self._held = held
         return out
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -793,8 +814,14 @@ class Observer:
                 target = (root / os.readlink(best)).resolve()
             except OSError:
                 return
+            try:  # when the link was made (the look's time said it was being written now)
+                made: float | None = os.lstat(best).st_mtime
+            except OSError:
+                made = None
             self.sink.write(
-                Kind.CKPT, {"event": "best", "path": str(target), "epoch": epoch_of(target.name)}
+                Kind.CKPT,
+                {"event": "best", "path": str(target), "epoch": epoch_of(target.name)},
+                ts=made,
             )
 
     def _validations(self, root: Path) -> None:

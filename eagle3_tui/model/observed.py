@@ -91,6 +91,9 @@ class Member(msgspec.Struct, kw_only=True, gc=False):
     state: str = ""
     cpu_pct: float | None = None
     rss: float | None = None
+    held_since: float | None = None
+    """In state T (held stopped: a SIGSTOP, Ctrl-Z): when the agent's look first found it
+    so (it may have been stopped earlier: a lower bound of how long)."""
 
 
 class Bar(msgspec.Struct, kw_only=True, gc=False):

@@ -6,14 +6,25 @@ ever logged:
   training loop runs (GPU busy, data read by dataloader workers, checkpoints written,
   epoch bars printed); on a busy CPU or a growing log alone, 90 s after the trainer
   started (start-up looks like that too);
-* **stalled**: alive, and no CPU, no reads, no GPU, no log growth for that long;
+* **stalled**: alive, and no CPU, no reads, no GPU, no log growth for that long (said for
+  as long as nothing moved, as far as was watched); or held stopped (state T: its
+  trainer, or its dataloader workers while it idles), said at once with ``kill -CONT``;
 * **dead** / **stopped** / **finished**: the trainer exited (an error in its log,
   ``interrupted/`` saved, its last epoch done; otherwise its exit status is unknown).
 
-A run whose output carries metric dicts (a user's handler printing them) is not
-silent: its ``train`` records are judged as any run's (``health.diagnose``).
+A run whose metrics a handler or backend writes is judged on its ``train`` records
+(``health.diagnose``), but for a quiet spell past the usual limit
+(:func:`_quiet_with_metrics`): a trainer seen working is RUNNING with a note while the
+pause is no longer than the run has shown one can be (an epoch's save and validation),
+then SILENT; one doing nothing is STALLED. Each sign of work a reason names is said in
+the present tense only when seen within :data:`RECENT_S`, else with its age.
 
 Pure: no textual, no asyncssh.
+
+Over 600 lines: each verdict of a run seen from outside weighs the same evidence (the
+processes' states, CPU, reads, GPU, log, checkpoints, epoch bars, a backend's metrics),
+and the clauses that say it must agree with the rules that chose it; kept in one file
+so that a rule and its sentence change together.
 """
 
 from __future__ import annotations
@@ -22,8 +33,11 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from eagle3_tui.model.events import LogLine
 from eagle3_tui.model.observed import (
+    Member,
     ProcessInfo,
     bar_progress,
     last_train_bar,
@@ -34,6 +48,7 @@ from eagle3_tui.model.stack import StackSample, stack_line
 from eagle3_tui.model.state import RunState
 from eagle3_tui.model.units import clock, size
 from eagle3_tui.model.verdict import (
+    AFTER_LAST_STEP_S,
     GPU_BUSY_UTIL,
     MIN_QUIET_S,
     QUIET_STEPS,
@@ -45,6 +60,7 @@ from eagle3_tui.model.verdict import (
     exit_text,
     leftovers_sentence,
 )
+from eagle3_tui.model.verdict import quiet_limit as metrics_quiet_limit
 from eagle3_tui.telemetry.thresholds import BUSY_CPU_PCT
 
 _CKPT_WRITES = frozenset({"save_started", "save_progress", "save_finished", "completed"})
@@ -56,6 +72,19 @@ SLURM_REMEDY = (
     "Attach live (a, or eagle3-tui attach): a stop and a requeue (k, then r) bring its "
     "script back as it was, without telemetry."
 )
+RECENT_S = 10.0
+"""A sign of work is said in the present tense ("its log is growing", "checkpoints are
+being written") only when it was seen within this long (the agent looks every second);
+an older one is said with its age ("a checkpoint was written 40 s ago")."""
+PAUSE_MARGIN = 1.5
+"""A run that logs its metrics may pause (an epoch's save and validation) this many
+times the longest pause between logged steps it has shown, working, before its quiet
+is called silent."""
+EPOCH_END_SHARE = 0.5
+"""Before any such pause was seen, an epoch's end (its last step logged, or its bar
+done) may take this share of the epoch's training time (at least
+:data:`SILENT_FROM_START_S`)."""
+_HELD_ROLES = {"trainer": "the trainer", "rank": "a rank", "worker": "a dataloader worker"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +98,16 @@ class ObservedEvidence:
     checkpoints: bool
     bars: bool
     log_growing: bool
+    # when each was last seen (the host's clock): what a sentence may say of it now
+    cpu_at: float | None = None
+    cpu_now: float | None = None
+    """The newest sample's CPU (the tree's, % of a core)."""
+    gpu_at: float | None = None
+    read_at: float | None = None
+    checkpoint_at: float | None = None
+    bar_at: float | None = None
+    bar_done: bool = False
+    log_at: float | None = None
 
     @property
     def strong(self) -> bool:
@@ -81,13 +120,32 @@ class ObservedEvidence:
         return (self.cpu_pct or 0.0) >= BUSY_CPU_PCT or self.log_growing
 
 
-def observed_evidence(state: RunState, now: float, window: float) -> ObservedEvidence:
+def observed_evidence(
+    state: RunState, now: float, window: float, after: float | None = None
+) -> ObservedEvidence:
+    """What was seen of the trainer's work in the last ``window`` seconds (checkpoints
+    and epoch bars only those after ``after``: the last metric's time)."""
     since = now - window
     samples = [s for s in state.proc_samples if s.ts >= since]
     cpus = [s.cpu_pct for s in samples if s.cpu_pct is not None]
     base = evidence(state, now, window)
     io = [p for p in state.samplers.io_history if p.ts >= since]
     worker_bytes = sum(p.worker_bytes for p in io)
+    after = since if after is None else max(since, after)
+    writes = [e.ts for e in state.ckpt_events if e.ts >= after and e.event in _CKPT_WRITES]
+    bars = [b for b in state.bars if b.ts >= after]
+    busy = [s.ts for s in samples if (s.cpu_pct or 0.0) >= BUSY_CPU_PCT]
+    grew = [s.ts for s in samples if (s.log_grew or 0) > 0]
+    obs = state.observed
+    mtime = obs.info.log_mtime if obs is not None else None
+    if mtime is not None and mtime >= since:
+        grew.append(mtime)
+    gpus = [
+        ts
+        for ts, devs in state.samplers.gpu_samples
+        if ts >= since and any((d.util or 0.0) >= GPU_BUSY_UTIL for d in devs)
+    ]
+    newest = max(samples, key=lambda s: s.ts) if samples else None
     return ObservedEvidence(
         sampled=len(cpus) >= 2,
         cpu_pct=max(cpus) if cpus else None,
@@ -96,18 +154,18 @@ def observed_evidence(state: RunState, now: float, window: float) -> ObservedEvi
         # bytes read, not files held open: a hung worker keeps its files open
         reading=worker_bytes > 0,
         read_bytes=worker_bytes,
-        checkpoints=any(e.ts >= since and e.event in _CKPT_WRITES for e in state.ckpt_events),
-        bars=any(b.ts >= since for b in state.bars),
-        log_growing=any((s.log_grew or 0) > 0 for s in samples) or _log_changed_since(state, since),
+        checkpoints=bool(writes),
+        bars=bool(bars),
+        log_growing=bool(grew),
+        cpu_at=max(busy, default=None),
+        cpu_now=newest.cpu_pct if newest is not None else None,
+        gpu_at=max(gpus, default=None),
+        read_at=max((p.ts for p in io if p.worker_bytes > 0), default=None),
+        checkpoint_at=max(writes, default=None),
+        bar_at=bars[-1].ts if bars else None,
+        bar_done=bool(bars) and bars[-1].bar.done,
+        log_at=max(grew, default=None),
     )
-
-
-def _log_changed_since(state: RunState, since: float) -> bool:
-    """The log changed in the window, as its mtime says (a look that began within the
-    window sees no growth of its own for what was written before it)."""
-    obs = state.observed
-    mtime = obs.info.log_mtime if obs is not None else None
-    return mtime is not None and mtime >= since
 
 
 def quiet_limit(state: RunState) -> float:
@@ -115,25 +173,158 @@ def quiet_limit(state: RunState) -> float:
     return max(MIN_QUIET_S, QUIET_STEPS * st) if st else MIN_QUIET_S
 
 
-def _signs(ev: ObservedEvidence, window: float) -> str:
+def _recent(at: float | None, now: float) -> bool:
+    return at is not None and now - at <= RECENT_S
+
+
+def _sign_list(ev: ObservedEvidence, window: float, now: float) -> list[str]:
+    """Each sign of work, true when said: in the present tense when seen within
+    :data:`RECENT_S`, else with how long ago it was seen."""
     signs = []
     if ev.cpu_pct is not None and ev.cpu_pct >= BUSY_CPU_PCT:
-        signs.append(f"its CPU is busy ({ev.cpu_pct:.0f}%)")
+        if ev.cpu_now is not None and ev.cpu_now >= BUSY_CPU_PCT:
+            signs.append(f"its CPU is busy ({ev.cpu_now:.0f}%)")
+        else:
+            signs.append(
+                f"its CPU was busy ({ev.cpu_pct:.0f}%) {ago(now - (ev.cpu_at or now))} ago"
+            )
     if ev.gpu_busy and ev.gpu_util is not None:
-        signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
+        if _recent(ev.gpu_at, now):
+            signs.append(f"the GPU is busy ({ev.gpu_util:.0f}%)")
+        else:
+            signs.append(
+                f"the GPU was busy ({ev.gpu_util:.0f}%) {ago(now - (ev.gpu_at or now))} ago"
+            )
     if ev.reading:
         per_s = ev.read_bytes / window
         rate = f" ({size(per_s)}/s)" if per_s >= 1024 else ""
-        signs.append(f"its dataloader workers read data files{rate}")
+        if _recent(ev.read_at, now):
+            signs.append(f"its dataloader workers read data files{rate}")
+        else:
+            signs.append(
+                f"its dataloader workers read data files until {ago(now - (ev.read_at or now))} ago"
+            )
     if ev.checkpoints:
-        signs.append("checkpoints are being written")
+        if _recent(ev.checkpoint_at, now):
+            signs.append("checkpoints are being written")
+        else:
+            signs.append(f"a checkpoint was written {ago(now - (ev.checkpoint_at or now))} ago")
     if ev.bars:
-        signs.append("epochs complete in its output")
+        bar_ago = ago(now - (ev.bar_at or now))
+        if ev.bar_done:
+            signs.append(
+                "epochs complete in its output"
+                if _recent(ev.bar_at, now)
+                else f"an epoch ended in its output {bar_ago} ago"
+            )
+        else:
+            signs.append(
+                "its epoch bar advances"
+                if _recent(ev.bar_at, now)
+                else f"its epoch bar last advanced {bar_ago} ago"
+            )
     if ev.log_growing:
-        signs.append("its log is growing")
+        if _recent(ev.log_at, now):
+            signs.append("its log is growing")
+        else:
+            signs.append(f"its log last grew {ago(now - (ev.log_at or now))} ago")
+    return signs
+
+
+def _signs(ev: ObservedEvidence, window: float, now: float) -> str:
+    signs = _sign_list(ev, window, now)
     if len(signs) > 1:
         return ", ".join(signs[:-1]) + " and " + signs[-1]
     return signs[0] if signs else "it is alive"
+
+
+def held_stopped(state: RunState) -> list[Member]:
+    """Its trainer, ranks and dataloader workers the last look found held stopped
+    (state T: a SIGSTOP, Ctrl-Z), while the trainer lives."""
+    obs = state.observed
+    if obs is None or not obs.alive:
+        return []
+    return [m for m in obs.members if m.state == "T" and m.role in _HELD_ROLES]
+
+
+def _held(state: RunState, now: float, info: ProcessInfo) -> Diagnosis | None:
+    """STALLED where the last look found the trainer (or a rank) held stopped, or its
+    dataloader workers held while the trainer idles (it waits on them): which, for at
+    least how long (since the agent first saw each so), and the remedy."""
+    held = held_stopped(state)
+    if not held:
+        return None
+    obs = state.observed
+    main = [m for m in held if m.role != "worker"]
+    waits = ""
+    if not main:  # its workers alone: the trainer goes on with the batches it holds
+        me = next((m for m in obs.members if m.pid == info.pid), None) if obs else None
+        cpu = me.cpu_pct if me is not None else None
+        if cpu is None or cpu >= BUSY_CPU_PCT:
+            return None
+        waits = f"; the trainer (pid {info.pid}) waits on them (its CPU is idle, {cpu:.0f}%)"
+    whos = [f"{_HELD_ROLES[m.role]} (pid {m.pid})" for m in held[:6]]
+    more = f" and {len(held) - 6} more" if len(held) > 6 else ""
+    who = (", ".join(whos[:-1]) + " and " + whos[-1]) if len(whos) > 1 else whos[0]
+    who = who[0].upper() + who[1:] + more
+    verb = "is" if len(held) == 1 else "are"
+    firsts = [m.held_since for m in (main or held) if m.held_since is not None]
+    if firsts:
+        since = min(firsts)
+        how_long = (
+            f" for at least {ago(now - since)} (first seen so at {clock(since)}; it may have "
+            "been stopped before)"
+        )
+    else:
+        how_long = " (as the last look found it)"
+    pids = " ".join(str(m.pid) for m in held)
+    return Diagnosis(
+        Health.STALLED,
+        f"{who} {verb} held stopped (state T: a SIGSTOP, Ctrl-Z or a job-control stop)"
+        f"{how_long}{waits}: nothing of it runs until it is continued (kill -CONT {pids}).",
+    )
+
+
+def _last_work(state: RunState) -> float | None:
+    """The last moment any sign of work was seen: CPU, data read, a busy GPU, its log
+    growing (or its mtime), an epoch bar, a checkpoint written, a metric."""
+    seen = [
+        s.ts
+        for s in state.proc_samples
+        if (s.cpu_pct or 0.0) >= BUSY_CPU_PCT or (s.log_grew or 0) > 0
+    ]
+    seen += [p.ts for p in state.samplers.io_history if p.worker_bytes > 0]
+    seen += [b.ts for b in state.bars]
+    seen += [e.ts for e in state.ckpt_events if e.event in _CKPT_WRITES]
+    seen += [
+        ts
+        for ts, devs in state.samplers.gpu_samples
+        if any((d.util or 0.0) >= GPU_BUSY_UTIL for d in devs)
+    ]
+    obs = state.observed
+    if obs is not None and obs.info.log_mtime is not None:
+        seen.append(obs.info.log_mtime)
+    if state.last_train_ts is not None:
+        seen.append(state.last_train_ts)
+    return max(seen, default=None)
+
+
+def _idle_words(state: RunState, now: float, started: float, pace: str) -> str:
+    """For how long nothing moved, as far as was seen: from the last sign of work, when
+    the agent's samples reach back to it; else what the samples watched and what the
+    log (its mtime) says for longer."""
+    last = _last_work(state)
+    begin = max(started, last) if last is not None else started
+    watched = state.proc_samples[0].ts if state.proc_samples else now
+    if watched <= begin + 2.0:  # (a sample covers the second before it)
+        return (
+            f"for {ago(now - begin)}{pace} no CPU, no data read, nothing on a GPU, nothing "
+            "new in its log"
+        )
+    return (
+        f"no CPU, no data read, nothing on a GPU in the {ago(now - watched)} watched{pace}, "
+        f"and nothing new in its log for {ago(now - begin)}"
+    )
 
 
 def stuck_observed(state: RunState) -> StackSample | None:
@@ -149,6 +340,19 @@ def stuck_observed(state: RunState) -> StackSample | None:
     if busy and max(busy) > sample.ts:
         return None  # taken in an earlier idle spell: it moved on since
     return sample
+
+
+def _hang_causes(state: RunState) -> str:
+    """What may hold a hung trainer, only what this run has: dataloader workers (a
+    deadlock there), ranks (a collective waiting for one)."""
+    obs = state.observed
+    roles = {m.role for m in obs.members} if obs is not None else set()
+    causes = []
+    if "worker" in roles:
+        causes.append("a dataloader deadlock")
+    if "rank" in roles or (obs is not None and obs.info.launcher_pid is not None):
+        causes.append("a collective waiting for a rank")
+    return ", or ".join(causes) if causes else "a deadlock, or a call that never returns"
 
 
 def _unknown_where(state: RunState) -> str:
@@ -167,8 +371,12 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     info = obs.info
     if not obs.alive:
         return _exited(state, info)
+    held = _held(state, now, info)
+    if held is not None:
+        return held
     if state.last_train_ts is not None:
-        return None  # a handler prints the metric dicts: judged on them
+        # a handler writes the metric dicts: judged on them, but for a quiet spell
+        return _quiet_with_metrics(state, now, info)
     limit = quiet_limit(state)
     started = info.started if info.started is not None else (state.first_ts or now)
     age = now - started
@@ -197,13 +405,11 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
         return Diagnosis(
             Health.SILENT,
             f"No metric has been logged since the trainer (pid {info.pid}) started "
-            f"{ago(age)} ago, although it is alive and {_signs(ev, limit)}: {why}. "
+            f"{ago(age)} ago, although it is alive and {_signs(ev, limit, now)}: {why}. "
             + (SLURM_REMEDY if info.slurm_job else REMEDY),
         )
     if ev.sampled and not ev.strong and not ev.weak and age >= limit:
-        idle = (
-            f"for {ago(limit)}{pace} no CPU, no data read, nothing on a GPU, nothing new in its log"
-        )
+        idle = _idle_words(state, now, started, pace)
         stuck = stuck_observed(state)
         if stuck is not None:  # where it is: the guess at why is not needed
             return Diagnosis(
@@ -212,13 +418,132 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
             )
         return Diagnosis(
             Health.STALLED,
-            f"The trainer (pid {info.pid}) looks hung: {idle} (a dataloader deadlock, or a "
-            f"collective waiting for a rank){_unknown_where(state)}.",
+            f"The trainer (pid {info.pid}) looks hung: {idle} ({_hang_causes(state)})"
+            f"{_unknown_where(state)}.",
         )
     return Diagnosis(
         Health.WAITING,
         f"The trainer (pid {info.pid}) started {ago(age)} ago and has logged no metric yet; "
         "it runs without telemetry, watched from outside.",
+    )
+
+
+def step_interval(state: RunState) -> float | None:
+    """What a logged step takes: the median of the intervals between the last 200
+    logged steps (per step, where steps were skipped between records)."""
+    steps, ts = state.table.step_view(), state.table.ts_view()
+    n = min(len(steps), 201)
+    if n < 2:
+        return None
+    ds = np.diff(steps[-n:]).astype(np.float64)
+    dt = np.diff(ts[-n:])
+    ok = (ds > 0) & (dt >= 0)
+    if not ok.any():
+        return None
+    per = float(np.median(dt[ok] / ds[ok]))
+    return per if per > 0 and math.isfinite(per) else None
+
+
+def longest_pause(state: RunState, limit: float) -> float | None:
+    """The longest gap between two logged steps the run has shown that was a pause
+    (over ``limit``: an epoch's save and validation), None if none was."""
+    ts = state.table.ts_view()
+    if len(ts) < 2:
+        return None
+    gaps = np.diff(ts)
+    top = float(gaps.max())
+    return top if top > limit and math.isfinite(top) else None
+
+
+def _pause_allowance(state: RunState, limit: float) -> tuple[float, str]:
+    """How long a working trainer may log no metric before its quiet is silent, and why
+    in words: :data:`PAUSE_MARGIN` times the longest pause it has shown; before any,
+    an epoch's end (its last step logged or its bar done) may take
+    :data:`EPOCH_END_SHARE` of the epoch's time; else :data:`SILENT_FROM_START_S`."""
+    longest = longest_pause(state, limit)
+    if longest is not None:
+        allow = max(limit, PAUSE_MARGIN * longest)
+        return allow, f"the longest pause between its logged steps so far took {ago(longest)}"
+    seen = last_train_bar(state.bars)
+    last = state.last_train_ts or 0.0
+    step = state.global_step
+    epoch_end = seen is not None and (
+        (seen.bar.done and seen.ts >= last - limit)
+        or (step is not None and seen.bar.total > 0 and (step + 1) % seen.bar.total == 0)
+    )
+    if epoch_end and seen is not None:
+        epoch_s = seen.bar.elapsed_s or 0.0
+        allow = max(limit, SILENT_FROM_START_S, EPOCH_END_SHARE * epoch_s)
+        return allow, "its last logged step ended an epoch (a save and a validation follow)"
+    return (
+        max(limit, SILENT_FROM_START_S),
+        "no pause between its logged steps has been seen yet",
+    )
+
+
+def _quiet_with_metrics(state: RunState, now: float, info: ProcessInfo) -> Diagnosis | None:
+    """A run without telemetry whose metrics a handler or backend writes, quiet past the
+    usual limit: judged from outside, as its records cannot say. A busy trainer is
+    never hung: a pause (an epoch's save and validation) is RUNNING with a note while it
+    is no longer than the run has shown it can be, then SILENT with what is seen now; a
+    trainer that does nothing is STALLED, for as long as nothing moved. None: not
+    quiet (or saying what it does: a validation or a save its log announced), judged on
+    its records."""
+    last = state.last_train_ts
+    if last is None or state.activity is not None:
+        return None
+    limit = metrics_quiet_limit(state)
+    quiet = now - last
+    if quiet <= limit:
+        return None
+    # what was seen since the metrics stopped: not the samples of the last step
+    window = min(limit, quiet - AFTER_LAST_STEP_S)
+    ev = observed_evidence(state, now, window, after=last)
+    if not ev.sampled:
+        return None  # nothing seen of the process: its records are all there is
+    st = step_interval(state)
+    usual = f" (a step usually takes {ago(st)})" if st else ""
+    working = ev.strong or ev.weak
+    if not working:
+        started = info.started if info.started is not None else (state.first_ts or now)
+        idle = _idle_words(state, now, max(started, last), "")
+        stuck = stuck_observed(state)
+        where = (
+            f"; stuck in {stack_line(stuck)}"
+            if stuck is not None
+            else f" ({_hang_causes(state)}){_unknown_where(state)}"
+        )
+        return Diagnosis(
+            Health.STALLED,
+            f"No metric for {ago(quiet)}{usual} and the trainer (pid {info.pid}) looks hung: "
+            f"{idle}{where}.",
+        )
+    signs = _signs(ev, window, now)
+    own = metrics_source(info.handler) or ("its own handler" if state.plain_records else None)
+    if own and info.metrics_stuck and info.metrics_problem:
+        return Diagnosis(  # nothing more of it can be read: no pause explains the quiet
+            Health.SILENT,
+            f"No metric for {ago(quiet)} although the trainer (pid {info.pid}) works "
+            f"({signs}): what {own} wrote cannot all be read ({info.metrics_problem}).",
+        )
+    allow, why = _pause_allowance(state, limit)
+    if quiet <= allow:
+        return Diagnosis(
+            Health.RUNNING,
+            f"No metric for {ago(quiet)}{usual}, but the trainer (pid {info.pid}) is not idle "
+            f"({signs}): a pause between logged steps, as a checkpoint save or a validation "
+            f"makes; {why}. Silent only if none comes within {ago(allow)}.",
+        )
+    if own:
+        cause = (
+            f"{own} has written none since (the trainer no longer logs them, or the handler fails)"
+        )
+    else:
+        cause = "the speculators.metrics logger may have no handler, or its level is above INFO"
+    return Diagnosis(
+        Health.SILENT,
+        f"No metric for {ago(quiet)}{usual} although the trainer (pid {info.pid}) works "
+        f"({signs}), longer than the {ago(allow)} a pause may take ({why}): {cause}.",
     )
 
 
