@@ -141,7 +141,8 @@ def evidence(state: RunState, now: float, window: float) -> Evidence:
     peak = max(utils) if utils else None
     io = [p for p in state.samplers.io_history if p.ts >= since]
     read_bytes = sum(p.bytes for p in io)
-    ckpt_recent = any(e.ts >= since for e in state.ckpt_events)
+    # a write: not the best one an inventory names (dated by its look, not by a save)
+    ckpt_recent = any(e.ts >= since and e.event != "best" for e in state.ckpt_events)
     return Evidence(
         gpu_known=gpu_known,
         gpu_busy=peak is not None and peak >= GPU_BUSY_UTIL,

@@ -175,6 +175,7 @@ def test_checkpoints_saved_before_telemetry_began_are_listed_at_their_times() ->
     from eagle3_tui.app.text import clock_time
     from eagle3_tui.app.widgets.panels import checkpoint_rows
     from eagle3_tui.model.summary import summarize
+    from eagle3_tui.model.verdict import evidence
 
     lines = Lines(t0=T0, dt=0.5)
     found = [
@@ -193,6 +194,8 @@ def test_checkpoints_saved_before_telemetry_began_are_listed_at_their_times() ->
     assert rows[1].startswith(clock_time(T0 - 300)) and rows[1].endswith("★ best"), rows
     said = summarize(run_of(data).state, lines.ts)["checkpoint"]
     assert said is not None and said["path"] == "/r/checkpoints/1", said
+    # what the look found is no write now: no "checkpoints are being written"
+    assert not evidence(run_of(data).state, lines.ts, 60.0).saving
     # a resume's look finds the saves its records hold: listed as they were, with times
     again = data + lines.event("resume", pid=4243)
     again += lines.ckpt("inventory", "/r/checkpoints", checkpoints=found[:2], best="0")
