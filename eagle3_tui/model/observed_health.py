@@ -428,22 +428,6 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     )
 
 
-def step_interval(state: RunState) -> float | None:
-    """What a logged step takes: the median of the intervals between the last 200
-    logged steps (per step, where steps were skipped between records)."""
-    steps, ts = state.table.step_view(), state.table.ts_view()
-    n = min(len(steps), 201)
-    if n < 2:
-        return None
-    ds = np.diff(steps[-n:]).astype(np.float64)
-    dt = np.diff(ts[-n:])
-    ok = (ds > 0) & (dt >= 0)
-    if not ok.any():
-        return None
-    per = float(np.median(dt[ok] / ds[ok]))
-    return per if per > 0 and math.isfinite(per) else None
-
-
 def longest_pause(state: RunState, limit: float) -> float | None:
     """The longest gap between two logged steps the run has shown that was a pause
     (over ``limit``: an epoch's save and validation), None if none was."""
@@ -501,7 +485,9 @@ def _quiet_with_metrics(state: RunState, now: float, info: ProcessInfo) -> Diagn
     ev = observed_evidence(state, now, window, after=last)
     if not ev.sampled:
         return None  # nothing seen of the process: its records are all there is
-    st = step_interval(state)
+    from eagle3_tui.model.health import usual_step_s  # (health imports this module)
+
+    st = usual_step_s(state)  # as the verdict of a run with telemetry says it
     usual = f" (a step usually takes {ago(st)})" if st else ""
     working = ev.strong or ev.weak
     if not working:
