@@ -184,7 +184,10 @@ def format_kill(result: KillReport) -> str:
         return "\n".join(first + nodes)
     lines = [status_line(result.status, result.message)]
     if result.attached_first is not None:
-        lines.append(attached_first_line(result.attached_first))
+        line = attached_first_line(result.attached_first)
+        if not result.signalled_trainer and line.endswith(": SIGTERM as before"):
+            line = line[: -len(": SIGTERM as before")]  # no trainer was there to signal
+        lines.append(line)
     if result.save_wait is not None:
         lines.append(save_wait_line(result.save_wait))
     if result.processes:

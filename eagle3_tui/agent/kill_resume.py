@@ -114,6 +114,8 @@ def op_kill(req: dict[str, Any]) -> int:
         emit(EV_RESULT, op=OP_KILL, status="refused", message=problem, processes=processes, **base)
         return 0
     members = find_members(m, trainer, uid)
+    if not members and trainer is None:
+        members = _outlived(m, uid)  # a training without telemetry: what its record saw
     if not members:
         note = problem or "the run is not running"
         emit(EV_RESULT, op=OP_KILL, status="not_running", message=note, processes=[], **base)
@@ -157,6 +159,33 @@ def op_kill(req: dict[str, Any]) -> int:
         **base,
     )
     return 0
+
+
+def _outlived(m: dict[str, Any], uid: int | None) -> dict[int, Member]:
+    """A training without telemetry whose trainer is gone (a SIGKILL): the processes of
+    it that outlived it (its dataloader workers, its helpers), as the observer's record
+    of it knows them (same PID and start time, or of its group or session and started
+    after it: ``discover.left_behind``). It has no marker to find them by, and the kill
+    said "nothing to stop" beside the 1 GB of workers the monitor listed."""
+    from eagle3_tui.agent.discover import left_behind_of
+    from eagle3_tui.agent.timeline import find_ended
+
+    pid, start = m.get("pid"), m.get("start_ticks")
+    if not m.get("observed") or not isinstance(pid, int):
+        return {}
+    record = find_ended(pid, start if isinstance(start, int) else None, left_behind_of)
+    if record is None:
+        return {}
+    out: dict[int, Member] = {}
+    for row in left_behind_of(record):
+        p = procs.stat(int(row["pid"]))
+        if p is None or p.zombie or p.start_ticks != row.get("start_ticks"):
+            continue
+        if uid is not None and procs.owner(p.pid) != uid:
+            continue
+        role = str(row.get("role") or "child")
+        out[p.pid] = Member(p, role if role in ("worker", "helper") else "child")
+    return out
 
 
 def _continue_held(members: dict[int, Member]) -> None:

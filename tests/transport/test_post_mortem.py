@@ -231,3 +231,45 @@ def test_a_trainer_sigkilled_with_two_workers_is_dead_with_its_leftovers_named(
         assert not any(x["alive"] for x in out["leftovers"]), out["leftovers"]  # since gone
         ended = ended_row(proc.pid)
         assert ended["exit_status"] == -signal.SIGKILL
+
+
+def test_a_kill_after_the_trainer_was_sigkilled_ends_what_outlived_it(tmp_path: Path) -> None:
+    """Its dataloader workers held (stopped: they do not notice their parent's death),
+    the trainer SIGKILLed: the monitor listed them ("Still alive when it ended"), but
+    ``kill --pid`` said "nothing to stop", exit 0, and left ~1 GB of workers: a training
+    without telemetry has no marker to find them by. The observer's record of it does."""
+    work = tmp_path / "work"
+    args = [*BARE, "--workers", "2", "--epochs", "50", "--step-delay", "0.2"]
+    with ending(launch(work, SCRIPT, *args)) as proc:
+        wait_until(
+            lambda: list(_tree(proc.pid).values()).count("pt_data_worker") == 2,
+            240,
+            lambda: f"2 dataloader workers; log:\n{(work / 'train.log').read_text()[-1500:]}",
+            0.2,
+        )
+        found = [t for t in discover.scan()[0] if t.trainer.pid == proc.pid]
+        row = decode(ProcessRow, discover._rows(found)[0])
+        run = Run()
+
+        async def watch_and_kill() -> dict[int, str]:
+            observing = asyncio.create_task(
+                observe_once(LocalHost(), row, lambda f: run.feed(f.offset, f.data), 60.0)
+            )
+            await asyncio.sleep(2.5)  # a few looks at it alive: its record names its tree
+            tree = _tree(proc.pid)
+            for pid, comm in tree.items():
+                if comm == "pt_data_worker":
+                    os.kill(pid, signal.SIGSTOP)
+            os.kill(proc.pid, signal.SIGKILL)
+            await observing
+            return tree
+
+        tree = asyncio.run(watch_and_kill())
+        left = {p for p in tree if p != proc.pid and procs.alive(p)}
+        assert len([p for p in left if tree[p] == "pt_data_worker"]) == 2, (left, tree)
+        rc, out, err = cli("kill", "--pid", str(proc.pid), "--no-attach")
+        assert rc == 0, (rc, out, err)
+        assert out["status"] == "stopped", out
+        reported = {p["pid"] for p in out["processes"]}
+        assert left <= reported, (left, out["processes"])
+        wait_until(lambda: not any(procs.alive(p) for p in left), 10, lambda: str(_tree(1)))

@@ -107,7 +107,8 @@ def kill_plan(
             lines.append(inert(f"Nothing to stop: {why}.", style="bold #d7af5f", wrap=True))
             lines.append(
                 Text(
-                    "Kill still looks for leftover processes of the run (its marker) and ends them."
+                    "Kill still looks for processes of the run that outlived its trainer (by "
+                    "its marker, or what a look at it recorded) and ends them."
                 )
             )
             return Group(*lines)
