@@ -439,6 +439,13 @@ def longest_pause(state: RunState, limit: float) -> float | None:
     return top if top > limit and math.isfinite(top) else None
 
 
+def _exact(seconds: float) -> str:
+    """A quiet spell and the pause allowed, said in seconds up to 10 min: ``ago`` rounds
+    90 s to "2 min", which read "No metric for 2 min … longer than the 2 min a pause may
+    take" after 93 s."""
+    return f"{seconds:.0f} s" if seconds < 600 else ago(seconds)
+
+
 def _pause_allowance(state: RunState, limit: float) -> tuple[float, str]:
     """How long a working trainer may log no metric before its quiet is silent, and why
     in words: :data:`PAUSE_MARGIN` times the longest pause it has shown; before any,
@@ -516,9 +523,9 @@ def _quiet_with_metrics(state: RunState, now: float, info: ProcessInfo) -> Diagn
     if quiet <= allow:
         return Diagnosis(
             Health.RUNNING,
-            f"No metric for {ago(quiet)}{usual}, but the trainer (pid {info.pid}) is not idle "
+            f"No metric for {_exact(quiet)}{usual}, but the trainer (pid {info.pid}) is not idle "
             f"({signs}): a pause between logged steps, as a checkpoint save or a validation "
-            f"makes; {why}. Silent only if none comes within {ago(allow)}.",
+            f"makes; {why}. Silent only if none comes within {_exact(allow)}.",
         )
     if own:
         cause = (
@@ -528,8 +535,8 @@ def _quiet_with_metrics(state: RunState, now: float, info: ProcessInfo) -> Diagn
         cause = "the speculators.metrics logger may have no handler, or its level is above INFO"
     return Diagnosis(
         Health.SILENT,
-        f"No metric for {ago(quiet)}{usual} although the trainer (pid {info.pid}) works "
-        f"({signs}), longer than the {ago(allow)} a pause may take ({why}): {cause}.",
+        f"No metric for {_exact(quiet)}{usual} although the trainer (pid {info.pid}) works "
+        f"({signs}), longer than the {_exact(allow)} a pause may take ({why}): {cause}.",
     )
 
 

@@ -164,6 +164,12 @@ def test_a_handler_that_fails_while_training_goes_on_is_silent_past_its_longest_
     last = seen[-1][1]
     assert last.health == Health.SILENT, last
     assert "has written none since" in last.reason and "its dataloader workers read" in last.reason
+    # the quiet and the pause allowed, said as they are ("No metric for 2 min … longer
+    # than the 2 min a pause may take" after 93 s of a 90 s allowance)
+    first = next(d for dt, d in seen if d.health == Health.SILENT)
+    allowed = re.search(r"longer than the (\d+) s a pause may take", first.reason)
+    quiet = re.search(r"No metric for (\d+) s", first.reason)
+    assert allowed and quiet and int(quiet.group(1)) > int(allowed.group(1)), first.reason
 
 
 def test_a_trainer_held_stopped_is_said_so_with_how_long_and_the_remedy() -> None:
