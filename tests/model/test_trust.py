@@ -167,6 +167,20 @@ def test_the_start_up_allowance_is_learned_from_the_runs_own_starts() -> None:
     assert d.health == Health.SILENT and "although data files are being read" in d.reason
 
 
+def test_an_attach_is_no_start_up_to_learn_from() -> None:
+    """Telemetry attached to a training long running writes ``start`` then ``attach``;
+    its next step 0.1 s later was learned as a start-up, and the resume's wait said "its
+    earlier starts took up to 0.1 s" (the real start took a minute)."""
+    lines = Lines(t0=T0, dt=0.1)
+    data = lines.event("start", pid=4242) + lines.event("attach", pid=4242)
+    data += b"".join(lines.train(s, 1.0) for s in range(185, 190))
+    data += lines.event("interrupt", step=190) + lines.event("resume", pid=4343)
+    state = state_of(data)
+    assert state.startups == [], state.startups
+    d = diagnose(state, lines.ts + 2)
+    assert d.health == Health.WAITING and "earlier starts took" not in d.reason, d.reason
+
+
 def test_the_quiet_clock_restarts_at_the_resumed_process_first_step() -> None:
     sc = _resumed()
     sc.idle(20, util=0.0, reads=5e6)
