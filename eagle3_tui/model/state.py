@@ -635,9 +635,8 @@ class RunState:
             self._close(_ACTIVITIES, rec.ts)
             self._starting = event  # until its first step: a start-up, not a silence
             self.signalled = None
-        elif rec.event == "attach" and self._starting is not None:
-            if self._starting.pid == rec.pid:  # a process long started, attached to: its
-                self._starting = None  # next step is no start-up's end ("took 0.1 s")
+        elif rec.event == "attach" and self._starting is not None and self._starting.pid == rec.pid:
+            self._starting = None  # attached to a process long started: no start-up ends
 
     def _done_by(self, rec: Record) -> int | None:
         """A lifecycle event's steps done by then (:func:`_steps_done`); a crash its
