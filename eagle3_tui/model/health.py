@@ -634,20 +634,31 @@ def _held(
     if hb_at is None or now - hb_at > HEARTBEAT_DEAD_S:
         return None
     last = state.last_train_ts if state.last_train_ts is not None else state.first_ts
+    # under torchrun each rank's sidecar says its own trainer: a rank's, fresh, is this
+    # run's now (rank 1 held during a validation was "Validating …; metrics resume")
+    ranks = {
+        hb.trainer.get("pid"): (rank, hb.ts)
+        for rank, hb in state.samplers.rank_heartbeats.items()
+        if isinstance(hb.trainer, dict) and hb.ts is not None
+    }
     for pid, since in state.samplers.held_since.items():
+        who = f"The trainer (pid {pid})"
         if current is not None and pid != current.pid:
-            continue
+            rank = ranks.get(pid)
+            if rank is None or now - rank[1] > HEARTBEAT_DEAD_S:
+                continue  # an earlier process's
+            who = f"Rank {rank[0]}'s trainer (pid {pid})"
         if now - since >= MIN_QUIET_S:
             return Diagnosis(
                 Health.STALLED,
-                f"The trainer (pid {pid}) has been held stopped for {ago(now - since)} "
+                f"{who} has been held stopped for {ago(now - since)} "
                 f"(its sidecar finds it so: a SIGSTOP, Ctrl-Z or a debugger); nothing runs "
                 f"until it is continued (kill -CONT {pid}, or the debugger lets go).",
             )
         if last is not None and now - last >= MIN_QUIET_S:
             return Diagnosis(
                 Health.STALLED,
-                f"The trainer (pid {pid}) is held stopped (its sidecar finds it so since "
+                f"{who} is held stopped (its sidecar finds it so since "
                 f"{clock(since)}: a SIGSTOP, Ctrl-Z or a debugger) and logged nothing for "
                 f"{ago(now - last)}; nothing runs until it is continued (kill -CONT {pid}, or "
                 "the debugger lets go).",

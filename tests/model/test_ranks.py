@@ -190,3 +190,32 @@ def test_a_step_whose_line_came_after_its_sidecars_crash_still_counts() -> None:
     crash = next(e for e in state.events if e.event == "crash")
     assert crash.shown_step == 12, crash
     assert "after step 12" in diagnose(state, lines.ts + 5).reason
+
+
+def test_a_rank_held_stopped_in_a_validation_is_stalled_naming_the_rank() -> None:
+    """torchrun, ``kill -STOP`` of rank 1's trainer during a validation: its sidecar
+    found it in state T, rank 0 waited in a collective, and the verdict stayed "RUNNING:
+    Validating (epoch 9/10) for 65 s; metrics resume after it" (exit 0) for minutes: only
+    rank 0's trainer's stop was looked at."""
+    t, s0, s1, out = two_ranks()
+    out.append(t.at(T0 + 10.5).log("Validation epoch 1/10 started"))
+    where = {"frame": "distributed_c10d.py:4394 all_gather_single", "for_s": 0.0}
+
+    def beat(lines: Lines, rank: int, pid: int, state: str, at: float) -> bytes:
+        trainer = {"pid": pid, "alive": True, "state": state, "cpu_s": 5.0}
+        return lines.at(at).make(
+            "heartbeat", rank=rank, host="node0", last_step=19, where=where, written=0,
+            bytes=0, trainer=trainer,
+        )  # fmt: skip
+
+    for k in range(50):
+        at = T0 + 11 + k
+        out.append(beat(s0, 0, 100, "S", at))
+        out.append(beat(s1, 1, 101, "T", at))
+    run = run_of(out)
+    d = diagnose(run.state, T0 + 61)
+    assert d.health is Health.STALLED, d
+    assert "Rank 1's trainer (pid 101) has been held stopped for 50 s" in d.reason, d.reason
+    assert "kill -CONT 101" in d.reason, d.reason
+    # an earlier process's rank, its sidecar long silent: not this run's now
+    assert diagnose(run.state, T0 + 61 + 600).reason.find("pid 101") == -1
