@@ -880,7 +880,9 @@ def _rank_stall(state: RunState, now: float, quiet_for: float) -> Diagnosis | No
         where = live[r].where or {}
         frame = str(where.get("frame") or "?")[:80]
         held = where.get("for_s")
-        since = f" for {ago(float(held))}" if isinstance(held, int | float) else ""
+        # (a frame its sidecar has seen for under a second says nothing of how long:
+        # a rank held stopped read "for 0.0 s" after 40 s)
+        since = f" for {ago(float(held))}" if isinstance(held, int | float) and held >= 1 else ""
         on = f" on {live[r].host}" if len({hb.host for hb in live.values()}) > 1 else ""
         parts.append(f"rank {r}{on} stopped at {step_of(r)} (in {frame}{since})")
     collectives = sorted({str((live[r].where or {}).get("collective")) for r in waiting})
