@@ -219,3 +219,19 @@ def test_a_rank_held_stopped_in_a_validation_is_stalled_naming_the_rank() -> Non
     assert "kill -CONT 101" in d.reason, d.reason
     # an earlier process's rank, its sidecar long silent: not this run's now
     assert diagnose(run.state, T0 + 61 + 600).reason.find("pid 101") == -1
+
+
+def test_a_stopped_ranks_frame_seen_for_no_time_says_no_duration() -> None:
+    """ "rank 1 stopped at step 23 (in tiny.py:212 <lambda> for 0.0 s)" 40 s into the stall."""
+    _, s0, s1, out = two_ranks()
+    last = T0 + 20
+    for k in range(40):
+        ts = last + k * 0.5
+        waits = {"frame": "distributed_c10d.py:4394 all_gather_single"}
+        out.append(
+            heartbeat(s0.at(ts), 0, "node0", 19, {**waits, "collective": "all_gather_single"})
+        )
+        out.append(heartbeat(s1.at(ts), 1, "node0", 19, {"frame": "tiny.py:212", "for_s": 0.0}))
+    d = diagnose(run_of(out).state, last + 40)
+    assert d.health is Health.STALLED, d
+    assert "rank 1 stopped at step 20 (in tiny.py:212)" in d.reason, d.reason
