@@ -161,11 +161,14 @@ class OpenSshHost(TargetNames):
             known = o.known_hosts if o.known_hosts is not None else self.known_hosts
             files = ", ".join(known or ()) or "known_hosts"
             host = self._known_as()
+            remove = f"ssh-keygen -R {shlex.quote(host)}"
+            if known:  # a file of its own: without -f, ssh-keygen edits ~/.ssh/known_hosts
+                remove += f" -f {shlex.quote(str(next(iter(known))))}"
             return True, (
                 f"{self.label}: ssh: Host key verification failed: the host's key no longer "
                 f"matches {files}, as it did when this session connected. Someone may be "
                 f"intercepting the connection; if the change is expected, remove the old key "
-                f"(ssh-keygen -R {shlex.quote(host)}) and connect again"
+                f"({remove}) and connect again"
             )
         return refused, f"{self.label}: ssh: {last}"
 

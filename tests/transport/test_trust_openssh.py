@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,18 @@ async def test_the_streams_ssh_reads_the_connections_configuration(
     finally:
         await control.close()
     assert os.environ["HOME"] == str(home)
+
+
+def test_a_changed_key_says_how_to_remove_it_from_the_file_it_names(tmp_path: Path) -> None:
+    """ "the host's key no longer matches /tmp/u/known_hosts … (ssh-keygen -R
+    '[127.0.0.1]:22941')": without -f that edits ~/.ssh/known_hosts, not the file named."""
+    need(shutil.which("ssh") is not None, "no OpenSSH client")
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    known = tmp_path / "known_hosts"
+    target = SshTarget("127.0.0.1", None, "/runs/x", SshOptions(config=(str(config),), port=2222))
+    problem = OpenSshHost(target, known_hosts=[str(known)]).exit_problem(
+        255, "Host key verification failed.\n"
+    )
+    assert problem is not None and problem[0], problem
+    assert f"ssh-keygen -R '[127.0.0.1]:2222' -f {known}" in problem[1], problem[1]
