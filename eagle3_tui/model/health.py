@@ -69,6 +69,7 @@ from eagle3_tui.model.verdict import (
     leftovers_sentence,
     quiet_limit,
     startup_allowance,
+    usual_step_s,
 )
 
 
@@ -573,36 +574,6 @@ def _stall_hint(state: RunState) -> str:
     if not causes:
         causes.append("a deadlock, or a call that never returns")
     return f"the training loop looks hung ({', or '.join(causes)})."
-
-
-USUAL_ROWS = 200
-"""Logged steps a step's usual time is the median of."""
-
-
-PAUSE_FACTOR = 5.0
-"""A gap between logged steps over this many times their 90th percentile is a pause."""
-
-
-def usual_step_s(state: RunState) -> float | None:
-    """What a step usually takes: the mean time per step over the last
-    :data:`USUAL_ROWS` logged steps (the mean: a data-bound run's quick steps and its
-    waits for data alike), leaving out pauses (a gap over :data:`PAUSE_FACTOR` times
-    their 90th percentile: a SIGSTOP, a slow save), which moved the last minute's mean
-    (1.7 s for steps of 0.27 s)."""
-    steps, ts = state.table.step_view(), state.table.ts_view()
-    n = min(len(steps), USUAL_ROWS + 1)
-    if n < 2:
-        return None
-    ds = np.diff(steps[-n:]).astype(np.float64)
-    dt = np.diff(ts[-n:])
-    ok = (ds > 0) & (dt >= 0)
-    if not ok.any():
-        return None
-    ds, dt = ds[ok], dt[ok]
-    top = float(np.percentile(dt / ds, 90))
-    keep = dt / ds <= PAUSE_FACTOR * top if top > 0 else np.ones(len(ds), dtype=bool)
-    per = float(dt[keep].sum() / ds[keep].sum())
-    return per if per > 0 and math.isfinite(per) else None
 
 
 def _running_sentence(state: RunState, pace: Pace) -> str:

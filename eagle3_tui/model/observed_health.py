@@ -59,6 +59,7 @@ from eagle3_tui.model.verdict import (
     evidence,
     exit_text,
     leftovers_sentence,
+    usual_step_s,
 )
 from eagle3_tui.model.verdict import quiet_limit as metrics_quiet_limit
 from eagle3_tui.telemetry.thresholds import BUSY_CPU_PCT
@@ -492,8 +493,6 @@ def _quiet_with_metrics(state: RunState, now: float, info: ProcessInfo) -> Diagn
     ev = observed_evidence(state, now, window, after=last)
     if not ev.sampled:
         return None  # nothing seen of the process: its records are all there is
-    from eagle3_tui.model.health import usual_step_s  # (health imports this module)
-
     st = usual_step_s(state)  # as the verdict of a run with telemetry says it
     usual = f" (a step usually takes {ago(st)})" if st else ""
     working = ev.strong or ev.weak

@@ -653,8 +653,9 @@ class TrainStep(msgspec.Struct, kw_only=True, gc=False, rename=_STEP_NAMES):
 
 
 COUNT_LIMIT = 1 << 53
-"""A ``seq``, ``step`` or ``global_step`` at or past this is no count a writer reaches
-(nor one a float holds exactly): the line is malformed, not a run of 2**53 steps."""
+"""A ``step`` or ``global_step`` at or past this is no count a trainer reaches (nor one
+a float holds exactly): the line is malformed, not a run of 2**53 steps (it overflowed
+the step table). A ``seq`` of any size is counted as its digits say."""
 EPOCH_LIMIT = 1 << 31
 TS_LIMIT = 4_102_444_800.0
 """2100-01-01: a ``ts`` past it is no clock's reading (it made a run's pace 0 steps/s)."""
@@ -662,7 +663,7 @@ TS_LIMIT = 4_102_444_800.0
 
 def _counts_problem(rec: Record | TrainStep) -> str | None:
     """A count past what a writer reaches, an epoch past any, a time past 2100."""
-    for name, value in (("seq", rec.seq), ("step", rec.step), ("global_step", rec.global_step)):
+    for name, value in (("step", rec.step), ("global_step", rec.global_step)):
         if value is not None and value >= COUNT_LIMIT:
             return f"'{name}' is {value:.6g}: past any count a writer reaches"
     epoch = rec.epoch

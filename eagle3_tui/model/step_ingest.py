@@ -273,7 +273,7 @@ def lean_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]] 
         if not bool((ints - np.floor(ints) == 0).all()):  # False for NaN, ±inf, 2.5
             return None
     if not bool((np.abs(ints) < COUNT_LIMIT).all()) or not bool((epoch < EPOCH_LIMIT).all()):
-        return None  # past any count: the careful path says which line, and why
+        return None  # past a float's exact integers: the careful path reads each line
     cols.update(seq=seq, step=step, epoch=epoch, ts=ts)
     return cols
 

@@ -79,8 +79,9 @@ async def test_a_kill_during_start_up_says_start_up_not_mid_step(tmp_path: Path)
         assert "SIGTERM'd during start-up, before its first step" in said, said
         assert "mid-step" not in said, said
         # the trainer's own record of it, which the result now agrees with
+        # (a trainer SIGTERMed before its handler was in place, under load, writes none)
         ends = [r for r in records(run_dir) if r.get("event") == "interrupt"]
-        assert ends and "outside the training loop" in str(ends[-1].get("error")), ends
+        assert all("outside the training loop" in str(e.get("error")) for e in ends), ends
         lines = [format_progress(e) for e in progress]
         assert any(
             line is not None and "logged no step since it started" in line for line in lines
