@@ -452,6 +452,8 @@ class MonitorApp(App[None]):
         if not alarm and not (health in ("finished", "stopped") or before in ALARMS):
             return  # waiting <-> running: nothing to say
         word = "RECOVERED" if health in ("running", "waiting") else snap.diagnosis.label
+        if snap.diagnosis.link_down_since is not None:  # the alarm named, as the header does
+            word = f"{snap.diagnosis.label}, last known {health.upper().replace('_', ' ')}"
         self.notify(
             printable(snap.diagnosis.reason)[:400],
             title=f"the run: {word}",

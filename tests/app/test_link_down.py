@@ -26,7 +26,8 @@ async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
         now[0] += 45.0  # 45 s without data: the run would look hung on the client's clock
         await until(pilot, lambda: "LINK DOWN" in text_of(header), what="link down")
         assert "STALLED" not in text_of(header) and "DEAD" not in text_of(header)
-        assert "last running" in text_of(header) and "step 120" in text_of(header)
+        assert "LINK DOWN  last known  RUNNING " in text_of(header)
+        assert "step 120" in text_of(header)
         await until(pilot, lambda: banner.display, what="the banner")
         shown = text_of(banner)
         assert "LINK DOWN" in shown and "link to the host is down" in shown
@@ -44,14 +45,16 @@ async def test_the_header_and_banner_say_link_down_not_stalled() -> None:
         source.push(LinkChanged(Link.CONNECTED, "gpu-box", size=sent + len(more)))
         source.push(more)
         now[0] = lines.ts + 1.0
-        await until(pilot, lambda: "RUNNING" in text_of(header), what="running again")
+        await until(pilot, lambda: "LINK DOWN" not in text_of(header), what="running again")
+        assert "RUNNING" in text_of(header)
         assert "step 130" in text_of(header) and not banner.display
         assert not gpu.border_subtitle and not io.border_subtitle
 
 
 async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
-    """A stalled run whose link drops stays STALLED in the header (an alarm never turns
-    grey), and the header says the link is down (it said "STALLED last stalled")."""
+    """A stalled run whose link drops keeps STALLED in the header, in its colours (an alarm
+    never turns grey), after LINK DOWN and said to be the last known (as for a running
+    run: it said "STALLED last stalled", then "STALLED last known · LINK DOWN")."""
     lines, data = training(steps=120)
     now = [lines.ts + 1.0]
     app, source = app_with(data, now=now)
@@ -63,8 +66,8 @@ async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
         source.push(LinkChanged(Link.RECONNECTING, "gpu-box: connection refused", retry_in=4.0))
         await until(pilot, lambda: "LINK DOWN" in text_of(header), what="link down")
         shown = text_of(header)
-        assert "STALLED" in shown and "last known · LINK DOWN" in shown, shown
-        assert "last stalled" not in shown, shown
+        assert "LINK DOWN  last known  STALLED " in shown, shown
+        assert "last stalled" not in shown and shown.count("STALLED") == 1, shown
 
 
 async def test_a_silent_agents_link_went_down_with_its_last_byte() -> None:

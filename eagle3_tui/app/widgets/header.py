@@ -60,6 +60,11 @@ def link_text(link: LinkChanged, waited: float = 0.0) -> Text:
     return Text("✖ refused", style="bold #ffffff on #d70000")
 
 
+def health_word(health: Health) -> str:
+    """A health as the header writes it (``STALLED``, ``DISK FULL``)."""
+    return health.value.upper().replace("_", " ")
+
+
 NAMED_PID = re.compile(r"\bpid (\d+)\b")
 """The process a header note names ("resumed: pid 21786", "pid 4242")."""
 
@@ -156,16 +161,18 @@ class RunHeader(KeptLines):
         text.append(" eagle3-tui ", style="bold reverse")
         text.append(" ")
         d = snap.diagnosis
-        label = d.label
-        style = LINK_DOWN_STYLE if label == "LINK DOWN" else HEALTH_STYLE[d.health]
         if self.link.link == Link.UNREADABLE:  # this machine's file: no link is down
-            label, style = "UNREADABLE", HEALTH_STYLE[Health.UNREADABLE]
-        text.append(f" {label} ", style=style)
-        if d.link_down_since is not None:  # the last verdict that reached us
-            # an alarm stays its label (a stalled run never turns grey on a link drop):
-            # the words say the link instead ("STALLED last stalled" said it twice)
-            said = f"last {d.health.value}" if label == "LINK DOWN" else "last known · LINK DOWN"
-            text.append(f" {said}", style="dim")
+            text.append(" UNREADABLE ", style=HEALTH_STYLE[Health.UNREADABLE])
+        elif d.link_down_since is not None:
+            text.append(f" {d.label} ", style=LINK_DOWN_STYLE)
+        else:
+            text.append(f" {d.label} ", style=HEALTH_STYLE[d.health])
+        if d.link_down_since is not None:
+            # what is true now first, then the last verdict that reached us, in its own
+            # colours whatever it was (an alarm never turns grey on a link drop, and no
+            # health reads as current): "LINK DOWN last known STALLED", "… RUNNING"
+            text.append(" last known ", style="dim")
+            text.append(f" {health_word(d.health)} ", style=HEALTH_STYLE[d.health])
         if snap.other_file is not None:  # not this run's history: the path's file now
             text.append(" ")
             text.append(" OTHER FILE ", style=OTHER_FILE_STYLE)
@@ -267,11 +274,18 @@ def keep_the_remedy(sentence: str, room: int) -> str:
     return f"{head.rstrip(' ,:;')} … {tail}"
 
 
+PAUSE_NOTE = "No metric for "
+"""How the verdict on a run without telemetry begins where it is RUNNING with a note: no
+metric for a while, but the trainer works, within the pauses it has shown
+(``observed_health._quiet_with_metrics``)."""
+
+
 class HealthBanner(Static):
     """A full-width bar with the diagnosis whenever the run is not simply running or
     finished, and when the host refuses us: the silent run cannot be missed. Also what
     happened to metrics.jsonl: while another file's history is shown, and for a while
-    after any change of the file."""
+    after any change of the file; and, dim, the note of a run running through a pause
+    (no metric for a while: why it is not called silent, and until when)."""
 
     snapshot: var[Snapshot] = var(EMPTY, init=False)
     """The picture of the run being shown."""
@@ -280,7 +294,22 @@ class HealthBanner(Static):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._shown: object = None
+        self._shown: tuple[str, str, str] | None = None
+        self._height = 0
+        """The lines the banner took when last drawn (0: none, or not drawn yet)."""
+
+    def _room(self) -> int:
+        """How many lines the banner may take."""
+        return 2 if self.screen.has_class("-short") else 3
+
+    def _lines(self, problem: tuple[str, str, str] | None) -> int:
+        """How many lines ``problem`` takes at the banner's width (0: none, or the width
+        is not known yet)."""
+        width = self.content_size.width
+        if problem is None or width <= 0:
+            return 0
+        wrapped = banner_text(problem[0], problem[1]).wrap(self.app.console, width)
+        return min(self._room(), len(wrapped))
 
     def _problem(self) -> tuple[str, str, str] | None:
         """(label, sentence, CSS class) of what the banner says, or None."""
@@ -299,7 +328,11 @@ class HealthBanner(Static):
         if health == Health.FINISHED and any(not x.gone for x in snap.leftovers):
             return d.label, d.reason, "-calm"  # what outlived it, and that k ends them
         if health in QUIET:
-            return ("FILE", snap.file_news, "-calm") if snap.file_news else None
+            if snap.file_news:
+                return "FILE", snap.file_news, "-calm"
+            if health == Health.RUNNING and d.reason.startswith(PAUSE_NOTE):
+                return d.label, d.reason, "-note"  # why a quiet run is not called silent
+            return None
         if self.link.link == Link.WAITING and health == Health.WAITING:
             return "WAITING", self.link.detail or "waiting for metrics.jsonl", "-calm"
         cls = "-calm" if health in CALM else "-alarm"
@@ -317,14 +350,20 @@ class HealthBanner(Static):
         problem = self._problem()
         if problem == self._shown:
             return
-        self._shown = problem
+        before, self._shown = self._shown, problem
+        same_box = before is not None and problem is not None and before[::2] == problem[::2]
+        if same_box and self._height > 0 and self._lines(problem) == self._height:
+            self.refresh()  # new words in the same box ("No metric for 71 s")
+            return
         self.refresh(layout=True)
         self.display = problem is not None
         self.set_class(problem is not None and problem[2] == "-alarm", "-alarm")
         self.set_class(problem is not None and problem[2] == "-calm", "-calm")
+        self.set_class(problem is not None and problem[2] == "-note", "-note")
 
     def render(self) -> Text:
         problem = self._problem()
+        self._height = self._lines(problem)
         if problem is None:
             return Text()
         label, sentence, _ = problem
@@ -332,12 +371,12 @@ class HealthBanner(Static):
         text = banner_text(label, sentence)
         if width <= 0:
             return text
-        lines = 2 if self.screen.has_class("-short") else 3
+        lines = self._room()
 
         def fits(t: Text) -> bool:
             return len(t.wrap(self.app.console, width)) <= lines
 
-        if fits(text):
+        if self._height < lines or fits(text):
             return text
         # one sentence (a path, an error): its beginning matters most, cut where it says
         # so; else the longest middle cut that fits, its end (the remedy) kept
