@@ -121,8 +121,8 @@ def format_progress(ev: Event) -> str | None:
         return None
     if step == "attach_first":
         first = ev.get("first")
-        if isinstance(first, AttachedFirst):
-            return attached_first_line(first)
+        if isinstance(first, AttachedFirst):  # the kill goes on to signal it, as before
+            return attached_first_line(first, signalled_trainer=True)
         return f"attaching telemetry first ({ev.get('plan')}), so that it stops at a step boundary"
     if step == "save":
         return (
@@ -184,10 +184,7 @@ def format_kill(result: KillReport) -> str:
         return "\n".join(first + nodes)
     lines = [status_line(result.status, result.message)]
     if result.attached_first is not None:
-        line = attached_first_line(result.attached_first)
-        if not result.signalled_trainer and line.endswith(": SIGTERM as before"):
-            line = line[: -len(": SIGTERM as before")]  # no trainer was there to signal
-        lines.append(line)
+        lines.append(attached_first_line(result.attached_first, result.signalled_trainer))
     if result.save_wait is not None:
         lines.append(save_wait_line(result.save_wait))
     if result.processes:
@@ -216,15 +213,18 @@ def format_kill(result: KillReport) -> str:
     return "\n".join(lines)
 
 
-def attached_first_line(first: AttachedFirst) -> str:
-    """What the kill's attach-first step did."""
+def attached_first_line(first: AttachedFirst, signalled_trainer: bool) -> str:
+    """What the kill's attach-first step did; where it did not attach, whether the kill
+    then SIGTERM'd the trainer as it would have without the step (``signalled_trainer``:
+    False where no trainer was left to signal)."""
     if first.status == "attached":
         stopped = f", the trainer held {first.stopped_ms:.0f} ms" if first.stopped_ms else ""
         return (
             f"attached telemetry first ({first.mechanism}{stopped}, {first.took_s:.1f} s): "
             f"its metrics in {printable(str(first.run_dir))}"
         )
-    return f"not attached first ({status_line(first.status, first.message)}): SIGTERM as before"
+    said = f"not attached first ({status_line(first.status, first.message)})"
+    return f"{said}: SIGTERM as before" if signalled_trainer else said
 
 
 def _while_starting(reason: object) -> bool:

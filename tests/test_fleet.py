@@ -95,7 +95,7 @@ def test_cells_say_each_figure_and_only_what_is_true_now() -> None:
         "3.25/s",
         "3h05m",
         "7/8 busy",
-        "checkpoints/2 (2 min ago)",
+        "checkpoints/2 (2 min 5 s ago)",
     )
     ended = dataclasses.replace(r, health="stopped", tau_trend=-0.001, link_down=True)
     c = cells(ended, now)

@@ -281,7 +281,7 @@ def test_a_duration_that_cannot_be_one_is_a_usage_error(args: tuple[str, ...]) -
 
 def test_a_usage_error_is_one_line() -> None:
     err = one_line(cli("summary", "--grace", "3"), 2)
-    assert "unrecognized arguments: --grace" in err and "(see eagle3-tui summary --help)" in err
+    assert "unknown option --grace" in err and "(see eagle3-tui summary --help)" in err
 
 
 @pytest.mark.parametrize("spelling", ["same", "slash", "relative", "link"])

@@ -43,6 +43,7 @@ from eagle3_tui.agent.names import (
     EV_RESULT,
     OP_DISCOVER,
     RUN_ID_ENV,
+    RUNS_FOLDER,
 )
 from eagle3_tui.agent.process_facts import (
     arg_value,
@@ -768,7 +769,15 @@ def live_or_ended(pid: int, start: int | None) -> tuple[dict[str, Any], Timeline
         ended = find_ended(pid, start, left_behind_of) if e.kind == ERR_GONE else None
         if ended is None:
             raise
-        return ended.row(), ended
+        row = ended.row()
+        run_dir, _ = _attached(row)
+        return (row if run_dir is None else given_telemetry(row, run_dir)), ended
+
+
+def given_telemetry(row: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """The row of an ended training that telemetry was attached to while it lived:
+    its record began before (``telemetry`` false), its metrics are in ``run_dir``."""
+    return dict(row, telemetry=True, run_dir=run_dir)
 
 
 def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
@@ -799,9 +808,21 @@ def manifest_of(row: dict[str, Any], host: str) -> dict[str, Any]:
 def ended_rows() -> list[dict[str, Any]]:
     """The trainings without telemetry this user's agent observed that have ended
     (their records, :mod:`timeline`), newest first; not one that had telemetry attached
-    before it ended (a kill attaches first): its run is listed, and says how it ended."""
-    rows = [tl.row() for tl in settle(left_behind_of) if tl.end() is not None]
-    return [r for r in rows if attached_run(r) is None]
+    before it ended (a kill attaches first) whose run this user's index lists: that
+    run is listed, and says how it ended. One whose attached run the index does not list
+    (attached as root to another user's trainer, or under another ``XDG_STATE_HOME``)
+    is, with its run (:func:`given_telemetry`)."""
+    out = []
+    for tl in settle(left_behind_of):
+        if tl.end() is None:
+            continue
+        row = tl.row()
+        run_dir, registered = _attached(row)
+        if run_dir is None:
+            out.append(row)
+        elif not registered:
+            out.append(given_telemetry(row, run_dir))
+    return out
 
 
 def op_discover(req: dict[str, Any]) -> int:
@@ -841,9 +862,18 @@ def attached_run(row: dict[str, Any]) -> str | None:
     it ended (stopped at a step boundary, its save a numbered checkpoint), where the
     outside record knows only that it went. None when it ran without telemetry to its
     end."""
+    return _attached(row)[0]
+
+
+def _attached(row: dict[str, Any]) -> tuple[str | None, bool]:
+    """:func:`attached_run`, and whether this user's index lists that run: there first,
+    else where attach puts a run by default (``CWD/eagle3-runs/attached-PID``, a
+    manifest naming that very process and its attach, owned by its user: the
+    telemetry registered the run in the index of the trainer's environment, which
+    need not be the one read here)."""
     started, ended = row.get("started"), row.get("ended_at")
     if not isinstance(started, (int, float)) or not isinstance(ended, (int, float)):
-        return None
+        return None, False
     # every registration, not each run's latest: a run resumed since is registered
     # again under its new trainer's PID
     for entry in reversed(read_index()):  # newest first
@@ -853,5 +883,21 @@ def attached_run(row: dict[str, Any]) -> str | None:
         if isinstance(at, (int, float)) and started <= at <= ended:
             path = Path(run_dir)
             if path.is_dir() and owned_by_me(path):
-                return run_dir
-    return None
+                return run_dir, True
+    cwd, pid = row.get("cwd"), row.get("pid")
+    if not isinstance(cwd, str) or not cwd or not isinstance(pid, int):
+        return None, False
+    run_dir = os.path.join(cwd, RUNS_FOLDER, f"attached-{pid}")
+    m = load_manifest(run_dir)
+    if m is None or not isinstance(m.get("attached"), dict):
+        return None, False
+    same = (m.get("pid"), m.get("start_ticks")) == (pid, row.get("start_ticks"))
+    if not same or m.get("boot_id") != (row.get("boot_id") or procs.boot_id()):
+        return None, False
+    uid = row.get("uid")
+    try:
+        if isinstance(uid, int) and os.lstat(run_dir).st_uid != uid:
+            return None, False  # not written by the trainer's telemetry (a link: its maker's)
+    except OSError:
+        return None, False
+    return run_dir, False

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,6 +39,30 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         say(f"{self.prog}: {message} (see {self.prog} --help)", err=True)
         raise SystemExit(exits.ERROR)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        """argparse's, but an option this command does not have is an error naming that
+        option alone: argparse's "unrecognized arguments: --ssh-client HOST:DIR" named
+        the TARGET too, after taking the option's value for it."""
+        given = list(sys.argv[1:] if args is None else args)
+        ns, extras = super().parse_known_args(given, namespace)
+        before = given[: given.index("--")] if "--" in given else given  # after: positional
+        unknown = [
+            a.partition("=")[0] if a.startswith("--") else a
+            for a in extras
+            if _looks_like_option(a) and a in before
+        ]
+        if unknown:
+            s = "s" if len(unknown) > 1 else ""
+            self.error(f"unknown option{s} {', '.join(dict.fromkeys(unknown))}")
+        return ns, extras
+
+
+def _looks_like_option(arg: str) -> bool:
+    """``-x``, ``--name``, ``--name=VALUE``; not ``-`` nor a negative number."""
+    return len(arg) > 1 and arg.startswith("-") and not (arg[1].isdigit() or arg[1] == ".")
 
 
 def process_id(text: str) -> int:

@@ -85,18 +85,27 @@ class Diagnosis:
     @property
     def label(self) -> str:
         """What the header and banner call it: the health, or ``LINK DOWN`` while the
-        link is down and the last verdict was no alarm (running, waiting)."""
-        if self.link_down_since is not None and self.health in (Health.RUNNING, Health.WAITING):
+        link is down, whatever the last verdict (the header then shows that one beside
+        it, in its own colours: an alarm is never hidden, nor shown as current)."""
+        if self.link_down_since is not None:
             return "LINK DOWN"
         return self.health.value.upper().replace("_", " ")
 
 
 def ago(seconds: float) -> str:
+    """A duration in words: seconds below 90 s, minutes and seconds below 10 min
+    ("1 min 30 s", never 90 s rounded to "2 min": a message that compares two
+    durations must not read "for 2 min … longer than the 2 min"), whole minutes
+    below 90 min, then hours."""
     seconds = max(0.0, seconds)
     if seconds < 10:
         return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
+    whole = round(seconds)
+    if whole < 600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"

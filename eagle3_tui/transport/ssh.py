@@ -105,9 +105,11 @@ def connect_error(
         msg = check.message(exc.reason) if check is not None else f"{dest}: {exc.reason}"
         return HostRefusedError(msg)
     if isinstance(exc, asyncssh.PermissionDenied):
+        # the configuration read: -F FILE's, else the default (as asyncssh reads it)
+        config = ", ".join(target.options.config) or "~/.ssh/config"
         return HostRefusedError(
             f"{dest}: permission denied ({exc.reason}); check -i KEY, ssh-agent, "
-            "or IdentityFile/User in ~/.ssh/config"
+            f"or IdentityFile/User in {config}"
         )
     if isinstance(exc, asyncssh.KeyImportError | asyncssh.KeyEncryptionError):
         return HostRefusedError(f"{dest}: cannot use the private key: {exc}")

@@ -780,7 +780,7 @@ def test_a_validation_is_hung_only_well_past_the_longest_before_it() -> None:
     data, t = _validating(610, earlier=200.0)
     d = diagnose(state_of(data), t)
     assert d.health == Health.STALLED, d.reason
-    assert "(the longest before it took 3 min)" in d.reason, d.reason
+    assert "(the longest before it took 3 min 20 s)" in d.reason, d.reason
     # its sidecar's heartbeats stopped 40 s ago: nothing reached us of the last 40 s
     d = diagnose(state_of(data), t + 40)
     assert d.health != Health.STALLED or "Validating" not in d.reason, d.reason
