@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import repeat
@@ -674,6 +675,52 @@ def _counts_problem(rec: Record | TrainStep) -> str | None:
     return None
 
 
+_ACCURACY_RE = re.compile(r"(?:full|cond)_acc_\d+(?:_epoch)?")
+"""An acceptance metric (``full_acc_k``, ``cond_acc_k``; ``…_epoch`` in validation):
+a probability. One outside [0, 1] is no accuracy (``full_acc_0: 50`` made τ 51)."""
+
+
+@functools.lru_cache(maxsize=256)
+def accuracy_keys(keys: tuple[str, ...]) -> tuple[int, ...]:
+    """Where the accuracies are among a ``train`` or ``val`` object's keys."""
+    return tuple(i for i, k in enumerate(keys) if _ACCURACY_RE.fullmatch(k))
+
+
+def _accuracy_problem(values: dict[str, Number] | TrainMetrics | None, where: str) -> str | None:
+    """An accuracy outside [0, 1] (NaN is a value a diverged step logs, as a loss is)."""
+    if values is None:
+        return None
+    if isinstance(values, TrainMetrics):
+        keys = values.__keys__
+        at = accuracy_keys(keys)
+        if not at:
+            return None
+        numbers: tuple[Any, ...] = msgspec.structs.astuple(values)
+    else:
+        keys = tuple(values)
+        at = accuracy_keys(keys)
+        if not at:
+            return None
+        numbers = tuple(values.values())
+    for i in at:
+        v = numbers[i]
+        if v is not None and not 0.0 <= v <= 1.0 and v == v:
+            return f"'{where}.{keys[i][:40]}' is {v:.6g}: an accuracy outside [0, 1]"
+    return None
+
+
+def accuracies_valid(columns: list[npt.NDArray[Any]]) -> bool:
+    """:func:`_accuracy_problem` of columns of values: none outside [0, 1] (NaN allowed)."""
+    for col in columns:
+        if not col.dtype.isnative:  # a lean batch's big-endian view: native once (faster)
+            col = col.astype(col.dtype.newbyteorder("="))
+        if not (col.min() >= 0.0 and col.max() <= 1.0):  # (False too for a NaN among them)
+            with np.errstate(invalid="ignore"):
+                if bool(((col < 0.0) | (col > 1.0)).any()):
+                    return False
+    return True
+
+
 def _integral(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x == int(x)
 
@@ -686,10 +733,11 @@ def record_problem(rec: Record | TrainStep) -> str | None:
     reads. A line of our writer (``v`` present) has the whole envelope: an integer
     ``seq``, a writer ``w``, a finite ``ts``. Each kind has what it is applied by:
     ``train`` a metrics object and an integral step, ``val`` its values, ``log`` a
-    text message, ``lifecycle``/``ckpt`` an event, ``hparams`` its object.
+    text message, ``lifecycle``/``ckpt`` an event, ``hparams`` its object. A
+    ``train`` or ``val`` accuracy (``full_acc_k``, ``cond_acc_k``) is in [0, 1] (or NaN).
     """
     if isinstance(rec, TrainStep):
-        return _step_problem(rec) or _counts_problem(rec)
+        return _step_problem(rec) or _counts_problem(rec) or _accuracy_problem(rec.train, "train")
     v = rec.v
     if v > SUPPORTED_SCHEMA:
         return (
@@ -724,7 +772,12 @@ def record_problem(rec: Record | TrainStep) -> str | None:
         return f"a {kind} record without 'event'"
     elif kind == "hparams" and rec.hparams is None:
         return "an hparams record without 'hparams'"
-    return _counts_problem(rec)
+    problem = _counts_problem(rec)
+    if problem is None and kind == "train":
+        return _accuracy_problem(rec.train, "train")
+    if problem is None and kind == "val":
+        return _accuracy_problem(rec.val, "val")
+    return problem
 
 
 def _step_problem(rec: TrainStep) -> str | None:

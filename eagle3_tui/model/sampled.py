@@ -196,11 +196,11 @@ class Samplers:
         return list(utils)
 
     def _apply_io(self, rec: Record) -> str | None:
-        self.last_io_ts = rec.ts
         try:
             workers = io_workers(rec)
         except DECODE_ERRORS as e:
-            return f"io workers: {e}"
+            return f"io workers: {e}"  # (nothing moved: a malformed line)
+        self.last_io_ts = rec.ts
         total = rec.bytes
         if total is None:
             total = sum(w.read_bytes or 0.0 for w in workers)

@@ -68,7 +68,7 @@ from eagle3_tui.model.records import (
     train_items,
 )
 from eagle3_tui.model.sampled import Samplers
-from eagle3_tui.model.sequences import Writers
+from eagle3_tui.model.sequences import Spans, Writers
 from eagle3_tui.model.stack import stack_sample
 from eagle3_tui.model.step_ingest import (
     BATCH_MIN,
@@ -103,6 +103,39 @@ _SIGNAL_RE = re.compile(r"^Received (SIG\w+) .* interrupting")
 
 _YEAR_S = 365 * 86400.0
 """Longer than any run: a record's time this far before the newest is not its start."""
+
+RUN_ENDS = frozenset({"finish", "interrupt", "crash", "stop"})
+"""Lifecycle events that end a process of the run."""
+_STARTS = frozenset({"start", "resume", "attach"})
+"""Lifecycle events that name a process of the run (their ``pid``)."""
+
+
+def not_this_runs(rec: Record, run_id: str | None, known: bool, pids: set[int]) -> str | None:
+    """Why a lifecycle event is not the run's (None: it may be), where anyone who can
+    append to its file may write any line.
+
+    A ``start`` or ``resume`` names its run (``run_id``): a resume keeps the run's id
+    (the manifest's), every rank derives the same one, so one naming another run than
+    the run's first start (``run_id``) is another run's line (it made a finished run
+    "dead" with another pid). A process's end (:data:`RUN_ENDS`) comes from a writer
+    the run heard of before (``known``: its trainer wrote its start, a rank its
+    heartbeats), or names a process of the run (``pids``: a sidecar saw its trainer
+    die), or is another rank's own crash (only rank 0 writes the run's start); one of
+    a writer never heard of, naming no process of the run, is no process's end.
+    """
+    if rec.event in ("start", "resume"):
+        named = rec.run_id
+        if run_id is None or not isinstance(named, str) or not named or named[:80] == run_id:
+            return None
+        return f"a {rec.event} of run {named[:40]!r} in run {run_id[:40]!r}'s file: another run's"
+    if known or (rec.pid is not None and rec.pid in pids):
+        return None
+    if rec.event == "crash" and rec.rank > 0:
+        return None
+    return (
+        f"a {rec.event} of writer {rec.w[:40]!r}, of which no record came before, naming no "
+        "process of the run: no process's end"
+    )
 
 
 @dataclass
@@ -168,6 +201,9 @@ class RunState:
     """The run ids its records and manifest named, first seen first."""
     file_run_ids: list[str] = field(default_factory=list)
     """Those its records named (the file's own word: another run's file names others)."""
+    started_run: str | None = None
+    """The run id its first ``start`` or ``resume`` named: a start or resume naming
+    another is another run's record, not applied (:func:`not_this_runs`)."""
     train_writer: str | None = None
     """The writer (``w``) of the latest training step: the trainer."""
     history: History | None = None
@@ -191,18 +227,59 @@ class RunState:
             self.restarts.append(item)
         elif isinstance(item, Deferred):
             if item.kind in self.samplers.pending:
-                if self.writers.check(item):  # (False: a repeat, counted once and dropped)
-                    self.records += 1
-                    self._touch(item.ts)
-                    self.samplers.queue(item.kind, item)
+                if self._in_sequence(item):  # (False: a repeat, dropped; or held)
+                    self._queue_sample(item)
                 return
             full = item.resolve()
             if isinstance(full, Malformed):
                 self._malformed(full)
-            elif self._valid(full, item.start) and self.writers.check(full):
+            elif (
+                self._valid(full, item.start)
+                and self._in_sequence(full)
+                and self._belongs(full, item.start)
+            ):
                 self._apply_record(full)
-        elif self._valid(item) and self.writers.check(item):
+        elif self._valid(item) and self._in_sequence(item) and self._belongs(item):
             self._apply_record(item)
+
+    def _in_sequence(self, rec: Record | TrainStep | Deferred) -> bool:
+        """Whether a record may be applied now by its writer's sequence number
+        (model/sequences.py). A record ahead of its writer's sequence that this one
+        decides on is applied first (held, and the writer's), or counted as malformed
+        instead (a line naming that writer, not its own; one taken at once, a few
+        ahead, is taken back: no longer a record, nor an event)."""
+        ok = self.writers.check(rec)
+        if self.writers.decided:
+            decided, self.writers.decided = self.writers.decided, []
+            for ahead, refused, applied in decided:
+                if refused is not None:
+                    if applied:
+                        self._take_back(ahead)
+                    offset = ahead.start if isinstance(ahead, Deferred) else -1
+                    self._malformed(Malformed(0, offset, refused, ""))
+                elif isinstance(ahead, Deferred) and ahead.kind in self.samplers.pending:
+                    self._queue_sample(ahead)
+                elif not isinstance(ahead, Deferred) and self._belongs(ahead):
+                    self._apply_record(ahead)
+        return ok
+
+    def _take_back(self, rec: Record | TrainStep | Deferred) -> None:
+        """A record taken, then found not to be its writer's line: not a record, and
+        the event it added is removed (a step it stored stays: its step's own)."""
+        self.records -= 1
+        for i in range(len(self.events) - 1, -1, -1):
+            e = self.events[i]
+            if (e.writer, e.ts, e.event) == (rec.w, rec.ts, getattr(rec, "event", None)):
+                del self.events[i]
+                if self._starting is e:
+                    self._starting = None
+                break
+
+    def _queue_sample(self, item: Deferred) -> None:
+        """A sampler's record, counted now and applied when the state settles."""
+        self.records += 1
+        self._touch(item.ts)
+        self.samplers.queue(item.kind, item)
 
     def _malformed(self, bad: Malformed) -> None:
         self.malformed_count += 1
@@ -221,6 +298,50 @@ class RunState:
         seq = f" seq {rec.seq}" if rec.seq >= 0 else ""
         self._malformed(Malformed(0, offset, f"{rec.kind or 'line'}{seq}: {problem}"[:200], ""))
         return False
+
+    def _belongs(
+        self, rec: Record | TrainStep, offset: int = -1, batch: Spans | None = None
+    ) -> bool:
+        """Whether a lifecycle event is this run's; if not, it is counted as malformed
+        (:func:`not_this_runs`). Asked once its sequence number is taken (both reads,
+        line by line and a batch at once, then count its writer's numbers alike).
+        ``batch``: the writers' numbers in the batch the record is applied with."""
+        if rec.kind != "lifecycle" or not isinstance(rec, Record):
+            return True
+        event = rec.event
+        if event in ("start", "resume"):
+            problem = not_this_runs(rec, self.started_run, True, self._pids())
+        elif event in RUN_ENDS:
+            # a writer with records before this one (its numbers checked before it is
+            # applied: in the state's writers, or in the batch it comes with)
+            mine, span = self.writers.get(rec.w), batch.get(rec.w) if batch else None
+            known = (mine is not None and mine.first_seq < rec.seq) or (
+                span is not None and span[0] < rec.seq
+            )
+            known = known or any(e.writer == rec.w for e in self.events)
+            problem = not_this_runs(rec, self.started_run, known, self._pids())
+        else:
+            return True
+        if problem is None:
+            return True
+        self.writers.untake(rec)
+        reason = f"lifecycle {event} seq {rec.seq}: {problem}"[:200]
+        self._malformed(Malformed(0, offset, reason, ""))
+        return False
+
+    def _pids(self) -> set[int]:
+        """The processes this run's records and manifest name as its own: each start's,
+        resume's and attach's, the manifest's trainer and its ranks'."""
+        pids = {e.pid for e in self.events if e.pid is not None and e.event in _STARTS}
+        mine = self.manifest.get("pid")
+        if type(mine) is int:
+            pids.add(mine)
+        ranks = self.manifest.get("ranks")
+        for entry in ranks if isinstance(ranks, list) else ():
+            pid = entry.get("pid") if isinstance(entry, dict) else None
+            if type(pid) is int:
+                pids.add(pid)
+        return pids
 
     def set_manifest(self, manifest: dict[str, Any]) -> None:
         self.manifest = dict(manifest)
@@ -243,11 +364,17 @@ class RunState:
         lock its feeding holds (the app's pipeline reads ``Run.state`` under its own).
         """
         for kind, rec in self.samplers.take_pending():
+            # each was counted a record when it was queued: one that is not is a
+            # malformed line instead, counted once
             if isinstance(rec, Malformed):
+                self.records -= 1
                 self._malformed(rec)
-            elif self._valid(rec):
+            elif not self._valid(rec):
+                self.records -= 1
+            else:
                 problem = self.samplers.apply(kind, rec)
                 if problem is not None:
+                    self.records -= 1
                     self._bad_payload(rec, problem)
 
     def _touch(self, ts: float) -> None:
@@ -414,7 +541,7 @@ class RunState:
             return False
         # From here on the batch is applied, in the order the lines came: the other
         # kinds, the writers' sequence numbers, the malformed lines, the steps.
-        starts = self._apply_others(batch if batch.kinds is not None else None)
+        starts = self._apply_others(batch if batch.kinds is not None else None, spans)
         self.writers.advance(spans)
         for bad in items:
             if type(bad) is Malformed:
@@ -450,7 +577,7 @@ class RunState:
         spans = row_spans(rows, recs, at, self.writers, envelopes, where)
         if spans is None:
             return False
-        starts = self._apply_others(others_batch(recs, rows.steps) if recs else None)
+        starts = self._apply_others(others_batch(recs, rows.steps) if recs else None, spans)
         if envelopes is not None:
             self._count_envelopes(envelopes)
         self.writers.advance(spans)
@@ -478,7 +605,7 @@ class RunState:
                 self._touch(float(ts[first]))
                 self._touch(float(ts[len(hit) - 1 - int(hit[::-1].argmax())]))
 
-    def _apply_others(self, batch: Batch | None) -> list[float]:
+    def _apply_others(self, batch: Batch | None, spans: Spans) -> list[float]:
         """The batch's records of other kinds (None: it has none): sampler records
         queue (``settle()`` applies the ones the bounded histories keep); the rest
         apply in order. Returns the times of the process starts its steps may end:
@@ -507,9 +634,9 @@ class RunState:
                 full = r.resolve()
                 if isinstance(full, Malformed):
                     self._malformed(full)
-                elif self._valid(full, r.start):
+                elif self._valid(full, r.start) and self._belongs(full, r.start, spans):
                     self._apply_record(full)
-            elif self._valid(r):
+            elif self._valid(r) and self._belongs(r, -1, spans):
                 self._apply_record(r)
         new = self.events[events_before:]
         return starts + [e.ts for e in new if e.event in ("start", "resume")]
@@ -632,6 +759,8 @@ class RunState:
         )
         self.events.append(event)
         if rec.event in ("start", "resume"):
+            if self.started_run is None and isinstance(rec.run_id, str) and rec.run_id:
+                self.started_run = rec.run_id[:80]
             self._close(_ACTIVITIES, rec.ts)
             self._starting = event  # until its first step: a start-up, not a silence
             self.signalled = None

@@ -15,7 +15,6 @@ Pure: no textual, no asyncssh.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, NamedTuple, cast
@@ -35,9 +34,11 @@ from eagle3_tui.model.records import (
     Malformed,
     TrainMetrics,
     TrainStep,
+    accuracies_valid,
+    accuracy_keys,
     struct_columns,
 )
-from eagle3_tui.model.sequences import Spans, WriterSeq
+from eagle3_tui.model.sequences import Spans, Writers
 
 BATCH_MIN = 16
 """Batches at least this big try the column path."""
@@ -181,13 +182,18 @@ def others_apart(recs: list[Item]) -> bool:
 
 
 def rows_valid(rows: StepColumns) -> bool:
-    """:func:`steps_valid` and :func:`record_columns`'s demands, of columns."""
+    """:func:`steps_valid` and :func:`record_columns`'s demands, of columns (an
+    accuracy outside [0, 1] among them: the rows are checked as records, line by line)."""
     steps, ts, v = rows.steps, rows.ts, rows.versions
     if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
         return False
     if not bool((v >= 1).all()) or bool((v > SUPPORTED_SCHEMA).any()):
         return False
     if not bool((ts > 0).all()) or not np.isfinite(ts).all():
+        return False
+    cols, keys = rows.columns, rows.keys
+    accuracies = [cols.get("train/" + keys[i]) for i in accuracy_keys(keys)]
+    if not accuracies_valid([c for c in accuracies if c is not None]):
         return False
     return int(steps[0]) >= 0 and int(rows.seqs[0]) >= 0
 
@@ -231,7 +237,7 @@ def split_batch(items: list[Item]) -> Batch | None:
 def steps_valid(batch: Batch, unnamed_writer: bool) -> bool:
     """Increasing steps, none negative; and what :func:`record_problem` asks of each
     line, for the whole batch at once: our writer's lines (``v``) carry a writer and a
-    finite, positive time."""
+    finite, positive time; accuracies are in [0, 1] (or NaN)."""
     steps, ts = batch.steps, batch.cols["ts"]
     if len(steps) > 1 and not bool((np.diff(steps) > 0).all()):
         return False
@@ -241,6 +247,9 @@ def steps_valid(batch: Batch, unnamed_writer: bool) -> bool:
         unnamed_writer or not bool((ts > 0).all()) or not np.isfinite(ts).all()
     ):
         return False
+    keys = cast("TrainMetrics", _TRAIN(batch.trains[0])).__keys__
+    if not accuracies_valid([batch.cols[f"train/m{i}"] for i in accuracy_keys(keys)]):
+        return False  # an accuracy outside [0, 1]: the careful path says which line
     return int(steps[0]) >= 0
 
 
@@ -313,18 +322,22 @@ def record_columns(trains: list[AnyRecord]) -> dict[str, npt.NDArray[np.float64]
     return cols
 
 
-def spans(
-    groups: dict[str, npt.NDArray[np.int64]], writers: Mapping[str, WriterSeq]
-) -> Spans | None:
+def spans(groups: dict[str, npt.NDArray[np.int64]], writers: Writers) -> Spans | None:
     """Each writer's (first, last) sequence number, from its numbers in file order;
-    None unless they are consecutive and continue the writer's (in ``writers``)."""
+    None unless they are consecutive and continue the writer's (in ``writers``): a
+    repeat, a number ahead of the writer's (held until its next record says whose it
+    is: model/sequences.py) or a writer with a record ahead are checked record by record."""
     out: Spans = {}
     for writer, mine in groups.items():
         first = int(mine[0])
         if first < 0 or (len(mine) > 1 and not bool((np.diff(mine) == 1).all())):
             return None
         known = writers.get(writer)
-        if known is not None and first < known.next_seq:
+        if known is not None and (
+            first < known.next_seq
+            or known.ahead is not None
+            or (first > known.next_seq and not writers.jump_taken(writer))
+        ):
             return None
         out[writer] = (first, int(mine[-1]))
     return out
@@ -337,7 +350,7 @@ def _exact_seqs(seqs: npt.NDArray[np.float64]) -> bool:
     return bool((np.abs(seqs) < 2.0**53).all())  # (NaN compares False)
 
 
-def batch_spans(batch: Batch, writers: Mapping[str, WriterSeq]) -> Spans | None:
+def batch_spans(batch: Batch, writers: Writers) -> Spans | None:
     """Each writer's first and last sequence number in ``batch``; None unless they
     are consecutive and continue the writer's (a repeat: the careful path drops it)."""
     recs = batch.recs
@@ -370,7 +383,7 @@ def row_spans(
     rows: StepColumns,
     recs: list[Item],
     before: list[int],
-    writers: Mapping[str, WriterSeq],
+    writers: Writers,
     envelopes: Envelopes | None = None,
     places: list[int] | None = None,
 ) -> Spans | None:
