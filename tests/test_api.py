@@ -112,10 +112,14 @@ def test_follow_reads_on_from_where_it_was(two_runs: Path) -> None:
         i for i, line in enumerate(lines) if b'"kind": "train"' in line or b'"kind":"train"' in line
     ]
     replaced = live / "metrics.new"
-    replaced.write_bytes(b"".join(lines[: trains[9] + 1]))  # a new, shorter file: 10 steps
+    # a new, shorter file: the same run's first 10 steps (its writer's records, read
+    # before): the same history, as the monitor keeps it, not a run read anew from step 9
+    replaced.write_bytes(b"".join(lines[: trains[9] + 1]))
     replaced.rename(live / "metrics.jsonl")
     third = next(looks)
-    assert third.summary()["global_step"] == json.loads(lines[trains[9]])["global_step"]
+    assert third.summary()["global_step"] == whole["global_step"]
+    changes = third.summary()["file_changes"]
+    assert changes and changes[-1]["change"] == "replaced", changes
 
 
 def test_errors_are_one_line_with_the_commands_status(tmp_path: Path) -> None:

@@ -33,14 +33,16 @@ from eagle3_tui.agent.names import KILL_GRACE_S, PURPOSE_RESUME, SAVE_WAIT_S, SU
 from eagle3_tui.api import slurm
 from eagle3_tui.api.reading import (
     OBSERVE_S,
+    LocalFile,
     Note,
     ReadTo,
     Session,
+    apply_status,
     check_pid,
     check_seconds,
+    host_status,
     label_of,
     load_chosen,
-    load_local,
     load_target,
     local_status,
     needs_choice,
@@ -56,12 +58,12 @@ from eagle3_tui.api.reading import (
 from eagle3_tui.transport import calls
 from eagle3_tui.transport.base import TargetError, UnreadableRunError
 from eagle3_tui.transport.channel import AgentAnswerError, Event, Host
-from eagle3_tui.transport.local import check_run_dir, iter_chunks
 from eagle3_tui.transport.replies import (
     AttachPlan,
     AttachResult,
     Choice,
     DiscoverReport,
+    ErrorKind,
     KillReport,
     ResumeReport,
     SaveWait,
@@ -253,10 +255,15 @@ def follow(
 ) -> Generator[OpenedRun, None, None]:
     """The run read again every ``every`` seconds, for as long as the caller iterates
     (``close()`` ends it: a connection kept for the looks is closed then).
-    A run's file is read on from where the last look ended (only new bytes; a file
-    replaced or truncated meanwhile is read whole again): a local run directory's, and
-    over SSH the run the host chooses for the target, each look, where it is the one the
-    last look read. Each look's ``summary()`` is as of its own time, while its ``run`` is
+    A run's file is read on from where the last look ended (only new bytes): a local run
+    directory's, and over SSH the run the host chooses for the target, each look, where it
+    is the one the last look read. A file deleted, replaced or truncated meanwhile is said
+    to the run as the monitor's stream says it (its model keeps what was read, and takes
+    the run's own new file as the same history; a local one is held open between looks, so
+    what was appended before the change is read first); a look that finds no file there
+    yields the run as read so far (``summary()["file_changes"]`` says so) and the follow
+    goes on (only its first look raises where there is none, as :func:`open_run`). Each
+    look's ``summary()`` is as of its own time, while its ``run`` is
     the one being followed and grows. Anything else (a training without telemetry, a
     Slurm job, another run chosen) is opened afresh (for a live screen, the monitor
     streams). ``whole_history`` False: as :func:`open_run`'s (a long run's first look
@@ -268,29 +275,25 @@ def follow(
         yield from _follow_chosen(t, pid, label_of(where, pid), every, history)
         return
     first = open_run(where, pid=pid, ssh=ssh, whole_history=whole_history)
-    yield _taken(first)
     t, label = first.where, first.label
-    local_run = isinstance(t, LocalTarget) and t.job is None
-    run, offset = first.run, first.run.reader.next_offset
-    seen = _file_id(t) if local_run else None
-    while True:
-        time.sleep(every)
-        if not local_run:  # a Slurm job's: where its training runs may change
+    if not isinstance(t, LocalTarget) or t.job is not None:
+        yield _taken(first)
+        while True:  # a Slurm job's: where its training runs may change
+            time.sleep(every)
             yield _taken(open_run(t, pid=pid, label=label, whole_history=whole_history))
-            continue
-        assert isinstance(t, LocalTarget)
-        path = check_run_dir(t.run_dir)
-        now_id = _file_id(t)
-        if now_id != seen or path.stat().st_size < offset:  # replaced or truncated: read
-            run, seen = load_local(t.run_dir, history), now_id  # whole again, as the first
-            offset = run.reader.next_offset
-        else:
-            for chunk in iter_chunks(path, offset):
-                run.feed(chunk.offset, chunk.data)
-                offset = chunk.end
-        now = time.time()
-        local_status(run, t.run_dir, now)
-        yield _taken(OpenedRun(label, t, run, now))
+    run_dir = t.run_dir
+    # held from now: a file deleted or replaced before the next look is read to its end
+    file = LocalFile(run_dir, first.run, first.run.reader.next_offset)
+    try:
+        yield _taken(first)
+        while True:
+            time.sleep(every)
+            file.read_on()
+            now = time.time()
+            local_status(file.run, run_dir, now)
+            yield _taken(OpenedRun(label, t, file.run, now))
+    finally:
+        file.close()
 
 
 def _follow_chosen(
@@ -301,27 +304,47 @@ def _follow_chosen(
     session = Session(t)
     try:
         read_to: ReadTo | None = None
+        skew = 0.0  # the host's clock less this one's, as of the last look
         while True:
             notes: list[str] = []  # what the host chose, each look (its note)
-            look = _chosen(t, pid, label, notes.append, history, read_to, notes, session)
-            read_to = look._read_to
-            yield _taken(look)
+            try:
+                look = _chosen(t, pid, label, notes.append, history, read_to, notes, session)
+            except AgentAnswerError as e:
+                if read_to is None or e.kind is not ErrorKind.MISSING:
+                    raise
+                # the run's file is gone from the path (deleted, not made again yet): the
+                # run read so far, the change said to it once, as the monitor says it
+                read_to = _file_gone(read_to, session)
+                now = time.time() + skew
+                yield _taken(OpenedRun(label, t, read_to.run, now, _read_to=read_to))
+            else:
+                read_to = look._read_to
+                skew = look.now - time.time()
+                yield _taken(look)
             time.sleep(every)
     finally:
         session.close()
+
+
+def _file_gone(read_to: ReadTo, session: Session) -> ReadTo:
+    """``read_to``'s run told that its file is gone (once) and what its host says of its
+    trainer now; the next look reads the file made there as the run's (``deleted``)."""
+    from eagle3_tui.transport.base import FileChanged
+
+    run = read_to.run
+    if not read_to.gone:
+        run.file_changed(FileChanged("deleted", time.time(), read_to.offset))
+    now = time.time()
+    status = session.run(host_status(session.host, read_to.run_dir))
+    if status is not None:
+        apply_status(run.state, status, status.now or now)
+    return replace(read_to, gone=True)
 
 
 def _taken(opened: OpenedRun) -> OpenedRun:
     """The look with its summary taken now (its run may be fed on afterwards)."""
     opened.summary()
     return opened
-
-
-def _file_id(where: Target) -> tuple[int, int]:
-    """Which file a local run's metrics.jsonl is (a new one under the name starts over)."""
-    assert isinstance(where, LocalTarget)
-    st = check_run_dir(where.run_dir).stat()
-    return st.st_dev, st.st_ino
 
 
 def compare(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from eagle3_tui.agent.names import EV_CHOSEN
 from eagle3_tui.transport import calls
-from eagle3_tui.transport.base import TargetError
+from eagle3_tui.transport.base import FileChanged, TargetError
 from eagle3_tui.transport.calls import Report
 from eagle3_tui.transport.channel import AgentAnswerError, DataFrame, Event, Host
 from eagle3_tui.transport.forked import read_inflated
@@ -214,6 +214,98 @@ def load_local(run_dir: Path, history: History = None) -> Run:
     return run
 
 
+class LocalFile:
+    """A local run's ``metrics.jsonl`` read on into one run across ``follow``'s looks, as
+    the monitor's stream (``transport/local.py``'s :class:`LocalTransport`) reads it: the
+    file is held open between looks, so one deleted or replaced meanwhile is read to its
+    end first (what was appended before the swap is not lost), then the file at the path
+    from 0; each change is said to the run (:meth:`Run.file_changed
+    <eagle3_tui.model.run.Run.file_changed>`, with what the transport says), whose model
+    decides whose history the new file continues, as the monitor's does: the same run's
+    file goes on as the same history (nothing dropped), another file is shown as what the
+    path holds now. A path with no file is said once (``deleted``), and waited on."""
+
+    def __init__(self, run_dir: Path, run: Run, offset: int) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.run = run
+        self.offset = offset
+        """How far the file held has been fed to the run."""
+        self.fd: int | None = None
+        self.identity: tuple[int, int] | None = None
+        self.gone = False
+        """The path had no file at the last look (the change was said)."""
+        self._open()
+
+    def _open(self) -> os.stat_result | None:
+        """The file at the path now, held (None: none there)."""
+        from eagle3_tui.telemetry.safefs import open_regular
+        from eagle3_tui.transport.local import check_local_input, input_error
+
+        if self.identity is not None:  # a file made there since: checked as the first was
+            check_local_input(self.path.parent)  # (another user's link: not followed)
+        try:
+            fd, st = open_regular(self.path)  # never a FIFO: no hang
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise input_error(self.path, e) from None
+        self.fd, self.identity = fd, (st.st_dev, st.st_ino)
+        return st
+
+    def read_on(self) -> None:
+        """What was written since the last look, into the run (a change under the file
+        said first, in its place)."""
+        if self.fd is not None:
+            self._read_held()
+            if _identity(self.path) == self.identity:
+                return
+            self._read_held()  # once more: what was appended before the swap
+            os.close(self.fd)  # read to its end: the path's file from now on
+            self.fd = None
+        had = self.identity
+        st = self._open()
+        if st is None:
+            if had is not None and not self.gone:
+                self.gone = True
+                self.run.file_changed(FileChanged("deleted", time.time(), self.offset))
+            return
+        if had is not None:
+            change = "deleted" if self.gone else "replaced"
+            self.run.file_changed(FileChanged(change, time.time(), self.offset, st.st_size))
+            self.offset = 0
+        self.gone = False
+        self._read_held()
+
+    def _read_held(self) -> None:
+        from eagle3_tui.transport.parts import READ_SIZE
+
+        assert self.fd is not None
+        size = os.fstat(self.fd).st_size
+        if size < self.offset:  # cut short: its history read before is kept
+            self.run.file_changed(FileChanged("truncated", time.time(), self.offset, size))
+            self.offset = 0
+        while self.offset < size:
+            data = os.pread(self.fd, min(READ_SIZE, size - self.offset), self.offset)
+            if not data:
+                break
+            self.run.feed(self.offset, data)
+            self.offset += len(data)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` now (device, inode); None when there is none to see."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 async def load_remote(where: SshTarget, history: History = None) -> tuple[Run, float]:
     """The run's metrics.jsonl read over SSH with its manifest and whether its trainer
     lives (one connection), and the host's clock. A multi-node run's other nodes (its
@@ -259,6 +351,8 @@ class Feeder:
         self.run, self.stream = run, stream
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-tui-feed")
         self._error: BaseException | None = None
+        self.gone = False
+        """The last look found no file at the path (a new one there is said ``deleted``)."""
 
     def _feed(self, frame: DataFrame) -> None:
         if self._error is None:  # after a failure, nothing more: it is raised
@@ -274,15 +368,27 @@ class Feeder:
 
     def event(self, event: Event) -> None:
         """The agent's word that the file is another one, or shorter, than the one read
-        up to the request's offset (``restarted``: it sends it from 0): the frames after
-        it go to a new run (as a local ``follow`` reads such a file whole again), which
-        :attr:`run` is once the ``with`` is left."""
+        up to the request's offset (``restarted``: it sends it from 0): said to the run,
+        in its place among the frames, as the monitor's stream says it (``FileChanged``):
+        its model decides whose history the frames after it continue (the run's own file
+        goes on as the same history, another is shown as what the path holds now)."""
         if event.event == "restarted":
-            self._pool.submit(self._restart)
+            expected, size, now = event.get("expected"), event.get("size"), event.get("now")
+            change = FileChanged(
+                "deleted" if self.gone else str(event.get("reason") or "replaced"),
+                float(now) if type(now) in (int, float) else time.time(),
+                expected if type(expected) is int else None,
+                size if type(size) is int else None,
+                self.stream,
+            )
+            self._pool.submit(self._restart, change)
 
-    def _restart(self) -> None:
+    def _restart(self, change: FileChanged) -> None:
         if self._error is None:
-            self.run = new_run()
+            try:
+                self.run.file_changed(change)
+            except BaseException as e:
+                self._error = e
 
     def begin(self, run: Run) -> None:
         """The frames after this go to ``run`` (an earlier look's, read on)."""
@@ -361,6 +467,8 @@ class ReadTo:
     run_dir: str
     offset: int
     identity: str
+    gone: bool = False
+    """A later look found no file at the path (said to the run as ``deleted``)."""
 
 
 @dataclass(frozen=True)
@@ -394,6 +502,7 @@ async def load_chosen(
         at = None if since is None else (since.run_dir, since.offset, since.identity)
         read_dir = ""
         with Feeder(new_run()) as feed:
+            feed.gone = since is not None and since.gone
 
             def on_event(ev: Event) -> None:
                 nonlocal read_dir

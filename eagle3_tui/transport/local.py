@@ -212,7 +212,16 @@ class LocalTransport:
                     yield room
                 if fd is None:
                     try:
+                        if identity is not None:  # a file made there since: checked as the
+                            check_input(str(self.run_dir))  # first was (another's link)
                         fd, st = open_regular(self.path)  # never a FIFO: no hang
+                    except BadInputError as problem:
+                        why = str(_error(problem))
+                        if why != unreadable:
+                            yield LinkChanged(Link.UNREADABLE, why)
+                            unreadable = why
+                        await asyncio.sleep(self.idle_interval)
+                        continue
                     except FileNotFoundError:
                         if identity is not None and not gone:
                             gone = True
