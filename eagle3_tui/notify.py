@@ -1,6 +1,7 @@
 """Where ``watch``'s alerts go: a command, a webhook (generic JSON, Slack, Discord), the
-desktop; each alert delivered with retries and backoff in a thread of its own, so a
-slow or failing destination never holds the watching up.
+desktop; each destination's deliveries tried, retried with backoff, in a thread of its
+own, so a slow or failing destination holds up neither the watching nor another
+destination.
 
 ``--notify`` specs:
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -60,7 +62,9 @@ class Alert:
 
     kind: str
     """The new verdict (``silent``, ``stalled``, ``dead``, ``diverged``, ``disk_full``,
-    ``unreadable``, ``finished``, ``stopped``), ``link_down``, or ``recovered``."""
+    ``unreadable``, ``finished``, ``stopped``), ``link_down``, ``recovered``, or
+    ``ended`` (a run whose alarm was sent ended still in it: a diverged run that
+    finished or was stopped; ``health`` says which)."""
     run: str
     """The run as a target names it (``HOST:DIR``, a local directory, ``HOST pid N``)."""
     host: str
@@ -234,7 +238,8 @@ def markup_escaped(text: str) -> str:
 def parse_notify(spec: str) -> Notifier:
     """A ``--notify`` spec as a destination; ValueError (one line) when it is none. A URL
     is checked here (a host, a port in range): one that can never be delivered to is
-    refused at the start, not retried for 17 minutes."""
+    refused at the start, not retried for 17 minutes. A URL's scheme, as a payload's
+    prefix (``slack:``), is case-insensitive (``HTTP://…``)."""
     if spec == "desktop":
         return DesktopNotifier()
     if spec.startswith("exec:"):
@@ -243,14 +248,18 @@ def parse_notify(spec: str) -> Notifier:
             raise ValueError("exec: needs a command (exec:CMD)")
         return ExecNotifier(spec, command)
     style, _, rest = spec.partition(":")
-    if style in ("slack", "discord", "json") and rest.startswith(("http://", "https://")):
-        return WebhookNotifier(spec, checked_url(rest), style)
-    if spec.startswith(("http://", "https://")):
+    if style.lower() in ("slack", "discord", "json") and _is_url(rest):
+        return WebhookNotifier(spec, checked_url(rest), style.lower())
+    if _is_url(spec):
         return WebhookNotifier(spec, checked_url(spec), webhook_style(spec))
     raise ValueError(
         f"{shown(spec)!r}: not a destination (exec:CMD, an http(s):// URL, slack:URL, "
         "discord:URL, json:URL or desktop)"
     )
+
+
+def _is_url(text: str) -> bool:
+    return text.lower().startswith(("http://", "https://"))
 
 
 def webhook_style(url: str) -> str:
@@ -265,16 +274,37 @@ def webhook_style(url: str) -> str:
 
 
 def checked_url(url: str) -> str:
-    """``url`` where it has a host and a port in range; ValueError naming it (its
-    password hidden) otherwise."""
+    """``url`` where it has a host (a name, an IPv4 or IPv6 address) and a port in range
+    (1-65535), and no blank or control character (a request could never carry it);
+    ValueError naming it (its password hidden) otherwise."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{shown(url)!r}: a blank or control character in the URL")
     try:
         parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port out of range or not a number
+        port = parts.port
     except ValueError as e:
-        raise ValueError(f"{shown(url)!r}: {e}") from None
+        said = "Port out of range 1-65535" if "out of range" in str(e) else str(e)
+        raise ValueError(f"{shown(url)!r}: {said}") from None
+    if port == 0:
+        raise ValueError(f"{shown(url)!r}: Port out of range 1-65535")
     if not parts.hostname:
         raise ValueError(f"{shown(url)!r}: no host in the URL")
+    if not _host_name(parts.hostname):
+        raise ValueError(f"{shown(url)!r}: {parts.hostname!r} is not a host name or address")
     return url
+
+
+def _host_name(host: str) -> bool:
+    """Whether ``host`` (a URL's, unbracketed) is an IP address (IPv6 with a zone too) or
+    a host name: labels of letters, digits, ``-`` and ``_`` joined by dots."""
+    if ":" in host:
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        return True
+    labels = host.rstrip(".").split(".")
+    return all(label and all(c.isalnum() or c in "-_" for c in label) for label in labels)
 
 
 def shown(spec: str) -> str:
@@ -342,9 +372,11 @@ class Delivery:
 
 @dataclass
 class Outbox:
-    """Deliveries waiting or being retried, worked off by one thread. ``say`` gets one
-    line per failed try, per delivery given up and per delivery after a failure;
-    ``changed`` is called when the queue changes (the watcher saves its state).
+    """Deliveries waiting or being retried, worked off by one thread per destination:
+    each alert's first try to each destination goes at once, whatever the others do (a
+    webhook that takes its 10 s to time out holds up no command). ``say`` gets one line
+    per failed try, per delivery given up and per delivery after a failure; ``changed``
+    is called when the queue changes (the watcher saves its state).
 
     The queue is in the order alerts were raised (kept so in the state file), and each
     destination gets its alerts in that order: a later one waits while an earlier one
@@ -361,31 +393,52 @@ class Outbox:
     failed_tries: int = 0
     given_up: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _wake: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _wakes: dict[str, threading.Event] = field(default_factory=dict)
+    """One a destination (its thread waits on it); set when an alert is posted."""
+    _threads: list[threading.Thread] = field(default_factory=list)
     _stop: bool = False
 
     def post(self, alert: Alert) -> None:
         """The alert to every destination (returns at once)."""
         with self._lock:
-            self.queue.extend(Delivery(alert, n.spec) for n in self.notifiers)
+            self.queue.extend(Delivery(alert, spec) for spec in self._specs())
         self.changed()
-        self._wake.set()
+        for wake in list(self._wakes.values()):
+            wake.set()
+
+    def _specs(self) -> list[str]:
+        """The destinations' specs, each once (one given twice gets an alert once)."""
+        return list(dict.fromkeys(n.spec for n in self.notifiers))
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="eagle3-tui-notify", daemon=True)
-            self._thread.start()
+        """A thread per destination; first, what is kept for a destination no longer
+        given is dropped (said)."""
+        if self._threads:
+            return
+        specs = self._specs()
+        with self._lock:
+            orphans = [d for d in self.queue if d.notifier not in specs]
+        for delivery in orphans:
+            self.attempt(delivery)
+        for i, spec in enumerate(specs):
+            wake = self._wakes.setdefault(spec, threading.Event())
+            thread = threading.Thread(
+                target=self._run, args=(spec, wake), name=f"eagle3-tui-notify-{i}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
 
     def stop(self, drain_s: float = 0.0) -> None:
-        """Stop the thread; first wait up to ``drain_s`` for what is due now to go out."""
+        """Stop the threads; first wait up to ``drain_s`` for what is due now to go out."""
         end = time.monotonic() + drain_s
         while drain_s and time.monotonic() < end and self.due():
             time.sleep(0.05)
         self._stop = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=EXEC_TIMEOUT_S + HTTP_TIMEOUT_S)
+        for wake in list(self._wakes.values()):
+            wake.set()
+        end = time.monotonic() + EXEC_TIMEOUT_S + HTTP_TIMEOUT_S  # a try under way ends
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, end - time.monotonic()))
 
     def due(self) -> list[Delivery]:
         """The deliveries to try now: each destination's first, when its wait is over."""
@@ -402,34 +455,44 @@ class Outbox:
 
     def try_all(self) -> None:
         """Every delivery tried once now, in order (``watch --once``: cron's next look is
-        minutes away): a destination's next only once its earlier one is delivered or
-        given up."""
-        for notifier in [d.notifier for d in self.heads()]:
-            while True:
-                with self._lock:
-                    first = next((d for d in self.queue if d.notifier == notifier), None)
-                if first is None:
-                    break
-                self.attempt(first)
-                with self._lock:
-                    if any(d is first for d in self.queue):
-                        break  # still pending: the later ones wait for it
+        minutes away), each destination's in a thread of its own (a slow one holds up no
+        other): a destination's next only once its earlier one is delivered or given
+        up."""
+        threads = [
+            threading.Thread(target=self._try_in_order, args=(d.notifier,), daemon=True)
+            for d in self.heads()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _try_in_order(self, notifier: str) -> None:
+        while True:
+            with self._lock:
+                first = next((d for d in self.queue if d.notifier == notifier), None)
+            if first is None:
+                break
+            self.attempt(first)
+            with self._lock:
+                if any(d is first for d in self.queue):
+                    break  # still pending: the later ones wait for it
 
     def pending(self) -> int:
         with self._lock:
             return len(self.queue)
 
-    def _run(self) -> None:
+    def _run(self, spec: str, wake: threading.Event) -> None:
+        """One destination's deliveries, in order: its first tried when due."""
         while not self._stop:
-            while due := self.due():  # one delivered, or given up: its next is due at once
-                for delivery in due:
-                    if self._stop:
-                        return
-                    self.attempt(delivery)
-            waits = [d.next_at for d in self.heads()]
-            wait = min(waits) - self.clock() if waits else 3600.0
-            self._wake.wait(timeout=max(0.05, min(wait, 3600.0)))
-            self._wake.clear()
+            wake.clear()  # before the queue is read: a post meanwhile wakes the wait
+            with self._lock:
+                head = next((d for d in self.queue if d.notifier == spec), None)
+            if head is not None and head.next_at <= self.clock():
+                self.attempt(head)  # delivered or given up: the next is due at once
+                continue
+            wait = head.next_at - self.clock() if head is not None else 3600.0
+            wake.wait(timeout=max(0.05, min(wait, 3600.0)))
 
     def attempt(self, delivery: Delivery) -> bool:
         """One try of one delivery; True once it is delivered."""
@@ -449,11 +512,13 @@ class Outbox:
                 raise DeliveryError(f"{type(e).__name__}: {e}") from None
         except DeliveryError as failure:
             why = scrubbed(str(failure), notifier.spec)  # said on stderr: no password
-            self.failed_tries += 1
+            with self._lock:
+                self.failed_tries += 1
             delivery.last_error = why
             label = f"{shown(notifier.spec)}: {delivery.alert.kind} of {delivery.alert.run}"
             if delivery.attempts >= ATTEMPTS:
-                self.given_up += 1
+                with self._lock:
+                    self.given_up += 1
                 self._drop(delivery)
                 self.say(f"not delivered, given up after {delivery.attempts} tries: {label}: {why}")
             else:
@@ -464,7 +529,8 @@ class Outbox:
                 )
             self.changed()
             return False
-        self.delivered += 1
+        with self._lock:
+            self.delivered += 1
         self._drop(delivery)
         if delivery.attempts > 1:
             self.say(
@@ -475,6 +541,8 @@ class Outbox:
         return True
 
     def _drop(self, delivery: Delivery) -> None:
-        with self._lock:
-            if delivery in self.queue:
-                self.queue.remove(delivery)
+        with self._lock:  # this one (two of one alert to one spec compare equal)
+            for i, d in enumerate(self.queue):
+                if d is delivery:
+                    del self.queue[i]
+                    break

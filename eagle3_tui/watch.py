@@ -11,7 +11,12 @@ A verdict is sent once per transition, after it has held for ``hold_s`` and two 
 for its end, and is sent then if it still holds). Which verdict was last sent for
 each run, and the deliveries not yet done, are kept in a state file: after a restart
 the watcher neither repeats an alert nor loses one (a change it missed while down is
-sent on its first looks).
+sent on its first looks). An alarm that outlives its run (a diverged run that then
+finished or was stopped) is said once more when the run ends: ``ended``.
+
+Over 600 lines: a verdict's way to an alert (the transition rules, the alert, its
+command), the state file that remembers what was sent, and the watcher that joins them
+to the following (``following.py``) belong together.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_tui.following import (
+    PROBE_FLOWING_S,
     Followed,
     Follower,
     WatchTarget,
@@ -52,6 +58,11 @@ REMEMBERED = 2000
 """Runs the state file keeps (those seen last): enough that no run still listed or named
 is forgotten, and an alert about it repeated."""
 QUIET = ("running", "waiting")
+BOUNDS_PROBE_S = 2.0
+"""While a run's totals are not known yet, its manifest is asked again each look (at
+most this often), not every ``PROBE_FLOWING_S`` while its records flow: its trainer
+writes them to ``run.json`` once its Trainer is made, after a watcher started with it
+first looked."""
 
 
 @dataclass
@@ -127,6 +138,12 @@ class RunMemory:
     alerted_at: float | None = None
     link_alerted: bool = False
     last_sent: float | None = None
+    end_alerted: bool = False
+    """The run's end was said: by the alert of an ended verdict (finished, dead, a
+    diverged run that had finished), or by ``ended`` (an alarm that outlived its run)."""
+    ended_since: float | None = None
+    """When the looks first found the run ended, its alarm unchanged (not saved)."""
+    ended_looks: int = 0
     pending: str | None = None
     """A new verdict not sent yet (not saved: after a restart it is looked at again)."""
     pending_since: float = 0.0
@@ -150,6 +167,7 @@ class RunMemory:
             "alerted_at": self.alerted_at,
             "link_alerted": self.link_alerted,
             "last_sent": self.last_sent,
+            "end_alerted": self.end_alerted,
             "seen_at": self.seen_at,
         }
 
@@ -174,6 +192,8 @@ def transition(
         memory.seen = v.health
     if kind is not None:
         memory.last_sent = now
+        if kind != "link_down":
+            memory.end_alerted = v.ended  # its alert said the run ended, or not yet
     return kind
 
 
@@ -184,6 +204,10 @@ def _transition(memory: RunMemory, v: Verdict, now: float, rules: Rules, looks: 
     if v.link_down_since is not None:
         return None  # nothing new can arrive: the last verdict stands
     health = v.health
+    if health == memory.alerted and health in ALARMS:
+        ended = _end_transition(memory, v, now, rules, looks)
+        if ended is not None:
+            return ended
     if health == memory.alerted or (
         memory.alerted is None and health in QUIET
     ):  # no change, or a run first seen healthy: its baseline
@@ -210,6 +234,32 @@ def _transition(memory: RunMemory, v: Verdict, now: float, rules: Rules, looks: 
     return health
 
 
+def _end_transition(
+    memory: RunMemory, v: Verdict, now: float, rules: Rules, looks: int
+) -> str | None:
+    """``ended``: a run whose alarm was sent (diverged) ended still in it (finished or
+    stopped after it diverged): its health does not change, but nobody would learn it
+    ended. Sent once, after the end held as a change does, within the gap's rule."""
+    if not v.ended or v.health in ENDED:
+        memory.ended_since, memory.ended_looks = None, 0
+        if not v.ended:
+            memory.end_alerted = False  # live again (resumed): its next end is news
+        return None
+    if memory.end_alerted:
+        return None
+    if memory.ended_since is None:
+        memory.ended_since = now
+    memory.ended_looks += 1
+    held = now - memory.ended_since >= rules.hold_s and memory.ended_looks >= looks
+    in_gap = memory.last_sent is not None and now - memory.last_sent < rules.gap_s
+    if not held or in_gap:
+        return None
+    memory.ended_since, memory.ended_looks = None, 0
+    memory.alerted_at = now
+    memory.pending, memory.pending_looks = None, 0
+    return "ended"
+
+
 def _link_transition(memory: RunMemory, v: Verdict, now: float, rules: Rules) -> str | None:
     down = v.link_down_since
     if down is not None and not memory.link_alerted and now - down >= rules.link_down_s:
@@ -221,12 +271,18 @@ def _link_transition(memory: RunMemory, v: Verdict, now: float, rules: Rules) ->
     return None
 
 
-def action(kind: str, run: str, v: Verdict, ssh_args: Sequence[str]) -> str | None:
-    """The command that acts on a verdict (as the monitor's keys would)."""
+def action(
+    kind: str, run: str, v: Verdict, ssh_args: Sequence[str], host: str | None = None
+) -> str | None:
+    """The command that acts on a verdict (as the monitor's keys would). A run watched
+    from outside is acted on by its PID on its ``host`` (by default the one its name
+    says: ``HOST pid N``; a directory's training without telemetry is named by the
+    directory)."""
     opts = "".join(f" {shlex.quote(a)}" for a in ssh_args)
     host_run = shlex.quote(run)
     if v.observed and v.pid is not None:
-        host, _, _ = run.partition(" pid ")
+        if host is None:
+            host, _, _ = run.partition(" pid ")
         by_pid = (
             f"{shlex.quote(host)} --pid {v.pid}" if host != "this machine" else f"--pid {v.pid}"
         )
@@ -236,9 +292,9 @@ def action(kind: str, run: str, v: Verdict, ssh_args: Sequence[str]) -> str | No
         if v.observed and v.handler is None:  # no handler: telemetry is the fix
             return f"eagle3-tui attach {by_pid}{opts}"
         return f"eagle3-tui {by_pid}{opts}"
-    if kind == "diverged" and v.ended and not v.leftovers:  # it finished or stopped so
+    if kind in ("diverged", "ended") and v.ended and not v.leftovers:  # it finished or stopped so
         return f"eagle3-tui summary {by_pid}{opts}"
-    if kind in ("stalled", "diverged") or (kind == "dead" and v.leftovers):
+    if kind in ("stalled", "diverged", "ended") or (kind == "dead" and v.leftovers):
         return f"eagle3-tui kill {by_pid}{opts}"
     if kind in ("dead", "stopped"):
         if not v.resumable:  # nothing to continue from: resume would be refused
@@ -277,7 +333,7 @@ def make_alert(
         total_steps=v.total_steps,
         epoch=v.epoch,
         epochs=v.epochs,
-        command=action(kind, memory.label, v, ssh_args),
+        command=action(kind, memory.label, v, ssh_args, host),
         at=now,
         id=uuid.uuid4().hex,
     )
@@ -303,6 +359,9 @@ class WatchState:
     outbox: list[Delivery] = field(default_factory=list)
     problem: str | None = None
     """Why the saved state could not be read (then the watcher starts afresh, said)."""
+    make_dirs: bool = True
+    """Whether a save makes the file's missing directories (the default path's; one
+    named with ``--state`` is in a directory that exists, and none is made)."""
 
     @classmethod
     def load(cls, path: Path) -> WatchState:
@@ -315,6 +374,7 @@ class WatchState:
                     alerted=saved.get("alerted"),
                     alerted_at=saved.get("alerted_at"),
                     link_alerted=bool(saved.get("link_alerted")),
+                    end_alerted=bool(saved.get("end_alerted")),
                     last_sent=_float_or_none(saved.get("last_sent")),
                     seen_at=_float_or_none(saved.get("seen_at")) or 0.0,
                 )
@@ -350,7 +410,8 @@ class WatchState:
             "runs": {k: m.saved() for k, m in runs.items()},
             "outbox": [d.to_json() for d in outbox],
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.make_dirs:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # a stale one of this PID's; another user's: refused, said
@@ -408,6 +469,11 @@ class Watcher(Follower):
         self.outbox = Outbox(list(notifiers), report, self.save, clock)
         self.outbox.queue = list(state.outbox)
         self.alerts: list[Alert] = []
+        self._first_step_at: dict[str, float] = {}
+        """When each run's first step was seen while its totals were unknown."""
+        self._keys: dict[str, str] = {}
+        """A followed run's key -> its key in the state file, where they differ (a
+        directory's training without telemetry is kept by its directory, not its PID)."""
         self._save_problem: str | None = None
         self._save_lock = threading.Lock()
 
@@ -434,13 +500,42 @@ class Watcher(Follower):
         self.save()
 
     def started(self, f: Followed) -> None:
-        self.state.memory(f.key, f.label).label = f.label
+        """A run followed: kept under its key. A directory named by a target whose
+        training writes no telemetry is followed by its trainer's PID, but kept and named
+        as the directory (a local one by its resolved path, a ``HOST:DIR`` as typed), as
+        its run would be: the README's promise, and ``--once``'s key."""
+        named = next((t for t in self.targets if not t.discover and t.target is f.target), None)
+        run_dir = named.target.run_dir if named is not None else None
+        if f.pid is not None and named is not None and run_dir is not None:
+            f.label = named.text
+            self._keys[f.key] = f"{f.host_label}:{run_dir}"
+        self.state.memory(self._keys.get(f.key, f.key), f.label).label = f.label
 
     def looked(self, key: str, f: Followed, snap: Snapshot) -> None:
         v = verdict_of(snap, f.pipeline.run.unsettled)
-        self.judge(key, f.label, f.host_label, v)
-        if f.found and v.health in ENDED and self.state.runs[key].alerted == v.health:
+        self._ask_for_totals(key, f, v)
+        kept = self._keys.get(key, key)
+        self.judge(kept, f.label, f.host_label, v)
+        memory = self.state.runs[kept]
+        ended = v.health in ENDED or (v.ended and memory.end_alerted)
+        if f.found and memory.alerted == v.health and ended:
             self.let_go(key)  # said: a host's ended run is followed no longer
+
+    def _ask_for_totals(self, key: str, f: Followed, v: Verdict) -> None:
+        """A run whose total steps are not known: its host asked again at the next look
+        (see :data:`BOUNDS_PROBE_S`), until one answer came after its first step (a
+        Trainer writes its totals before it: a run without any is asked no more)."""
+        now = self.clock()
+        if v.total_steps is not None or v.ended or v.observed or not f.probing:
+            self._first_step_at.pop(key, None)
+            return
+        busy = f.probe_task is not None and not f.probe_task.done()
+        if v.step is not None:
+            first = self._first_step_at.setdefault(key, now)
+            if f.probed and f.probed_at > first and not busy:
+                return  # asked after its first step: it has no totals to give
+        if not busy and now - f.probed_at >= BOUNDS_PROBE_S:
+            f.probed_at = now - PROBE_FLOWING_S  # the next look asks
 
     def judge(self, key: str, label: str, host: str, v: Verdict, looks: int = 2) -> None:
         """One look's verdict on a run: an alert posted when it calls for one."""

@@ -577,7 +577,8 @@ def test_a_webhooks_password_is_never_printed_and_a_bad_url_refused_at_start(
 def test_a_live_run_whose_loss_turns_nan_is_diverged_once(tmp_path: Path, hook: Hook) -> None:
     """The watcher in this process on a real tiny training with telemetry: its first
     looks are its baseline (waiting, running: nothing sent), its weights made NaN mid-run
-    is one ``diverged`` alert, and its end after that (still diverged) sends nothing."""
+    is one ``diverged`` alert, and its end after that (still diverged) one ``ended``
+    alert (none when the diverged alert already said it had finished)."""
     import asyncio
     import os
 
@@ -620,11 +621,18 @@ def test_a_live_run_whose_loss_turns_nan_is_diverged_once(tmp_path: Path, hook: 
             assert alert["command"] == f"eagle3-tui {want} {run_dir}", alert
             assert "nan" in alert["reason"].lower(), alert["reason"]
             await wait_until_async(lambda: run.proc.poll() is not None, 180, run.log)
-            await asyncio.sleep(4)  # its end, looked at: diverged still, nothing to send
+            if not ended:  # its end, still diverged: said once
+                await wait_until_async(lambda: "ended" in kinds(), 60, lambda: f"{said}")
+                end = hook.posts[-1][1]
+                assert (end["health"], end["command"]) == (
+                    "diverged",
+                    f"eagle3-tui summary {run_dir}",
+                ), end
+            await asyncio.sleep(4)  # looked at again: nothing more to send
         finally:
             stop.set()
             await task
-        assert kinds() == ["diverged"], said
+        assert kinds() == (["diverged"] if ended else ["diverged", "ended"]), said
 
     with live_training(run_dir, args, dict(os.environ, **launch_env(run_dir))) as run:
         asyncio.run(watch(run))

@@ -4,10 +4,13 @@ on each change of verdict that needs a human, and on the good news (``watch.py``
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eagle3_tui import exits
 from eagle3_tui.cli.common import add_ssh_options, command_parser, say, seconds, ssh_options
 from eagle3_tui.transport.base import TargetError
 
@@ -23,9 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         "recovers: once per change, after the verdict held (--hold), with the run, host, "
         "PID, the diagnosis, its step and the command that acts on it. What was sent is "
         "kept (--state): a restarted watcher neither repeats nor loses an alert. Exit "
-        "status: 0 stopped (Ctrl-C, SIGTERM); with --once the worst health found (as "
-        "summary: 3 silent, 4 stalled, 5 dead, 6 diverged, 7 stopped, 10 unreadable, 11 "
-        "disk full), 2 error.",
+        "status: 0 stopped by SIGTERM (systemctl stop, kill: a service's normal stop), 130 "
+        "interrupted (Ctrl-C); with --once the worst health found (as summary: 3 silent, "
+        "4 stalled, 5 dead, 6 diverged, 7 stopped, 10 unreadable, 11 disk full, 12 copy), "
+        "2 error.",
     )
     p.add_argument(
         "target",
@@ -39,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--notify",
         metavar="SPEC",
         action="append",
+        type=notify_spec,
         default=[],
         help="where alerts go, several allowed: exec:CMD (the alert as JSON on stdin and in "
         "EAGLE3_TUI_ALERT_* variables), an http(s):// webhook URL (Slack's and Discord's "
@@ -52,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         "worst health's status",
     )
     p.add_argument(
-        "--interval", type=seconds, default=10.0, metavar="SECONDS", help="between looks (10)"
+        "--interval",
+        type=positive_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="between looks (10)",
     )
     p.add_argument(
         "--hold",
@@ -78,11 +87,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state",
         metavar="FILE",
-        help="where what was sent is kept (default: one file per set of targets under "
-        "~/.local/state/eagle3-tui/watch/)",
+        type=state_file,
+        help="where what was sent is kept: a file, read and written, in a directory that "
+        "exists (default: one file per set of targets under ~/.local/state/eagle3-tui/"
+        "watch/, made if need be)",
     )
     add_ssh_options(p)
     return p
+
+
+def positive_seconds(text: str) -> float:
+    """``--interval``'s value: a finite number of seconds above 0 (0 would look without
+    pause)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds above 0")
+    return value
+
+
+def notify_spec(text: str) -> str:
+    """A ``--notify`` spec that names a destination (a URL with a host and a port in
+    range): one that can never be delivered to is a usage error, not 8 tries."""
+    from eagle3_tui.notify import parse_notify
+
+    try:
+        parse_notify(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def state_file(text: str) -> str:
+    """``--state``: a file this user may read and replace, in a directory that exists
+    (none is made: a typo would be a tree of directories; the default's, under the
+    user's state directory, is). What is there and is no file, or cannot be read, is a
+    usage error: the watcher would start afresh and save nothing, repeating alerts."""
+    path = Path(text)
+    said = repr(text)
+    if not text:
+        raise argparse.ArgumentTypeError("a file's path, not empty")
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise argparse.ArgumentTypeError(f"{said}: {what}; --state names a file")
+    if path.is_file():
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{said}: not readable ({e.strerror})") from None
+    parent = path.parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist, and is not made"
+        raise argparse.ArgumentTypeError(
+            f"{said}: {str(parent)!r} {why}; name a file in a directory that exists"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{said}: {str(parent)!r} is not writable")
+    return text
 
 
 def watch_targets(ns: argparse.Namespace) -> list[WatchTarget]:
@@ -130,13 +194,7 @@ def run(ns: argparse.Namespace) -> int:
     from eagle3_tui.notify import parse_notify, shown
     from eagle3_tui.watch import Rules, Watcher, WatchState, state_path
 
-    try:
-        notifiers = [parse_notify(spec) for spec in ns.notify]
-    except ValueError as e:
-        raise TargetError(f"--notify {e}") from None
-    for flag in ("interval", "hold", "gap", "link_down"):
-        if getattr(ns, flag) < 0 or (flag == "interval" and ns.interval <= 0):
-            raise TargetError(f"--{flag.replace('_', '-')}: a number of seconds above 0")
+    notifiers = [parse_notify(spec) for spec in dict.fromkeys(ns.notify)]  # checked: once each
     targets = watch_targets(ns)
     path = state_path([t.text for t in targets], ns.state)
     older = state_path(ns.target)  # the default file of targets as typed, before
@@ -145,6 +203,7 @@ def run(ns: argparse.Namespace) -> int:
         state.path = path
     else:
         state = WatchState.load(path)
+    state.make_dirs = not ns.state  # the default's directories only: --state's exists
     if state.problem:
         say(f"eagle3-tui watch: {state.problem}", err=True)
     rules = Rules(hold_s=ns.hold, gap_s=ns.gap, link_down_s=ns.link_down)
@@ -172,13 +231,22 @@ def run(ns: argparse.Namespace) -> int:
         f"{destinations}; state in {path}"
     )
 
+    stopped_by: list[int] = []
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stopping(sig: int) -> None:
+            stopped_by.append(sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping, sig)
         await watcher.run(stop)
 
     asyncio.run(main())
     report(f"stopped; {watcher.outbox.pending()} deliveries kept for the next start")
-    return 0
+    if stopped_by and stopped_by[0] == signal.SIGINT:
+        return exits.INTERRUPTED  # Ctrl-C: as every command (a script sees it was)
+    return exits.OK  # SIGTERM: a service manager's (systemctl stop) or kill's normal stop
