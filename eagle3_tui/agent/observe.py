@@ -90,6 +90,26 @@ FIND_EVENTS_EVERY = 5
 """Rounds between looks for a TensorBoard event file of the trainer's (none yet)."""
 
 
+class BarParser(LineParser):
+    """The log's parser, an epoch's bars told apart by how many of that epoch's bars
+    have closed (a bar's line ends only when it closes: rich prints it whole then, tqdm
+    and a terminal's rich end its redrawn line), not by how many closed at 100%: a
+    training loop cut short (``max_steps``, a stop) closes its bar below its total, and
+    the validation bar after it was read as the training's (its step time said as the
+    training's). Its state (the count per epoch) travels in the cursor as before."""
+
+    def parse(self, raw: str) -> list[Any]:
+        out = super().parse(raw)
+        for kind, payload, _ in out:
+            figures = payload.get("bar") if kind == Kind.PROGRESS else None
+            if isinstance(figures, dict) and not figures.get("done"):  # (done: counted)
+                epoch = str(figures.get("epoch"))
+                self.bars[epoch] = self.bars.get(epoch, 0) + 1
+                if len(self.bars) > 64:
+                    self.bars.pop(min(self.bars, key=int))
+        return out
+
+
 class FrameSink:
     """Records in the JSON-lines schema, collected for the next data frame: what the
     telemetry samplers write to (``write(kind, payload)``, as a JsonlWriter)."""
@@ -507,7 +527,7 @@ class Observer:
         separate = row.get("handler") in ("tensorboard", "wandb") or (
             row.get("metrics_file") and row.get("metrics_file") != row.get("log")
         )  # the metrics come from their own file: the log's printed ones would come twice
-        self.parser = LineParser(cursor.get("parser"), key_values=not separate)
+        self.parser = BarParser(cursor.get("parser"), key_values=not separate)
         self.ckpt_sink = _WithoutInventory(self.sink)
         self.watcher = CheckpointWatcher(self.ckpt_sink, None)
         self.ckpt_dir: str | None = None
@@ -561,8 +581,14 @@ class Observer:
         self._roles: dict[tuple[int, int], str] = {}
         self._recorded: set[tuple[int, int]] = set()
         self._cpu: dict[int, tuple[int, float]] = {}
-        self._held: dict[tuple[int, int], float] = {}
-        """Its processes in state T (held stopped): when a round first found each so."""
+        self._held: dict[tuple[int, int], tuple[float, int | None]] = {}
+        """Its processes in state T (held stopped): when a look first found each so in
+        the stop it is in, and its context switches then (:func:`_switches`)."""
+        self._kept_held = _kept_held(timeline)
+        """The same, as the run's record has it from any look (another observer's, an
+        earlier summary's): a stop older than this observer."""
+        self._held_kept = _held_record(self._kept_held)
+        """What the record holds of it, as this observer last read or wrote it."""
         self._last = time.monotonic()
         self._vals: dict[str, float] = {}
         self.rounds = 0
@@ -707,7 +733,7 @@ class Observer:
         out = []
         members: dict[int, str] = {}
         cpu: dict[int, tuple[int, float]] = {}
-        held: dict[tuple[int, int], float] = {}
+        held: dict[tuple[int, int], tuple[float, int | None]] = {}
         seen_at = time.time()
         for pid in [self.root, *procs.descendants(self.root)]:
             st = procs.stat(pid)
@@ -733,14 +759,46 @@ class Observer:
                 "cpu_pct": pct,
                 "rss": procs.rss_bytes(pid),
             }
-            if st.state == "T":  # held stopped (SIGSTOP, Ctrl-Z): since this look first saw it
+            if st.state == "T":  # held stopped (SIGSTOP, Ctrl-Z): since a look first saw it
                 key = (pid, st.start_ticks)
-                member["held_since"] = held[key] = self._held.get(key, seen_at)
+                switches = _switches(pid)
+                since = self._held_since(key, switches, seen_at)
+                held[key] = (since, switches)
+                member["held_since"] = since
             out.append(member)
         self.members = members
         self._cpu = cpu
         self._held = held
         return out
+
+    def _held_since(self, key: tuple[int, int], switches: int | None, now: float) -> float:
+        """When a look first found process ``key`` held stopped, in the stop it is in
+        now: this observer's earlier look or any look the run's record kept, where the
+        process's context switches are the same as then (a process continued and
+        stopped again in between has run: its stop is a new one, seen from ``now``).
+        Where they cannot be read, only this observer's previous look counts (it found
+        it held a round ago), as the least that is known."""
+        mine = self._held.get(key)
+        for known in (mine, self._kept_held.get(key)):
+            if known is not None and switches is not None and known[1] == switches:
+                return known[0]
+        if mine is not None and switches is None and mine[1] is None:
+            return mine[0]
+        return now
+
+    def _keep_held(self) -> None:
+        """The processes held stopped now, into the run's record (when it changed): a
+        later look (a summary) says for how long from the first look that saw each."""
+        if self.timeline is None:
+            return
+        kept = _held_record(self._held)
+        if kept == self._held_kept:
+            return
+        try:
+            self.timeline.note_held(kept)
+        except OSError:
+            return  # (the record's other files say why, where the directory refuses)
+        self._held_kept = kept
 
     # -- checkpoints ---------------------------------------------------------------------
     def set_checkpoint_dir(self, path: str | None) -> None:
@@ -941,6 +999,7 @@ class Observer:
         tail copied while it grows (by the record's writer, every 10 s at most)."""
         if self.timeline is None:
             return
+        self._keep_held()
         try:
             self.timeline.note(
                 {**self.row, "checkpoint_dir": self.ckpt_dir}, self.record["members"]
@@ -1098,6 +1157,58 @@ def post_mortem(timeline: Timeline, cursor: dict[str, Any], interval: float) -> 
         obs.close()
     emit(EV_ENDED, pid=obs.pid, now=time.time(), size=offset)
     return 0
+
+
+def _switches(pid: int) -> int | None:
+    """The context switches of process ``pid``'s main thread so far (``/proc/PID/status``),
+    None where unreadable. A process held stopped makes none; continued, it runs (and
+    switches) before any new stop holds it again."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            text = f.read(1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+    total = 0
+    found = 0
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            try:
+                total += int(value.strip())
+            except ValueError:
+                return None
+            found += 1
+    return total if found == 2 else None
+
+
+def _held_record(held: dict[tuple[int, int], tuple[float, int | None]]) -> dict[str, Any]:
+    """``held.json``'s content: those whose context switches could be read."""
+    return {
+        f"{pid}-{start}": {"since": round(since, 3), "switches": switches}
+        for (pid, start), (since, switches) in held.items()
+        if switches is not None
+    }
+
+
+def _kept_held(timeline: Timeline | None) -> dict[tuple[int, int], tuple[float, int | None]]:
+    """The run record's processes held stopped (:meth:`Timeline.held`), as the observer
+    keeps them; what is not well formed is left out."""
+    out: dict[tuple[int, int], tuple[float, int | None]] = {}
+    try:
+        kept = timeline.held() if timeline is not None else {}
+    except OSError:
+        return out
+    for name, rec in kept.items():
+        pid, _, start = str(name).partition("-")
+        if not (pid.isdigit() and start.isdigit() and isinstance(rec, dict)):
+            continue
+        since, switches = rec.get("since"), rec.get("switches")
+        if isinstance(since, bool) or not isinstance(since, (int, float)):
+            continue
+        if isinstance(switches, bool) or not isinstance(switches, int):
+            continue
+        out[(int(pid), int(start))] = (float(since), switches)
+    return out
 
 
 def _still_alive(left: dict[str, Any]) -> bool:

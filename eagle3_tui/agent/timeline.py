@@ -21,6 +21,9 @@ user it runs as, in that user's private state::
         end.json          how it ended: when it was seen gone, its exit status where
                           the kernel said it (the observer held a pidfd), what of it was
                           still alive then
+        held.json         its processes a look found held stopped (state T): when
+                          a look first found each so, and its context switches then
+                          (unchanged since: it has not run, the stop is the same one)
         lock
 
 Every file is 0600, written without following links (``safefs``). A run's record is
@@ -77,6 +80,8 @@ _ENVELOPE = ("v", "seq", "w", "ts", "rank")
 _VOLATILE = ("members", "health", "health_reason", "cpu_pct", "gpus", "named_pid")
 """What of a discovery row changes from look to look: not a reason to rewrite it."""
 CURRENT, PREVIOUS = "timeline.jsonl", "timeline.1.jsonl"
+HELD = "held.json"
+HELD_LIMIT = 1 << 16
 
 
 def records_root() -> Path:
@@ -159,7 +164,17 @@ class Timeline:
                 row[key] = end.get(key)
         return row
 
+    def held(self) -> dict[str, Any]:
+        """``held.json``: ``"PID-START"`` → ``{"since", "switches"}`` of its processes
+        a look found held stopped (any observer's: the monitor's, an earlier summary's)."""
+        return _read_json(self.path / HELD, HELD_LIMIT) or {}
+
     # -- written while it lives -------------------------------------------------------
+    def note_held(self, held: dict[str, Any]) -> None:
+        """Its processes held stopped now (``held.json`` rewritten whole: one that is
+        not held any more goes)."""
+        _write_json(self.path / HELD, held)
+
     def note(self, row: dict[str, Any], members: list[dict[str, Any]]) -> None:
         """It was seen alive now: its row (rewritten when it changed) and every process
         of its tree with its start time (kept, the newest :data:`MEMBERS_KEPT`)."""

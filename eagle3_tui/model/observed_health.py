@@ -174,6 +174,34 @@ def quiet_limit(state: RunState) -> float:
     return max(MIN_QUIET_S, QUIET_STEPS * st) if st else MIN_QUIET_S
 
 
+def training_step_s(state: RunState) -> float | None:
+    """Seconds per training step from the latest epoch bar told to be the training
+    loop's, None where it cannot be told. An epoch prints two bars of the same name
+    (``Epoch N``), its training's then its validation's, and the agent tells them by
+    their order; that order is known for an epoch whose validation bar came after it,
+    or one that came after a bar of an earlier epoch (the log was read from before it
+    began). A first look that starts inside a long log may see an epoch's validation
+    bar first (read as its training's); an agent that counted only the bars that ended
+    at 100% read the validation after a training cut short as the training's: bars
+    called training with different totals (a training loop's is its loader's length)
+    are not told apart either."""
+    bars = list(state.bars)
+    for i in range(len(bars) - 1, -1, -1):
+        b = bars[i].bar
+        if b.phase != "train" or b.n <= 0:
+            continue
+        if any(x.bar.phase == "train" and x.bar.total != b.total for x in bars):
+            return None
+        validated = any(x.bar.epoch == b.epoch and x.bar.phase == "val" for x in bars[i + 1 :])
+        after = any(x.bar.epoch < b.epoch for x in bars[:i])
+        if not (validated or after):
+            return None
+        if b.elapsed_s and b.n:
+            return b.elapsed_s / b.n
+        return 1.0 / b.rate if b.rate else None
+    return None
+
+
 def _recent(at: float | None, now: float) -> bool:
     return at is not None and now - at <= RECENT_S
 
@@ -249,25 +277,19 @@ def held_stopped(state: RunState) -> list[Member]:
 
 
 def _held(state: RunState, now: float, info: ProcessInfo) -> Diagnosis | None:
-    """STALLED where the last look found the trainer (or a rank) held stopped, or its
-    dataloader workers held while the trainer idles (it waits on them): which, for at
-    least how long (since the agent first saw each so), and the remedy."""
+    """Where the last look found the trainer (or a rank) held stopped: STALLED at once.
+    Where its dataloader workers alone are held: STALLED once the trainer waits on them
+    (:func:`_waits_on_held`: nothing of its tree has moved for :data:`HELD_QUIET_LOOKS`
+    looks, the trainer idle); while it goes on without them (a validation with workers
+    of its own, the batches it holds), neither stalled nor silent: RUNNING, the held
+    workers named. Which processes, for at least how long (since a look first saw each
+    so), and the remedy."""
     held = held_stopped(state)
     if not held:
         return None
     obs = state.observed
     main = [m for m in held if m.role != "worker"]
-    waits = ""
-    if not main:  # its workers alone: the trainer goes on with the batches it holds
-        me = next((m for m in obs.members if m.pid == info.pid), None) if obs else None
-        cpu = me.cpu_pct if me is not None else None
-        if cpu is None or cpu >= BUSY_CPU_PCT:
-            return None
-        waits = f"; the trainer (pid {info.pid}) waits on them (its CPU is idle, {cpu:.0f}%)"
-    whos = [f"{_HELD_ROLES[m.role]} (pid {m.pid})" for m in held[:6]]
-    more = f" and {len(held) - 6} more" if len(held) > 6 else ""
-    who = (", ".join(whos[:-1]) + " and " + whos[-1]) if len(whos) > 1 else whos[0]
-    who = who[0].upper() + who[1:] + more
+    who = _held_who(held)
     verb = "is" if len(held) == 1 else "are"
     firsts = [m.held_since for m in (main or held) if m.held_since is not None]
     if firsts:
@@ -279,11 +301,90 @@ def _held(state: RunState, now: float, info: ProcessInfo) -> Diagnosis | None:
     else:
         how_long = " (as the last look found it)"
     pids = " ".join(str(m.pid) for m in held)
-    return Diagnosis(
-        Health.STALLED,
-        f"{who} {verb} held stopped (state T: a SIGSTOP, Ctrl-Z or a job-control stop)"
-        f"{how_long}{waits}: nothing of it runs until it is continued (kill -CONT {pids}).",
+    stopped = f"{who} {verb} held stopped (state T: a SIGSTOP, Ctrl-Z or a job-control stop)"
+    if main:
+        return Diagnosis(
+            Health.STALLED,
+            f"{stopped}{how_long}: nothing of it runs until it is continued (kill -CONT {pids}).",
+        )
+    me = next((m for m in obs.members if m.pid == info.pid), None) if obs else None
+    cpu = me.cpu_pct if me is not None else None
+    quiet = _waits_on_held(state, held, info)
+    if quiet is not None and cpu is not None:
+        return Diagnosis(
+            Health.STALLED,
+            f"{stopped}{how_long}; the trainer (pid {info.pid}) waits on "
+            f"{'it' if len(held) == 1 else 'them'} (its CPU is idle, {cpu:.0f}%, and nothing "
+            f"of its processes has moved for at least {ago(now - quiet)}): it goes on only "
+            f"once {'it is' if len(held) == 1 else 'they are'} continued (kill -CONT {pids}).",
+        )
+    if state.last_train_ts is not None:
+        return None  # a handler writes its metrics: judged on them meanwhile
+    limit = quiet_limit(state)
+    signs = _sign_list(observed_evidence(state, now, limit), limit, now)
+    them, they = ("it", "it is") if len(held) == 1 else ("them", "they are")
+    blocked = (
+        f"{stopped}{how_long}: nothing the trainer (pid {info.pid}) asks of {them} comes "
+        f"until {they} continued (kill -CONT {pids})"
     )
+    if not signs:  # (a first look: too few samples to say either)
+        return Diagnosis(
+            Health.WAITING,
+            f"{blocked}; whether it waits on {them} is not known yet (watched too briefly).",
+        )
+    listed = ", ".join(signs[:-1]) + " and " + signs[-1] if len(signs) > 1 else signs[0]
+    return Diagnosis(
+        Health.RUNNING,
+        f"{blocked}; meanwhile it is not idle ({listed}): not stalled until it waits on "
+        f"{them}. It runs without telemetry: no metric is logged.",
+    )
+
+
+def _held_who(held: list[Member]) -> str:
+    """``A dataloader worker (pid 11) and a dataloader worker (pid 12)``: at most six."""
+    whos = [f"{_HELD_ROLES[m.role]} (pid {m.pid})" for m in held[:6]]
+    more = f" and {len(held) - 6} more" if len(held) > 6 else ""
+    who = (", ".join(whos[:-1]) + " and " + whos[-1]) if len(whos) > 1 else whos[0]
+    return who[0].upper() + who[1:] + more
+
+
+HELD_QUIET_LOOKS = 2
+"""Looks in a row (a second each) in which nothing of the tree moved before the trainer
+is said to wait on its held dataloader workers: one idle look is no evidence (a trainer
+waiting for its validation workers' first batch, or starved of CPU on a busy host,
+idles for a second)."""
+
+
+def _waits_on_held(state: RunState, held: list[Member], info: ProcessInfo) -> float | None:
+    """Since when the trainer has waited on its held dataloader workers, as the looks
+    saw it: the last :data:`HELD_QUIET_LOOKS` looks (or more) found nothing of its tree
+    moving (no CPU, no data read by its other workers, no log growth, no bar, no
+    checkpoint written, no busy GPU), the last one the trainer idle and none of its
+    other processes running or in uninterruptible I/O (a worker reading, a save);
+    None where that is not so."""
+    obs = state.observed
+    if obs is None:
+        return None
+    stopped = {m.pid for m in held}
+    for m in obs.members:
+        if m.pid in stopped or m.role not in _HELD_ROLES:
+            continue
+        if m.state in ("R", "D") or (m.cpu_pct or 0.0) >= BUSY_CPU_PCT:
+            return None
+    last = _last_work(state)
+    looks = [
+        s for s in state.proc_samples if s.cpu_pct is not None and (last is None or s.ts > last)
+    ]
+    if len(looks) < HELD_QUIET_LOOKS:
+        return None
+    newest = state.proc_samples[-1]
+    if looks[-1] is not newest:
+        return None  # (the newest look has no CPU figure)
+    # watched from the interval the first idle look covers (a look's CPU is of the
+    # interval since the one before it); before it only the log and the files say
+    before = [s.ts for s in state.proc_samples if s.ts < looks[0].ts]
+    watched = before[-1] if before else looks[0].ts
+    return max(last, watched) if last is not None else watched
 
 
 def _last_work(state: RunState) -> float | None:
@@ -383,7 +484,7 @@ def diagnose_observed(state: RunState, now: float) -> Diagnosis | None:
     age = now - started
     ev = observed_evidence(state, now, limit)
     pace = ""
-    st = step_time(state.bars)
+    st = training_step_s(state)
     if st:
         pace = f" (a step takes {ago(st)})"
     # once its loop was seen running (an epoch done, a checkpoint written), start-up is
