@@ -13,13 +13,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eagle3_tui.notify import Alert, ExecNotifier, Outbox, WebhookNotifier
+from tests.test_watch import Hook
 
 ALERT = Alert(
     kind="stalled",
@@ -39,40 +39,9 @@ ALERT = Alert(
 )
 
 
-class Hook:
-    """A real HTTP server on loopback: what is posted to it, answered after ``delay``."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
-        self.posts: list[dict[str, Any]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                time.sleep(hook.delay)
-                hook.posts.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def hook() -> Iterator[Hook]:
+    """A real HTTP server on loopback (tests/test_watch.py's): what is posted to it."""
     h = Hook()
     yield h
     h.close()
@@ -110,7 +79,7 @@ def test_a_slow_webhook_holds_up_no_other_destinations_first_try(tmp_path: Path)
         assert json.loads(got.read_text())["id"] == "a1"
         assert time.monotonic() - t0 < 5.0 and slow.posts == []  # the webhook still slow
         assert wait_for(lambda: box.delivered == 2, 20.0), box.queue
-        assert [p["id"] for p in slow.posts] == ["a1"]
+        assert [p["id"] for _, p in slow.posts] == ["a1"]
         box.stop()
         # watch --once: every delivery tried once, each destination on its own too
         got.unlink()
@@ -169,7 +138,7 @@ def test_a_directorys_training_without_telemetry_is_named_by_the_directory(
         finally:
             stop.set()
             await task
-        alert = hook.posts[0]
+        alert = hook.posts[0][1]
         resolved = str(run_dir.resolve())
         assert alert["kind"] == "silent" and alert["pid"] == run.proc.pid, alert
         assert alert["run"] == resolved, alert
@@ -214,7 +183,7 @@ def test_a_watch_started_with_the_trainer_learns_its_totals_written_later(
         finally:
             stop.set()
             await task
-        alert = hook.posts[0]
+        alert = hook.posts[0][1]
         manifest = run.manifest()
         assert alert["kind"] == "diverged", alert
         assert manifest["total_steps"] and manifest["epochs"] == 2, manifest
@@ -266,7 +235,7 @@ def test_a_urls_scheme_is_case_insensitive(hook: Hook) -> None:
     upper = hook.url.replace("http://", "HTTP://")
     parse_notify(upper).send(ALERT)
     parse_notify(f"JSON:{upper}").send(ALERT)
-    assert [p["id"] for p in hook.posts] == ["a1", "a1"]
+    assert [p["id"] for _, p in hook.posts] == ["a1", "a1"]
     slack = parse_notify("HTTPS://hooks.slack.com/services/T/B/X")
     assert isinstance(slack, WebhookNotifier) and slack.style == "slack"
 
