@@ -59,7 +59,7 @@ async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
     now = [lines.ts + 1.0]
     app, source = app_with(data, now=now)
     async with app.run_test(size=(120, 40)) as pilot:
-        header = app.query_one(RunHeader)
+        header, banner = app.query_one(RunHeader), app.query_one(HealthBanner)
         await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
         now[0] += 300.0  # five minutes without a record: stalled
         await until(pilot, lambda: app.snapshot.health == Health.STALLED, what="stalled")
@@ -68,6 +68,13 @@ async def test_an_alarm_keeps_its_label_and_says_the_link_is_down() -> None:
         shown = text_of(header)
         assert "LINK DOWN  last known  STALLED " in shown, shown
         assert "last stalled" not in shown and shown.count("STALLED") == 1, shown
+        assert "step 120" in shown, shown
+        # the banner: red, saying the link is down and the run was last known stalled
+        await until(pilot, lambda: "LINK DOWN" in text_of(banner), what="the banner")
+        said = text_of(banner)
+        assert said.startswith(" LINK DOWN  No data since"), said
+        assert "Last known: stalled at step 120" in said, said
+        assert banner.has_class("-alarm") and not banner.has_class("-calm")
 
 
 async def test_a_silent_agents_link_went_down_with_its_last_byte() -> None:

@@ -21,9 +21,7 @@ from eagle3_tui.app.widgets.header import (
 from eagle3_tui.model.snapshot import EMPTY, Snapshot
 from eagle3_tui.model.verdict import Diagnosis, Health
 from eagle3_tui.transport.base import Link, LinkChanged
-from tests.app.conftest import text_of, training
-from tests.app.test_pilot import app_with
-from tests.conftest import until
+from tests.app.conftest import text_of
 
 DOWN_AT = 1_800_000_000.0
 LINK_DOWN_HEALTHS = (
@@ -96,29 +94,6 @@ async def test_every_health_reads_link_down_then_the_last_known_one_in_its_colou
 def test_the_label_is_link_down_for_every_health(health: Health) -> None:
     assert Diagnosis(health, "…", DOWN_AT).label == "LINK DOWN"
     assert Diagnosis(health, "…").label == health.value.upper().replace("_", " ")
-
-
-async def test_a_stalled_run_whose_link_drops_says_link_down_and_keeps_the_alarm() -> None:
-    """The app end to end: the header as for a running run, the banner red, both saying
-    the link is down and the run was last known stalled."""
-    lines, data = training(steps=120)
-    now = [lines.ts + 1.0]
-    app, source = app_with(data, now=now)
-    async with app.run_test(size=(120, 40)) as pilot:
-        header, banner = app.query_one(RunHeader), app.query_one(HealthBanner)
-        await until(pilot, lambda: app.snapshot.health == Health.RUNNING, what="running")
-        now[0] += 300.0  # five minutes without a record: stalled
-        await until(pilot, lambda: app.snapshot.health == Health.STALLED, what="stalled")
-        source.push(LinkChanged(Link.RECONNECTING, "gpu-box: connection refused", retry_in=4.0))
-        await until(pilot, lambda: "LINK DOWN" in text_of(header), what="link down")
-        shown = text_of(header)
-        assert "LINK DOWN  last known  STALLED " in shown, shown
-        assert "step 120" in shown, shown
-        await until(pilot, lambda: "LINK DOWN" in text_of(banner), what="the banner")
-        said = text_of(banner)
-        assert said.startswith(" LINK DOWN  No data since"), said
-        assert "Last known: stalled at step 120" in said, said
-        assert banner.has_class("-alarm") and not banner.has_class("-calm")
 
 
 async def test_a_run_running_through_a_pause_shows_its_note_dim() -> None:
