@@ -118,7 +118,7 @@ class Writers(dict[str, WriterSeq]):
         if seq < ws.next_seq:
             ws.duplicates += 1
             return False
-        if seq > ws.next_seq and not self.jump_taken(rec.w):
+        if seq > ws.next_seq and not self.jump_taken(rec.w) and not _gap_said(rec, ws.next_seq):
             ws.ahead, ws.ahead_seq = rec, seq
             if seq - ws.next_seq > FEW_LOST or rec.kind in SAMPLES_KEPT:
                 ws.ahead_from = -1
@@ -196,6 +196,21 @@ class Writers(dict[str, WriterSeq]):
         before = self._crossing_next.pop(writer, None)
         if notice is not None and before is not None:
             notice.gaps[writer] = seq - before
+
+
+def _gap_said(rec: AnyRecord, expected: int) -> bool:
+    """Whether ``rec`` is its writer's ``write_gap`` saying the jump to it: the numbers
+    from ``expected`` to just before its own were written to no file (a full disk). It is
+    taken as it comes, as a line that goes on after it would take it: it may be the
+    writer's last (the disk stayed full after it, or the process ended)."""
+    first, last = getattr(rec, "first_seq", None), getattr(rec, "last_seq", None)
+    return (
+        getattr(rec, "event", None) == "write_gap"
+        and type(first) is int
+        and type(last) is int
+        and first <= expected
+        and last == rec.seq - 1
+    )
 
 
 def _not_its(held: AnyRecord, ahead: int, expected: int, then: int) -> str:

@@ -327,3 +327,29 @@ def test_another_writers_records_read_as_columns_read_as_their_lines(tmp_path: P
         assert steps_of(state) == list(range(1200))
         assert state.malformed_count == 2 and state.records == 1202
         assert diagnose(state, t.ts + 60).health is Health.FINISHED
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_write_gap_that_says_its_own_jump_is_taken_as_the_last_line(read: Any) -> None:
+    """The full disk's ``write_gap`` numbers on from the records it never wrote: as the
+    writer's last line (the disk stayed full, the process ended) nothing follows it to
+    say it is the writer's, and it waited for ever; its own first and last numbers say
+    the jump, so it is taken at once."""
+    t = Lines("trainer-1", T0)
+    parts = [t.event("start", pid=11, run_id=RUN_ID)] + [t.train(s, 2.0) for s in range(30)]
+    first = t.seq
+    t.seq += 5000  # written to no file
+    parts.append(
+        t.event(
+            "write_gap",
+            reason="ENOSPC",
+            records=5000,
+            first_seq=first,
+            last_seq=t.seq - 1,
+            since=T0,
+            until=T0 + 60,
+        )
+    )
+    state = read(b"".join(parts))
+    assert state.malformed_count == 0, [m.reason for m in state.malformed]
+    assert len(state.write_gaps) == 1 and state.lost_records == 5000
