@@ -127,7 +127,8 @@ def test_a_directorys_training_without_telemetry_is_named_by_the_directory(
 
     run_dir = tmp_path / "r2"
     said: list[str] = []
-    args = ("--epochs", "2", "--step-delay", "0.2", "--no-telemetry")
+    # long enough to be silent (30 s) before it ends: the first alert is that one
+    args = ("--epochs", "12", "--step-delay", "0.2", "--no-telemetry")
 
     async def watch(run: Any) -> None:
         w = watcher_on(run_dir, hook, tmp_path, said)

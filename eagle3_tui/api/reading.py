@@ -241,9 +241,10 @@ class LocalFile:
         from eagle3_tui.telemetry.safefs import open_regular
         from eagle3_tui.transport.local import check_local_input, input_error
 
-        if self.identity is not None:  # a file made there since: checked as the first was
-            check_local_input(self.path.parent)  # (another user's link: not followed)
         try:
+            if self.identity is not None:  # a file made there since: checked as the first
+                os.lstat(self.path)  # was (another user's link: not followed), once the
+                check_local_input(self.path.parent)  # open could see it (else its words)
             fd, st = open_regular(self.path)  # never a FIFO: no hang
         except FileNotFoundError:
             return None

@@ -213,7 +213,8 @@ class LocalTransport:
                 if fd is None:
                     try:
                         if identity is not None:  # a file made there since: checked as the
-                            check_input(str(self.run_dir))  # first was (another's link)
+                            os.lstat(self.path)  # first was (another's link), once the open
+                            check_input(str(self.run_dir))  # could see it (else its words)
                         fd, st = open_regular(self.path)  # never a FIFO: no hang
                     except BadInputError as problem:
                         why = str(_error(problem))

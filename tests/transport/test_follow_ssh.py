@@ -28,7 +28,7 @@ def _steps(lines: list[bytes]) -> list[int]:
     return [i for i, line in enumerate(lines) if json.loads(line).get("kind") == "train"]
 
 
-def test_each_look_reads_on_and_a_changed_file_is_read_again(
+def test_each_look_reads_on_and_a_changed_file_keeps_the_history(
     sshd: Sshd, tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = (tiny_run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
@@ -65,29 +65,34 @@ def test_each_look_reads_on_and_a_changed_file_is_read_again(
     shorter.write_bytes(b"".join(lines[: steps[9] + 1]))
     shorter.rename(path)
     third = next(looks)
-    assert third.run is not second.run
-    assert third.summary()["global_step"] == json.loads(lines[steps[9]])["global_step"]
-    assert third.summary()["records"] == steps[9] + 1
+    # the run's own records again (its writer's): the same history, as the monitor keeps
+    # it, not a run read anew from step 9; the change said
+    assert third.run is second.run
+    assert third.summary()["global_step"] == whole["global_step"]
+    changes = third.summary()["file_changes"]
+    assert changes and changes[-1]["change"] == "replaced", changes
 
     os.truncate(path, len(b"".join(lines[: steps[4] + 1])))  # cut below the last look's end
     fourth = next(looks)
-    assert fourth.run is not third.run
-    assert fourth.summary()["global_step"] == json.loads(lines[steps[4]])["global_step"]
-    assert fourth.summary()["records"] == steps[4] + 1
+    assert fourth.run is third.run  # the history read before is kept
+    assert fourth.summary()["global_step"] == whole["global_step"]
+    assert len(fourth.summary()["file_changes"]) > len(changes)
     with path.open("ab") as f:  # and on from there again
         f.write(b"".join(lines[steps[4] + 1 : steps[6] + 1]))
-    fifth = next(looks)
+    fifth = next(looks)  # (its writer's records read before: repeats, nothing new)
     assert fifth.run is fourth.run
-    assert fifth.summary()["records"] == steps[6] + 1
-    assert fifth.summary()["malformed_lines"] == 0 and fifth.summary()["file_changes"] == []
+    assert fifth.summary()["global_step"] == whole["global_step"]
+    assert fifth.summary()["records"] == whole["records"]
+    assert fifth.summary()["malformed_lines"] == 0
     assert len(opened) == 1  # one connection for every look
 
     assert sshd.kill_sessions() >= 1  # the connection drops between two looks
     with path.open("ab") as f:
-        f.write(b"".join(lines[steps[6] + 1 : steps[8] + 1]))
+        f.write(b"".join(lines[steps[6] + 1 :]))  # on to the end: still nothing new
     sixth = next(looks)
-    assert sixth.run is fifth.run and sixth.summary()["records"] == steps[8] + 1
-    assert sixth.summary()["file_changes"] == []
+    assert sixth.run is fifth.run and sixth.summary()["records"] == whole["records"]
+    assert sixth.summary()["malformed_lines"] == 0
+    assert len(sixth.summary()["file_changes"]) == len(fifth.summary()["file_changes"])
     looks.close()  # its connection closed with it
 
 
