@@ -237,14 +237,12 @@ async def read_frames(
             ) from None
         except errors as e:
             raise ChannelLostError(str(e) or type(e).__name__) from e
+        if heard is not None:
+            heard.last = time.monotonic()
         if not data:
-            # an end is no byte heard: an ssh that gave up on its keepalives ends its
-            # output then, and the link went down with the last byte before it
             if parser.partial:
                 raise ChannelLostError("the output ended inside a frame")
             return
-        if heard is not None:
-            heard.last = time.monotonic()
         for frame in parser.feed(data):
             yield frame
 

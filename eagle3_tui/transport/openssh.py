@@ -41,6 +41,8 @@ from eagle3_tui.transport.channel import (
 )
 from eagle3_tui.transport.target import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_KEEPALIVE_COUNT_MAX,
+    DEFAULT_KEEPALIVE_INTERVAL,
     SshTarget,
     TargetNames,
 )
@@ -56,14 +58,6 @@ REFUSALS = (
 """ssh's messages for what a retry cannot change: authentication, the host key, a
 missing or bad configuration file. Anything else (a name that does not resolve, a
 refused or timed-out connection) is retried as after any disconnect."""
-KEEPALIVE_INTERVAL_S = 2.0
-KEEPALIVE_COUNT_MAX = 4
-"""Unless ``-o ServerAlive…`` says otherwise: a host that sends nothing is asked every 2 s
-and given up after 4 unanswered asks, 8 to 10 s after its last packet (5 s × 3 took up to
-20 s: "connected" shown through a hang). The agent says something every 5 s (``TICK_S``),
-so a link is called down only when nothing came for longer than the host's heartbeat
-plus 3 s; a slow link's latency delays packets without spacing them further apart
-(measured through a relay adding 1.5 s plus up to 4 s each way: no drop in 3 min)."""
 
 
 def find_ssh() -> str | None:
@@ -115,9 +109,9 @@ def ssh_argv(
     if files is not None:
         argv += ["-o", f"UserKnownHostsFile={_quoted_paths(tuple(files)) or 'none'}"]
     argv += ["-o", f"ConnectTimeout={_seconds(o.connect_timeout or DEFAULT_CONNECT_TIMEOUT)}"]
-    interval = o.keepalive_interval or KEEPALIVE_INTERVAL_S
+    interval = o.keepalive_interval or DEFAULT_KEEPALIVE_INTERVAL
     argv += ["-o", f"ServerAliveInterval={_seconds(interval)}"]
-    argv += ["-o", f"ServerAliveCountMax={o.keepalive_count_max or KEEPALIVE_COUNT_MAX}"]
+    argv += ["-o", f"ServerAliveCountMax={o.keepalive_count_max or DEFAULT_KEEPALIVE_COUNT_MAX}"]
     return [*argv, "--", target.host, remote_command(o.remote_python)]
 
 
